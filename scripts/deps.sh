@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what urdma needs to build and test on Debian 12 (bookworm). Idempotent: packages
+# already present are not touched, and nothing runs when all are there.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev  # toolchains; clang for libFuzzer
+  libibverbs-dev librdmacm-dev       # rdma-core 44 headers: the API urdma implements
+  libisal-dev zlib1g-dev             # CRC-32 (isa-l is the measured winner, zlib the fallback oracle)
+  libpcap-dev                        # urdma decode: pcap/pcapng reading
+  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+  python3 python3-scapy tshark       # independent decoders for the cross-checks
+  iproute2 tcpdump                   # network namespaces and captures in process tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "urdma: installing ${missing[*]}" >&2
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+# tshark asks whether non-root users may capture; answer no without a prompt.
+echo "wireshark-common wireshark-common/install-setuid boolean false" | $sudo debconf-set-selections
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds urdma and runs the whole test suite, the way CI does:
+#   1. plain build (RelWithDebInfo, -Werror): unit, simulation, cross-check and replay tests;
+#   2. ASan+UBSan build: the same tests again;
+#   3. libFuzzer build (clang): every fuzz target for URDMA_FUZZ_SECONDS (default 60) each.
+# Ends with one line "urdma: N passed, M failed". Exit status is non-zero if anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+./scripts/deps.sh || exit 1
+
+jobs=$(nproc)
+fuzz_seconds=${URDMA_FUZZ_SECONDS:-60}
+passed=0
+failed=0
+
+# run_ctest DIR [ctest args]: runs the tests of one build and adds up its counts.
+run_ctest() {
+  local dir=$1
+  shift
+  local log
+  log=$(mktemp)
+  ctest --test-dir "$dir" --output-on-failure -j"$jobs" "$@" 2>&1 | tee "$log"
+  local total fails
+  total=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' "$log" | tail -1)
+  fails=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
+  if [ -z "$total" ]; then  # ctest itself failed (no tests found, build missing)
+    failed=$((failed + 1))
+  else
+    passed=$((passed + total - fails))
+    failed=$((failed + fails))
+  fi
+  rm -f "$log"
+}
+
+# build DIR [cmake args]: configures and builds; a failed build counts as one failure.
+build() {
+  local dir=$1
+  shift
+  if cmake -S . -B "$dir" -G Ninja -DURDMA_WERROR=ON "$@" >/dev/null &&
+     cmake --build "$dir" -j"$jobs"; then
+    return 0
+  fi
+  echo "urdma: build in $dir failed" >&2
+  failed=$((failed + 1))
+  return 1
+}
+
+echo "== plain build"
+build build -DCMAKE_BUILD_TYPE=RelWithDebInfo && run_ctest build
+
+echo "== ASan+UBSan build"
+build build-asan -DCMAKE_BUILD_TYPE=Debug -DURDMA_SANITIZE=address,undefined -DURDMA_BENCH=OFF &&
+  run_ctest build-asan
+
+echo "== libFuzzer (${fuzz_seconds}s per target)"
+CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_FUZZ=ON \
+  -DURDMA_FUZZ_SECONDS="$fuzz_seconds" -DURDMA_SANITIZE=address,undefined,fuzzer-no-link \
+  -DURDMA_BENCH=OFF && run_ctest build-fuzz -L fuzz
+
+echo "urdma: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
