@@ -1,0 +1,114 @@
+// The packet-I/O seam: the only way the engine reaches the network.
+//
+// The engine knows nothing of sockets. It hands datagrams to a PacketIo and takes datagrams from
+// it; behind it sit either a real UDP slot socket (sendmmsg/recvmmsg on UDP 4791) or one host of
+// the simulated network (sim_network.h). The shapes are chosen so the real path needs no copies:
+//  * transmit is a gather list (iovec): BTH and friends from an engine header buffer, the payload
+//    straight out of registered memory, the ICRC from the header buffer again. These map 1:1 onto
+//    msghdr.msg_iov;
+//  * receive fills buffers the caller owns, in batches that map 1:1 onto recvmmsg's mmsghdr array.
+//
+// All calls are non-blocking and made from the engine thread only; an implementation is not
+// thread-safe unless it says so.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "net/address.h"
+
+namespace urdma::net {
+
+// RoCEv2's registered UDP destination port (IANA; IBA Annex A17, RoCEv2).
+inline constexpr uint16_t kRoceV2UdpPort = 4791;
+
+// Largest UDP payload over IPv4: 65535 - 20 (IPv4 header) - 8 (UDP header). RoCEv2 packets are
+// far smaller (path MTU <= 4096 plus headers); this is only the hard limit of the transport.
+inline constexpr size_t kMaxUdpPayloadBytes = 65'507;
+
+// Most iovecs one datagram may have: headers, payload SGEs, ICRC. Bounded so implementations can
+// keep fixed arrays (Linux's UIO_MAXIOV is 1024; we need far fewer).
+inline constexpr size_t kMaxTxIov = 16;
+
+// Largest batch a single send_batch / recv_batch call takes; larger batches are the caller's bug.
+inline constexpr size_t kMaxBatch = 64;
+
+// One datagram to transmit. Only borrowed memory: everything it points at need only live until
+// send / send_batch returns — the implementation copies or consumes it before returning.
+struct TxDatagram {
+  std::span<const iovec> iov;  // the UDP payload, gathered in order; at most kMaxTxIov entries
+  Endpoint dst;                // destination address; port is kRoceV2UdpPort for RoCEv2
+  // UDP source port. RoCEv2 uses it as flow entropy (e.g. per QP) so ECMP spreads flows
+  // (IBA Annex A17). Honoured by the simulated network; a kernel UDP socket bound to 4791 always
+  // sends from its bound port and ignores it.
+  uint16_t src_port = kRoceV2UdpPort;
+  // Local source address; unspecified = let the I/O choose (the host's address in the simulation,
+  // the kernel's route choice on a socket). Set from the AH / path's source GID.
+  Address src;
+  // IP traffic class (DSCP << 2 | ECN) and hop limit from the GRH; 0 = the I/O's default.
+  uint8_t traffic_class = 0;
+  uint8_t hop_limit = 0;
+
+  size_t size_bytes() const {
+    size_t n = 0;
+    for (const iovec& v : iov) n += v.iov_len;
+    return n;
+  }
+};
+
+enum class TxStatus : uint8_t {
+  kSent,        // accepted: it left (or, in the simulation, entered the network)
+  kWouldBlock,  // the transmit queue is full; nothing was sent, try again later
+  kRejected,    // never will be sent (too big, too many iovecs, no route); counted, dropped
+};
+
+// One receive slot: the caller provides `buffer`; recv_batch fills in the rest.
+struct RxDatagram {
+  std::span<uint8_t> buffer;  // in: where the UDP payload goes
+  size_t length = 0;          // out: bytes stored in buffer
+  bool truncated = false;     // out: the datagram was longer than buffer; the excess is lost
+  Endpoint src;               // out: sender address and UDP source port
+  // out: the local address and port it was sent to (IP_PKTINFO / IPV6_PKTINFO on a socket). The
+  // ICRC covers both. The IP ID is not reported: a UDP socket never sees it.
+  Endpoint dst;
+};
+
+// Per-I/O counters, the same for every implementation.
+struct IoCounters {
+  uint64_t tx_datagrams = 0;
+  uint64_t tx_bytes = 0;
+  uint64_t tx_would_block = 0;
+  uint64_t tx_rejected = 0;
+  uint64_t rx_datagrams = 0;
+  uint64_t rx_bytes = 0;
+  uint64_t rx_truncated = 0;
+};
+
+class PacketIo {
+ public:
+  virtual ~PacketIo() = default;
+
+  // Transmits one datagram. kRejected datagrams are dropped and counted, like a lost packet.
+  virtual TxStatus send(const TxDatagram& d) = 0;
+
+  // Transmits datagrams in order (sendmmsg on a socket) and returns how many were consumed from
+  // the front — sent or rejected. Fewer than batch.size() means the rest would block; they remain
+  // the caller's to retry. batch.size() <= kMaxBatch.
+  virtual size_t send_batch(std::span<const TxDatagram> batch) = 0;
+
+  // Receives up to batch.size() (<= kMaxBatch) waiting datagrams into the caller's buffers and
+  // returns how many slots were filled, from the front; 0 when nothing is waiting. Never blocks.
+  virtual size_t recv_batch(std::span<RxDatagram> batch) = 0;
+
+  // A file descriptor that polls readable (epoll/poll, level-triggered) while datagrams wait, for
+  // an engine thread that sleeps when idle. -1 if the I/O has none: the simulated network's
+  // driver (SimWorld) instead polls a host's participants when it delivers to that host.
+  virtual int readable_fd() const = 0;
+
+  virtual IoCounters counters() const = 0;
+};
+
+}  // namespace urdma::net

@@ -1,0 +1,227 @@
+#include "net/udp_socket_io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace urdma::net {
+namespace {
+
+std::string errno_text(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
+
+bool set_int(int fd, int level, int name, int value) {
+  return setsockopt(fd, level, name, &value, sizeof value) == 0;
+}
+
+// Adds one cmsg at `*c` (which must have room) and advances `*c`.
+cmsghdr* add_cmsg(msghdr& m, cmsghdr* c, int level, int type, const void* data, size_t len) {
+  c->cmsg_level = level;
+  c->cmsg_type = type;
+  c->cmsg_len = CMSG_LEN(len);
+  std::memcpy(CMSG_DATA(c), data, len);
+  m.msg_controllen += CMSG_SPACE(len);
+  return reinterpret_cast<cmsghdr*>(reinterpret_cast<uint8_t*>(c) + CMSG_SPACE(len));
+}
+
+}  // namespace
+
+int UdpSocketIo::bind_udp(const Endpoint& local, std::string* error) {
+  const int family = local.address.is_v4() ? AF_INET : AF_INET6;
+  const int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP);
+  if (fd < 0) {
+    *error = errno_text("socket");
+    return -1;
+  }
+  sockaddr_storage ss;
+  const socklen_t len = local.to_sockaddr(family, ss);
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&ss), len) != 0) {
+    *error = errno_text("bind");
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::unique_ptr<UdpSocketIo> UdpSocketIo::adopt(int fd, std::string* error) {
+  auto fail = [&](const char* what) {
+    *error = errno_text(what);
+    close(fd);
+    return nullptr;
+  };
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return fail("getsockname");
+  const auto local = Endpoint::from_sockaddr(reinterpret_cast<const sockaddr*>(&ss), len);
+  if (!local || local->port == 0) {
+    errno = EINVAL;
+    return fail("not a bound IPv4/IPv6 socket");
+  }
+  const int family = ss.ss_family;
+  int type = 0;
+  len = sizeof type;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) return fail("SO_TYPE");
+  if (type != SOCK_DGRAM) {
+    errno = EINVAL;
+    return fail("not a datagram socket");
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return fail("O_NONBLOCK");
+  // DF on, never fragment: IPv4 also gets IP ID 0 on an unconnected socket. A dual-stack AF_INET6
+  // socket sends IPv4 too, so it gets both settings.
+  if (!set_int(fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)) return fail("IP_MTU_DISCOVER");
+  if (family == AF_INET) {
+    if (!set_int(fd, IPPROTO_IP, IP_PKTINFO, 1)) return fail("IP_PKTINFO");
+  } else {
+    if (!set_int(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO))
+      return fail("IPV6_MTU_DISCOVER");
+    // Also reports IPv4 destinations (as mapped addresses) on a dual-stack socket.
+    if (!set_int(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)) return fail("IPV6_RECVPKTINFO");
+  }
+  return std::unique_ptr<UdpSocketIo>(new UdpSocketIo(fd, family, *local));
+}
+
+UdpSocketIo::UdpSocketIo(int fd, int family, const Endpoint& local)
+    : fd_(fd), family_(family), local_(local) {}
+
+UdpSocketIo::~UdpSocketIo() {
+  close(fd_);
+}
+
+bool UdpSocketIo::prepare_tx(size_t i, const TxDatagram& d) {
+  if (d.iov.size() > kMaxTxIov || d.size_bytes() > kMaxUdpPayloadBytes) return false;
+  msghdr& m = msgs_[i].msg_hdr;
+  m = msghdr{};
+  m.msg_namelen = d.dst.to_sockaddr(family_, names_[i]);
+  if (m.msg_namelen == 0) return false;  // an IPv6 destination on an AF_INET socket
+  const bool v4 = d.dst.address.is_v4();
+  if (!d.src.is_unspecified() && d.src.is_v4() != v4) return false;
+  m.msg_name = &names_[i];
+  // sendmsg does not write through msg_iov; msghdr just is not const-correct.
+  m.msg_iov = const_cast<iovec*>(d.iov.data());
+  m.msg_iovlen = d.iov.size();
+  m.msg_control = cmsg_[i].bytes;
+  m.msg_controllen = 0;
+  auto* c = reinterpret_cast<cmsghdr*>(cmsg_[i].bytes);
+  // IPv4 destinations (also IPv4-mapped ones on an AF_INET6 socket) take SOL_IP cmsgs.
+  if (!d.src.is_unspecified()) {
+    if (v4) {
+      in_pktinfo pi{};
+      std::memcpy(&pi.ipi_spec_dst, d.src.v4_bytes().data(), 4);
+      c = add_cmsg(m, c, IPPROTO_IP, IP_PKTINFO, &pi, sizeof pi);
+    } else {
+      in6_pktinfo pi{};
+      std::memcpy(&pi.ipi6_addr, d.src.bytes().data(), Address::kSize);
+      c = add_cmsg(m, c, IPPROTO_IPV6, IPV6_PKTINFO, &pi, sizeof pi);
+    }
+  }
+  if (d.traffic_class != 0) {
+    const int tc = d.traffic_class;
+    c = v4 ? add_cmsg(m, c, IPPROTO_IP, IP_TOS, &tc, sizeof tc)
+           : add_cmsg(m, c, IPPROTO_IPV6, IPV6_TCLASS, &tc, sizeof tc);
+  }
+  if (d.hop_limit != 0) {
+    const int hl = d.hop_limit;
+    c = v4 ? add_cmsg(m, c, IPPROTO_IP, IP_TTL, &hl, sizeof hl)
+           : add_cmsg(m, c, IPPROTO_IPV6, IPV6_HOPLIMIT, &hl, sizeof hl);
+  }
+  if (m.msg_controllen == 0) m.msg_control = nullptr;
+  return true;
+}
+
+TxStatus UdpSocketIo::send(const TxDatagram& d) {
+  const size_t sent_before = io_.tx_datagrams;
+  if (send_batch(std::span<const TxDatagram>(&d, 1)) == 0) return TxStatus::kWouldBlock;
+  return io_.tx_datagrams > sent_before ? TxStatus::kSent : TxStatus::kRejected;
+}
+
+size_t UdpSocketIo::send_batch(std::span<const TxDatagram> batch) {
+  check(batch.size() <= kMaxBatch, "send_batch larger than kMaxBatch");
+  size_t done = 0;
+  while (done < batch.size()) {
+    // Prepare a run of valid datagrams; an invalid one is rejected without a syscall.
+    size_t n = 0;
+    while (done + n < batch.size() && prepare_tx(n, batch[done + n])) ++n;
+    if (n == 0) {
+      io_.tx_rejected++;
+      ++done;
+      continue;
+    }
+    const int r = sendmmsg(fd_, msgs_.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
+    if (r > 0) {
+      for (int i = 0; i < r; ++i) {
+        io_.tx_datagrams++;
+        io_.tx_bytes += batch[done + static_cast<size_t>(i)].size_bytes();
+      }
+      done += static_cast<size_t>(r);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      io_.tx_would_block++;
+      break;
+    }
+    // The first datagram of the run failed for good (EMSGSIZE above the path MTU, no route, ...):
+    // like a datagram lost on the wire.
+    io_.tx_rejected++;
+    ++done;
+  }
+  return done;
+}
+
+size_t UdpSocketIo::recv_batch(std::span<RxDatagram> batch) {
+  check(batch.size() <= kMaxBatch, "recv_batch larger than kMaxBatch");
+  if (batch.empty()) return 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    rx_iov_[i] = iovec{batch[i].buffer.data(), batch[i].buffer.size()};
+    msghdr& m = msgs_[i].msg_hdr;
+    m = msghdr{};
+    m.msg_name = &names_[i];
+    m.msg_namelen = sizeof names_[i];
+    m.msg_iov = &rx_iov_[i];
+    m.msg_iovlen = 1;
+    m.msg_control = cmsg_[i].bytes;
+    m.msg_controllen = kCmsgBytes;
+  }
+  int r;
+  do {
+    r = recvmmsg(fd_, msgs_.data(), static_cast<unsigned>(batch.size()), MSG_DONTWAIT, nullptr);
+  } while (r < 0 && errno == EINTR);
+  if (r <= 0) return 0;  // EAGAIN: nothing waiting
+  for (size_t i = 0; i < static_cast<size_t>(r); ++i) {
+    const msghdr& m = msgs_[i].msg_hdr;
+    RxDatagram& out = batch[i];
+    out.length = msgs_[i].msg_len;
+    out.truncated = (m.msg_flags & MSG_TRUNC) != 0;
+    out.src = Endpoint::from_sockaddr(reinterpret_cast<const sockaddr*>(&names_[i]), m.msg_namelen)
+                  .value_or(Endpoint{});
+    out.dst = local_;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr;
+         c = CMSG_NXTHDR(const_cast<msghdr*>(&m), c)) {
+      if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+        in_pktinfo pi;
+        std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+        uint8_t b[4];
+        std::memcpy(b, &pi.ipi_addr, 4);  // the header's destination address
+        out.dst.address = Address::from_v4(std::span<const uint8_t, 4>(b));
+      } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+        in6_pktinfo pi;
+        std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+        Address::Bytes b{};
+        std::memcpy(b.data(), &pi.ipi6_addr, Address::kSize);
+        out.dst.address = Address(b);
+      }
+    }
+    io_.rx_datagrams++;
+    io_.rx_bytes += out.length;
+    if (out.truncated) io_.rx_truncated++;
+  }
+  return static_cast<size_t>(r);
+}
+
+}  // namespace urdma::net
