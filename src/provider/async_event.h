@@ -1,0 +1,55 @@
+// Asynchronous events: the provider's side of ibv_get_async_event.
+//
+// Design: the provider and the engine push `AsyncEvent` records (ibv_async_event's type plus
+// which object it concerns) into the device's bounded `AsyncEventQueue`; the verbs layer pops
+// them for ibv_get_async_event and translates object pointers to its ibv_* structs through
+// each object's `user_context`. A notify hook (e.g. an eventfd write) tells the verbs layer
+// that the queue went from empty to non-empty, so the async fd can become readable.
+// Overflowing the bounded queue drops the newest event and counts it (a real device's event
+// queue is bounded too); nothing blocks the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+
+#include <infiniband/verbs.h>
+
+namespace urdma::provider {
+
+class Cq;
+class Qp;
+class Srq;
+
+struct AsyncEvent {
+  ibv_event_type type;
+  // Exactly one of these is set, according to `type` (IBV_EVENT_PORT_* use `port_num`).
+  Cq* cq = nullptr;
+  Qp* qp = nullptr;
+  Srq* srq = nullptr;
+  uint8_t port_num = 0;
+};
+
+class AsyncEventQueue {
+ public:
+  static constexpr size_t kMaxPendingEvents = 4096;
+
+  // Called (outside the queue's lock) when an event was queued.
+  void set_notify(std::function<void()> notify);
+
+  // Thread-safe; any thread (engine or application) may push.
+  void push(const AsyncEvent& event);
+  std::optional<AsyncEvent> try_pop();
+  size_t size() const;
+  uint64_t dropped() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::deque<AsyncEvent> events_;
+  uint64_t dropped_ = 0;
+  std::function<void()> notify_;
+};
+
+}  // namespace urdma::provider

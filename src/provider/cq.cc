@@ -1,0 +1,89 @@
+// Completion queue; see cq.h.
+#include "provider/cq.h"
+
+#include <algorithm>
+
+#include "provider/limits.h"
+
+namespace urdma::provider {
+
+Cq::Cq(uint32_t handle, uint32_t cqe, AsyncEventQueue* events)
+    : handle_(handle), events_(events), ring_(std::make_unique<SpscRing<ibv_wc>>(cqe)) {}
+
+uint32_t Cq::cqe() const {
+  std::lock_guard lock(producer_mutex_);
+  return ring_->capacity();
+}
+
+uint32_t Cq::size() const {
+  std::lock_guard lock(producer_mutex_);
+  return ring_->size();
+}
+
+int Cq::poll(int max_entries, ibv_wc* out) {
+  std::lock_guard lock(poll_mutex_);
+  int n = 0;
+  while (n < max_entries) {
+    const ibv_wc* wc = ring_->peek();
+    if (wc == nullptr) break;
+    out[n++] = *wc;
+    ring_->pop();
+  }
+  return n;
+}
+
+void Cq::req_notify(bool solicited_only) {
+  // An existing "next completion" arming is not narrowed by a later solicited-only request
+  // (IBA 11.4.2.2: the CQ fires on the least restrictive pending request).
+  uint8_t expected = kDisarmed;
+  const uint8_t want = solicited_only ? kArmedSolicited : kArmedNext;
+  if (!arm_.compare_exchange_strong(expected, want, std::memory_order_acq_rel) &&
+      want == kArmedNext) {
+    arm_.store(kArmedNext, std::memory_order_release);
+  }
+}
+
+void Cq::set_notify(std::function<void(Cq&)> notify) {
+  std::lock_guard lock(notify_mutex_);
+  notify_ = std::move(notify);
+}
+
+Status Cq::resize(uint32_t cqe) {
+  if (cqe == 0 || cqe > kLimits.max_cqe) return Status(EINVAL);
+  std::scoped_lock lock(producer_mutex_, poll_mutex_);
+  const uint32_t present = ring_->size();
+  if (cqe < present) return Status(EINVAL);
+  auto ring = std::make_unique<SpscRing<ibv_wc>>(cqe);
+  for (const ibv_wc* wc; (wc = ring_->peek()) != nullptr; ring_->pop()) {
+    const bool pushed = ring->push(*wc);
+    assert(pushed);
+    (void)pushed;
+  }
+  ring_ = std::move(ring);
+  return kOk;
+}
+
+bool Cq::push_st(const ibv_wc& wc, bool solicited) {
+  {
+    std::lock_guard lock(producer_mutex_);
+    if (!ring_->push(wc)) {
+      // IBA 11.4.2.1: CQ overrun is an affiliated asynchronous error of the CQ.
+      if (!error_.exchange(true, std::memory_order_acq_rel) && events_ != nullptr)
+        events_->push({.type = IBV_EVENT_CQ_ERR, .cq = this});
+      return false;
+    }
+  }
+  // IBA 11.4.2.2: solicited-only arming fires on solicited and on unsuccessful completions.
+  const bool matches_solicited = solicited || wc.status != IBV_WC_SUCCESS;
+  uint8_t arm = arm_.load(std::memory_order_acquire);
+  while (arm != kDisarmed && (arm == kArmedNext || matches_solicited)) {
+    if (arm_.compare_exchange_weak(arm, kDisarmed, std::memory_order_acq_rel)) {
+      std::lock_guard lock(notify_mutex_);
+      if (notify_) notify_(*this);
+      break;
+    }
+  }
+  return true;
+}
+
+}  // namespace urdma::provider

@@ -1,0 +1,79 @@
+// Completion queue.
+//
+// Design: completions are `ibv_wc` records (every field the verbs consumer sees) in an
+// SpscRing. The engine thread is the only producer (push_st); pollers are consumers, serialised
+// by `poll_mutex_` because several application threads may call ibv_poll_cq on one CQ. Resize
+// takes both the producer and the poll lock and moves the pending entries to a new ring.
+// The producer lock is uncontended except during resize.
+//
+// Overflow (IBA 11.4.2.1, CQ overrun): a completion that does not fit is lost, the CQ enters the
+// error state and one IBV_EVENT_CQ_ERR async event is raised; entries already present stay
+// pollable.
+//
+// Notification (IBA 11.4.2.2, ibv_req_notify_cq(3)): req_notify arms the CQ for the next
+// completion or for the next solicited (or unsuccessful) completion; the first matching push
+// disarms it and calls the notify hook (the completion channel), once per arming.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include <infiniband/verbs.h>
+
+#include "provider/async_event.h"
+#include "provider/spsc_ring.h"
+#include "provider/status.h"
+
+namespace urdma::provider {
+
+class Cq {
+ public:
+  // Use Device::create_cq, which checks `cqe` against the device limits.
+  Cq(uint32_t handle, uint32_t cqe, AsyncEventQueue* events);
+
+  uint32_t handle() const { return handle_; }
+  // The usable size reported in ibv_cq.cqe (>= the requested size).
+  uint32_t cqe() const;
+  bool in_error() const { return error_.load(std::memory_order_acquire); }
+  uint32_t users() const { return users_.load(std::memory_order_relaxed); }
+  void add_user() { users_.fetch_add(1, std::memory_order_relaxed); }
+  void remove_user() { users_.fetch_sub(1, std::memory_order_relaxed); }
+
+  // ---- consumer (ibv_poll_cq) ----
+  // Copies up to `max_entries` completions out, oldest first; returns how many.
+  int poll(int max_entries, ibv_wc* out);
+  // ibv_req_notify_cq: arm for the next completion, or only a solicited/error one.
+  void req_notify(bool solicited_only);
+  // The completion channel hook: called from the engine thread when an armed CQ fires.
+  void set_notify(std::function<void(Cq&)> notify);
+  // ibv_resize_cq: EINVAL if `cqe` is 0, above the device limit, or below the entries present.
+  Status resize(uint32_t cqe);
+
+  // ---- engine thread ----
+  // Appends a completion. `solicited` is the SE bit of the message that produced a receive
+  // completion. Returns false (and the CQ is in error) on overflow.
+  bool push_st(const ibv_wc& wc, bool solicited);
+  // Entries present (a snapshot).
+  uint32_t size() const;
+
+  void* user_context = nullptr;  // the verbs layer's ibv_cq
+
+ private:
+  enum Arm : uint8_t { kDisarmed, kArmedNext, kArmedSolicited };
+
+  const uint32_t handle_;
+  AsyncEventQueue* const events_;
+  mutable std::mutex producer_mutex_;
+  mutable std::mutex poll_mutex_;
+  std::unique_ptr<SpscRing<ibv_wc>> ring_;  // replaced only under both locks
+  std::atomic<bool> error_{false};
+  std::atomic<uint8_t> arm_{kDisarmed};
+  std::atomic<uint32_t> users_{0};
+  std::mutex notify_mutex_;
+  std::function<void(Cq&)> notify_;
+};
+
+}  // namespace urdma::provider

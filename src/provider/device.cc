@@ -1,0 +1,219 @@
+// The device; see device.h.
+#include "provider/device.h"
+
+#include <cstring>
+#include <mutex>
+
+namespace urdma::provider {
+
+void fill_device_attr(ibv_device_attr& a, uint64_t node_guid_be) {
+  a = {};
+  std::strncpy(a.fw_ver, "0.1.0", sizeof(a.fw_ver) - 1);
+  a.node_guid = node_guid_be;
+  a.sys_image_guid = node_guid_be;
+  a.max_mr_size = kLimits.max_mr_size_bytes;
+  a.page_size_cap = kLimits.page_size_cap;
+  a.vendor_id = 0xffffff;  // as rxe: no IEEE OUI
+  a.max_qp = static_cast<int>(kLimits.max_qp);
+  a.max_qp_wr = static_cast<int>(kLimits.max_qp_wr);
+  a.device_cap_flags = IBV_DEVICE_BAD_PKEY_CNTR | IBV_DEVICE_BAD_QKEY_CNTR |
+                       IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
+                       IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_PORT_ACTIVE_EVENT |
+                       IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+  a.max_sge = static_cast<int>(kLimits.max_sge);
+  a.max_sge_rd = static_cast<int>(kLimits.max_sge_rd);
+  a.max_cq = static_cast<int>(kLimits.max_cq);
+  a.max_cqe = static_cast<int>(kLimits.max_cqe);
+  a.max_mr = static_cast<int>(kLimits.max_mr);
+  a.max_pd = static_cast<int>(kLimits.max_pd);
+  a.max_qp_rd_atom = static_cast<int>(kLimits.max_qp_rd_atom);
+  a.max_res_rd_atom = static_cast<int>(kLimits.max_res_rd_atom);
+  a.max_qp_init_rd_atom = static_cast<int>(kLimits.max_qp_init_rd_atom);
+  // Atomics are real CPU atomics on the target memory, so they are atomic against every
+  // other access to it, CPU or device: IBA 11.2.1.2 "global".
+  a.atomic_cap = IBV_ATOMIC_GLOB;
+  a.max_mw = static_cast<int>(kLimits.max_mw);
+  a.max_ah = static_cast<int>(kLimits.max_ah);
+  a.max_srq = static_cast<int>(kLimits.max_srq);
+  a.max_srq_wr = static_cast<int>(kLimits.max_srq_wr);
+  a.max_srq_sge = static_cast<int>(kLimits.max_srq_sge);
+  a.max_pkeys = kLimits.pkey_table_len;
+  a.local_ca_ack_delay = kLimits.local_ca_ack_delay;
+  a.phys_port_cnt = 1;
+}
+
+void fill_port_attr(ibv_port_attr& a, ibv_mtu max_mtu, ibv_mtu active_mtu) {
+  a = {};
+  a.state = IBV_PORT_ACTIVE;
+  a.max_mtu = max_mtu;
+  a.active_mtu = active_mtu;
+  a.gid_tbl_len = static_cast<int>(kLimits.gid_table_len);
+  a.port_cap_flags = IBV_PORT_CM_SUP;
+  a.max_msg_sz = kLimits.max_msg_size_bytes;
+  a.bad_pkey_cntr = 0;
+  a.qkey_viol_cntr = 0;
+  a.pkey_tbl_len = kLimits.pkey_table_len;
+  a.lid = 0;
+  a.sm_lid = 0;
+  a.lmc = 0;
+  a.max_vl_num = 1;
+  a.sm_sl = 0;
+  a.subnet_timeout = 0;
+  a.init_type_reply = 0;
+  a.active_width = 1;     // 1X (IBV_WIDTH_1X)
+  a.active_speed = 0x20;  // EDR, as rxe reports for a fast link
+  a.phys_state = 5;       // LinkUp (IBA 14.2.5.6)
+  a.link_layer = IBV_LINK_LAYER_ETHERNET;
+}
+
+namespace {
+bool gid_is_zero(const ibv_gid& gid) {
+  static constexpr ibv_gid kZero = {};
+  return std::memcmp(&gid, &kZero, sizeof gid) == 0;
+}
+}  // namespace
+
+Device::Device(DeviceConfig config)
+    : config_(std::move(config)),
+      doorbell_(config_.doorbell != nullptr ? config_.doorbell : &default_doorbell_),
+      gids_(kLimits.gid_table_len),
+      mr_table_(kLimits.max_mr, kLimits.max_mw),
+      pds_(kLimits.max_pd),
+      cqs_(kLimits.max_cq),
+      srqs_(kLimits.max_srq),
+      qps_(kLimits.max_qp),
+      ahs_(kLimits.max_ah) {
+  assert(config_.qpn_base >= 2 && config_.qpn_base + kLimits.max_qp <= (1u << 24));
+  assert(config_.gids.size() <= kLimits.gid_table_len);
+  for (size_t i = 0; i < config_.gids.size(); ++i) gids_[i] = config_.gids[i];
+  fill_device_attr(attr_, config_.node_guid_be);
+}
+
+Device::~Device() = default;
+
+Status Device::query_port(uint8_t port_num, ibv_port_attr* out) const {
+  if (port_num != kPortNum || out == nullptr) return Status(EINVAL);
+  fill_port_attr(*out, config_.max_mtu, config_.active_mtu);
+  return kOk;
+}
+
+Status Device::query_gid(uint8_t port_num, int index, ibv_gid* out) const {
+  if (port_num != kPortNum || index < 0 || static_cast<uint32_t>(index) >= kLimits.gid_table_len)
+    return Status(EINVAL);
+  std::shared_lock lock(gid_mutex_);
+  *out = gids_[index];
+  return kOk;
+}
+
+Status Device::query_pkey(uint8_t port_num, int index, uint16_t* out) const {
+  if (port_num != kPortNum || index < 0 || index >= kLimits.pkey_table_len) return Status(EINVAL);
+  *out = kDefaultPkey;  // host order; the verbs layer returns it big-endian
+  return kOk;
+}
+
+Status Device::set_gid(uint32_t index, const ibv_gid& gid) {
+  if (index >= kLimits.gid_table_len) return Status(EINVAL);
+  std::unique_lock lock(gid_mutex_);
+  gids_[index] = gid;
+  return kOk;
+}
+
+bool Device::sgid_present(uint32_t index) const {
+  if (index >= kLimits.gid_table_len) return false;
+  std::shared_lock lock(gid_mutex_);
+  return !gid_is_zero(gids_[index]);
+}
+
+Result<Pd*> Device::alloc_pd() {
+  return pds_.create();
+}
+
+Status Device::dealloc_pd(Pd* pd) {
+  if (pd == nullptr) return Status(EINVAL);
+  if (pd->users() != 0) return Status(EBUSY);
+  pds_.destroy(pd);
+  return kOk;
+}
+
+Result<Cq*> Device::create_cq(int cqe) {
+  // ibv_create_cq(3): cqe must be at least 1 and at most the device's max_cqe.
+  if (cqe < 1 || static_cast<uint32_t>(cqe) > kLimits.max_cqe) return Status(EINVAL);
+  return cqs_.create(static_cast<uint32_t>(cqe), &events_);
+}
+
+Status Device::destroy_cq(Cq* cq) {
+  if (cq == nullptr) return Status(EINVAL);
+  if (cq->users() != 0) return Status(EBUSY);
+  cqs_.destroy(cq);
+  return kOk;
+}
+
+Result<Srq*> Device::create_srq(Pd* pd, const ibv_srq_attr& attr) {
+  if (pd == nullptr) return Status(EINVAL);
+  if (Status s = check_srq_init_attr(attr); !s.ok()) return s;
+  Result<Srq*> srq = srqs_.create(pd, attr, &events_, doorbell_);
+  if (srq.ok()) pd->add_user();
+  return srq;
+}
+
+Status Device::destroy_srq(Srq* srq) {
+  if (srq == nullptr) return Status(EINVAL);
+  if (srq->users() != 0) return Status(EBUSY);
+  Pd* pd = srq->pd();
+  srqs_.destroy(srq);
+  pd->remove_user();
+  return kOk;
+}
+
+Result<Qp*> Device::create_qp(const QpInitAttr& init) {
+  QpInitAttr rounded = init;
+  if (Status s = check_and_round_qp_init(rounded); !s.ok()) return s;
+  Result<Qp*> qp = qps_.create(rounded, *this);
+  if (!qp.ok()) return qp;
+  rounded.pd->add_user();
+  rounded.send_cq->add_user();
+  rounded.recv_cq->add_user();
+  if (rounded.srq != nullptr) rounded.srq->add_user();
+  return qp;
+}
+
+Status Device::destroy_qp(Qp* qp) {
+  if (qp == nullptr) return Status(EINVAL);
+  doorbell_->qp_destroyed(*qp);
+  mr_table_.unbind_qp_windows(qp->qp_num());
+  Pd* pd = qp->pd();
+  Cq* send_cq = qp->send_cq();
+  Cq* recv_cq = qp->recv_cq();
+  Srq* srq = qp->srq();
+  qps_.destroy(qp);
+  pd->remove_user();
+  send_cq->remove_user();
+  recv_cq->remove_user();
+  if (srq != nullptr) srq->remove_user();
+  return kOk;
+}
+
+Qp* Device::qp_by_num(uint32_t qp_num) const {
+  if (qp_num < config_.qpn_base) return nullptr;
+  return qps_.get(qp_num - config_.qpn_base);
+}
+
+Result<Ah*> Device::create_ah(Pd* pd, const ibv_ah_attr& attr) {
+  if (pd == nullptr) return Status(EINVAL);
+  Result<AddressVector> av =
+      make_address_vector(attr, [this](uint32_t i) { return sgid_present(i); });
+  if (!av.ok()) return av.status();
+  Result<Ah*> ah = ahs_.create(pd, attr, av.value());
+  if (ah.ok()) pd->add_user();
+  return ah;
+}
+
+Status Device::destroy_ah(Ah* ah) {
+  if (ah == nullptr) return Status(EINVAL);
+  Pd* pd = ah->pd();
+  ahs_.destroy(ah);
+  pd->remove_user();
+  return kOk;
+}
+
+}  // namespace urdma::provider

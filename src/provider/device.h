@@ -1,0 +1,136 @@
+// The device: owner of every provider object, its limits and its port.
+//
+// Design: one `Device` per opened ibv_context. It owns bounded tables of PDs, CQs, SRQs, QPs
+// and AHs (ObjectTable: handle = slot) and the MR/MW key table, the port's GID table, the
+// async event queue, and the doorbell to the engine. Every verb of the ops table maps 1:1 to a
+// method here or on the object (post_send on Qp, poll on Cq, ...), returning Status/Result
+// with rdma-core's errno. Destroying an object still in use fails with EBUSY (the kernel's
+// uverbs usecnt rule): a PD with MRs/MWs/QPs/SRQs/AHs, a CQ or SRQ with QPs, an MR with bound
+// windows.
+//
+// The engine thread registers itself (set_engine_thread) so that `_st` methods can assert
+// they run on it in debug builds.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <shared_mutex>
+#include <thread>
+#include <vector>
+
+#include <infiniband/verbs.h>
+
+#include "provider/ah.h"
+#include "provider/async_event.h"
+#include "provider/cq.h"
+#include "provider/doorbell.h"
+#include "provider/limits.h"
+#include "provider/mr_table.h"
+#include "provider/object_table.h"
+#include "provider/pd.h"
+#include "provider/qp.h"
+#include "provider/srq.h"
+
+namespace urdma::provider {
+
+struct DeviceConfig {
+  // QPNs are qpn_base + handle; urdmad hands each process a QPN range that steers to its
+  // socket. QP0/QP1 are never allocated here (the CM owns QP1).
+  uint32_t qpn_base = 0x11;
+  // Largest MTU the device supports and the one the interface allows (an Ethernet MTU of 1500
+  // gives IBV_MTU_1024, as rxe computes it); path_mtu above active_mtu is EINVAL.
+  ibv_mtu max_mtu = IBV_MTU_4096;
+  ibv_mtu active_mtu = IBV_MTU_1024;
+  uint64_t node_guid_be = 0;
+  std::vector<ibv_gid> gids;     // port 1 GID table, index = sgid_index
+  Doorbell* doorbell = nullptr;  // nullptr: a do-nothing doorbell
+};
+
+class Device {
+ public:
+  explicit Device(DeviceConfig config = {});
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  // ---- device and port ----
+  const ibv_device_attr& attr() const { return attr_; }
+  Status query_port(uint8_t port_num, ibv_port_attr* out) const;
+  Status query_gid(uint8_t port_num, int index, ibv_gid* out) const;
+  Status query_pkey(uint8_t port_num, int index, uint16_t* out) const;
+  // urdmad updates the GID table as interface addresses come and go. An all-zero GID clears.
+  Status set_gid(uint32_t index, const ibv_gid& gid);
+  bool sgid_present(uint32_t index) const;
+  ibv_mtu active_mtu() const { return config_.active_mtu; }
+  uint32_t qpn_base() const { return config_.qpn_base; }
+  AsyncEventQueue& async_events() { return events_; }
+  Doorbell& doorbell() { return *doorbell_; }
+  MrTable& mr_table() { return mr_table_; }
+
+  // ---- PD ----
+  Result<Pd*> alloc_pd();
+  Status dealloc_pd(Pd* pd);
+  Pd* pd_by_handle(uint32_t handle) const { return pds_.get(handle); }
+
+  // ---- MR / MW (ibv_reg_mr passes iova = addr) ----
+  Result<Mr*> reg_mr(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access) {
+    return mr_table_.reg(pd, addr, length, iova, access);
+  }
+  Status rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, uint64_t iova,
+                  int access) {
+    return mr_table_.rereg(mr, flags, pd, addr, length, iova, access);
+  }
+  Status dereg_mr(Mr* mr) { return mr_table_.dereg(mr); }
+  Result<Mw*> alloc_mw(Pd* pd, ibv_mw_type type) { return mr_table_.alloc_mw(pd, type); }
+  Status dealloc_mw(Mw* mw) { return mr_table_.dealloc_mw(mw); }
+
+  // ---- CQ ----
+  // EINVAL for cqe < 1 or above max_cqe (ibv_create_cq(3)), ENOMEM when the table is full.
+  Result<Cq*> create_cq(int cqe);
+  Status destroy_cq(Cq* cq);
+  Cq* cq_by_handle(uint32_t handle) const { return cqs_.get(handle); }
+
+  // ---- SRQ ----
+  Result<Srq*> create_srq(Pd* pd, const ibv_srq_attr& attr);
+  Status destroy_srq(Srq* srq);
+  Srq* srq_by_handle(uint32_t handle) const { return srqs_.get(handle); }
+
+  // ---- QP ----
+  // `init.cap` is rounded; the result's cap() is what ibv_create_qp reports back.
+  Result<Qp*> create_qp(const QpInitAttr& init);
+  Status destroy_qp(Qp* qp);
+  Qp* qp_by_handle(uint32_t handle) const { return qps_.get(handle); }
+  // The engine's demux: the QP with this number, or nullptr.
+  Qp* qp_by_num(uint32_t qp_num) const;
+
+  // ---- AH ----
+  Result<Ah*> create_ah(Pd* pd, const ibv_ah_attr& attr);
+  Status destroy_ah(Ah* ah);
+  Ah* ah_by_handle(uint32_t handle) const { return ahs_.get(handle); }
+
+  // ---- engine thread identity ----
+  void set_engine_thread() { engine_thread_.store(std::this_thread::get_id()); }
+  // True when no engine thread is registered (tests) or when called on it.
+  bool on_engine_thread() const {
+    const std::thread::id id = engine_thread_.load();
+    return id == std::thread::id() || id == std::this_thread::get_id();
+  }
+
+ private:
+  DeviceConfig config_;
+  ibv_device_attr attr_ = {};
+  Doorbell default_doorbell_;
+  Doorbell* doorbell_;
+  AsyncEventQueue events_;
+  mutable std::shared_mutex gid_mutex_;
+  std::vector<ibv_gid> gids_;
+  MrTable mr_table_;
+  ObjectTable<Pd> pds_;
+  ObjectTable<Cq> cqs_;
+  ObjectTable<Srq> srqs_;
+  ObjectTable<Qp> qps_;
+  ObjectTable<Ah> ahs_;
+  std::atomic<std::thread::id> engine_thread_{};
+};
+
+}  // namespace urdma::provider

@@ -1,0 +1,35 @@
+// The provider → engine interface.
+//
+// Design: the provider never runs the transport; it tells the engine about new work and about
+// QP lifecycle changes through this interface. The default implementation does nothing, so the
+// provider can be used and tested alone. Ring calls are made after the WQEs are published and
+// outside every provider lock; they must be cheap (a store and, only if the engine sleeps, a
+// wakeup — liburing's need-wakeup handshake is the engine's business).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+namespace urdma::provider {
+
+class Qp;
+class Srq;
+
+class Doorbell {
+ public:
+  virtual ~Doorbell() = default;
+  // New send WQEs were posted to qp (or a type 1 bind).
+  virtual void ring_sq(Qp& /*qp*/) {}
+  // New receive WQEs were posted to qp's own receive queue.
+  virtual void ring_rq(Qp& /*qp*/) {}
+  // New receive WQEs were posted to srq.
+  virtual void ring_srq(Srq& /*srq*/) {}
+  // ibv_modify_qp changed the QP's state or attributes (from == to for a same-state modify).
+  // Called after the new attributes are visible and outside the QP's locks. When `to` is
+  // IBV_QPS_RESET or the QP is about to be destroyed (qp_destroyed), the call must not return
+  // before the engine has stopped touching the QP's queues; the provider empties them after.
+  // Entering IBV_QPS_ERR is the engine's cue to flush every posted WR with IBV_WC_WR_FLUSH_ERR.
+  virtual void qp_modified(Qp& /*qp*/, ibv_qp_state /*from*/, ibv_qp_state /*to*/) {}
+  virtual void qp_destroyed(Qp& /*qp*/) {}
+};
+
+}  // namespace urdma::provider

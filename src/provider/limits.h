@@ -1,0 +1,94 @@
+// Device limits: the one table of every bound the provider core enforces.
+//
+// Design: values follow Linux rxe (drivers/infiniband/sw/rxe/rxe_param.h) where rxe's value
+// is reasonable for a user-space device, and are smaller where rxe's would make a table
+// needlessly large (every table here is preallocated and bounded). `Device` reports these
+// through ibv_query_device/ibv_query_port; every create/modify verb checks against them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <infiniband/verbs.h>
+
+namespace urdma::provider {
+
+struct DeviceLimits {
+  // Object tables.
+  uint32_t max_pd;
+  uint32_t max_qp;
+  uint32_t max_cq;
+  uint32_t max_mr;
+  uint32_t max_mw;
+  uint32_t max_srq;
+  uint32_t max_ah;
+  // Queue sizes (entries, as requested by the consumer; rings round up to 2^k - 1).
+  uint32_t max_qp_wr;
+  uint32_t max_cqe;
+  uint32_t max_srq_wr;
+  // Scatter/gather and inline.
+  uint32_t max_sge;
+  uint32_t max_sge_rd;
+  uint32_t max_srq_sge;
+  uint32_t max_inline_data_bytes;
+  // RDMA READ / ATOMIC resources (IBA 9.5 / 11.2.1.2).
+  uint32_t max_qp_rd_atom;       // outstanding as requester (max_rd_atomic)
+  uint32_t max_qp_init_rd_atom;  // outstanding as responder (max_dest_rd_atomic)
+  uint32_t max_res_rd_atom;
+  // Memory.
+  uint64_t max_mr_size_bytes;
+  uint64_t page_size_cap;
+  uint32_t max_msg_size_bytes;
+  // Port.
+  uint32_t gid_table_len;
+  uint16_t pkey_table_len;     // only index 0 (default P_Key 0xFFFF) exists
+  uint8_t local_ca_ack_delay;  // IBA 14.2.5.6: 4.096 us * 2^15 like rxe
+};
+
+inline constexpr DeviceLimits kLimits = {
+    .max_pd = 4096,
+    .max_qp = 4096,
+    .max_cq = 4096,
+    .max_mr = 16384,
+    .max_mw = 4096,
+    .max_srq = 1024,
+    .max_ah = 4096,
+    .max_qp_wr = 0x4000,        // rxe RXE_MAX_QP_WR
+    .max_cqe = (1u << 15) - 1,  // rxe RXE_MAX_CQE
+    .max_srq_wr = 0x4000,
+    .max_sge = 32,  // rxe RXE_MAX_SGE
+    .max_sge_rd = 32,
+    .max_srq_sge = 27,             // rxe RXE_MAX_SRQ_SGE
+    .max_inline_data_bytes = 512,  // rxe: 32 SGEs * 16 bytes of WQE space
+    .max_qp_rd_atom = 128,         // rxe RXE_MAX_QP_RD_ATOM
+    .max_qp_init_rd_atom = 128,
+    .max_res_rd_atom = 0x3f80,
+    .max_mr_size_bytes = ~uint64_t{0},
+    .page_size_cap = 0xfffff000,     // rxe RXE_PAGE_SIZE_CAP
+    .max_msg_size_bytes = 1u << 31,  // IBA 9.7.2: 2^31 bytes
+    .gid_table_len = 16,
+    .pkey_table_len = 1,
+    .local_ca_ack_delay = 15,
+};
+
+// P_Key of the one P_Key table entry (IBA 10.9.1.2: default full-membership partition).
+inline constexpr uint16_t kDefaultPkey = 0xffff;
+// The one physical port.
+inline constexpr uint8_t kPortNum = 1;
+// PSNs are 24 bits (IBA 9.7.1).
+inline constexpr uint32_t kPsnMask = 0xffffff;
+// MR/MW keys: index in the key table above 8 key bits (IBA 10.6.3.1 leaves the layout to
+// the CA; rxe uses the same split).
+inline constexpr unsigned kKeyBits = 8;
+inline constexpr uint32_t kKeyByteMask = (1u << kKeyBits) - 1;
+// QP attribute limits (IBA 11.2.4.2 / 9.7.5.2.8).
+inline constexpr uint8_t kMaxRetryCnt = 7;
+inline constexpr uint8_t kMaxRnrRetry = 7;  // 7 = infinite
+inline constexpr uint8_t kMaxMinRnrTimer = 31;
+inline constexpr uint8_t kMaxTimeout = 31;
+
+// Fills ibv_device_attr / ibv_port_attr from kLimits and the device's own settings.
+void fill_device_attr(ibv_device_attr& attr, uint64_t node_guid_be);
+void fill_port_attr(ibv_port_attr& attr, ibv_mtu max_mtu, ibv_mtu active_mtu);
+
+}  // namespace urdma::provider

@@ -1,0 +1,333 @@
+// MR/MW table and the access check; see mr_table.h for the design.
+#include "provider/mr_table.h"
+
+#include <cassert>
+#include <mutex>
+
+namespace urdma::provider {
+namespace {
+
+// IB_UVERBS_ACCESS_FLUSH_GLOBAL / _PERSISTENT: the device implements no FLUSH operation.
+constexpr int kAccessFlush = (1 << 8) | (1 << 9);
+// IBV_ACCESS_OPTIONAL_RANGE: hints a device may ignore (ibv_reg_mr(3)).
+constexpr int kAccessOptional = ((1 << 29) << 1) - (1 << 20);
+
+// ibv_reg_mr(3) / IBA 10.6.3.2: remote write or atomic rights need local write.
+bool remote_write_without_local(int access) {
+  return (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) != 0 &&
+         (access & IBV_ACCESS_LOCAL_WRITE) == 0;
+}
+
+Status check_mr_access(int access) {
+  access &= ~kAccessOptional;
+  if (access & kAccessFlush) return Status(EOPNOTSUPP);
+  if (access & ~kMrAccessKnown) return Status(EINVAL);
+  if (remote_write_without_local(access)) return Status(EINVAL);
+  return kOk;
+}
+
+// Does [start, start + length) run past the top of the 64-bit space? Ending exactly at 2^64
+// is fine: the last byte is 2^64 - 1.
+bool wraps(uint64_t start, uint64_t length) {
+  return length != 0 && start > ~uint64_t{0} - (length - 1);
+}
+
+}  // namespace
+
+const char* mem_error_name(MemError e) {
+  static constexpr const char* kNames[] = {
+      "ok", "bad key", "wrong PD", "access denied", "out of bounds", "invalidated", "wrong QP"};
+  return kNames[static_cast<size_t>(e)];
+}
+
+MrTable::MrTable(uint32_t max_mr, uint32_t max_mw)
+    : max_mr_(max_mr), max_mw_(max_mw), mrs_(max_mr), mws_(max_mw) {
+  assert(uint64_t{max_mr} + max_mw < (uint64_t{1} << (32 - kKeyBits)));
+  std::random_device entropy;  // getrandom(2) on Linux
+  std::seed_seq seed{entropy(), entropy(), entropy(), entropy()};
+  rng_.seed(seed);
+  free_mrs_.reserve(max_mr);
+  for (uint32_t i = 1; i <= max_mr; ++i) {
+    mrs_[i - 1].index_ = i;
+    free_mrs_.push_back(i);
+  }
+  free_mws_.reserve(max_mw);
+  for (uint32_t j = 0; j < max_mw; ++j) {
+    mws_[j].index_ = max_mr + 1 + j;
+    free_mws_.push_back(max_mr + 1 + j);
+  }
+  // Slots start with random "previous" key bytes so the first key of a slot is random too.
+  for (Mr& mr : mrs_) mr.last_key_byte_ = static_cast<uint8_t>(rng_());
+  for (Mw& mw : mws_) mw.last_key_byte_ = static_cast<uint8_t>(rng_());
+}
+
+Mr* MrTable::mr_slot(uint32_t index) const {
+  if (index == 0 || index > max_mr_) return nullptr;
+  return const_cast<Mr*>(&mrs_[index - 1]);
+}
+
+Mw* MrTable::mw_slot(uint32_t index) const {
+  if (index <= max_mr_ || index - max_mr_ - 1 >= max_mw_) return nullptr;
+  return const_cast<Mw*>(&mws_[index - max_mr_ - 1]);
+}
+
+uint8_t MrTable::fresh_key_byte(uint8_t previous) {
+  // 255 choices: never the previous byte, so an old key never names the new occupant.
+  return static_cast<uint8_t>(previous + 1 + rng_() % kKeyByteMask);
+}
+
+uint32_t MrTable::take_random(std::vector<uint32_t>& free_list) {
+  assert(!free_list.empty());
+  const size_t pick = rng_() % free_list.size();
+  const uint32_t index = free_list[pick];
+  free_list[pick] = free_list.back();
+  free_list.pop_back();
+  return index;
+}
+
+Result<Mr*> MrTable::reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access) {
+  if (pd == nullptr) return Status(EINVAL);
+  if (Status s = check_mr_access(access); !s.ok()) return s;
+  if (length > kLimits.max_mr_size_bytes) return Status(EINVAL);
+  // The host range and the IOVA range must not wrap (ib_umem_get's overflow check).
+  if (wraps(reinterpret_cast<uintptr_t>(addr), length)) return Status(EINVAL);
+  if (access & IBV_ACCESS_ZERO_BASED) iova = 0;
+  if (wraps(iova, length)) return Status(EINVAL);
+
+  std::unique_lock lock(mutex_);
+  if (free_mrs_.empty()) return Status(ENOMEM);
+  Mr& mr = mrs_[take_random(free_mrs_) - 1];
+  assert(!mr.live_);
+  mr.last_key_byte_ = fresh_key_byte(mr.last_key_byte_);
+  mr.key_ = (mr.index_ << kKeyBits) | mr.last_key_byte_;
+  mr.live_ = true;
+  mr.pd_ = pd;
+  mr.addr_ = static_cast<uint8_t*>(addr);
+  mr.iova_ = iova;
+  mr.length_ = length;
+  mr.access_ = access & ~kAccessOptional;
+  mr.bound_mws_ = 0;
+  mr.user_context = nullptr;
+  pd->add_user();
+  return &mr;
+}
+
+Status MrTable::rereg(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, uint64_t iova,
+                      int access) {
+  if (mr == nullptr) return Status(EINVAL);
+  // ibv_rereg_mr(3): flags must be a non-empty subset of IBV_REREG_MR_FLAGS_SUPPORTED.
+  if (flags == 0 || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) return Status(EINVAL);
+  const bool new_translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION;
+  const bool new_pd = flags & IBV_REREG_MR_CHANGE_PD;
+  const bool new_access = flags & IBV_REREG_MR_CHANGE_ACCESS;
+  if (new_pd && pd == nullptr) return Status(EINVAL);
+
+  std::unique_lock lock(mutex_);
+  if (!mr->live_) return Status(EINVAL);
+  const int next_access = new_access ? (access & ~kAccessOptional) : mr->access_;
+  if (new_access) {
+    if (Status s = check_mr_access(access); !s.ok()) return s;
+  }
+  uint8_t* next_addr = new_translation ? static_cast<uint8_t*>(addr) : mr->addr_;
+  uint64_t next_length = new_translation ? length : mr->length_;
+  uint64_t next_iova = new_translation ? iova : mr->iova_;
+  if ((next_access & IBV_ACCESS_ZERO_BASED) != 0) next_iova = 0;
+  if (new_translation &&
+      (wraps(reinterpret_cast<uintptr_t>(next_addr), next_length) || wraps(next_iova, next_length)))
+    return Status(EINVAL);
+  // Windows bound to the region name its memory and PD: they must be invalidated first.
+  if (mr->bound_mws_ != 0 && (new_translation || new_pd || new_access)) return Status(EBUSY);
+
+  if (new_pd && pd != mr->pd_) {
+    mr->pd_->remove_user();
+    pd->add_user();
+    mr->pd_ = pd;
+  }
+  mr->addr_ = next_addr;
+  mr->length_ = next_length;
+  mr->iova_ = next_iova;
+  mr->access_ = next_access;
+  return kOk;
+}
+
+Status MrTable::dereg(Mr* mr) {
+  if (mr == nullptr) return Status(EINVAL);
+  std::unique_lock lock(mutex_);
+  if (!mr->live_) return Status(EINVAL);
+  if (mr->bound_mws_ != 0) return Status(EBUSY);
+  mr->live_ = false;
+  mr->pd_->remove_user();
+  mr->pd_ = nullptr;
+  mr->key_ = 0;
+  free_mrs_.push_back(mr->index_);
+  return kOk;
+}
+
+Mr* MrTable::mr_by_handle(uint32_t handle) const {
+  std::shared_lock lock(mutex_);
+  Mr* mr = mr_slot(handle);
+  return mr != nullptr && mr->live_ ? mr : nullptr;
+}
+
+Result<Mw*> MrTable::alloc_mw(Pd* pd, ibv_mw_type type) {
+  if (pd == nullptr) return Status(EINVAL);
+  if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return Status(EINVAL);
+  std::unique_lock lock(mutex_);
+  if (free_mws_.empty()) return Status(ENOMEM);
+  Mw& mw = mws_[take_random(free_mws_) - max_mr_ - 1];
+  mw.last_key_byte_ = fresh_key_byte(mw.last_key_byte_);
+  mw.key_ = (mw.index_ << kKeyBits) | mw.last_key_byte_;
+  mw.live_ = true;
+  mw.pd_ = pd;
+  mw.type_ = type;
+  mw.bound_ = false;
+  mw.user_context = nullptr;
+  pd->add_user();
+  return &mw;
+}
+
+void MrTable::unbind_locked(Mw& mw) {
+  if (!mw.bound_) return;
+  Mr* mr = mr_slot(mw.mr_index_);
+  assert(mr != nullptr && mr->bound_mws_ > 0);
+  --mr->bound_mws_;
+  mw.bound_ = false;
+  mw.host_ = nullptr;
+  mw.iova_ = 0;
+  mw.length_ = 0;
+  mw.access_ = 0;
+  mw.qp_num_ = 0;
+}
+
+Status MrTable::dealloc_mw(Mw* mw) {
+  if (mw == nullptr) return Status(EINVAL);
+  std::unique_lock lock(mutex_);
+  if (!mw->live_) return Status(EINVAL);
+  unbind_locked(*mw);
+  mw->live_ = false;
+  mw->key_ = 0;
+  mw->pd_->remove_user();
+  mw->pd_ = nullptr;
+  free_mws_.push_back(mw->index_);
+  return kOk;
+}
+
+Mw* MrTable::mw_by_handle(uint32_t handle) const {
+  std::shared_lock lock(mutex_);
+  Mw* mw = mw_slot(handle);
+  return mw != nullptr && mw->live_ ? mw : nullptr;
+}
+
+uint32_t MrTable::next_mw_rkey(const Mw* mw) {
+  std::unique_lock lock(mutex_);
+  return (mw->index_ << kKeyBits) | fresh_key_byte(static_cast<uint8_t>(mw->key_));
+}
+
+MemRef MrTable::lookup_local(uint32_t lkey, const Pd* pd, int access, uint64_t addr,
+                             uint64_t length) const {
+  std::shared_lock lock(mutex_);
+  // An lkey only ever names an MR: MWs have no lkey (IBA 10.6.7).
+  const Mr* mr = mr_slot(lkey >> kKeyBits);
+  if (mr == nullptr || !mr->live_ || mr->key_ != lkey) return {nullptr, MemError::kBadKey};
+  if (mr->pd_ != pd) return {nullptr, MemError::kWrongPd};
+  if ((mr->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
+  if (!range_inside(addr, length, mr->iova_, mr->length_)) return {nullptr, MemError::kOutOfBounds};
+  return {mr->addr_ + (addr - mr->iova_), MemError::kGranted};
+}
+
+MemRef MrTable::lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int access, uint64_t va,
+                              uint64_t length) const {
+  std::shared_lock lock(mutex_);
+  const uint32_t index = rkey >> kKeyBits;
+  // IBA 10.6.3.1 / C9-94: R_Key must name a valid region in the QP's PD with the right rights.
+  if (const Mr* mr = mr_slot(index)) {
+    if (!mr->live_ || mr->key_ != rkey) return {nullptr, MemError::kBadKey};
+    if (mr->pd_ != pd) return {nullptr, MemError::kWrongPd};
+    if ((mr->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
+    if (!range_inside(va, length, mr->iova_, mr->length_)) return {nullptr, MemError::kOutOfBounds};
+    return {mr->addr_ + (va - mr->iova_), MemError::kGranted};
+  }
+  const Mw* mw = mw_slot(index);
+  if (mw == nullptr || !mw->live_) return {nullptr, MemError::kBadKey};
+  if (mw->key_ != rkey) return {nullptr, MemError::kBadKey};
+  if (!mw->bound_) return {nullptr, MemError::kInvalidated};
+  if (mw->pd_ != pd) return {nullptr, MemError::kWrongPd};
+  // IBA 10.6.7.2.2: a type 2B window is accessible only through the QP it is bound to.
+  if (mw->type_ == IBV_MW_TYPE_2 && mw->qp_num_ != qp_num) return {nullptr, MemError::kWrongQp};
+  if ((mw->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
+  if (!range_inside(va, length, mw->iova_, mw->length_)) return {nullptr, MemError::kOutOfBounds};
+  return {mw->host_ + (va - mw->iova_), MemError::kGranted};
+}
+
+Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op) {
+  std::unique_lock lock(mutex_);
+  Mw* mw = mw_slot(op.mw_handle);
+  if (mw == nullptr || !mw->live_) return Status(EINVAL);
+  // IBA 10.6.7.2 (C10-72 for type 2, o10-36.2.x for type 1): the QP and MW share a PD.
+  if (mw->pd_ != qp_pd) return Status(EINVAL);
+  if (mw->type_ == IBV_MW_TYPE_2) {
+    // o10-37.2.30: a type 2 window must be free (invalidated) to be bound again.
+    if (mw->bound_) return Status(EINVAL);
+    // o10-37.2.40: type 2 needs an MR and a non-zero length.
+    if (op.mr_handle == 0 || op.length == 0) return Status(EINVAL);
+  } else {
+    // Type 1 windows cannot be zero based (ibv_bind_mw(3)).
+    if (op.access & IBV_ACCESS_ZERO_BASED) return Status(EINVAL);
+  }
+  if (op.access & ~kMwAccessKnown) return Status(EINVAL);
+
+  Mr* mr = nullptr;
+  if (op.mr_handle != 0 || op.length != 0) {
+    mr = mr_slot(op.mr_handle);
+    if (mr == nullptr || !mr->live_) return Status(EINVAL);
+    // C10-74: the MR and the window share a PD.
+    if (mr->pd_ != mw->pd_) return Status(EACCES);
+    // C10-73: the MR allows binding.
+    if ((mr->access_ & IBV_ACCESS_MW_BIND) == 0) return Status(EACCES);
+    // C10-75: remote write/atomic through the window needs local write on the MR.
+    if (remote_write_without_local(op.access | (mr->access_ & IBV_ACCESS_LOCAL_WRITE)))
+      return Status(EACCES);
+    // C10-76: the window lies inside the MR.
+    if (!range_inside(op.addr, op.length, mr->iova_, mr->length_)) return Status(EINVAL);
+  }
+
+  unbind_locked(*mw);  // type 1: a rebind replaces the previous binding
+  mw->last_key_byte_ = static_cast<uint8_t>(op.new_rkey);
+  mw->key_ = (mw->index_ << kKeyBits) | mw->last_key_byte_;
+  if (mr == nullptr) return kOk;  // type 1 zero-length bind: unbound, new key
+  ++mr->bound_mws_;
+  mw->bound_ = true;
+  mw->mr_index_ = mr->index_;
+  mw->host_ = mr->addr_ + (op.addr - mr->iova_);
+  mw->iova_ = (op.access & IBV_ACCESS_ZERO_BASED) ? 0 : op.addr;
+  mw->length_ = op.length;
+  mw->access_ = op.access & kRemoteAccess;
+  mw->qp_num_ = mw->type_ == IBV_MW_TYPE_2 ? qp_num : 0;
+  return kOk;
+}
+
+Status MrTable::invalidate_st(uint32_t rkey, const Pd* qp_pd, uint32_t qp_num, bool remote) {
+  std::unique_lock lock(mutex_);
+  Mw* mw = mw_slot(rkey >> kKeyBits);
+  // MRs of this device are never invalidated by WR: only fast-register MRs could be, and the
+  // device has none (rxe refuses LOCAL_INV on user MRs the same way).
+  if (mw == nullptr || !mw->live_ || mw->key_ != rkey) return Status(EINVAL);
+  // o10-37.2.x: type 1 windows are not invalidated by WRs.
+  if (mw->type_ != IBV_MW_TYPE_2) return Status(EINVAL);
+  if (!mw->bound_) return Status(EINVAL);
+  if (mw->pd_ != qp_pd) return Status(EINVAL);
+  // IBA 10.6.7.2.2: a remote invalidate must arrive on the QP the 2B window is bound to.
+  if (remote && mw->qp_num_ != qp_num) return Status(EINVAL);
+  unbind_locked(*mw);
+  return kOk;
+}
+
+void MrTable::unbind_qp_windows(uint32_t qp_num) {
+  std::unique_lock lock(mutex_);
+  for (Mw& mw : mws_) {
+    if (mw.live_ && mw.bound_ && mw.type_ == IBV_MW_TYPE_2 && mw.qp_num_ == qp_num)
+      unbind_locked(mw);
+  }
+}
+
+}  // namespace urdma::provider

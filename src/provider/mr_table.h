@@ -1,0 +1,208 @@
+// Memory regions, memory windows and THE access check.
+//
+// Design
+// * One key space for MRs and MWs: key = (index << 8) | key byte (IBA 10.6.3.1 leaves the
+//   split to the CA; rxe uses the same). MR indices are 1..max_mr, MW indices follow them.
+//   The slot index is drawn at random among the free slots and the key byte comes from a
+//   generator seeded by std::random_device (getrandom), never equal to the slot's previous
+//   byte: a peer cannot guess an rkey from one it has seen, and a stale key of a
+//   deregistered region never matches the slot's next occupant. lkey == rkey, as on rxe.
+// * Memory is the application's own (the engine runs in its process), so registration pins
+//   nothing; ON_DEMAND is accepted as is, and an MR is (host address, IOVA, length, access).
+// * lookup_local / lookup_remote are what the engine calls on every access. They return the
+//   host pointer or the precise reason for refusal (MemError), which the engine maps to a
+//   completion status or NAK (IBA 9.7.5.2.8 / 10.6.7). Bounds arithmetic never overflows.
+// * Memory windows: type 1 (bound with ibv_bind_mw, which posts a bind WQE) and type 2B
+//   (bound by a BIND_MW WR to one QP, invalidated by LOCAL_INV or a remote SEND_WITH_INV).
+//   The bind itself executes on the engine thread in send-queue order (bind_mw_st), as rxe's
+//   requester does, so the rules of IBA 10.6.7.2 are checked there.
+// * Locking: one shared_mutex. Lookups (engine thread, frequent) share it; reg/rereg/dereg/
+//   alloc/dealloc (application threads) and bind/invalidate (engine thread) take it
+//   exclusively. The slot arrays never move, so an Mr*/Mw* stays a valid object address for
+//   the table's lifetime.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <shared_mutex>
+#include <vector>
+
+#include <infiniband/verbs.h>
+
+#include "provider/limits.h"
+#include "provider/pd.h"
+#include "provider/status.h"
+
+namespace urdma::provider {
+
+// Access flags an MR accepts (bits 0..7 of ibv_access_flags).
+inline constexpr int kMrAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                      IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
+                                      IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
+// Access flags an MW bind may grant (IBA 10.6.7.2: remote rights only, plus zero-based).
+inline constexpr int kMwAccessKnown = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;
+inline constexpr int kRemoteAccess =
+    IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+// Why an access was refused. The engine maps these: on the requester's local SGEs every
+// failure is IBV_WC_LOC_PROT_ERR; on the responder every failure is a NAK Remote Access Error
+// (IBA 9.7.5.2.8, C9-94) and the requester completes with IBV_WC_REM_ACCESS_ERR.
+enum class MemError : uint8_t {
+  kGranted,
+  kBadKey,        // no MR/MW with this key (index free, key byte stale, MW key used as lkey)
+  kWrongPd,       // region's PD differs from the QP's
+  kAccessDenied,  // a required access right is missing
+  kOutOfBounds,   // [iova, iova+length) not inside the region
+  kInvalidated,   // MW not bound (invalidated or never bound)
+  kWrongQp,       // type 2B MW bound to another QP (IBA 10.6.7.2.2)
+};
+const char* mem_error_name(MemError e);
+
+struct MemRef {
+  uint8_t* addr = nullptr;  // host address of iova; valid only when error == kOk
+  MemError error = MemError::kBadKey;
+  bool ok() const { return error == MemError::kGranted; }
+};
+
+class MrTable;
+
+class Mr {
+ public:
+  uint32_t handle() const { return index_; }  // goes into ibv_mr.handle
+  uint32_t lkey() const { return key_; }
+  uint32_t rkey() const { return key_; }
+  Pd* pd() const { return pd_; }
+  void* addr() const { return addr_; }
+  uint64_t iova() const { return iova_; }
+  uint64_t length() const { return length_; }
+  int access() const { return access_; }
+  uint32_t bound_mw_count() const { return bound_mws_; }
+
+  void* user_context = nullptr;  // the verbs layer's ibv_mr
+
+ private:
+  friend class MrTable;
+  uint32_t index_ = 0;
+  uint32_t key_ = 0;
+  bool live_ = false;
+  uint8_t last_key_byte_ = 0;
+  Pd* pd_ = nullptr;
+  uint8_t* addr_ = nullptr;
+  uint64_t iova_ = 0;
+  uint64_t length_ = 0;
+  int access_ = 0;
+  uint32_t bound_mws_ = 0;
+};
+
+class Mw {
+ public:
+  uint32_t handle() const { return index_; }  // goes into ibv_mw.handle
+  uint32_t rkey() const { return key_; }
+  Pd* pd() const { return pd_; }
+  ibv_mw_type type() const { return type_; }
+  bool bound() const { return bound_; }
+  uint64_t iova() const { return iova_; }
+  uint64_t length() const { return length_; }
+  int access() const { return access_; }
+  uint32_t bound_qp_num() const { return qp_num_; }
+
+  void* user_context = nullptr;  // the verbs layer's ibv_mw
+
+ private:
+  friend class MrTable;
+  uint32_t index_ = 0;
+  uint32_t key_ = 0;
+  bool live_ = false;
+  uint8_t last_key_byte_ = 0;
+  Pd* pd_ = nullptr;
+  ibv_mw_type type_ = IBV_MW_TYPE_1;
+  // Binding (valid when bound_).
+  bool bound_ = false;
+  uint32_t mr_index_ = 0;
+  uint8_t* host_ = nullptr;  // host address of the window's first byte
+  uint64_t iova_ = 0;        // address of the first byte as the peer names it (0 if zero based)
+  uint64_t length_ = 0;
+  int access_ = 0;
+  uint32_t qp_num_ = 0;  // type 2B: the QP it is bound to
+};
+
+// A bind as the engine executes it, from a BIND_MW SendWqe (type 1 via ibv_bind_mw, or a
+// type 2B BIND_MW WR).
+struct MwBindOp {
+  uint32_t mw_handle = 0;
+  uint32_t new_rkey = 0;   // only the key byte is taken (the index is the MW's)
+  uint32_t mr_handle = 0;  // 0: no MR (type 1 unbind)
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  int access = 0;
+};
+
+class MrTable {
+ public:
+  MrTable(uint32_t max_mr, uint32_t max_mw);
+  MrTable(const MrTable&) = delete;
+  MrTable& operator=(const MrTable&) = delete;
+
+  // ibv_reg_mr / ibv_reg_mr_iova2 (ibv_reg_mr passes iova == addr). EINVAL for bad access
+  // combinations or wrapping ranges, EOPNOTSUPP for FLUSH access, ENOMEM when full.
+  Result<Mr*> reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access);
+  // ibv_rereg_mr: `flags` are IBV_REREG_MR_CHANGE_*; fields not selected are kept. The keys
+  // are kept. EBUSY when translation or PD would change under bound MWs.
+  Status rereg(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, uint64_t iova, int access);
+  // ibv_dereg_mr: EBUSY while memory windows are bound to it.
+  Status dereg(Mr* mr);
+  Mr* mr_by_handle(uint32_t handle) const;
+
+  // ibv_alloc_mw / ibv_dealloc_mw. Dealloc of a bound window unbinds it.
+  Result<Mw*> alloc_mw(Pd* pd, ibv_mw_type type);
+  Status dealloc_mw(Mw* mw);
+  Mw* mw_by_handle(uint32_t handle) const;
+  // The rkey a type 1 bind through ibv_bind_mw will give `mw`: same index, a fresh random
+  // key byte. The table changes only when the engine executes the bind.
+  uint32_t next_mw_rkey(const Mw* mw);
+
+  // ---- engine thread ----
+  // Local access through an lkey (requester SGEs, responder receive SGEs). `access` is
+  // IBV_ACCESS_LOCAL_WRITE when the device writes the memory, 0 when it only reads.
+  MemRef lookup_local(uint32_t lkey, const Pd* pd, int access, uint64_t addr,
+                      uint64_t length) const;
+  // Remote access through an rkey (RETH / AtomicETH). `access` is REMOTE_READ, REMOTE_WRITE or
+  // REMOTE_ATOMIC; `qp_num` is the local QP the request arrived on (type 2B windows).
+  MemRef lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int access, uint64_t va,
+                       uint64_t length) const;
+  // Executes a bind for the QP (pd, qp_num). Any failure completes the WR with
+  // IBV_WC_MW_BIND_ERR (IBA 10.6.7.2.x) and moves the QP to ERR; the errno says why.
+  Status bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op);
+  // LOCAL_INV (remote=false) or SEND_WITH_INV arriving on QP qp_num (remote=true).
+  // IBA 10.6.7.2.2 / o10-37.2.x: only a bound type 2 window whose rkey matches exactly, in the
+  // QP's PD, and for a remote invalidate of a 2B window, bound to that QP. EINVAL otherwise.
+  Status invalidate_st(uint32_t rkey, const Pd* qp_pd, uint32_t qp_num, bool remote);
+  // Destroying a QP invalidates the type 2B windows bound to it, so that a later QP given the
+  // same number cannot reach them (IBA 10.6.7.2.2 ties a 2B window to one QP).
+  void unbind_qp_windows(uint32_t qp_num);
+
+ private:
+  Mr* mr_slot(uint32_t index) const;
+  Mw* mw_slot(uint32_t index) const;
+  uint8_t fresh_key_byte(uint8_t previous);
+  uint32_t take_random(std::vector<uint32_t>& free_list);
+  void unbind_locked(Mw& mw);
+
+  const uint32_t max_mr_;
+  const uint32_t max_mw_;
+  mutable std::shared_mutex mutex_;
+  std::vector<Mr> mrs_;  // index i at mrs_[i - 1]
+  std::vector<Mw> mws_;  // index max_mr_ + 1 + j at mws_[j]
+  std::vector<uint32_t> free_mrs_;
+  std::vector<uint32_t> free_mws_;
+  std::mt19937_64 rng_;
+};
+
+// Overflow-safe: does [iova, iova + length) lie inside [base, base + size)?
+inline constexpr bool range_inside(uint64_t iova, uint64_t length, uint64_t base, uint64_t size) {
+  return iova >= base && length <= size && iova - base <= size - length;
+}
+
+}  // namespace urdma::provider

@@ -1,0 +1,66 @@
+// Shared receive queue.
+//
+// Design: a RecvQueue shared by several QPs. Application threads post under `post_mutex_`;
+// the engine thread takes WQEs under `take_mutex_` (uncontended except against a resize,
+// which holds both). Limit arming (IBA 10.2.9.2 / 11.5.2.2, ibv_modify_srq(3)): when a take
+// leaves fewer WQEs than the armed limit, one IBV_EVENT_SRQ_LIMIT_REACHED is raised and the
+// SRQ disarms; the application re-arms with ibv_modify_srq(IBV_SRQ_LIMIT).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include <infiniband/verbs.h>
+
+#include "provider/async_event.h"
+#include "provider/pd.h"
+#include "provider/work_queue.h"
+
+namespace urdma::provider {
+
+class Doorbell;
+
+class Srq {
+ public:
+  // Use Device::create_srq, which validates the attributes.
+  Srq(uint32_t handle, Pd* pd, const ibv_srq_attr& attr, AsyncEventQueue* events,
+      Doorbell* doorbell);
+
+  uint32_t handle() const { return handle_; }
+  Pd* pd() const { return pd_; }
+  uint32_t users() const { return users_.load(std::memory_order_relaxed); }
+  void add_user() { users_.fetch_add(1, std::memory_order_relaxed); }
+  void remove_user() { users_.fetch_sub(1, std::memory_order_relaxed); }
+
+  // ibv_post_srq_recv: EINVAL (too many SGEs) or ENOMEM (full); *bad_wr names the failing WR.
+  Status post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+  // ibv_modify_srq: IBV_SRQ_MAX_WR resizes (EINVAL below the WQEs present or above the
+  // device limit), IBV_SRQ_LIMIT arms (EINVAL above max_wr; 0 disarms).
+  Status modify(const ibv_srq_attr& attr, int mask);
+  // ibv_query_srq.
+  ibv_srq_attr query() const;
+
+  // ---- engine thread ----
+  bool take_st(RecvWork& out);
+  uint32_t size() const;
+
+  void* user_context = nullptr;  // the verbs layer's ibv_srq
+
+ private:
+  const uint32_t handle_;
+  Pd* const pd_;
+  AsyncEventQueue* const events_;
+  Doorbell* const doorbell_;
+  mutable std::mutex post_mutex_;
+  mutable std::mutex take_mutex_;
+  std::unique_ptr<RecvQueue> queue_;  // replaced only under both locks
+  uint32_t limit_ = 0;                // guarded by take_mutex_; 0 = disarmed
+  std::atomic<uint32_t> users_{0};
+};
+
+// Validates ibv_create_srq attributes against the device limits (EINVAL).
+Status check_srq_init_attr(const ibv_srq_attr& attr);
+
+}  // namespace urdma::provider

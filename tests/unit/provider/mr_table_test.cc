@@ -1,0 +1,252 @@
+// MR table: registration rules, THE access check (bounds, PD, access), key unpredictability.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <limits>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "provider/device.h"
+#include "provider_test_util.h"
+
+namespace urdma::provider::testing {
+namespace {
+
+constexpr int kLw = IBV_ACCESS_LOCAL_WRITE;
+constexpr int kRw = IBV_ACCESS_REMOTE_WRITE;
+constexpr int kRr = IBV_ACCESS_REMOTE_READ;
+constexpr int kRa = IBV_ACCESS_REMOTE_ATOMIC;
+constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+
+class MrTest : public ProviderTest {
+ protected:
+  Mr* reg(int access, uint64_t iova, uint64_t length = 4096) {
+    Result<Mr*> mr = dev_.reg_mr(pd(), buf_.data(), length, iova, access);
+    EXPECT_TRUE(mr.ok()) << mr.error();
+    return mr.ok() ? mr.value() : nullptr;
+  }
+  uint64_t addr() { return reinterpret_cast<uintptr_t>(buf_.data()); }
+  MrTable& table() { return dev_.mr_table(); }
+
+  std::vector<uint8_t> buf_ = std::vector<uint8_t>(8192);
+};
+
+TEST_F(MrTest, KeysNameTheSlotAndLkeyEqualsRkey) {
+  Mr* mr = reg(kLw | kRr, addr());
+  EXPECT_EQ(mr->lkey(), mr->rkey());
+  EXPECT_EQ(mr->lkey() >> 8, mr->handle());
+  EXPECT_NE(mr->handle(), 0u);
+  EXPECT_EQ(table().mr_by_handle(mr->handle()), mr);
+  const MemRef ref = table().lookup_local(mr->lkey(), pd(), kLw, addr() + 10, 100);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_EQ(ref.addr, buf_.data() + 10);
+}
+
+TEST_F(MrTest, AccessFlagRulesOfIbvRegMr) {
+  struct Case {
+    int access;
+    int err;
+  };
+  const Case kCases[] = {
+      {0, 0},
+      {kLw, 0},
+      {kRr, 0},
+      {kRw, EINVAL},  // ibv_reg_mr(3): REMOTE_WRITE needs LOCAL_WRITE
+      {kRa, EINVAL},  // ... and so does REMOTE_ATOMIC
+      {kRw | kRa | kRr, EINVAL},
+      {kLw | kRw | kRa | kRr | IBV_ACCESS_MW_BIND, 0},
+      {kLw | IBV_ACCESS_ON_DEMAND, 0},
+      {kLw | IBV_ACCESS_HUGETLB, 0},
+      {kLw | IBV_ACCESS_RELAXED_ORDERING, 0},  // optional range: ignored
+      {kLw | (1 << 8), EOPNOTSUPP},            // FLUSH_GLOBAL: no FLUSH support
+      {kLw | (1 << 15), EINVAL},               // unknown mandatory bit
+  };
+  for (const Case& c : kCases) {
+    Result<Mr*> mr = dev_.reg_mr(pd(), buf_.data(), 64, addr(), c.access);
+    EXPECT_EQ(mr.error(), c.err) << "access " << std::hex << c.access;
+    if (mr.ok()) {
+      EXPECT_EQ(mr.value()->access() & IBV_ACCESS_RELAXED_ORDERING, 0);
+      EXPECT_EQ(dev_.dereg_mr(mr.value()), kOk);
+    }
+  }
+  EXPECT_EQ(dev_.reg_mr(nullptr, buf_.data(), 64, addr(), kLw).error(), EINVAL);
+}
+
+TEST_F(MrTest, RangesThatWrapAreRefused) {
+  EXPECT_EQ(dev_.reg_mr(pd(), buf_.data(), 4096, kMax - 100, kLw).error(), EINVAL);
+  EXPECT_EQ(dev_.reg_mr(pd(), reinterpret_cast<void*>(kMax - 10), 64, 0, kLw).error(), EINVAL);
+  // Ending exactly at 2^64 does not wrap.
+  EXPECT_TRUE(dev_.reg_mr(pd(), buf_.data(), 4096, kMax - 4095, kLw).ok());
+}
+
+TEST_F(MrTest, BoundsAreExactAndOverflowSafe) {
+  const uint64_t base = 0x10000;  // an IOVA unrelated to the host address
+  Mr* mr = reg(kLw | kRr | kRw, base, 4096);
+  struct Case {
+    uint64_t iova, length;
+    bool ok;
+  };
+  const Case kCases[] = {
+      {base, 4096, true},       // the whole region
+      {base, 4097, false},      // one byte past the end
+      {base + 4095, 1, true},   // last byte
+      {base + 4096, 1, false},  // first byte after
+      {base + 4096, 0, true},   // empty at the end
+      {base - 1, 1, false},     // byte before
+      {base - 1, 2, false},     // straddles the start
+      {base + 1, kMax, false},  // iova + length wraps
+      {kMax, 2, false},         // wraps from the top
+      {base + 100, kMax - 50, false},
+      {0, base + 10, false},
+  };
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(::testing::Message() << std::hex << c.iova << "+" << c.length);
+    const MemRef local = table().lookup_local(mr->lkey(), pd(), 0, c.iova, c.length);
+    const MemRef remote = table().lookup_remote(mr->rkey(), pd(), 0, kRr, c.iova, c.length);
+    EXPECT_EQ(local.ok(), c.ok);
+    EXPECT_EQ(remote.ok(), c.ok);
+    if (c.ok) {
+      EXPECT_EQ(local.addr, buf_.data() + (c.iova - base));  // IOVA ≠ address
+    } else {
+      EXPECT_EQ(local.error, MemError::kOutOfBounds);
+      EXPECT_EQ(remote.error, MemError::kOutOfBounds);
+    }
+  }
+}
+
+TEST_F(MrTest, RegionAtTheTopOfTheIovaSpace) {
+  Mr* mr = reg(kLw | kRr, kMax - 4095, 4096);
+  EXPECT_TRUE(table().lookup_remote(mr->rkey(), pd(), 0, kRr, kMax, 1).ok());
+  EXPECT_EQ(table().lookup_remote(mr->rkey(), pd(), 0, kRr, kMax, 2).error, MemError::kOutOfBounds);
+  EXPECT_EQ(table().lookup_remote(mr->rkey(), pd(), 0, kRr, kMax - 10, 20).error,
+            MemError::kOutOfBounds);
+}
+
+TEST_F(MrTest, ZeroBasedRegionsStartAtIovaZero) {
+  Mr* mr = reg(kLw | kRr | IBV_ACCESS_ZERO_BASED, addr());
+  EXPECT_EQ(mr->iova(), 0u);
+  const MemRef ref = table().lookup_remote(mr->rkey(), pd(), 0, kRr, 100, 8);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_EQ(ref.addr, buf_.data() + 100);
+  EXPECT_FALSE(table().lookup_remote(mr->rkey(), pd(), 0, kRr, addr(), 8).ok());
+}
+
+TEST_F(MrTest, EachAccessRightIsChecked) {
+  // (granted, required) → allowed?
+  const int kRights[] = {kLw, kRr, kRw, kRa};
+  for (int granted : kRights) {
+    const int access = granted == kRw || granted == kRa ? (granted | kLw) : granted;
+    Mr* mr = reg(access, addr());
+    for (int required : {kRr, kRw, kRa}) {
+      const MemRef r = table().lookup_remote(mr->rkey(), pd(), 0, required, addr(), 8);
+      EXPECT_EQ(r.ok(), (access & required) != 0) << access << " needs " << required;
+      if (!r.ok()) {
+        EXPECT_EQ(r.error, MemError::kAccessDenied);
+      }
+    }
+    // Local reads need no right; local writes need LOCAL_WRITE.
+    EXPECT_TRUE(table().lookup_local(mr->lkey(), pd(), 0, addr(), 8).ok());
+    EXPECT_EQ(table().lookup_local(mr->lkey(), pd(), kLw, addr(), 8).ok(), (access & kLw) != 0);
+    EXPECT_EQ(dev_.dereg_mr(mr), kOk);
+  }
+}
+
+TEST_F(MrTest, WrongPdAndBadKeys) {
+  Mr* mr = reg(kLw | kRr, addr());
+  Pd* other = dev_.alloc_pd().value();
+  EXPECT_EQ(table().lookup_local(mr->lkey(), other, 0, addr(), 8).error, MemError::kWrongPd);
+  EXPECT_EQ(table().lookup_remote(mr->rkey(), other, 0, kRr, addr(), 8).error, MemError::kWrongPd);
+  // Same slot, other key byte; slot 0; out-of-range index.
+  EXPECT_EQ(table().lookup_local(mr->lkey() ^ 0x01, pd(), 0, addr(), 8).error, MemError::kBadKey);
+  EXPECT_EQ(table().lookup_local(0, pd(), 0, addr(), 8).error, MemError::kBadKey);
+  EXPECT_EQ(table().lookup_remote(0xffffff00, pd(), 0, kRr, addr(), 8).error, MemError::kBadKey);
+  // A deregistered key no longer works.
+  const uint32_t key = mr->rkey();
+  ASSERT_EQ(dev_.dereg_mr(mr), kOk);
+  EXPECT_EQ(table().lookup_remote(key, pd(), 0, kRr, addr(), 8).error, MemError::kBadKey);
+  EXPECT_EQ(dev_.dereg_mr(mr).error(), EINVAL);
+}
+
+TEST_F(MrTest, RkeysAreNotSequentialAndAReusedSlotGetsANewKey) {
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < 32; ++i) keys.push_back(reg(kLw, addr())->rkey());
+  std::set<int64_t> steps;
+  for (size_t i = 1; i < keys.size(); ++i) steps.insert(int64_t{keys[i]} - int64_t{keys[i - 1]});
+  EXPECT_GT(steps.size(), 1u) << "keys form an arithmetic sequence";
+  EXPECT_EQ(std::set<uint32_t>(keys.begin(), keys.end()).size(), keys.size());
+
+  // Churn: whenever a slot is reused its key byte differs from the slot's previous key.
+  std::map<uint32_t, uint32_t> last_key;
+  int reused = 0;
+  for (int i = 0; i < 20000; ++i) {
+    Mr* mr = reg(kLw, addr());
+    auto [it, fresh] = last_key.try_emplace(mr->handle(), mr->rkey());
+    if (!fresh) {
+      EXPECT_NE(it->second, mr->rkey());
+      it->second = mr->rkey();
+      ++reused;
+    }
+    ASSERT_EQ(dev_.dereg_mr(mr), kOk);
+  }
+  EXPECT_GT(reused, 0);
+}
+
+TEST_F(MrTest, KeysDifferAcrossDevices) {
+  Device other(test_config());
+  Pd* other_pd = other.alloc_pd().value();
+  std::vector<uint32_t> a, b;
+  for (int i = 0; i < 8; ++i) {
+    a.push_back(reg(kLw, addr())->rkey());
+    b.push_back(other.reg_mr(other_pd, buf_.data(), 64, addr(), kLw).value()->rkey());
+  }
+  EXPECT_NE(a, b);
+}
+
+TEST_F(MrTest, TheTableIsBounded) {
+  std::vector<Mr*> mrs;
+  for (uint32_t i = 0; i < kLimits.max_mr; ++i) mrs.push_back(reg(kLw, addr(), 8));
+  EXPECT_EQ(dev_.reg_mr(pd(), buf_.data(), 8, addr(), kLw).error(), ENOMEM);
+  ASSERT_EQ(dev_.dereg_mr(mrs.back()), kOk);
+  EXPECT_TRUE(dev_.reg_mr(pd(), buf_.data(), 8, addr(), kLw).ok());
+}
+
+TEST_F(MrTest, Rereg) {
+  Mr* mr = reg(kLw, addr(), 4096);
+  const uint32_t key = mr->rkey();
+  EXPECT_EQ(dev_.rereg_mr(mr, 0, nullptr, nullptr, 0, 0, 0).error(), EINVAL);
+  EXPECT_EQ(dev_.rereg_mr(mr, 1 << 3, nullptr, nullptr, 0, 0, 0).error(), EINVAL);
+  // Access: remote read added.
+  EXPECT_FALSE(table().lookup_remote(key, pd(), 0, kRr, addr(), 8).ok());
+  ASSERT_EQ(dev_.rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, 0, kLw | kRr), kOk);
+  EXPECT_TRUE(table().lookup_remote(key, pd(), 0, kRr, addr(), 8).ok());
+  EXPECT_EQ(dev_.rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, 0, kRw).error(),
+            EINVAL);
+  // Translation: the second half of the buffer at a new IOVA.
+  ASSERT_EQ(dev_.rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, buf_.data() + 4096, 4096,
+                          0x5000, 0),
+            kOk);
+  const MemRef ref = table().lookup_remote(key, pd(), 0, kRr, 0x5000, 4096);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_EQ(ref.addr, buf_.data() + 4096);
+  EXPECT_EQ(mr->rkey(), key) << "rereg keeps the keys";
+  // PD.
+  Pd* other = dev_.alloc_pd().value();
+  ASSERT_EQ(dev_.rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, other, nullptr, 0, 0, 0), kOk);
+  EXPECT_EQ(table().lookup_remote(key, pd(), 0, kRr, 0x5000, 8).error, MemError::kWrongPd);
+  EXPECT_TRUE(table().lookup_remote(key, other, 0, kRr, 0x5000, 8).ok());
+  EXPECT_EQ(dev_.dealloc_pd(other).error(), EBUSY);
+  EXPECT_EQ(dev_.dealloc_pd(pd()), kOk) << "the MR moved away from the first PD";
+  pd_ = nullptr;
+}
+
+TEST_F(MrTest, PdWithRegionsCannotBeDeallocated) {
+  Mr* mr = reg(kLw, addr());
+  EXPECT_EQ(dev_.dealloc_pd(pd()).error(), EBUSY);
+  ASSERT_EQ(dev_.dereg_mr(mr), kOk);
+  EXPECT_EQ(dev_.dealloc_pd(pd()), kOk);
+  pd_ = nullptr;
+}
+
+}  // namespace
+}  // namespace urdma::provider::testing
