@@ -8,7 +8,7 @@ packages=(
   libibverbs-dev librdmacm-dev       # rdma-core 44 headers: the API urdma implements
   libisal-dev zlib1g-dev             # CRC-32 (isa-l is the measured winner, zlib the fallback oracle)
   libpcap-dev                        # urdma decode: pcap/pcapng reading
-  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
   python3 python3-scapy tshark       # independent decoders for the cross-checks
   iproute2 tcpdump                   # network namespaces and captures in process tests
 )
