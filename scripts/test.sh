@@ -2,7 +2,8 @@
 # Builds urdma and runs the whole test suite, the way CI does:
 #   1. plain build (RelWithDebInfo, -Werror): unit, simulation, cross-check and replay tests;
 #   2. ASan+UBSan build: the same tests again;
-#   3. libFuzzer build (clang): every fuzz target for URDMA_FUZZ_SECONDS (default 60) each.
+#   3. TSan build: the provider and engine unit tests;
+#   4. libFuzzer build (clang): every fuzz target for URDMA_FUZZ_SECONDS (default 60) each.
 # Ends with one line "urdma: N passed, M failed". Exit status is non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,12 +33,16 @@ run_ctest() {
   rm -f "$log"
 }
 
-# build DIR [cmake args]: configures and builds; a failed build counts as one failure.
+# build DIR [cmake args] [-- targets]: configures and builds (every target, or the ones after
+# --); a failed build counts as one failure.
 build() {
   local dir=$1
   shift
-  if cmake -S . -B "$dir" -G Ninja -DURDMA_WERROR=ON "$@" >/dev/null &&
-     cmake --build "$dir" -j"$jobs"; then
+  local args=() targets=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && targets=(--target "$@")
+  if cmake -S . -B "$dir" -G Ninja -DURDMA_WERROR=ON "${args[@]}" >/dev/null &&
+     cmake --build "$dir" -j"$jobs" "${targets[@]}"; then
     return 0
   fi
   echo "urdma: build in $dir failed" >&2
@@ -51,6 +56,10 @@ build build -DCMAKE_BUILD_TYPE=RelWithDebInfo && run_ctest build
 echo "== ASan+UBSan build"
 build build-asan -DCMAKE_BUILD_TYPE=Debug -DURDMA_SANITIZE=address,undefined -DURDMA_BENCH=OFF &&
   run_ctest build-asan
+
+echo "== TSan build: the provider and engine tests (the rings shared between threads)"
+build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_SANITIZE=thread -DURDMA_BENCH=OFF \
+  -- urdma_provider_tests urdma_engine_tests && run_ctest build-tsan -R '^(provider|engine)[.]'
 
 echo "== libFuzzer (${fuzz_seconds}s per target)"
 CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_FUZZ=ON \
