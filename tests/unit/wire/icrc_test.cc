@@ -495,9 +495,11 @@ std::string addr_text(int family, const uint8_t* a) {
 
 // Runs the oracle over `lines`; returns its output lines (empty on failure, with a test error).
 std::vector<std::string> run_scapy(const std::vector<std::string>& lines) {
-  const std::string dir = ::testing::TempDir();
-  const std::string script = dir + "/urdma_icrc_oracle.py";
-  const std::string input = dir + "/urdma_icrc_oracle.txt";
+  // Per-test file names: CTest runs the tests of this file in parallel processes.
+  const std::string dir = ::testing::TempDir() + "/urdma_icrc_oracle_" +
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string script = dir + ".py";
+  const std::string input = dir + ".txt";
   std::ofstream(script) << kScapyOracle;
   {
     std::ofstream in(input);

@@ -1,0 +1,441 @@
+// The engine's poll loop, its one receive pipeline (rxe_recv.c as the model of what to check),
+// timers, packet transmission, completions and flushing.
+#include "engine/engine.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "net/check.h"
+#include "wire/psn.h"
+
+namespace urdma::engine {
+namespace {
+
+// IBA 10.9.3 (P_Key matching): the low 15 bits must match; the device's only P_Key is the
+// default full-membership 0xFFFF, which matches both 0xFFFF and the limited 0x7FFF.
+constexpr uint16_t kPkeyBaseMask = 0x7FFF;
+
+wire::Transport transport_of(ibv_qp_type type) {
+  switch (type) {
+    case IBV_QPT_RC:
+      return wire::Transport::kRc;
+    case IBV_QPT_UC:
+      return wire::Transport::kUc;
+    case IBV_QPT_UD:
+      return wire::Transport::kUd;
+    default:
+      return wire::Transport::kNone;
+  }
+}
+
+bool gid_is_zero(const ibv_gid& gid) {
+  for (uint8_t b : gid.raw)
+    if (b != 0) return false;
+  return true;
+}
+
+template <size_t N>
+std::array<uint8_t, N> address_bytes(const net::Address& a) {
+  std::array<uint8_t, N> out{};
+  if constexpr (N == 4) {
+    const auto v4 = a.v4_bytes();
+    std::copy(v4.begin(), v4.end(), out.begin());
+  } else {
+    out = a.bytes();
+  }
+  return out;
+}
+
+}  // namespace
+
+Engine::Engine(provider::Device& device, net::PacketIo& io, const net::Clock& clock,
+               EngineConfig config)
+    : device_(device), io_(io), clock_(clock), config_(config) {
+  net::check(config_.rx_batch >= 1 && config_.rx_batch <= net::kMaxBatch, "rx_batch out of range");
+  net::check(config_.ack_req_interval_pkts >= 1, "ack_req_interval_pkts must be >= 1");
+  relay_ = dynamic_cast<DoorbellRelay*>(&device_.doorbell());
+  net::check(relay_ != nullptr,
+             "the Device must be created with DeviceConfig::doorbell = &an engine::DoorbellRelay");
+  relay_->attach(this);
+  rx_storage_.resize(config_.rx_batch * kRxBufferBytes);
+  rx_slots_.resize(config_.rx_batch);
+  for (size_t i = 0; i < config_.rx_batch; ++i)
+    rx_slots_[i].buffer = {rx_storage_.data() + i * kRxBufferBytes, kRxBufferBytes};
+}
+
+Engine::~Engine() {
+  if (relay_ != nullptr) relay_->attach(nullptr);
+}
+
+const QpContext* Engine::context(uint32_t qp_num) const {
+  auto it = contexts_.find(qp_num);
+  return it == contexts_.end() ? nullptr : it->second.get();
+}
+
+QpContext* Engine::find(uint32_t qp_num) {
+  auto it = contexts_.find(qp_num);
+  return it == contexts_.end() ? nullptr : it->second.get();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Poll loop.
+
+void Engine::poll() {
+  std::lock_guard lock(mutex_);
+  doorbell_rung_.store(false, std::memory_order_relaxed);
+  receive_batch();
+  fire_timers(clock_.now_ns());
+  for (auto& [qpn, ctx] : contexts_) {
+    const ibv_qp_state st = ctx->qp->state();
+    if (st == IBV_QPS_ERR) {
+      flush(*ctx);
+    } else if (st == IBV_QPS_SQE) {
+      flush(*ctx);  // flushes the send queue only
+    } else {
+      run_requester(*ctx);
+    }
+  }
+}
+
+uint64_t Engine::next_deadline_ns() const {
+  if (doorbell_rung_.load(std::memory_order_relaxed)) return 0;
+  uint64_t t = net::kNever;
+  for (const auto& [qpn, ctx] : contexts_) {
+    const ibv_qp_state st = ctx->qp->state();
+    if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
+      const bool rq_waiting =
+          st == IBV_QPS_ERR && ctx->qp->srq() == nullptr && ctx->qp->rq_size() > 0;
+      if (ctx->qp->sq_peek_st(0) != nullptr || rq_waiting) return 0;
+      continue;
+    }
+    if (has_send_work(*ctx)) return 0;
+    t = std::min({t, ctx->comp.retry_deadline_ns, ctx->comp.rnr_deadline_ns});
+  }
+  return t;
+}
+
+void Engine::fire_timers(uint64_t now_ns) {
+  for (auto& [qpn, ctx_ptr] : contexts_) {
+    QpContext& ctx = *ctx_ptr;
+    if (ctx.qp->state() != IBV_QPS_RTS && ctx.qp->state() != IBV_QPS_SQD) continue;
+    if (ctx.comp.rnr_deadline_ns <= now_ns) {
+      // IBA 9.7.5.1.5 (RNR NAK): after the RNR timer the requester resends from the NAK'ed PSN.
+      ctx.comp.rnr_deadline_ns = net::kNever;
+      rewind(ctx, ctx.comp.rnr_psn);
+    }
+    if (ctx.comp.retry_deadline_ns <= now_ns) retry_timeout(ctx);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Doorbell.
+
+void Engine::ring_sq(provider::Qp&) {
+  doorbell_rung_.store(true, std::memory_order_relaxed);
+}
+void Engine::ring_rq(provider::Qp&) {
+  doorbell_rung_.store(true, std::memory_order_relaxed);
+}
+void Engine::ring_srq(provider::Srq&) {
+  doorbell_rung_.store(true, std::memory_order_relaxed);
+}
+
+void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
+  std::lock_guard lock(mutex_);
+  if (to == IBV_QPS_RESET) {
+    contexts_.erase(qp.qp_num());
+    return;
+  }
+  QpContext* ctx = find(qp.qp_num());
+  if (ctx == nullptr) {
+    auto owned = std::make_unique<QpContext>();
+    ctx = owned.get();
+    ctx->qp = &qp;
+    ctx->qpn = qp.qp_num();
+    ctx->type = qp.type();
+    ctx->req.wqe.resize(size_t{qp.cap().max_send_wr} + 1);
+    contexts_.emplace(qp.qp_num(), std::move(owned));
+  }
+  refresh(*ctx);
+  if (to == IBV_QPS_RTR && from != IBV_QPS_RTR) {
+    ctx->resp = Responder{};
+    ctx->resp.epsn = ctx->attr.rq_psn & wire::kPsnMask;
+    ctx->resp.resources.resize(std::max<size_t>(1, ctx->attr.max_dest_rd_atomic));
+  }
+  if (to == IBV_QPS_RTS && from == IBV_QPS_RTR) {
+    ctx->req.next_psn = ctx->attr.sq_psn & wire::kPsnMask;
+    ctx->comp = Completer{};
+    ctx->comp.psn = ctx->req.next_psn;
+    ctx->comp.retry_left = ctx->attr.retry_cnt;
+    ctx->comp.rnr_retry_left = ctx->attr.rnr_retry;
+  }
+  if (to == IBV_QPS_RTS) ctx->req.blocked = false;  // SQD → RTS resumes
+  if (to == IBV_QPS_ERR) flush(*ctx);
+  doorbell_rung_.store(true, std::memory_order_relaxed);
+}
+
+void Engine::qp_destroyed(provider::Qp& qp) {
+  contexts_.erase(qp.qp_num());
+}
+
+void Engine::refresh(QpContext& ctx) {
+  ctx.attr = ctx.qp->attr_snapshot();
+  const provider::AddressVector path = ctx.qp->path_snapshot();
+  ctx.mtu = ctx.type == IBV_QPT_UD ? mtu_bytes(device_.active_mtu()) : mtu_bytes(ctx.attr.path_mtu);
+  ctx.mtu = std::min<uint32_t>(ctx.mtu, kMaxMtuBytes);
+  ctx.route.dst = gid_address(path.dgid);
+  ctx.route.src = config_.local_address;
+  ibv_gid sgid = {};
+  if (device_.query_gid(provider::kPortNum, path.sgid_index, &sgid).ok() && !gid_is_zero(sgid))
+    ctx.route.src = gid_address(sgid);
+  ctx.route.src_port = roce_src_port(ctx.qpn);
+  ctx.route.traffic_class = path.traffic_class;
+  ctx.route.hop_limit = path.hop_limit;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Receive pipeline: the one demux point.
+
+void Engine::receive_batch() {
+  for (net::RxDatagram& slot : rx_slots_) {
+    slot.length = 0;
+    slot.truncated = false;
+  }
+  const size_t n = io_.recv_batch(rx_slots_);
+  for (size_t i = 0; i < n; ++i) handle_datagram(rx_slots_[i]);
+}
+
+void Engine::handle_datagram(const net::RxDatagram& d) {
+  ++counters_.rcvd_pkts;
+  if (d.truncated) {
+    ++counters_.drop_truncated;
+    return;
+  }
+  const std::span<const uint8_t> bytes = d.buffer.first(d.length);
+
+  // IBA 9.6 (packet header validation): malformed transport headers are silently dropped.
+  const wire::ParseResult parsed = wire::parse_packet(bytes);
+  if (!parsed.ok()) {
+    ++counters_.drop_parse[static_cast<size_t>(parsed.error())];
+    return;
+  }
+  const wire::PacketView& pkt = *parsed;
+
+  // IBA 7.8.1 (C7-48) / annex A17.4.3.1: a packet whose ICRC does not check is dropped.
+  if (config_.verify_icrc) {
+    bool ok = false;
+    if (d.src.address.is_v4() && d.dst.address.is_v4()) {
+      wire::IcrcIpv4Flow flow;
+      flow.src_addr = address_bytes<4>(d.src.address);
+      flow.dst_addr = address_bytes<4>(d.dst.address);
+      flow.udp_src_port = d.src.port;
+      flow.udp_dst_port = d.dst.port;
+      ok = wire::verify_icrc_ipv4(flow, bytes, config_.df_search).ok;
+    } else if (!d.src.address.is_v4() && !d.dst.address.is_v4()) {
+      wire::IcrcIpv6 h;
+      h.src_addr = address_bytes<16>(d.src.address);
+      h.dst_addr = address_bytes<16>(d.dst.address);
+      h.udp_src_port = d.src.port;
+      h.udp_dst_port = d.dst.port;
+      ok = wire::verify_icrc_ipv6(h, bytes);
+    }
+    if (!ok) {
+      ++counters_.drop_icrc;
+      return;
+    }
+  }
+
+  // IBA 9.6.1.1 / 10.9.3: P_Key check against the port's one P_Key (default, full member).
+  if ((pkt.bth().pkey() & kPkeyBaseMask) != (wire::kDefaultPkey & kPkeyBaseMask)) {
+    ++counters_.drop_pkey;
+    return;
+  }
+  // RoCEv2 CNPs (annex A17.9.2): no congestion control yet; accepted and ignored.
+  if (pkt.info().transport == wire::Transport::kCnp) return;
+
+  // IBA 9.6.1.2: DestQP must name a QP of this CA.
+  QpContext* ctx = find(pkt.bth().dest_qp());
+  if (ctx == nullptr) {
+    ++counters_.drop_unknown_qpn;
+    return;
+  }
+  // IBA 9.6.1.2: the opcode's transport must be the QP's service type.
+  if (pkt.info().transport != transport_of(ctx->type)) {
+    ++counters_.drop_qp_type;
+    return;
+  }
+  // rxe check_addr: a connected QP only accepts packets from its peer.
+  if (ctx->type != IBV_QPT_UD && d.src.address != ctx->route.dst) {
+    ++counters_.drop_address;
+    return;
+  }
+  const ibv_qp_state st = ctx->qp->state();
+  if (pkt.info().is(wire::kRequest)) {
+    // IBA 10.3.1 (QP states): the receive side works in RTR, RTS, SQD and SQE.
+    if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) {
+      ++counters_.drop_qp_state;
+      return;
+    }
+    if (ctx->type == IBV_QPT_UD)
+      handle_ud_request(*ctx, pkt, d);
+    else
+      handle_request(*ctx, pkt, d);
+  } else {
+    // Responses are for a requester, which exists in RTS and SQD.
+    if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) {
+      ++counters_.drop_qp_state;
+      return;
+    }
+    handle_response(*ctx, pkt);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transmission.
+
+wire::PacketHeaders Engine::begin_packet(uint8_t opcode, size_t payload_len) {
+  const std::optional<wire::PacketLayout> layout = wire::packet_layout(opcode, payload_len);
+  net::check(layout.has_value() && layout->total_length() <= tx_buf_.size(),
+             "engine built an invalid packet layout");
+  tx_layout_ = *layout;
+  wire::PacketHeaders h = wire::write_headers(tx_buf_, tx_layout_);
+  h.bth().set_pkey(wire::kDefaultPkey);
+  return h;
+}
+
+std::span<uint8_t> Engine::tx_payload() {
+  return std::span<uint8_t>(tx_buf_).subspan(tx_layout_.payload_offset(),
+                                             tx_layout_.payload_length);
+}
+
+bool Engine::send_packet(const Route& route) {
+  wire::write_trailer(std::span<uint8_t>(tx_buf_).subspan(tx_layout_.pad_offset()), tx_layout_);
+  const std::span<uint8_t> datagram = std::span<uint8_t>(tx_buf_).first(tx_layout_.total_length());
+  if (route.src.is_v4() && route.dst.is_v4()) {
+    wire::IcrcIpv4 h;
+    h.flow.src_addr = address_bytes<4>(route.src);
+    h.flow.dst_addr = address_bytes<4>(route.dst);
+    h.flow.udp_src_port = route.src_port;
+    h.flow.udp_dst_port = net::kRoceV2UdpPort;
+    wire::seal_icrc(h, datagram);
+  } else {
+    wire::IcrcIpv6 h;
+    h.src_addr = address_bytes<16>(route.src);
+    h.dst_addr = address_bytes<16>(route.dst);
+    h.udp_src_port = route.src_port;
+    h.udp_dst_port = net::kRoceV2UdpPort;
+    wire::seal_icrc(h, datagram);
+  }
+  // TODO(perf): gather the payload straight from registered memory once the ICRC takes an
+  // iovec; today the payload is copied into tx_buf_ so the ICRC sees one span.
+  const iovec iov{datagram.data(), datagram.size()};
+  net::TxDatagram tx;
+  tx.iov = {&iov, 1};
+  tx.dst = net::Endpoint{route.dst, net::kRoceV2UdpPort};
+  tx.src_port = route.src_port;
+  tx.src = route.src;
+  tx.traffic_class = route.traffic_class;
+  tx.hop_limit = route.hop_limit;
+  ++counters_.sent_pkts;
+  if (io_.send(tx) != net::TxStatus::kSent) {
+    ++counters_.send_err;  // lost like a dropped packet; retransmission recovers (RC)
+    return false;
+  }
+  return true;
+}
+
+void Engine::send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn) {
+  wire::PacketHeaders h = begin_packet(wire::op::kRcAck, 0);
+  h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+  h.bth().set_psn(psn & wire::kPsnMask);
+  h.aeth()->set_syndrome(syndrome);
+  h.aeth()->set_msn(ctx.resp.msn & wire::kPsnMask);
+  send_packet(ctx.route);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completions, errors, flush.
+
+void Engine::push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status) {
+  ibv_wc wc = {};
+  wc.wr_id = wqe.wr_id;
+  wc.status = status;
+  const provider::SendOpcodeInfo* info = provider::send_opcode_info(wqe.opcode);
+  wc.opcode = info != nullptr ? info->wc_opcode : IBV_WC_SEND;
+  wc.byte_len = static_cast<uint32_t>(wqe.length);
+  wc.qp_num = ctx.qpn;
+  ctx.qp->send_cq()->push_st(wc, false);
+}
+
+void Engine::push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited) {
+  ctx.qp->recv_cq()->push_st(wc, solicited);
+}
+
+void Engine::qp_error(QpContext& ctx, ibv_qp_state to) {
+  ctx.qp->enter_error_st(to);
+  flush(ctx);
+}
+
+void Engine::flush(QpContext& ctx) {
+  const ibv_qp_state st = ctx.qp->state();
+  if (st != IBV_QPS_ERR && st != IBV_QPS_SQE) return;
+  // Send queue: WQEs already finished complete with their own status, in order, up to the
+  // first one that failed or had not finished; that one and every later one complete with
+  // WR_FLUSH_ERR — even a local operation (BIND_MW, LOCAL_INV) the requester already executed
+  // ahead of the failure (IBA 10.3.1.5 SQE, 10.3.1.6 Error: outstanding and newly posted WRs
+  // complete with a flush error).
+  Requester& req = ctx.req;
+  bool flushing = false;
+  while (const provider::SendWqe* wqe = ctx.qp->sq_peek_st(0)) {
+    const bool started = req.started > 0;
+    const WqeState w = started ? req.at(0) : WqeState{};
+    if (!flushing && started && w.stage == WqeStage::kDone) {
+      flushing = w.status != IBV_WC_SUCCESS;
+      const bool signaled = w.status != IBV_WC_SUCCESS || ctx.qp->sq_sig_all() ||
+                            (wqe->send_flags & IBV_SEND_SIGNALED);
+      if (signaled) push_send_cqe(ctx, *wqe, w.status);
+    } else {
+      flushing = true;
+      push_send_cqe(ctx, *wqe, IBV_WC_WR_FLUSH_ERR);
+    }
+    ctx.qp->sq_pop_st();
+    ++req.head_seq;
+    if (req.started > 0) --req.started;
+  }
+  req.cur = 0;
+  req.cur_offset = 0;
+  req.started = 0;
+  req.rd_atomic_outstanding = 0;
+  ctx.comp.retry_deadline_ns = net::kNever;
+  ctx.comp.rnr_deadline_ns = net::kNever;
+  if (st != IBV_QPS_ERR) return;
+
+  // Receive side (ERR only): the WQE being filled, then the QP's own receive queue. WQEs still
+  // in an SRQ belong to the other QPs sharing it and are not flushed (IBA 10.2.9.5).
+  Responder& resp = ctx.resp;
+  auto flush_recv = [&](uint64_t wr_id) {
+    ibv_wc wc = {};
+    wc.wr_id = wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = ctx.qpn;
+    push_recv_cqe(ctx, wc, false);
+  };
+  if (resp.has_recv) {
+    flush_recv(resp.recv.wr_id);
+    resp.has_recv = false;
+  }
+  if (ctx.qp->srq() == nullptr) {
+    provider::RecvWork work;
+    while (ctx.qp->take_recv_st(work)) flush_recv(work.wr_id);
+  } else if (!ctx.last_wqe_event_raised) {
+    // IBA 11.6.3 / ibv_get_async_event(3): a QP on an SRQ that enters ERR reports that no
+    // further WQE of the SRQ will be consumed by it.
+    ctx.last_wqe_event_raised = true;
+    ctx.qp->raise_event(IBV_EVENT_QP_LAST_WQE_REACHED);
+  }
+}
+
+}  // namespace urdma::engine

@@ -1,0 +1,216 @@
+// The transport engine: the "hardware" of urdma. It turns posted send WQEs into RoCEv2 packets
+// and received packets into memory writes and completions, for RC, UC and UD QPs.
+//
+// PUBLIC SHAPE (what the simulation runner, the verbs layer and the tests code against):
+//
+//   provider::Device& dev = ...;     // created with DeviceConfig::doorbell = &relay (below)
+//   net::PacketIo& io = ...;         // a UDP slot socket, or SimNetwork::io(host)
+//   const net::Clock& clock = ...;   // MonotonicClock, or SimWorld::clock()
+//   engine::Engine engine(dev, io, clock, engine::EngineConfig{});
+//   engine.poll();                   // one turn: receive a batch, fire due timers, send
+//   engine.next_deadline_ns();       // when poll() must run again without traffic (net::kNever:
+//                                    // only a datagram or a doorbell can create work; <= now:
+//                                    // work is waiting, poll again at once)
+//   engine.counters();               // rxe `rdma statistic` names + drop counters
+//
+// Wiring the doorbell: the Device takes its Doorbell at construction, before the Engine exists,
+// so create a DoorbellRelay first and pass it in DeviceConfig::doorbell; the Engine attaches
+// itself to it (and detaches in its destructor):
+//
+//   engine::DoorbellRelay relay;
+//   provider::DeviceConfig cfg; cfg.doorbell = &relay; cfg.gids = {...};
+//   provider::Device dev(cfg);
+//   engine::Engine engine(dev, io, clock, {});
+//
+// Engine is also a net::SimParticipant: SimWorld::add_participant(engine, host) drives it.
+//
+// THREADING. poll(), next_deadline_ns(), counters() and context() are for the engine thread.
+// The Doorbell callbacks may come from application threads: ring_sq / ring_rq / ring_srq only
+// set an atomic flag; qp_modified / qp_destroyed take the engine's (recursive) mutex, which
+// poll() holds, so they return only once the engine no longer touches the QP (the contract of
+// provider/doorbell.h). In the simulation there is one thread and the mutex is uncontended.
+//
+// What it reads: the source address of a QP's packets is the GID at the path's (or the AH's)
+// sgid_index in the Device's GID table, or EngineConfig::local_address when that entry is empty.
+// The ICRC covers it, so it must be the address the peer sees.
+//
+// Files (one per step, as Linux rxe): engine.cc (poll loop, the one receive pipeline / demux,
+// timers, packet transmission, completions, flush), requester.cc, responder.cc, completer.cc,
+// qp_context.h (all per-QP engine state), engine_counters.h.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "engine/engine_counters.h"
+#include "engine/qp_context.h"
+#include "net/clock.h"
+#include "net/packet_io.h"
+#include "net/sim_world.h"
+#include "provider/device.h"
+#include "provider/doorbell.h"
+#include "wire/icrc.h"
+#include "wire/packet.h"
+
+namespace urdma::engine {
+
+struct EngineConfig {
+  // Source address used when a QP's GID table entry is empty (tests, single-address hosts).
+  net::Address local_address;
+  // Datagrams read per poll (<= net::kMaxBatch).
+  size_t rx_batch = 32;
+  // The requester sets AckReq on the last packet of every message and, inside long messages,
+  // every `ack_req_interval_pkts` packets so the responder's ACKs keep the window moving.
+  uint32_t ack_req_interval_pkts = 64;
+  // Check the ICRC of every received packet (IBA 7.8.1 / annex A17.4.3.1). Off only for
+  // hand-built test packets that do not carry one.
+  bool verify_icrc = true;
+  wire::Ipv4DfSearch df_search = wire::Ipv4DfSearch::kSetOnly;
+};
+
+class Engine;
+
+// Forwards the provider's doorbell calls to the Engine attached to it (nothing before that).
+class DoorbellRelay final : public provider::Doorbell {
+ public:
+  void attach(provider::Doorbell* target) { target_ = target; }
+  void ring_sq(provider::Qp& qp) override {
+    if (target_) target_->ring_sq(qp);
+  }
+  void ring_rq(provider::Qp& qp) override {
+    if (target_) target_->ring_rq(qp);
+  }
+  void ring_srq(provider::Srq& srq) override {
+    if (target_) target_->ring_srq(srq);
+  }
+  void qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) override {
+    if (target_) target_->qp_modified(qp, from, to);
+  }
+  void qp_destroyed(provider::Qp& qp) override {
+    if (target_) target_->qp_destroyed(qp);
+  }
+
+ private:
+  provider::Doorbell* target_ = nullptr;
+};
+
+// Largest packet the engine builds or accepts: 4096-byte path MTU + the longest header set
+// (BTH + RETH + ImmDt = 32; AtomicETH 28 + BTH) + pad + ICRC, rounded up.
+inline constexpr size_t kMaxMtuBytes = 4096;
+inline constexpr size_t kMaxPacketBytes = kMaxMtuBytes + 128;
+// Receive buffers are larger than any valid packet so an oversized one is seen (and dropped)
+// whole rather than truncated into something that parses.
+inline constexpr size_t kRxBufferBytes = kMaxPacketBytes + 512;
+
+class Engine final : public provider::Doorbell, public net::SimParticipant {
+ public:
+  Engine(provider::Device& device, net::PacketIo& io, const net::Clock& clock,
+         EngineConfig config = {});
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // One turn: receive and process a batch, fire due timers, run requesters with work, flush
+  // QPs in the error state.
+  void poll();
+  // Earliest time poll() must run without new traffic; <= now when work is waiting.
+  uint64_t next_deadline_ns() const override;
+  const EngineCounters& counters() const { return counters_; }
+
+  // net::SimParticipant.
+  void poll(uint64_t /*now_ns*/) override { poll(); }
+
+  // provider::Doorbell.
+  void ring_sq(provider::Qp& qp) override;
+  void ring_rq(provider::Qp& qp) override;
+  void ring_srq(provider::Srq& srq) override;
+  void qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) override;
+  void qp_destroyed(provider::Qp& qp) override;
+
+  // Test and tool access: the engine's view of a QP (nullptr if it has none).
+  const QpContext* context(uint32_t qp_num) const;
+
+ private:
+  // ---- engine.cc: pipeline, transmission, completions ----
+  void receive_batch();
+  void handle_datagram(const net::RxDatagram& d);
+  void fire_timers(uint64_t now_ns);
+  QpContext* find(uint32_t qp_num);
+  void refresh(QpContext& ctx);
+  // Packet building into tx_buf_: lay out, return header views; then fill, then send.
+  wire::PacketHeaders begin_packet(uint8_t opcode, size_t payload_len);
+  std::span<uint8_t> tx_payload();
+  bool send_packet(const Route& route);
+  void send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn);
+  // Completions.
+  void push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status);
+  void push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited);
+  // Moves the QP to ERR (RC, or any QP for a receive-side error) or SQE (UC/UD send error)
+  // and flushes what must be flushed.
+  void qp_error(QpContext& ctx, ibv_qp_state to);
+  void flush(QpContext& ctx);
+
+  // ---- requester.cc ----
+  void run_requester(QpContext& ctx);
+  bool has_send_work(const QpContext& ctx) const;
+  enum class ReqStep : uint8_t { kSent, kBlocked, kDone, kError };
+  ReqStep start_or_continue(QpContext& ctx);
+  ReqStep send_rc_uc_packet(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
+  ReqStep send_ud(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
+  ReqStep execute_local(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
+  // Copies `len` bytes of the WQE's data from byte `offset` into `out`; false on an SGE that
+  // fails the local access check (LOC_PROT_ERR).
+  bool gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t offset,
+              std::span<uint8_t> out);
+  void rewind(QpContext& ctx, uint32_t psn);
+
+  // ---- completer.cc ----
+  void handle_response(QpContext& ctx, const wire::PacketView& pkt);
+  void process_ack(QpContext& ctx, uint32_t psn);
+  void handle_read_response(QpContext& ctx, const wire::PacketView& pkt);
+  void handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt);
+  void handle_nak(QpContext& ctx, const wire::PacketView& pkt);
+  void retire(QpContext& ctx);
+  void progress(QpContext& ctx, uint32_t next_unacked_psn);
+  void retry_timeout(QpContext& ctx);
+  void fail_wqe_at(QpContext& ctx, uint32_t offset, ibv_wc_status status);
+  // The SQ offset of the oldest WQE that still waits for the network, or nullopt.
+  std::optional<uint32_t> oldest_outstanding(const QpContext& ctx) const;
+
+  // ---- responder.cc ----
+  void handle_request(QpContext& ctx, const wire::PacketView& pkt, const net::RxDatagram& d);
+  void handle_ud_request(QpContext& ctx, const wire::PacketView& pkt, const net::RxDatagram& d);
+  void send_read_responses(QpContext& ctx, const uint8_t* src, uint64_t length, uint32_t first_psn);
+  void send_atomic_ack(QpContext& ctx, uint32_t psn, uint64_t orig);
+  friend struct ResponderSteps;
+
+  provider::Device& device_;
+  net::PacketIo& io_;
+  const net::Clock& clock_;
+  const EngineConfig config_;
+  EngineCounters counters_;
+  DoorbellRelay* relay_ = nullptr;
+  std::atomic<bool> doorbell_rung_{false};
+  std::recursive_mutex mutex_;  // poll() vs qp_modified / qp_destroyed from other threads
+  std::map<uint32_t, std::unique_ptr<QpContext>> contexts_;  // ordered: deterministic polling
+
+  // Transmit: one packet at a time is built here (the PacketIo copies it before send returns).
+  alignas(64) std::array<uint8_t, kMaxPacketBytes> tx_buf_{};
+  wire::PacketLayout tx_layout_;
+  // Receive buffers and slots for one batch.
+  std::vector<uint8_t> rx_storage_;
+  std::vector<net::RxDatagram> rx_slots_;
+};
+
+// Path MTU in bytes of an ibv_mtu (IBA 9.7.2: 256 << (code - 1)).
+inline constexpr uint32_t mtu_bytes(ibv_mtu mtu) {
+  return 256u << (static_cast<unsigned>(mtu) - 1);
+}
+
+}  // namespace urdma::engine

@@ -1,0 +1,142 @@
+// Per-QP engine state: everything the transport keeps about a QP that the application must
+// never see or write (PSNs, retry counts, timers, the position inside a message). It lives in
+// the engine, keyed by QPN, never in the app-visible rings (the rxe lesson: "don't trust user
+// space data").
+//
+// Requester and completer share the send queue's per-WQE records (`WqeState`, one per SQ slot,
+// indexed from the SQ head as the provider's sq_peek_st is); the completer rewinds the requester
+// only through Engine::rewind().
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include <infiniband/verbs.h>
+
+#include "net/address.h"
+#include "net/clock.h"
+#include "provider/qp.h"
+#include "provider/work_queue.h"
+
+namespace urdma::engine {
+
+// IBA 9.7.6.1.1 (Local ACK Timeout): 4.096 us × 2^timeout; 0 means "infinite" (no timer).
+inline constexpr uint64_t kAckTimeoutBaseNs = 4096;
+inline constexpr uint64_t ack_timeout_ns(uint8_t timeout) {
+  return timeout == 0 ? net::kNever : kAckTimeoutBaseNs << (timeout & 0x1F);
+}
+// IBA 9.7.2: the largest message, 2^31 bytes (the RETH DMA length is 32 bits).
+inline constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 31;
+// IBA 9.7.5.2.8 / ibv_modify_qp(3): rnr_retry 7 means "retry forever".
+inline constexpr uint8_t kRnrRetryInfinite = 7;
+// RoCEv2 UDP source ports carry flow entropy (annex A17.4.1): 0xC000 | 14 bits of the QPN,
+// the range Linux rxe uses.
+inline constexpr uint16_t kRoceSrcPortBase = 0xC000;
+inline constexpr uint16_t roce_src_port(uint32_t qpn) {
+  return static_cast<uint16_t>(kRoceSrcPortBase | (qpn & 0x3FFF));
+}
+
+// A GID as an address: RoCEv2 GIDs are IPv6 addresses or IPv4-mapped ones (annex A17.4.5.1).
+inline net::Address gid_address(const ibv_gid& gid) {
+  return net::Address::from_v6(std::span<const uint8_t, 16>(gid.raw, 16));
+}
+
+// Where a packet goes and what its ICRC pseudo-header holds.
+struct Route {
+  net::Address src;
+  net::Address dst;
+  uint16_t src_port = kRoceSrcPortBase;
+  uint8_t traffic_class = 0;
+  uint8_t hop_limit = 0;
+};
+
+enum class WqeStage : uint8_t {
+  kNew,      // not started: no PSNs assigned
+  kSending,  // PSNs assigned, packets (re)being sent
+  kSent,     // every packet sent; waiting for ACK / response (RC)
+  kDone,     // finished: `status` says how; the completer retires it in order
+};
+
+struct WqeState {
+  WqeStage stage = WqeStage::kNew;
+  ibv_wc_status status = IBV_WC_SUCCESS;
+  uint32_t first_psn = 0;
+  uint32_t npkts = 0;       // PSNs consumed (READ: response packets expected); 0 for local ops
+  bool rd_atomic = false;   // READ or ATOMIC: counts against max_rd_atomic until done
+  uint32_t resp_psn = 0;    // READ/ATOMIC: the next response PSN expected
+  uint64_t resp_bytes = 0;  // READ: bytes of response data placed so far
+  uint32_t last_psn() const { return (first_psn + npkts - 1) & 0xFFFFFF; }
+};
+
+struct Requester {
+  uint32_t next_psn = 0;    // PSN of the next packet to send
+  uint32_t cur = 0;         // SQ offset (from the head) of the WQE being sent
+  uint64_t cur_offset = 0;  // bytes of it already sent (READ: response bytes requested before)
+  uint32_t started = 0;     // WQEs from the head whose WqeState is initialised
+  uint32_t rd_atomic_outstanding = 0;
+  uint64_t head_seq = 0;      // WQEs retired so far: the head's sequence number
+  bool blocked = false;       // stopped by fence / max_rd_atomic / SQD until the completer moves
+  std::vector<WqeState> wqe;  // ring of sq capacity + 1 entries, indexed by sequence number
+  WqeState& at(uint32_t offset) { return wqe[(head_seq + offset) % wqe.size()]; }
+  const WqeState& at(uint32_t offset) const { return wqe[(head_seq + offset) % wqe.size()]; }
+};
+
+struct Completer {
+  uint32_t psn = 0;  // oldest PSN not yet acknowledged
+  uint8_t retry_left = 0;
+  uint8_t rnr_retry_left = 0;
+  uint64_t retry_deadline_ns = net::kNever;  // local ACK timeout
+  uint64_t rnr_deadline_ns = net::kNever;    // RNR wait: no sending until then
+  uint32_t rnr_psn = 0;
+  // A READ response arrived beyond a lost one: the READ was re-requested from this PSN (once per
+  // gap, so a burst of later responses does not trigger a burst of requests).
+  bool read_gap_pending = false;
+  uint32_t read_gap_psn = 0;
+};
+
+// One READ or ATOMIC the responder executed, kept for duplicates (IBA 9.7.5.2.2: a duplicate
+// READ is answered again; a duplicate ATOMIC is answered with the saved result, never
+// re-executed).
+struct RdAtomicResource {
+  bool valid = false;
+  bool atomic = false;
+  uint32_t first_psn = 0;
+  uint32_t npkts = 0;
+  uint64_t orig = 0;  // ATOMIC: the value before the operation
+};
+
+struct Responder {
+  uint32_t epsn = 0;      // expected PSN
+  uint32_t msn = 0;       // messages completed (24 bits)
+  bool nak_sent = false;  // a PSN sequence error NAK was sent for the current gap
+  bool in_send = false;   // inside a multi-packet SEND
+  bool in_write = false;  // inside a multi-packet RDMA WRITE
+  bool drop_msg = false;  // UC: drop the rest of the current message
+  // The receive WQE being filled (multi-packet SEND) or reserved.
+  bool has_recv = false;
+  provider::RecvWork recv;
+  uint64_t recv_offset = 0;
+  // The RDMA WRITE being placed.
+  uint8_t* write_addr = nullptr;
+  uint64_t write_length = 0;  // RETH DMA length
+  uint64_t write_offset = 0;
+  std::vector<RdAtomicResource> resources;  // max_dest_rd_atomic entries (at least 1)
+  uint32_t res_next = 0;
+};
+
+struct QpContext {
+  provider::Qp* qp = nullptr;
+  uint32_t qpn = 0;
+  ibv_qp_type type = IBV_QPT_RC;
+  ibv_qp_attr attr = {};  // snapshot taken at each modify
+  uint32_t mtu = 256;     // path MTU in bytes (UD: the port's active MTU)
+  Route route;            // RC/UC: to the connected peer
+  Requester req;
+  Completer comp;
+  Responder resp;
+  bool last_wqe_event_raised = false;  // SRQ: IBV_EVENT_QP_LAST_WQE_REACHED sent once
+};
+
+}  // namespace urdma::engine

@@ -1,0 +1,337 @@
+// The requester: send WQEs → request packets (rxe_req.c as the model of the steps).
+//
+// Per WQE: wait for fence / max_rd_atomic, assign PSNs, segment by path MTU, build headers,
+// gather the payload through the MR table (local access check on every SGE), send. Local
+// operations (LOCAL_INV, BIND_MW) execute here, in send-queue order, and send nothing.
+// Retransmission rewinds the requester to a PSN (go-back-N, IBA 9.7.5.1.x) and it resends from
+// there; PSNs and segmentation are a pure function of the WQE, so a resent packet is the same
+// packet.
+#include <arpa/inet.h>
+
+#include <algorithm>
+
+#include "engine/engine.h"
+#include "engine/sge_copy.h"
+#include "net/check.h"
+#include "wire/psn.h"
+
+namespace urdma::engine {
+namespace {
+
+namespace op = wire::op;
+
+// RC opcodes of SEND and RDMA WRITE by position in the message and by variant; the UC twin of
+// each is kUcPrefix | (opcode & kOperationMask) (IBA 9.2, table 35).
+enum Position : uint8_t { kFirstPkt, kMiddlePkt, kLastPkt, kOnlyPkt };
+enum Variant : uint8_t { kPlain, kWithImm, kWithInv };
+constexpr uint8_t kNoOpcode = 0xFF;
+constexpr uint8_t kSendOpcodes[4][3] = {
+    {op::kRcSendFirst, op::kRcSendFirst, op::kRcSendFirst},
+    {op::kRcSendMiddle, op::kRcSendMiddle, op::kRcSendMiddle},
+    {op::kRcSendLast, op::kRcSendLastImm, op::kRcSendLastInv},
+    {op::kRcSendOnly, op::kRcSendOnlyImm, op::kRcSendOnlyInv},
+};
+constexpr uint8_t kWriteOpcodes[4][3] = {
+    {op::kRcWriteFirst, op::kRcWriteFirst, kNoOpcode},
+    {op::kRcWriteMiddle, op::kRcWriteMiddle, kNoOpcode},
+    {op::kRcWriteLast, op::kRcWriteLastImm, kNoOpcode},
+    {op::kRcWriteOnly, op::kRcWriteOnlyImm, kNoOpcode},
+};
+
+bool is_rd_atomic(ibv_wr_opcode opcode) {
+  return opcode == IBV_WR_RDMA_READ || opcode == IBV_WR_ATOMIC_CMP_AND_SWP ||
+         opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+bool is_write(ibv_wr_opcode opcode) {
+  return opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+// Packets a message of `length` bytes takes at `mtu` (IBA 9.5: a zero-length message is one
+// packet).
+uint32_t packets_for(uint64_t length, uint32_t mtu) {
+  return length == 0 ? 1 : static_cast<uint32_t>((length + mtu - 1) / mtu);
+}
+
+}  // namespace
+
+bool Engine::has_send_work(const QpContext& ctx) const {
+  const ibv_qp_state st = ctx.qp->state();
+  if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) return false;
+  if (ctx.req.blocked || ctx.comp.rnr_deadline_ns != net::kNever) return false;
+  if (ctx.req.started > 0 && ctx.req.at(0).stage == WqeStage::kDone) return true;  // to retire
+  return ctx.qp->sq_peek_st(ctx.req.cur) != nullptr;
+}
+
+void Engine::run_requester(QpContext& ctx) {
+  // Bounded turn per QP so one busy QP cannot starve the rest of the loop; what is left
+  // keeps next_deadline_ns() at "now".
+  constexpr int kMaxStepsPerTurn = 256;
+  retire(ctx);
+  for (int i = 0; i < kMaxStepsPerTurn; ++i) {
+    const ibv_qp_state st = ctx.qp->state();
+    if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) break;
+    if (ctx.req.blocked || ctx.comp.rnr_deadline_ns != net::kNever) break;
+    const ReqStep step = start_or_continue(ctx);
+    if (step == ReqStep::kBlocked) {
+      ctx.req.blocked = ctx.qp->sq_peek_st(ctx.req.cur) != nullptr;
+      break;
+    }
+    if (step == ReqStep::kError) break;
+  }
+  retire(ctx);
+}
+
+Engine::ReqStep Engine::start_or_continue(QpContext& ctx) {
+  Requester& req = ctx.req;
+  const provider::SendWqe* wqe = ctx.qp->sq_peek_st(req.cur);
+  if (wqe == nullptr) return ReqStep::kBlocked;
+  if (req.cur >= req.started) {
+    req.at(req.cur) = WqeState{};
+    req.started = req.cur + 1;
+  }
+  WqeState& w = req.at(req.cur);
+  if (w.stage == WqeStage::kDone || w.stage == WqeStage::kSent) {
+    // Finished (or fully sent and waiting): step over it; its PSNs stay behind us.
+    if (w.npkts > 0 && wire::psn_le(req.next_psn, w.last_psn()))
+      req.next_psn = wire::psn_next(w.last_psn());
+    ++req.cur;
+    req.cur_offset = 0;
+    return ReqStep::kDone;
+  }
+  if (w.stage == WqeStage::kNew) {
+    // SQD (IBA 10.3.1.3): no new WQE starts; the drained event comes when nothing is in flight.
+    if (ctx.qp->state() == IBV_QPS_SQD) {
+      if (!oldest_outstanding(ctx)) ctx.qp->sq_drained_st();
+      return ReqStep::kBlocked;
+    }
+    // IBA 10.8.3.3 (fence): a fenced WQE waits for every prior RDMA READ and ATOMIC.
+    if ((wqe->send_flags & IBV_SEND_FENCE) && req.rd_atomic_outstanding > 0)
+      return ReqStep::kBlocked;
+    const provider::SendOpcodeInfo* info = provider::send_opcode_info(wqe->opcode);
+    net::check(info != nullptr, "provider posted an unknown send opcode");
+    if (info->local) return execute_local(ctx, *wqe, w);
+    // IBA 9.7.2: a message is at most 2^31 bytes (the RETH DMA length is 32 bits).
+    if (wqe->length > kMaxMessageBytes) {
+      w.first_psn = req.next_psn;
+      w.npkts = 0;
+      fail_wqe_at(ctx, req.cur, IBV_WC_LOC_LEN_ERR);
+      return ReqStep::kError;
+    }
+    const bool rd_atomic = is_rd_atomic(wqe->opcode);
+    // IBA 9.5 / 11.2.4.2 (max_rd_atomic, "ORA"): at most that many READ/ATOMIC outstanding.
+    if (rd_atomic && req.rd_atomic_outstanding >= std::max<uint32_t>(1, ctx.attr.max_rd_atomic))
+      return ReqStep::kBlocked;
+    w.first_psn = req.next_psn;
+    w.npkts = ctx.type == IBV_QPT_UD || info->atomic ? 1 : packets_for(wqe->length, ctx.mtu);
+    w.resp_psn = w.first_psn;
+    w.rd_atomic = rd_atomic;
+    w.stage = WqeStage::kSending;
+    if (rd_atomic) ++req.rd_atomic_outstanding;
+    req.cur_offset = 0;
+  }
+  return ctx.type == IBV_QPT_UD ? send_ud(ctx, *wqe, w) : send_rc_uc_packet(ctx, *wqe, w);
+}
+
+Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWqe& wqe,
+                                          WqeState& w) {
+  Requester& req = ctx.req;
+  const bool rc = ctx.type == IBV_QPT_RC;
+  const uint32_t psn = req.next_psn;
+  const uint32_t index = (psn - w.first_psn) & wire::kPsnMask;  // packet index in the WQE
+  net::check(index < w.npkts, "requester PSN outside its WQE");
+  const auto finish_wqe = [&] {
+    w.stage = rc ? WqeStage::kSent : WqeStage::kDone;  // UC: complete once sent (IBA 9.8)
+    ++req.cur;
+    req.cur_offset = 0;
+  };
+
+  if (wqe.opcode == IBV_WR_RDMA_READ) {
+    // One request for everything not yet received; the responder answers with
+    // npkts - index response packets, PSNs psn..last_psn (IBA 9.7.4.1.3, 9.7.5.1.x resend).
+    const uint64_t offset = uint64_t{index} * ctx.mtu;
+    wire::PacketHeaders h = begin_packet(op::kRcReadRequest, 0);
+    h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+    h.bth().set_psn(psn);
+    h.bth().set_ack_req(true);
+    h.reth()->set_va(wqe.remote_addr + offset);
+    h.reth()->set_rkey(wqe.rkey);
+    h.reth()->set_dma_length(static_cast<uint32_t>(wqe.length - std::min(offset, wqe.length)));
+    send_packet(ctx.route);
+    req.next_psn = wire::psn_add(w.first_psn, w.npkts);
+    finish_wqe();
+  } else if (wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    const bool cas = wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+    wire::PacketHeaders h = begin_packet(cas ? op::kRcCompareSwap : op::kRcFetchAdd, 0);
+    h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+    h.bth().set_psn(psn);
+    h.bth().set_ack_req(true);
+    auto a = *h.atomic_eth();
+    a.set_va(wqe.remote_addr);
+    a.set_rkey(wqe.rkey);
+    // IBA 9.3.4: CmpSwap carries swap + compare; FetchAdd carries the add value.
+    a.set_swap_add(cas ? wqe.swap : wqe.compare_add);
+    a.set_compare(cas ? wqe.compare_add : 0);
+    send_packet(ctx.route);
+    req.next_psn = wire::psn_next(psn);
+    finish_wqe();
+  } else {
+    // SEND or RDMA WRITE: one packet of up to one path MTU (IBA 9.5: First/Middle carry
+    // exactly PMTU bytes, Last/Only 0..PMTU).
+    const uint64_t offset = req.cur_offset;
+    const uint64_t n = std::min<uint64_t>(ctx.mtu, wqe.length - offset);
+    const bool first = offset == 0;
+    const bool last = offset + n == wqe.length;
+    const Position pos = first && last ? kOnlyPkt
+                         : first       ? kFirstPkt
+                         : last        ? kLastPkt
+                                       : kMiddlePkt;
+    const Variant var =
+        (wqe.opcode == IBV_WR_SEND_WITH_IMM || wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) ? kWithImm
+        : wqe.opcode == IBV_WR_SEND_WITH_INV                                             ? kWithInv
+                                                                                         : kPlain;
+    uint8_t opcode = is_write(wqe.opcode) ? kWriteOpcodes[pos][var] : kSendOpcodes[pos][var];
+    net::check(opcode != kNoOpcode, "no opcode for this send variant");
+    if (!rc) opcode = static_cast<uint8_t>(op::kUcPrefix | (opcode & op::kOperationMask));
+    wire::PacketHeaders h = begin_packet(opcode, static_cast<size_t>(n));
+    h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+    h.bth().set_psn(psn);
+    // IBA 9.4.1 / 9.7.2: SE on the last packet of a solicited message.
+    h.bth().set_se(last && (wqe.send_flags & IBV_SEND_SOLICITED));
+    h.bth().set_ack_req(rc && (last || (index + 1) % config_.ack_req_interval_pkts == 0));
+    if (auto reth = h.reth()) {
+      reth->set_va(wqe.remote_addr);
+      reth->set_rkey(wqe.rkey);
+      reth->set_dma_length(static_cast<uint32_t>(wqe.length));
+    }
+    if (auto imm = h.immdt()) imm->set_imm(ntohl(wqe.imm_data));  // posted in network order
+    if (auto ieth = h.ieth()) ieth->set_rkey(wqe.invalidate_rkey);
+    const std::span<uint8_t> payload = tx_payload();
+    if (wqe.send_flags & IBV_SEND_INLINE) {
+      const std::span<const uint8_t> data = ctx.qp->sq_inline_st(wqe);
+      std::copy_n(data.begin() + static_cast<ptrdiff_t>(offset), n, payload.begin());
+    } else if (!gather(ctx, wqe, offset, payload)) {
+      // IBA 10.7.2.x: a local SGE failing its access check → Local Protection Error.
+      fail_wqe_at(ctx, req.cur, IBV_WC_LOC_PROT_ERR);
+      return ReqStep::kError;
+    }
+    send_packet(ctx.route);
+    req.next_psn = wire::psn_next(psn);
+    req.cur_offset = offset + n;
+    if (last) finish_wqe();
+  }
+  ++counters_.rdma_sends;
+  if (rc && ctx.comp.retry_deadline_ns == net::kNever)
+    ctx.comp.retry_deadline_ns =
+        clock_.now_ns() + std::min(ack_timeout_ns(ctx.attr.timeout), net::kNever - clock_.now_ns());
+  return ReqStep::kSent;
+}
+
+Engine::ReqStep Engine::send_ud(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w) {
+  Requester& req = ctx.req;
+  // IBA 9.8.2: a UD message is one packet of at most the path MTU; a longer one
+  // completes with a Local Length Error and the send queue enters SQE (IBA 10.3.1.5).
+  if (wqe.length > ctx.mtu) {
+    fail_wqe_at(ctx, req.cur, IBV_WC_LOC_LEN_ERR);
+    return ReqStep::kError;
+  }
+  const bool imm = wqe.opcode == IBV_WR_SEND_WITH_IMM;
+  wire::PacketHeaders h =
+      begin_packet(imm ? op::kUdSendOnlyImm : op::kUdSendOnly, static_cast<size_t>(wqe.length));
+  h.bth().set_dest_qp(wqe.remote_qpn & wire::kQpnMask);
+  h.bth().set_psn(req.next_psn);
+  h.bth().set_se((wqe.send_flags & IBV_SEND_SOLICITED) != 0);
+  // IBA 10.2.5: a Q_Key with the high-order bit set is not sent; the QP's own Q_Key
+  // is used instead.
+  const uint32_t qkey =
+      (wqe.remote_qkey & wire::kQkeyControlledBit) ? ctx.attr.qkey : wqe.remote_qkey;
+  h.deth()->set_qkey(qkey);
+  h.deth()->set_src_qp(ctx.qpn & wire::kQpnMask);
+  if (auto immdt = h.immdt()) immdt->set_imm(ntohl(wqe.imm_data));
+  const std::span<uint8_t> payload = tx_payload();
+  if (wqe.send_flags & IBV_SEND_INLINE) {
+    const std::span<const uint8_t> data = ctx.qp->sq_inline_st(wqe);
+    std::copy(data.begin(), data.end(), payload.begin());
+  } else if (!gather(ctx, wqe, 0, payload)) {
+    fail_wqe_at(ctx, req.cur, IBV_WC_LOC_PROT_ERR);
+    return ReqStep::kError;
+  }
+  Route route;
+  route.dst = gid_address(wqe.av.dgid);
+  route.src = config_.local_address;
+  ibv_gid sgid = {};
+  if (device_.query_gid(provider::kPortNum, wqe.av.sgid_index, &sgid).ok()) {
+    const net::Address a = gid_address(sgid);
+    if (!a.is_unspecified()) route.src = a;
+  }
+  route.src_port = roce_src_port(ctx.qpn);
+  route.traffic_class = wqe.av.traffic_class;
+  route.hop_limit = wqe.av.hop_limit;
+  send_packet(route);
+  ++counters_.rdma_sends;
+  req.next_psn = wire::psn_next(req.next_psn);
+  w.stage = WqeStage::kDone;  // IBA 9.8: an unreliable send completes when it is sent
+  ++req.cur;
+  req.cur_offset = 0;
+  return ReqStep::kSent;
+}
+
+Engine::ReqStep Engine::execute_local(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w) {
+  Requester& req = ctx.req;
+  provider::MrTable& mrs = device_.mr_table();
+  ibv_wc_status status = IBV_WC_SUCCESS;
+  if (wqe.opcode == IBV_WR_LOCAL_INV) {
+    // IBA 10.6.7.2.x (o10-37.2.x): LOCAL_INV of a window that is not a bound type 2 window of
+    // this QP's PD fails the WR.
+    if (!mrs.invalidate_st(wqe.invalidate_rkey, ctx.qp->pd(), ctx.qpn, false).ok())
+      status = IBV_WC_LOC_QP_OP_ERR;
+  } else {
+    // IBA 10.6.7.2.x: a failed bind completes with a Memory Window Bind Error.
+    if (!mrs.bind_mw_st(ctx.qp->pd(), ctx.qpn, wqe.bind).ok()) status = IBV_WC_MW_BIND_ERR;
+  }
+  w.first_psn = req.next_psn;
+  w.npkts = 0;
+  if (status != IBV_WC_SUCCESS) {
+    fail_wqe_at(ctx, req.cur, status);
+    return ReqStep::kError;
+  }
+  w.stage = WqeStage::kDone;
+  ++req.cur;
+  req.cur_offset = 0;
+  return ReqStep::kDone;
+}
+
+bool Engine::gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t offset,
+                    std::span<uint8_t> out) {
+  return copy_sges(device_.mr_table(), ctx.qp->pd(), ctx.qp->sq_sges_st(wqe), offset, out,
+                   SgeDirection::kFromSges);
+}
+
+void Engine::rewind(QpContext& ctx, uint32_t psn) {
+  // Go-back-N (IBA 9.7.5.1.x): resend from `psn`, the oldest PSN not acknowledged. Every WQE
+  // from the one holding it onwards is resent; finished ones (acknowledged meanwhile, or local
+  // operations) are stepped over by the requester.
+  Requester& req = ctx.req;
+  req.blocked = false;
+  for (uint32_t i = 0; i < req.started; ++i) {
+    WqeState& w = req.at(i);
+    if (w.stage == WqeStage::kDone || w.npkts == 0) continue;
+    if (w.stage == WqeStage::kNew) break;
+    uint32_t from = psn;
+    if (!wire::in_window(psn, w.first_psn, w.npkts)) {
+      if (wire::psn_gt(psn, w.last_psn())) continue;  // entirely before psn: not to resend
+      from = w.first_psn;
+    }
+    // Later started WQEs are resent too: back to "sending" from their first packet.
+    for (uint32_t j = i; j < req.started; ++j) {
+      WqeState& later = req.at(j);
+      if (later.stage == WqeStage::kSent) later.stage = WqeStage::kSending;
+    }
+    const uint32_t index = (from - w.first_psn) & wire::kPsnMask;
+    req.cur = i;
+    req.cur_offset = uint64_t{index} * ctx.mtu;
+    req.next_psn = from;
+    return;
+  }
+}
+
+}  // namespace urdma::engine

@@ -1,0 +1,613 @@
+// The responder: request packets → memory writes, receive completions, ACKs, READ responses
+// and ATOMIC results (rxe_resp.c as the model: a loop over named states, each a function
+// returning the next state, each error its own state).
+//
+//   CHECK_PSN → CHECK_OP_SEQ → CHECK_OP_VALID → CHECK_RESOURCE → CHECK_LENGTH → CHECK_RKEY
+//   → EXECUTE → COMPLETE → ACKNOWLEDGE → DONE
+//   side exits: DUPLICATE, NAK_PSN_SEQ, RNR_NAK, ERR_* (NAK + QP error on RC, drop on UC), DROP
+//
+// Nothing from the peer is trusted: every RETH/AtomicETH goes through the MR table (key, PD,
+// access, bounds with overflow-safe arithmetic), every payload byte lands inside a checked SGE
+// or a checked remote range, lengths are checked against the PMTU and the message.
+#include <arpa/inet.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+
+#include "engine/engine.h"
+#include "engine/sge_copy.h"
+#include "net/check.h"
+#include "wire/grh.h"
+#include "wire/psn.h"
+
+namespace urdma::engine {
+
+enum class RespState : uint8_t {
+  kCheckPsn,
+  kCheckOpSeq,
+  kCheckOpValid,
+  kCheckResource,
+  kCheckLength,
+  kCheckRkey,
+  kExecute,
+  kComplete,
+  kAcknowledge,
+  kDuplicate,
+  kNakPsnSeq,
+  kRnrNak,
+  kErrInvalidRequest,
+  kErrRemoteAccess,
+  kErrRemoteOperational,
+  kErrLocalLength,
+  kDrop,
+  kDone,
+  kCount,
+};
+constexpr std::array<const char*, static_cast<size_t>(RespState::kCount)> kRespStateNames = {
+    "CHECK_PSN",
+    "CHECK_OP_SEQ",
+    "CHECK_OP_VALID",
+    "CHECK_RESOURCE",
+    "CHECK_LENGTH",
+    "CHECK_RKEY",
+    "EXECUTE",
+    "COMPLETE",
+    "ACKNOWLEDGE",
+    "DUPLICATE",
+    "NAK_PSN_SEQ",
+    "RNR_NAK",
+    "ERR_INVALID_REQUEST",
+    "ERR_REMOTE_ACCESS",
+    "ERR_REMOTE_OPERATIONAL",
+    "ERR_LOCAL_LENGTH",
+    "DROP",
+    "DONE",
+};
+
+const char* resp_state_name(RespState s) {
+  return kRespStateNames[static_cast<size_t>(s)];
+}
+
+// One request packet going through the states.
+struct ResponderSteps {
+  Engine& e;
+  QpContext& ctx;
+  const wire::PacketView& pkt;
+  const wire::OpcodeInfo& info;
+  Responder& resp;
+  const uint32_t psn;
+  const bool rc;
+  provider::MemRef target;  // CHECK_RKEY result for READ / ATOMIC
+  ibv_wc_status recv_status = IBV_WC_SUCCESS;
+
+  ResponderSteps(Engine& engine, QpContext& c, const wire::PacketView& p)
+      : e(engine),
+        ctx(c),
+        pkt(p),
+        info(p.info()),
+        resp(c.resp),
+        psn(p.bth().psn()),
+        rc(c.type == IBV_QPT_RC) {}
+
+  bool is_send() const { return info.is(wire::kSend); }
+  bool is_write() const { return info.is(wire::kWrite); }
+  bool is_read() const { return info.is(wire::kReadRequest); }
+  bool is_atomic() const { return info.is(wire::kAtomic); }
+  bool first() const { return info.is(wire::kFirst); }
+  bool last() const { return info.is(wire::kLast); }
+  // An error on UC: drop the rest of the message, no NAK (IBA 9.8.3.x).
+  RespState uc_drop() {
+    resp.drop_msg = true;
+    resp.in_send = false;
+    resp.in_write = false;
+    resp.recv_offset = 0;
+    return RespState::kDrop;
+  }
+
+  RespState run() {
+    RespState s = RespState::kCheckPsn;
+    for (int guard = 0; s != RespState::kDone; ++guard) {
+      net::check(guard < 32, "responder state machine does not terminate");
+      s = step(s);
+    }
+    return s;
+  }
+
+  RespState step(RespState s) {
+    switch (s) {
+      case RespState::kCheckPsn:
+        return check_psn();
+      case RespState::kCheckOpSeq:
+        return check_op_seq();
+      case RespState::kCheckOpValid:
+        return check_op_valid();
+      case RespState::kCheckResource:
+        return check_resource();
+      case RespState::kCheckLength:
+        return check_length();
+      case RespState::kCheckRkey:
+        return check_rkey();
+      case RespState::kExecute:
+        return execute();
+      case RespState::kComplete:
+        return complete();
+      case RespState::kAcknowledge:
+        return acknowledge();
+      case RespState::kDuplicate:
+        return duplicate();
+      case RespState::kNakPsnSeq:
+        return nak_psn_seq();
+      case RespState::kRnrNak:
+        return rnr_nak();
+      case RespState::kErrInvalidRequest:
+        return err_invalid_request();
+      case RespState::kErrRemoteAccess:
+        return err_remote_access();
+      case RespState::kErrRemoteOperational:
+        return err_remote_operational();
+      case RespState::kErrLocalLength:
+        return err_local_length();
+      case RespState::kDrop:
+        return RespState::kDone;
+      default:
+        return RespState::kDone;
+    }
+  }
+
+  // ---- CHECK_PSN: IBA 9.7.5.2.1 (RC): expected → go on; earlier (within the half window of
+  // psn.h) → duplicate; later → PSN sequence error NAK, once per gap. UC (IBA 9.8.3.x):
+  // a gap abandons the message in progress; only a First/Only packet restarts.
+  RespState check_psn() {
+    const int32_t diff = wire::psn_diff(psn, resp.epsn);
+    if (!rc) {
+      if (diff != 0) {
+        ++e.counters_.out_of_seq_request;
+        uc_drop();
+        resp.epsn = psn;
+      }
+      if (resp.drop_msg) {
+        if (!first()) {
+          resp.epsn = wire::psn_next(psn);
+          ++e.counters_.drop_uc_message;
+          return RespState::kDone;
+        }
+        resp.drop_msg = false;
+      }
+      return RespState::kCheckOpSeq;
+    }
+    if (diff > 0) {
+      ++e.counters_.out_of_seq_request;
+      return resp.nak_sent ? RespState::kDrop : RespState::kNakPsnSeq;
+    }
+    if (diff < 0) {
+      ++e.counters_.duplicate_request;
+      return RespState::kDuplicate;
+    }
+    return RespState::kCheckOpSeq;
+  }
+
+  // ---- CHECK_OP_SEQ: IBA 9.7.5.2.x: Middle/Last continue the message in progress of
+  // the same kind; First/Only, READ and ATOMIC may not interrupt one.
+  RespState check_op_seq() {
+    bool ok;
+    if (info.is(wire::kMiddle) || (last() && !first())) {
+      ok = is_send() ? resp.in_send : resp.in_write;
+    } else {
+      ok = !resp.in_send && !resp.in_write;
+    }
+    if (!ok) return rc ? RespState::kErrInvalidRequest : uc_drop();
+    return RespState::kCheckOpValid;
+  }
+
+  // ---- CHECK_OP_VALID: IBA 9.7.5.2.x / 10.2.3: the QP's access flags must allow remote
+  // writes, reads or atomics; FLUSH and ATOMIC WRITE are not supported here.
+  RespState check_op_valid() {
+    const int access = ctx.attr.qp_access_flags;
+    bool ok = true;
+    if (is_write()) ok = (access & IBV_ACCESS_REMOTE_WRITE) != 0;
+    if (is_read()) ok = (access & IBV_ACCESS_REMOTE_READ) != 0;
+    if (is_atomic()) ok = (access & IBV_ACCESS_REMOTE_ATOMIC) != 0;
+    if (info.any(wire::kFlush | wire::kAtomicWrite)) ok = false;
+    if (!ok) return rc ? RespState::kErrInvalidRequest : uc_drop();
+    return RespState::kCheckResource;
+  }
+
+  // ---- CHECK_RESOURCE: a SEND (First/Only) or a WRITE with immediate (Last/Only) needs a
+  // receive WQE; none → RNR NAK (IBA 9.7.5.2.8), UC: the message is dropped.
+  RespState check_resource() {
+    const bool needs_recv = (is_send() && first()) || (is_write() && info.is(wire::kImm));
+    if (needs_recv && !resp.has_recv) {
+      if (!ctx.qp->take_recv_st(resp.recv)) {
+        if (rc) return RespState::kRnrNak;
+        ++e.counters_.drop_no_recv_wqe;
+        return uc_drop();
+      }
+      resp.has_recv = true;
+      resp.recv_offset = 0;
+    }
+    return RespState::kCheckLength;
+  }
+
+  // ---- CHECK_LENGTH: IBA 9.5 / 9.7.5.2.x: First/Middle carry exactly PMTU bytes, Last/Only at
+  // most PMTU; a SEND may not overflow its receive WQE (too long → Invalid Request NAK and a
+  // Local Length Error completion); an RDMA WRITE carries exactly its RETH DMA length.
+  RespState check_length() {
+    const uint64_t len = pkt.payload().size();
+    if (info.is(wire::kPayload)) {
+      const bool pmtu_ok = (first() && last()) || last() ? len <= ctx.mtu : len == ctx.mtu;
+      if (!pmtu_ok) return rc ? RespState::kErrInvalidRequest : uc_drop();
+    }
+    if (is_send()) {
+      if (len > resp.recv.length - std::min(resp.recv_offset, resp.recv.length))
+        return rc ? RespState::kErrLocalLength : uc_drop();
+    }
+    if (is_write()) {
+      const uint64_t total = first() ? pkt.reth()->dma_length() : resp.write_length;
+      const uint64_t done = first() ? 0 : resp.write_offset;
+      const bool ok = last() ? done + len == total : done + len < total;
+      if (!ok) return rc ? RespState::kErrInvalidRequest : uc_drop();
+    }
+    return RespState::kCheckRkey;
+  }
+
+  // ---- CHECK_RKEY: IBA 9.7.5.2.8 / 10.6.7.x: R_Key, PD, access right and bounds of
+  // every RDMA and ATOMIC request; failure → Remote Access Error NAK. A zero-length RDMA
+  // operation checks no key (IBA 9.4.x).
+  RespState check_rkey() {
+    provider::MrTable& mrs = e.device_.mr_table();
+    const provider::Pd* pd = ctx.qp->pd();
+    if (is_write() && first()) {
+      const wire::RethView reth = *pkt.reth();
+      // IBA 9.7.2: a message is at most 2^31 bytes.
+      if (reth.dma_length() > kMaxMessageBytes)
+        return rc ? RespState::kErrInvalidRequest : uc_drop();
+      if (reth.dma_length() == 0) {
+        resp.write_addr = nullptr;
+      } else {
+        const provider::MemRef ref = mrs.lookup_remote(
+            reth.rkey(), pd, ctx.qpn, IBV_ACCESS_REMOTE_WRITE, reth.va(), reth.dma_length());
+        if (!ref.ok()) return rc ? RespState::kErrRemoteAccess : uc_drop();
+        resp.write_addr = ref.addr;
+      }
+      resp.write_length = reth.dma_length();
+      resp.write_offset = 0;
+    }
+    if (is_read()) {
+      const wire::RethView reth = *pkt.reth();
+      // IBA 9.7.2: a message is at most 2^31 bytes.
+      if (reth.dma_length() > kMaxMessageBytes) return RespState::kErrInvalidRequest;
+      if (reth.dma_length() > 0) {
+        target = mrs.lookup_remote(reth.rkey(), pd, ctx.qpn, IBV_ACCESS_REMOTE_READ, reth.va(),
+                                   reth.dma_length());
+        if (!target.ok()) return RespState::kErrRemoteAccess;
+      }
+    }
+    if (is_atomic()) {
+      const wire::AtomicEthView a = *pkt.atomic_eth();
+      // IBA 9.4.5: the address must be 8-byte aligned, else Invalid Request.
+      if (a.va() % wire::kAtomicOperandBytes != 0) return RespState::kErrInvalidRequest;
+      target = mrs.lookup_remote(a.rkey(), pd, ctx.qpn, IBV_ACCESS_REMOTE_ATOMIC, a.va(),
+                                 wire::kAtomicOperandBytes);
+      if (!target.ok()) return RespState::kErrRemoteAccess;
+      // The host address must be aligned too for a real CPU atomic (a zero-based region
+      // could place an aligned IOVA on an unaligned host address).
+      if (reinterpret_cast<uintptr_t>(target.addr) % alignof(uint64_t) != 0)
+        return RespState::kErrInvalidRequest;
+    }
+    return RespState::kExecute;
+  }
+
+  // ---- EXECUTE
+  RespState execute() {
+    const std::span<const uint8_t> data = pkt.payload();
+    if (is_send()) {
+      if (!copy_sges(e.device_.mr_table(), ctx.qp->pd(), resp.recv.sges(), resp.recv_offset,
+                     std::span<uint8_t>(const_cast<uint8_t*>(data.data()), data.size()),
+                     SgeDirection::kToSges)) {
+        recv_status = IBV_WC_LOC_PROT_ERR;
+        return rc ? RespState::kErrRemoteOperational : uc_drop();
+      }
+      resp.recv_offset += data.size();
+      resp.in_send = !last();
+      return last() ? RespState::kComplete : RespState::kAcknowledge;
+    }
+    if (is_write()) {
+      if (!data.empty()) std::memcpy(resp.write_addr + resp.write_offset, data.data(), data.size());
+      resp.write_offset += data.size();
+      resp.in_write = !last();
+      return last() ? RespState::kComplete : RespState::kAcknowledge;
+    }
+    if (is_read()) {
+      const wire::RethView reth = *pkt.reth();
+      const uint32_t npkts = packets(reth.dma_length());
+      remember(false, npkts, 0);
+      e.send_read_responses(ctx, target.addr, reth.dma_length(), psn);
+      resp.msn = (resp.msn + 1) & wire::kPsnMask;
+      resp.epsn = wire::psn_add(psn, npkts);  // IBA 9.7.4.1.3: one PSN per response packet
+      resp.nak_sent = false;
+      ++e.counters_.rdma_recvs;
+      return RespState::kDone;
+    }
+    if (is_atomic()) {
+      const wire::AtomicEthView a = *pkt.atomic_eth();
+      // IBA 9.4.5: a real CPU atomic, so other CPU and device accesses see it atomically
+      // (the basis of IBV_ATOMIC_GLOB).
+      std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(target.addr));
+      uint64_t orig;
+      if (pkt.opcode() == wire::op::kRcCompareSwap) {
+        orig = a.compare();
+        word.compare_exchange_strong(orig, a.swap_add());
+      } else {
+        orig = word.fetch_add(a.swap_add());
+      }
+      remember(true, 1, orig);
+      resp.msn = (resp.msn + 1) & wire::kPsnMask;
+      resp.epsn = wire::psn_next(psn);
+      resp.nak_sent = false;
+      ++e.counters_.rdma_recvs;
+      e.send_atomic_ack(ctx, psn, orig);
+      return RespState::kDone;
+    }
+    return RespState::kDrop;
+  }
+
+  // ---- COMPLETE: the last packet of a SEND or of a WRITE with immediate → a receive
+  // completion; SEND with invalidate invalidates its R_Key first (IBA 10.6.7.2.x, o10-37.2.x).
+  RespState complete() {
+    resp.msn = (resp.msn + 1) & wire::kPsnMask;  // IBA 9.7.5.2.x: MSN counts messages
+    const bool consumes = is_send() || info.is(wire::kImm);
+    if (!consumes) return RespState::kAcknowledge;
+    ibv_wc wc = {};
+    wc.wr_id = resp.recv.wr_id;
+    wc.status = IBV_WC_SUCCESS;
+    wc.opcode = is_write() ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+    wc.byte_len = static_cast<uint32_t>(is_write() ? resp.write_length : resp.recv_offset);
+    wc.qp_num = ctx.qpn;
+    if (auto imm = pkt.immdt()) {
+      wc.imm_data = htonl(imm->imm());
+      wc.wc_flags |= IBV_WC_WITH_IMM;
+    }
+    if (auto ieth = pkt.ieth()) {
+      if (!e.device_.mr_table().invalidate_st(ieth->rkey(), ctx.qp->pd(), ctx.qpn, true).ok())
+        return RespState::kErrInvalidRequest;
+      wc.invalidated_rkey = ieth->rkey();
+      wc.wc_flags |= IBV_WC_WITH_INV;
+    }
+    resp.has_recv = false;
+    resp.recv_offset = 0;
+    e.push_recv_cqe(ctx, wc, pkt.bth().se());
+    return RespState::kAcknowledge;
+  }
+
+  // ---- ACKNOWLEDGE: advance the expected PSN; RC acknowledges when the requester asked
+  // (AckReq, IBA 9.7.5.2.x ACK coalescing), with the MSN and "credits invalid" (no end-to-end
+  // flow control, as Linux rxe).
+  RespState acknowledge() {
+    resp.epsn = wire::psn_next(psn);
+    resp.nak_sent = false;
+    ++e.counters_.rdma_recvs;
+    if (!rc) return RespState::kDone;
+    if (pkt.bth().ack_req())
+      e.send_ack(ctx, wire::make_ack(wire::kAethCreditsInvalid), psn);
+    else
+      ++e.counters_.ack_deferred;
+    return RespState::kDone;
+  }
+
+  // ---- DUPLICATE (IBA 9.7.5.2.2): SEND/WRITE → acknowledge again (the ACK was lost);
+  // READ → answer again from the (re-checked) RETH; ATOMIC → resend the saved result, never
+  // execute it twice.
+  RespState duplicate() {
+    if (is_send() || is_write()) {
+      if (pkt.bth().ack_req())
+        e.send_ack(ctx, wire::make_ack(wire::kAethCreditsInvalid), wire::psn_sub(resp.epsn, 1));
+      return RespState::kDone;
+    }
+    for (const RdAtomicResource& r : resp.resources) {
+      if (!r.valid || !wire::in_window(psn, r.first_psn, r.npkts)) continue;
+      if (is_atomic()) {
+        if (r.atomic && r.first_psn == psn) e.send_atomic_ack(ctx, psn, r.orig);
+        return RespState::kDone;
+      }
+      if (r.atomic) return RespState::kDone;
+      const wire::RethView reth = *pkt.reth();
+      const uint32_t left = (r.first_psn + r.npkts - psn) & wire::kPsnMask;
+      if (packets(reth.dma_length()) > left) return RespState::kDrop;
+      const uint8_t* src = nullptr;
+      if (reth.dma_length() > 0) {
+        const provider::MemRef ref = e.device_.mr_table().lookup_remote(
+            reth.rkey(), ctx.qp->pd(), ctx.qpn, IBV_ACCESS_REMOTE_READ, reth.va(),
+            reth.dma_length());
+        if (!ref.ok()) return RespState::kDrop;
+        src = ref.addr;
+      }
+      e.send_read_responses(ctx, src, reth.dma_length(), psn);
+      return RespState::kDone;
+    }
+    return RespState::kDrop;  // too old: no longer in the resources
+  }
+
+  RespState nak_psn_seq() {
+    // One NAK per gap, carrying the expected PSN (IBA 9.7.5.2.1).
+    resp.nak_sent = true;
+    e.send_ack(ctx, wire::make_nak(wire::NakCode::kPsnSequenceError), resp.epsn);
+    return RespState::kDone;
+  }
+
+  RespState rnr_nak() {
+    ++e.counters_.send_rnr_err;
+    e.send_ack(ctx, wire::make_rnr_nak(ctx.attr.min_rnr_timer), psn);
+    return RespState::kDone;
+  }
+
+  // RC responder errors: NAK, affiliated async event, QP → ERR (IBA 9.9.3.1, 10.3.1.6).
+  RespState fatal(wire::NakCode code, ibv_event_type event) {
+    e.send_ack(ctx, wire::make_nak(code), psn);
+    ctx.qp->raise_event(event);
+    e.qp_error(ctx, IBV_QPS_ERR);
+    return RespState::kDone;
+  }
+  RespState err_invalid_request() {
+    return fatal(wire::NakCode::kInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  }
+  RespState err_remote_access() {
+    return fatal(wire::NakCode::kRemoteAccessError, IBV_EVENT_QP_ACCESS_ERR);
+  }
+  RespState err_remote_operational() {
+    complete_recv_with_error(recv_status);
+    return fatal(wire::NakCode::kRemoteOperationalError, IBV_EVENT_QP_FATAL);
+  }
+  RespState err_local_length() {
+    // IBA 9.7.5.2.x: a SEND longer than the receive WQE: the WQE completes with Local
+    // Length Error, the requester gets an Invalid Request NAK.
+    complete_recv_with_error(IBV_WC_LOC_LEN_ERR);
+    return fatal(wire::NakCode::kInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  }
+
+  void complete_recv_with_error(ibv_wc_status status) {
+    if (!resp.has_recv) return;
+    ibv_wc wc = {};
+    wc.wr_id = resp.recv.wr_id;
+    wc.status = status;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = ctx.qpn;
+    resp.has_recv = false;
+    e.push_recv_cqe(ctx, wc, false);
+  }
+
+  uint32_t packets(uint64_t length) const {
+    return length == 0 ? 1 : static_cast<uint32_t>((length + ctx.mtu - 1) / ctx.mtu);
+  }
+  void remember(bool atomic, uint32_t npkts, uint64_t orig) {
+    RdAtomicResource& r = resp.resources[resp.res_next];
+    resp.res_next = (resp.res_next + 1) % resp.resources.size();
+    r = RdAtomicResource{true, atomic, psn, npkts, orig};
+  }
+};
+
+void Engine::handle_request(QpContext& ctx, const wire::PacketView& pkt,
+                            const net::RxDatagram& /*d*/) {
+  ResponderSteps steps(*this, ctx, pkt);
+  steps.run();
+}
+
+void Engine::send_read_responses(QpContext& ctx, const uint8_t* src, uint64_t length,
+                                 uint32_t first_psn) {
+  namespace op = wire::op;
+  // IBA 9.7.4.1.3 / 9.5: First (AETH) / Middle / Last (AETH), or one Only (AETH); each but the
+  // last exactly one PMTU.
+  const uint64_t n = length == 0 ? 1 : (length + ctx.mtu - 1) / ctx.mtu;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t off = i * ctx.mtu;
+    const uint64_t len = std::min<uint64_t>(ctx.mtu, length - off);
+    const uint8_t opcode = n == 1       ? op::kRcReadResponseOnly
+                           : i == 0     ? op::kRcReadResponseFirst
+                           : i + 1 == n ? op::kRcReadResponseLast
+                                        : op::kRcReadResponseMiddle;
+    wire::PacketHeaders h = begin_packet(opcode, static_cast<size_t>(len));
+    h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+    h.bth().set_psn(wire::psn_add(first_psn, static_cast<uint32_t>(i)));
+    if (auto aeth = h.aeth()) {
+      aeth->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+      aeth->set_msn(ctx.resp.msn & wire::kPsnMask);
+    }
+    if (len > 0) std::memcpy(tx_payload().data(), src + off, len);
+    send_packet(ctx.route);
+  }
+}
+
+void Engine::send_atomic_ack(QpContext& ctx, uint32_t psn, uint64_t orig) {
+  wire::PacketHeaders h = begin_packet(wire::op::kRcAtomicAck, 0);
+  h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+  h.bth().set_psn(psn);
+  h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+  h.aeth()->set_msn(ctx.resp.msn & wire::kPsnMask);
+  h.atomic_ack_eth()->set_orig_data(orig);
+  send_packet(ctx.route);
+}
+
+// ---------------------------------------------------------------------------------------------
+// UD (IBA 9.8.4 / 10.2.5): one-packet messages, Q_Key checked, the GRH (or its IPv4 form)
+// placed in the first 40 bytes of the receive buffer.
+
+void Engine::handle_ud_request(QpContext& ctx, const wire::PacketView& pkt,
+                               const net::RxDatagram& d) {
+  const wire::DethView deth = *pkt.deth();
+  // IBA 10.2.5: the packet's Q_Key must equal the QP's Q_Key.
+  if (deth.qkey() != ctx.attr.qkey) {
+    ++counters_.drop_qkey;
+    return;
+  }
+  const std::span<const uint8_t> data = pkt.payload();
+  if (data.size() > ctx.mtu) {
+    ++counters_.drop_qp_state;
+    return;
+  }
+  provider::RecvWork recv;
+  // IBA 9.8.4: no receive WQE → the datagram is silently dropped.
+  if (!ctx.qp->take_recv_st(recv)) {
+    ++counters_.drop_no_recv_wqe;
+    return;
+  }
+  ++counters_.rdma_recvs;
+  ibv_wc wc = {};
+  wc.wr_id = recv.wr_id;
+  wc.opcode = IBV_WC_RECV;
+  wc.qp_num = ctx.qpn;
+  wc.src_qp = deth.src_qp();
+  wc.pkey_index = 0;
+  if (data.size() + wire::Grh::kSize > recv.length) {
+    // IBA a datagram longer than the receive buffer completes with Local Length Error.
+    wc.status = IBV_WC_LOC_LEN_ERR;
+    push_recv_cqe(ctx, wc, false);
+    qp_error(ctx, IBV_QPS_ERR);
+    return;
+  }
+  // The 40-byte GRH area: the IPv6 header, or 20 zero bytes and the IPv4 header (rdma-core's
+  // convention, wire/grh.h). The IP ID, TTL and TOS are not visible to a UDP socket: 0 / 64.
+  std::array<uint8_t, wire::Grh::kSize> grh{};
+  const size_t udp_len = 8 + d.length;
+  if (d.src.address.is_v4() && d.dst.address.is_v4()) {
+    std::array<uint8_t, wire::Ipv4Header::kSize> ip4{};
+    wire::Ipv4Header h(ip4.data());
+    h.set_version(4);
+    h.set_ihl(5);
+    h.set_total_length(static_cast<uint16_t>(wire::Ipv4Header::kSize + udp_len));
+    h.set_flags(wire::kIpv4FlagDontFragment);
+    h.set_ttl(64);
+    h.set_protocol(wire::kIpProtoUdp);
+    h.set_saddr(d.src.address.v4());
+    h.set_daddr(d.dst.address.v4());
+    h.set_checksum(wire::ipv4_header_checksum(ip4));
+    wire::write_ipv4_grh(grh, ip4);
+  } else {
+    wire::Grh h(grh.data());
+    h.set_ip_ver(6);
+    h.set_paylen(static_cast<uint16_t>(udp_len));
+    h.set_next_hdr(wire::kIpProtoUdp);
+    h.set_hop_limit(64);
+    h.set_sgid(d.src.address.bytes());
+    h.set_dgid(d.dst.address.bytes());
+  }
+  const provider::MrTable& mrs = device_.mr_table();
+  if (!copy_sges(mrs, ctx.qp->pd(), recv.sges(), 0, grh, SgeDirection::kToSges) ||
+      !copy_sges(mrs, ctx.qp->pd(), recv.sges(), wire::Grh::kSize,
+                 std::span<uint8_t>(const_cast<uint8_t*>(data.data()), data.size()),
+                 SgeDirection::kToSges)) {
+    wc.status = IBV_WC_LOC_PROT_ERR;
+    push_recv_cqe(ctx, wc, false);
+    qp_error(ctx, IBV_QPS_ERR);
+    return;
+  }
+  wc.status = IBV_WC_SUCCESS;
+  wc.byte_len = static_cast<uint32_t>(wire::Grh::kSize + data.size());
+  wc.wc_flags = IBV_WC_GRH;
+  if (auto imm = pkt.immdt()) {
+    wc.imm_data = htonl(imm->imm());
+    wc.wc_flags |= IBV_WC_WITH_IMM;
+  }
+  push_recv_cqe(ctx, wc, pkt.bth().se());
+}
+
+}  // namespace urdma::engine

@@ -1,0 +1,170 @@
+// Shared helpers for the engine tests: simulated hosts (Device + Engine on a SimNetwork host),
+// QP connection through the real provider state machine, posting and polling shortcuts.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "engine/engine.h"
+#include "net/sim_world.h"
+#include "provider/device.h"
+#include "wire/grh.h"
+
+namespace urdma::engine::testing {
+
+inline ibv_gid gid_of(const net::Address& a) {
+  ibv_gid gid = {};
+  std::memcpy(gid.raw, a.bytes().data(), 16);
+  return gid;
+}
+
+inline provider::DeviceConfig device_config(provider::Doorbell* doorbell, const net::Address& a,
+                                            ibv_mtu mtu = IBV_MTU_1024) {
+  provider::DeviceConfig c;
+  c.gids = {gid_of(a)};
+  c.active_mtu = mtu;
+  c.doorbell = doorbell;
+  return c;
+}
+
+// QP parameters the tests vary.
+struct QpParams {
+  ibv_qp_type type = IBV_QPT_RC;
+  ibv_mtu mtu = IBV_MTU_1024;
+  uint32_t sq_psn = 0x100;
+  uint32_t rq_psn = 0x200;  // the peer's sq_psn must equal this
+  uint8_t timeout = 10;     // 4.096 us << 10 = 4.2 ms (virtual)
+  uint8_t retry_cnt = 7;
+  uint8_t rnr_retry = 7;
+  uint8_t min_rnr_timer = 1;  // 10 us
+  uint8_t max_rd_atomic = 4;
+  uint8_t max_dest_rd_atomic = 4;
+  int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  uint32_t qkey = 0x11111111;
+  bool sq_sig_all = false;
+  provider::Srq* srq = nullptr;
+};
+
+// One host: address, device (doorbell relay wired), engine, a PD and a CQ.
+struct SimHost {
+  SimHost(net::SimWorld& world, const net::Address& address, ibv_mtu mtu = IBV_MTU_4096,
+          EngineConfig config = {})
+      : addr(address),
+        id(world.network().add_host(address)),
+        dev(device_config(&relay, address, mtu)),
+        engine(dev, world.network().io(id), world.clock(), config) {
+    pd = dev.alloc_pd().value();
+    cq = dev.create_cq(1024).value();
+    world.add_participant(engine, id);
+  }
+
+  provider::Qp* create_qp(const QpParams& p) {
+    provider::QpInitAttr init;
+    init.qp_type = p.type;
+    init.pd = pd;
+    init.send_cq = cq;
+    init.recv_cq = cq;
+    init.srq = p.srq;
+    init.cap = {64, 64, 4, 4, 64};
+    init.sq_sig_all = p.sq_sig_all;
+    auto r = dev.create_qp(init);
+    EXPECT_TRUE(r.ok()) << r.error();
+    return r.value();
+  }
+
+  provider::Mr* reg(void* buf, size_t len, int access) {
+    auto r = dev.reg_mr(pd, buf, len, reinterpret_cast<uint64_t>(buf), access);
+    EXPECT_TRUE(r.ok()) << r.error();
+    return r.value();
+  }
+
+  std::vector<ibv_wc> poll_cq() {
+    std::vector<ibv_wc> out(1024);
+    const int n = cq->poll(static_cast<int>(out.size()), out.data());
+    out.resize(static_cast<size_t>(std::max(n, 0)));
+    return out;
+  }
+
+  net::Address addr;
+  net::HostId id;
+  DoorbellRelay relay;
+  provider::Device dev;
+  Engine engine;
+  provider::Pd* pd = nullptr;
+  provider::Cq* cq = nullptr;
+};
+
+inline int mask_for(ibv_qp_state cur, ibv_qp_state next, ibv_qp_type type) {
+  return provider::qp_transition_masks(cur, next, type).required | IBV_QP_STATE;
+}
+
+// Drives `qp` RESET → INIT → RTR → RTS towards (peer address, peer QPN).
+inline void connect(provider::Qp* qp, const net::Address& peer, uint32_t peer_qpn,
+                    const QpParams& p) {
+  ibv_qp_attr a = {};
+  a.pkey_index = 0;
+  a.port_num = 1;
+  a.qkey = p.qkey;
+  a.qp_access_flags = static_cast<unsigned>(p.access);
+  a.ah_attr.is_global = 1;
+  a.ah_attr.port_num = 1;
+  a.ah_attr.grh.dgid = gid_of(peer);
+  a.ah_attr.grh.sgid_index = 0;
+  a.ah_attr.grh.hop_limit = 64;
+  a.path_mtu = p.mtu;
+  a.dest_qp_num = peer_qpn;
+  a.rq_psn = p.rq_psn;
+  a.sq_psn = p.sq_psn;
+  a.max_dest_rd_atomic = p.max_dest_rd_atomic;
+  a.max_rd_atomic = p.max_rd_atomic;
+  a.min_rnr_timer = p.min_rnr_timer;
+  a.timeout = p.timeout;
+  a.retry_cnt = p.retry_cnt;
+  a.rnr_retry = p.rnr_retry;
+  const ibv_qp_state path[] = {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS};
+  for (int i = 1; i < 4; ++i) {
+    a.qp_state = path[i];
+    ASSERT_EQ(qp->modify(a, mask_for(path[i - 1], path[i], p.type)).error(), 0)
+        << "to state " << path[i];
+  }
+}
+
+inline ibv_sge sge(const void* addr, uint32_t len, const provider::Mr* mr) {
+  return ibv_sge{reinterpret_cast<uint64_t>(addr), len, mr->lkey()};
+}
+
+inline int post_recv(provider::Qp* qp, uint64_t wr_id, ibv_sge s) {
+  ibv_recv_wr wr = {};
+  wr.wr_id = wr_id;
+  wr.sg_list = &s;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return qp->post_recv(&wr, &bad).error();
+}
+
+inline int post_send(provider::Qp* qp, ibv_send_wr wr) {
+  ibv_send_wr* bad = nullptr;
+  return qp->post_send(&wr, &bad).error();
+}
+
+inline ibv_send_wr send_wr(uint64_t wr_id, ibv_wr_opcode opcode, ibv_sge* s, int num_sge = 1,
+                           unsigned flags = IBV_SEND_SIGNALED) {
+  ibv_send_wr wr = {};
+  wr.wr_id = wr_id;
+  wr.opcode = opcode;
+  wr.sg_list = s;
+  wr.num_sge = num_sge;
+  wr.send_flags = flags;
+  return wr;
+}
+
+// A byte pattern that differs per seed and position.
+inline void fill_pattern(std::vector<uint8_t>& buf, uint32_t seed) {
+  for (size_t i = 0; i < buf.size(); ++i)
+    buf[i] = static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 8)) & 0xFF);
+}
+
+}  // namespace urdma::engine::testing

@@ -1,0 +1,338 @@
+// Responder steps, one test per step and per error path, with hand-built request packets
+// (eRPC protocol-test style). Each test names the IBA rule it checks.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "protocol_test_util.h"
+#include "wire/psn.h"
+
+namespace urdma::engine::testing {
+namespace {
+
+namespace op = wire::op;
+constexpr uint32_t kRqPsn = 0x200;  // QpParams default rq_psn: the first PSN we expect
+
+class ResponderTest : public ProtocolTest {
+ protected:
+  void SetUp() override {
+    make_qp();
+    recv_buf_.assign(4096, 0);
+    recv_mr_ = reg(recv_buf_.data(), recv_buf_.size(), IBV_ACCESS_LOCAL_WRITE);
+    mem_.assign(8192, 0xAA);
+    mem_mr_ = reg(mem_.data(), mem_.size(),
+                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                      IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND);
+  }
+  void post_recv_buf(uint64_t wr_id, uint32_t len = 4096) {
+    ASSERT_EQ(post_recv(qp_, wr_id, sge(recv_buf_.data(), len, recv_mr_)), 0);
+  }
+  HeaderFill reth(uint64_t va, uint32_t rkey, uint32_t len) {
+    return [=](const wire::PacketHeaders& h) {
+      h.reth()->set_va(va);
+      h.reth()->set_rkey(rkey);
+      h.reth()->set_dma_length(len);
+    };
+  }
+  uint64_t mem_va(size_t off = 0) { return reinterpret_cast<uint64_t>(mem_.data()) + off; }
+  void expect_nak(size_t i, wire::NakCode code, uint32_t psn) {
+    const wire::PacketView p = sent(i);
+    EXPECT_EQ(p.opcode(), op::kRcAck);
+    EXPECT_TRUE(p.aeth()->is_nak());
+    EXPECT_EQ(p.aeth()->nak_code(), static_cast<uint8_t>(code));
+    EXPECT_EQ(p.bth().psn(), psn);
+    EXPECT_EQ(p.bth().dest_qp(), kPeerQpn);
+  }
+
+  std::vector<uint8_t> recv_buf_;
+  std::vector<uint8_t> mem_;
+  provider::Mr* recv_mr_ = nullptr;
+  provider::Mr* mem_mr_ = nullptr;
+};
+
+// IBA 9.7.5.2.x: an expected SEND Only is placed, completed, and acknowledged (AckReq) with
+// the request's PSN and the new MSN.
+TEST_F(ResponderTest, SendOnlyIsPlacedCompletedAndAcked) {
+  post_recv_buf(5);
+  const std::vector<uint8_t> data = {1, 2, 3, 4, 5};
+  inject(op::kRcSendOnly, kRqPsn, data);
+  ASSERT_EQ(sent_count(), 1u);
+  const wire::PacketView ack = sent(0);
+  EXPECT_EQ(ack.opcode(), op::kRcAck);
+  EXPECT_TRUE(ack.aeth()->is_ack());
+  EXPECT_EQ(ack.bth().psn(), kRqPsn);
+  EXPECT_EQ(ack.aeth()->msn(), 1u);
+  EXPECT_EQ(ack.aeth()->credit_code(), wire::kAethCreditsInvalid);
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 5u);
+  EXPECT_EQ(wcs[0].byte_len, 5u);
+  EXPECT_EQ(0, std::memcmp(recv_buf_.data(), data.data(), 5));
+}
+
+// IBA 9.7.5.2.x (ACK coalescing): without AckReq no ACK is sent.
+TEST_F(ResponderTest, NoAckWithoutAckReq) {
+  post_recv_buf(5);
+  inject(op::kRcSendOnly, kRqPsn, {}, {}, /*ack_req=*/false);
+  EXPECT_EQ(sent_count(), 0u);
+  EXPECT_EQ(engine_.counters().ack_deferred, 1u);
+  EXPECT_EQ(cqes().size(), 1u);
+}
+
+// IBA 9.7.5.2.2: a duplicate SEND is acknowledged again and not delivered twice.
+TEST_F(ResponderTest, DuplicateSendIsReackedNotRedelivered) {
+  post_recv_buf(5);
+  post_recv_buf(6);
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{9});
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{9});
+  ASSERT_EQ(sent_count(), 2u);
+  EXPECT_TRUE(sent(1).aeth()->is_ack());
+  EXPECT_EQ(sent(1).bth().psn(), kRqPsn);
+  EXPECT_EQ(cqes().size(), 1u);
+  EXPECT_EQ(engine_.counters().duplicate_request, 1u);
+}
+
+// IBA 9.7.5.2.1: a PSN beyond the expected one → one PSN Sequence Error NAK carrying the
+// expected PSN, and no second NAK for the same gap.
+TEST_F(ResponderTest, OutOfSequenceNakOncePerGap) {
+  post_recv_buf(5);
+  inject(op::kRcSendOnly, kRqPsn + 2, std::vector<uint8_t>{1});
+  inject(op::kRcSendOnly, kRqPsn + 3, std::vector<uint8_t>{1});
+  ASSERT_EQ(sent_count(), 1u);
+  expect_nak(0, wire::NakCode::kPsnSequenceError, kRqPsn);
+  EXPECT_EQ(engine_.counters().out_of_seq_request, 2u);
+  EXPECT_TRUE(cqes().empty());
+  // The expected packet closes the gap; a new gap NAKs again.
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{1});
+  inject(op::kRcSendOnly, kRqPsn + 5, std::vector<uint8_t>{1});
+  ASSERT_EQ(sent_count(), 3u);
+  expect_nak(2, wire::NakCode::kPsnSequenceError, kRqPsn + 1);
+}
+
+// IBA 9.7.5.2.8 (RNR): no receive WQE → RNR NAK with the QP's min_rnr_timer; the PSN is not
+// consumed, so the retried packet is accepted once a WQE is posted.
+TEST_F(ResponderTest, NoReceiveWqeSendsRnrNak) {
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{7});
+  ASSERT_EQ(sent_count(), 1u);
+  const wire::PacketView nak = sent(0);
+  EXPECT_TRUE(nak.aeth()->is_rnr_nak());
+  EXPECT_EQ(nak.aeth()->rnr_timer_code(), params_.min_rnr_timer);
+  EXPECT_EQ(nak.bth().psn(), kRqPsn);
+  EXPECT_EQ(engine_.counters().send_rnr_err, 1u);
+  post_recv_buf(5);
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{7});
+  EXPECT_TRUE(sent(1).aeth()->is_ack());
+  EXPECT_EQ(cqes().size(), 1u);
+}
+
+// IBA 9.7.5.2.x: a SEND longer than the receive WQE → NAK Invalid Request, the WQE
+// completes with LOC_LEN_ERR and the QP enters ERR.
+TEST_F(ResponderTest, SendTooLongForReceiveWqe) {
+  post_recv_buf(5, 4);
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>(8, 1));
+  ASSERT_EQ(sent_count(), 1u);
+  expect_nak(0, wire::NakCode::kInvalidRequest, kRqPsn);
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_LOC_LEN_ERR);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(recv_buf_[i], 0) << "nothing placed";
+}
+
+// IBA 9.7.5.2.x (opcode sequence): a Middle packet with no message in progress → NAK Invalid
+// Request, QP → ERR.
+TEST_F(ResponderTest, MiddleWithoutFirstIsInvalidRequest) {
+  post_recv_buf(5);
+  inject(op::kRcSendMiddle, kRqPsn, std::vector<uint8_t>(4096, 1));
+  ASSERT_EQ(sent_count(), 1u);
+  expect_nak(0, wire::NakCode::kInvalidRequest, kRqPsn);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+}
+
+// IBA 9.5: a First packet must carry exactly one PMTU (1024 here) → otherwise Invalid Request.
+TEST_F(ResponderTest, FirstPacketShorterThanPmtuIsInvalidRequest) {
+  post_recv_buf(5);
+  inject(op::kRcSendFirst, kRqPsn, std::vector<uint8_t>(100, 1));
+  ASSERT_EQ(sent_count(), 1u);
+  expect_nak(0, wire::NakCode::kInvalidRequest, kRqPsn);
+}
+
+// Multi-packet SEND: First + Middle + Last land contiguously in one receive WQE.
+TEST_F(ResponderTest, MultiPacketSendFillsOneWqe) {
+  post_recv_buf(5);
+  std::vector<uint8_t> a(1024, 1), b(1024, 2), c(10, 3);
+  inject(op::kRcSendFirst, kRqPsn, a, {}, false);
+  inject(op::kRcSendMiddle, kRqPsn + 1, b, {}, false);
+  inject(op::kRcSendLast, kRqPsn + 2, c);
+  ASSERT_EQ(sent_count(), 1u);
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn + 2);
+  EXPECT_EQ(sent(0).aeth()->msn(), 1u);
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].byte_len, 2058u);
+  EXPECT_EQ(recv_buf_[0], 1);
+  EXPECT_EQ(recv_buf_[1024], 2);
+  EXPECT_EQ(recv_buf_[2048], 3);
+  EXPECT_EQ(recv_buf_[2058], 0);
+}
+
+// IBA 9.7.5.2.8 / 10.6.x: an RDMA WRITE with an unknown R_Key → NAK Remote Access Error,
+// nothing written, QP → ERR, affiliated access error event.
+TEST_F(ResponderTest, WriteWithBadRkeyIsRemoteAccessError) {
+  inject(op::kRcWriteOnly, kRqPsn, std::vector<uint8_t>(16, 0x55),
+         reth(mem_va(), mem_mr_->rkey() ^ 0xFF, 16));
+  ASSERT_EQ(sent_count(), 1u);
+  expect_nak(0, wire::NakCode::kRemoteAccessError, kRqPsn);
+  EXPECT_EQ(mem_[0], 0xAA);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  auto ev = dev_.async_events().try_pop();
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->type, IBV_EVENT_QP_ACCESS_ERR);
+}
+
+// Bounds arithmetic never wraps: VA near 2^64 with a length that would wrap is refused.
+TEST_F(ResponderTest, WriteWhoseRangeWrapsIsRefused) {
+  inject(op::kRcWriteOnly, kRqPsn, std::vector<uint8_t>(16, 0x55),
+         reth(~uint64_t{0} - 7, mem_mr_->rkey(), 16));
+  ASSERT_EQ(sent_count(), 1u);
+  expect_nak(0, wire::NakCode::kRemoteAccessError, kRqPsn);
+}
+
+// A WRITE one byte past the end of the region is refused and writes nothing.
+TEST_F(ResponderTest, WritePastRegionEndIsRefused) {
+  inject(op::kRcWriteOnly, kRqPsn, std::vector<uint8_t>(16, 0x55),
+         reth(mem_va(mem_.size() - 15), mem_mr_->rkey(), 16));
+  expect_nak(0, wire::NakCode::kRemoteAccessError, kRqPsn);
+  EXPECT_EQ(mem_[mem_.size() - 1], 0xAA);
+}
+
+// RETH DMA length must equal the payload of a WRITE Only (IBA 9.7.5.2.x) → Invalid Request.
+TEST_F(ResponderTest, WriteOnlyLengthMismatchIsInvalidRequest) {
+  inject(op::kRcWriteOnly, kRqPsn, std::vector<uint8_t>(16, 0x55),
+         reth(mem_va(), mem_mr_->rkey(), 32));
+  expect_nak(0, wire::NakCode::kInvalidRequest, kRqPsn);
+  EXPECT_EQ(mem_[0], 0xAA);
+}
+
+// IBA 9.7.5.2.x (CHECK_OP_VALID): a READ on a QP without REMOTE_READ → Invalid Request.
+TEST_F(ResponderTest, ReadWithoutQpRemoteReadIsInvalidRequest) {
+  ibv_qp_attr a = {};
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  ASSERT_EQ(qp_->modify(a, IBV_QP_ACCESS_FLAGS).error(), 0);
+  inject(op::kRcReadRequest, kRqPsn, {}, reth(mem_va(), mem_mr_->rkey(), 8));
+  ASSERT_EQ(sent_count(), 1u);
+  expect_nak(0, wire::NakCode::kInvalidRequest, kRqPsn);
+}
+
+// IBA 9.7.4.1.3: a READ of 2.5 PMTUs → First/Middle/Last with consecutive PSNs, AETH on First
+// and Last; the expected PSN advances by three.
+TEST_F(ResponderTest, ReadIsAnsweredWithSegmentedResponses) {
+  for (size_t i = 0; i < mem_.size(); ++i) mem_[i] = static_cast<uint8_t>(i);
+  inject(op::kRcReadRequest, kRqPsn, {}, reth(mem_va(10), mem_mr_->rkey(), 2600));
+  ASSERT_EQ(sent_count(), 3u);
+  EXPECT_EQ(sent(0).opcode(), op::kRcReadResponseFirst);
+  EXPECT_EQ(sent(1).opcode(), op::kRcReadResponseMiddle);
+  EXPECT_EQ(sent(2).opcode(), op::kRcReadResponseLast);
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn);
+  EXPECT_EQ(sent(2).bth().psn(), kRqPsn + 2);
+  EXPECT_EQ(sent(0).payload().size(), 1024u);
+  EXPECT_EQ(sent(2).payload().size(), 552u);
+  EXPECT_EQ(sent(1).payload()[0], static_cast<uint8_t>(10 + 1024));
+  EXPECT_FALSE(sent(1).aeth().has_value());
+  EXPECT_EQ(engine_.context(qp_->qp_num())->resp.epsn, kRqPsn + 3);
+}
+
+// IBA 9.7.5.2.2: a duplicate READ (retransmitted from its second packet) is answered again
+// from that PSN.
+TEST_F(ResponderTest, DuplicateReadIsReplayedFromItsPsn) {
+  inject(op::kRcReadRequest, kRqPsn, {}, reth(mem_va(), mem_mr_->rkey(), 2048));
+  clear_sent();
+  inject(op::kRcReadRequest, kRqPsn + 1, {}, reth(mem_va(1024), mem_mr_->rkey(), 1024));
+  ASSERT_EQ(sent_count(), 1u);
+  EXPECT_EQ(sent(0).opcode(), op::kRcReadResponseOnly);
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn + 1);
+  EXPECT_EQ(engine_.counters().duplicate_request, 1u);
+}
+
+// IBA 9.4.5 + 9.7.5.2.2: FETCH_ADD executes once with a real atomic; its duplicate is answered
+// from the saved result and NOT executed again.
+TEST_F(ResponderTest, DuplicateAtomicIsNeverReexecuted) {
+  uint64_t* word = reinterpret_cast<uint64_t*>(mem_.data());
+  *word = 40;
+  auto fill = [&](const wire::PacketHeaders& h) {
+    h.atomic_eth()->set_va(mem_va());
+    h.atomic_eth()->set_rkey(mem_mr_->rkey());
+    h.atomic_eth()->set_swap_add(2);
+  };
+  inject(op::kRcFetchAdd, kRqPsn, {}, fill);
+  inject(op::kRcFetchAdd, kRqPsn, {}, fill);
+  EXPECT_EQ(*word, 42u);
+  ASSERT_EQ(sent_count(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(sent(i).opcode(), op::kRcAtomicAck);
+    EXPECT_EQ(sent(i).atomic_ack_eth()->orig_data(), 40u);
+    EXPECT_EQ(sent(i).bth().psn(), kRqPsn);
+  }
+}
+
+// IBA 9.4.5: COMPARE_SWAP swaps only on equality and returns the original value.
+TEST_F(ResponderTest, CompareSwapSwapsOnlyOnEquality) {
+  uint64_t* word = reinterpret_cast<uint64_t*>(mem_.data());
+  *word = 7;
+  auto cas = [&](uint64_t compare, uint64_t swap) {
+    return [=, this](const wire::PacketHeaders& h) {
+      h.atomic_eth()->set_va(mem_va());
+      h.atomic_eth()->set_rkey(mem_mr_->rkey());
+      h.atomic_eth()->set_compare(compare);
+      h.atomic_eth()->set_swap_add(swap);
+    };
+  };
+  inject(op::kRcCompareSwap, kRqPsn, {}, cas(8, 100));
+  EXPECT_EQ(*word, 7u);
+  inject(op::kRcCompareSwap, kRqPsn + 1, {}, cas(7, 100));
+  EXPECT_EQ(*word, 100u);
+  EXPECT_EQ(sent(0).atomic_ack_eth()->orig_data(), 7u);
+  EXPECT_EQ(sent(1).atomic_ack_eth()->orig_data(), 7u);
+}
+
+// IBA 9.4.5: an atomic at an address that is not 8-byte aligned → Invalid Request.
+TEST_F(ResponderTest, MisalignedAtomicIsInvalidRequest) {
+  inject(op::kRcFetchAdd, kRqPsn, {}, [&](const wire::PacketHeaders& h) {
+    h.atomic_eth()->set_va(mem_va(4));
+    h.atomic_eth()->set_rkey(mem_mr_->rkey());
+    h.atomic_eth()->set_swap_add(1);
+  });
+  ASSERT_EQ(sent_count(), 1u);
+  expect_nak(0, wire::NakCode::kInvalidRequest, kRqPsn);
+}
+
+// SEND with Invalidate (IBA 10.6.7.2.x): a bound type 2 window named by the IETH is
+// invalidated and the completion reports it.
+TEST_F(ResponderTest, SendWithInvalidateInvalidatesWindow) {
+  auto* mw = dev_.alloc_mw(pd_, IBV_MW_TYPE_2).value();
+  provider::MwBindOp bind{.mw_handle = mw->handle(),
+                          .new_rkey = 0x42,
+                          .mr_handle = mem_mr_->handle(),
+                          .addr = mem_va(),
+                          .length = 64,
+                          .access = IBV_ACCESS_REMOTE_WRITE};
+  ASSERT_EQ(dev_.mr_table().bind_mw_st(pd_, qp_->qp_num(), bind).error(), 0);
+  const uint32_t rkey = mw->rkey();
+  post_recv_buf(5);
+  inject(op::kRcSendOnlyInv, kRqPsn, std::vector<uint8_t>{1},
+         [&](const wire::PacketHeaders& h) { h.ieth()->set_rkey(rkey); });
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  EXPECT_TRUE(wcs[0].wc_flags & IBV_WC_WITH_INV);
+  EXPECT_EQ(wcs[0].invalidated_rkey, rkey);
+  EXPECT_FALSE(mw->bound());
+  // The window no longer grants access.
+  inject(op::kRcWriteOnly, kRqPsn + 1, std::vector<uint8_t>(4, 1), reth(mem_va(), rkey, 4));
+  expect_nak(1, wire::NakCode::kRemoteAccessError, kRqPsn + 1);
+}
+
+}  // namespace
+}  // namespace urdma::engine::testing
