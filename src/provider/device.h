@@ -5,8 +5,8 @@
 // async event queue, and the doorbell to the engine. Every verb of the ops table maps 1:1 to a
 // method here or on the object (post_send on Qp, poll on Cq, ...), returning Status/Result
 // with rdma-core's errno. Destroying an object still in use fails with EBUSY (the kernel's
-// uverbs usecnt rule): a PD with MRs/MWs/QPs/SRQs/AHs, a CQ or SRQ with QPs, an MR with bound
-// windows.
+// uverbs usecnt rule): a PD with MRs/MWs/QPs/SRQs/AHs, a CQ or SRQ with QPs. An MR with bound
+// windows is the exception: EINVAL, as rxe (IBA 10.6.7.2.6).
 //
 // The engine thread registers itself (set_engine_thread) so that `_st` methods can assert
 // they run on it in debug builds.

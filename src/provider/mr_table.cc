@@ -154,7 +154,8 @@ Status MrTable::dereg(Mr* mr) {
   if (mr == nullptr) return Status(EINVAL);
   std::unique_lock lock(mutex_);
   if (!mr->live_) return Status(EINVAL);
-  if (mr->bound_mws_ != 0) return Status(EBUSY);
+  // IBA 10.6.7.2.6; rxe_dereg_mr returns EINVAL while windows are bound.
+  if (mr->bound_mws_ != 0) return Status(EINVAL);
   mr->live_ = false;
   mr->pd_->remove_user();
   mr->pd_ = nullptr;

@@ -151,7 +151,7 @@ class MrTable {
   // ibv_rereg_mr: `flags` are IBV_REREG_MR_CHANGE_*; fields not selected are kept. The keys
   // are kept. EBUSY when translation or PD would change under bound MWs.
   Status rereg(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, uint64_t iova, int access);
-  // ibv_dereg_mr: EBUSY while memory windows are bound to it.
+  // ibv_dereg_mr: EINVAL while memory windows are bound to it (IBA 10.6.7.2.6, as rxe).
   Status dereg(Mr* mr);
   Mr* mr_by_handle(uint32_t handle) const;
 
