@@ -7,9 +7,11 @@
 // accessors named after the spec, so no other code ever shifts or swaps bytes.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <type_traits>
 
 namespace urdma::wire {
@@ -29,14 +31,30 @@ inline constexpr void store_be(uint8_t* p, size_t n, uint64_t v) {
   }
 }
 
-inline constexpr uint16_t load_be16(const uint8_t* p) { return static_cast<uint16_t>(load_be(p, 2)); }
-inline constexpr uint32_t load_be24(const uint8_t* p) { return static_cast<uint32_t>(load_be(p, 3)); }
-inline constexpr uint32_t load_be32(const uint8_t* p) { return static_cast<uint32_t>(load_be(p, 4)); }
-inline constexpr uint64_t load_be64(const uint8_t* p) { return load_be(p, 8); }
-inline constexpr void store_be16(uint8_t* p, uint16_t v) { store_be(p, 2, v); }
-inline constexpr void store_be24(uint8_t* p, uint32_t v) { store_be(p, 3, v); }
-inline constexpr void store_be32(uint8_t* p, uint32_t v) { store_be(p, 4, v); }
-inline constexpr void store_be64(uint8_t* p, uint64_t v) { store_be(p, 8, v); }
+inline constexpr uint16_t load_be16(const uint8_t* p) {
+  return static_cast<uint16_t>(load_be(p, 2));
+}
+inline constexpr uint32_t load_be24(const uint8_t* p) {
+  return static_cast<uint32_t>(load_be(p, 3));
+}
+inline constexpr uint32_t load_be32(const uint8_t* p) {
+  return static_cast<uint32_t>(load_be(p, 4));
+}
+inline constexpr uint64_t load_be64(const uint8_t* p) {
+  return load_be(p, 8);
+}
+inline constexpr void store_be16(uint8_t* p, uint16_t v) {
+  store_be(p, 2, v);
+}
+inline constexpr void store_be24(uint8_t* p, uint32_t v) {
+  store_be(p, 3, v);
+}
+inline constexpr void store_be32(uint8_t* p, uint32_t v) {
+  store_be(p, 4, v);
+}
+inline constexpr void store_be64(uint8_t* p, uint64_t v) {
+  store_be(p, 8, v);
+}
 
 // The smallest unsigned type that holds `Bits` bits (bool for single-bit flags).
 template <unsigned Bits>
@@ -86,11 +104,50 @@ concept WireByte = std::is_same_v<std::remove_const_t<Byte>, uint8_t>;
 // Declares the getter `name()` and, for writable views, the setter `set_name(v)` of one field
 // inside a header view class that holds its buffer in `p_` (a `Byte*`). Example, BTH DestQP:
 //   URDMA_WIRE_FIELD(dest_qp, 5, 3, 0, 24)
-#define URDMA_WIRE_FIELD(name, offset, bytes, shift, bits)                                   \
+#define URDMA_WIRE_FIELD(name, offset, bytes, shift, bits)                                  \
   using name##_field = ::urdma::wire::BeField<offset, bytes, shift, bits>;                  \
-  constexpr name##_field::Value name() const { return name##_field::get(p_); }              \
-  constexpr void set_##name(name##_field::Value v) const                                    \
-    requires(!std::is_const_v<Byte>)                                                         \
-  {                                                                                          \
-    name##_field::set(p_, v);                                                                \
+  constexpr name##_field::Value name() const {                                              \
+    return name##_field::get(p_);                                                           \
+  }                                                                                         \
+  constexpr void set_##name(name##_field::Value v) const requires(!std::is_const_v<Byte>) { \
+    name##_field::set(p_, v);                                                               \
+  }
+
+// The common part of every header or MAD view: size, constructors, buffer pointer. A view is built
+// from a pointer (the caller vouches for `kSize` bytes) or from a span of exactly `kSize` bytes; a
+// writable view converts implicitly to the read-only view of the same layout.
+#define URDMA_WIRE_VIEW(Class, SIZE)                                                             \
+ public:                                                                                         \
+  using byte_type = Byte;                                                                        \
+  static constexpr size_t kSize = SIZE;                                                          \
+  constexpr Class() = default;                                                                   \
+  constexpr explicit Class(Byte* p) : p_(p) {}                                                   \
+  constexpr explicit Class(std::span<Byte, kSize> s) : p_(s.data()) {}                           \
+  template <::urdma::wire::WireByte Other>                                                       \
+  requires(std::is_const_v<Byte> &&                                                              \
+           std::is_same_v<Other, std::remove_const_t<Byte>>) constexpr Class(Class<Other> other) \
+      : p_(other.data()) {}                                                                      \
+  constexpr Byte* data() const {                                                                 \
+    return p_;                                                                                   \
+  }                                                                                              \
+  constexpr std::span<Byte, kSize> bytes() const {                                               \
+    return std::span<Byte, kSize>(p_, kSize);                                                    \
+  }                                                                                              \
+                                                                                                 \
+ private:                                                                                        \
+  Byte* p_ = nullptr;                                                                            \
+                                                                                                 \
+ public:
+
+// A fixed-size byte-array field (GIDs, ARI, private data): `name()` returns a span over the
+// bytes, `set_name(src)` (writable views only) copies `src`.
+#define URDMA_WIRE_BYTES(name, OFFSET, SIZE)                    \
+  static constexpr size_t name##_offset = OFFSET;               \
+  static constexpr size_t name##_size = SIZE;                   \
+  constexpr std::span<Byte, SIZE> name() const {                \
+    return std::span<Byte, SIZE>(p_ + (OFFSET), SIZE);          \
+  }                                                             \
+  constexpr void set_##name(std::span<const uint8_t, SIZE> src) \
+      const requires(!std::is_const_v<Byte>) {                  \
+    std::copy(src.begin(), src.end(), p_ + (OFFSET));           \
   }

@@ -68,7 +68,7 @@
 
 // The common MAD header of a CM message view.
 #define URDMA_CM_MESSAGE_VIEW(Class)                             \
-  URDMA_MAD_VIEW(Class, ::urdma::wire::kMadSize)                 \
+  URDMA_WIRE_VIEW(Class, ::urdma::wire::kMadSize)                 \
   constexpr ::urdma::wire::BasicMadHeader<Byte> header() const { \
     return ::urdma::wire::BasicMadHeader<Byte>(p_);              \
   }
@@ -195,13 +195,13 @@ enum class CmAprStatus : uint8_t {
 //   62-63 TrapP_Key  64-67 TrapHL(31:24) TrapQP(23:0)  68-71 TrapQ_Key
 template <WireByte Byte>
 class BasicClassPortInfo {
-  URDMA_MAD_VIEW(BasicClassPortInfo, 72)
+  URDMA_WIRE_VIEW(BasicClassPortInfo, 72)
   URDMA_WIRE_FIELD(base_version, 0, 1, 0, 8)
   URDMA_WIRE_FIELD(class_version, 1, 1, 0, 8)
   URDMA_WIRE_FIELD(capability_mask, 2, 2, 0, 16)
   URDMA_WIRE_FIELD(capability_mask2, 4, 4, 5, 27)
   URDMA_WIRE_FIELD(resp_time_value, 4, 4, 0, 5)
-  URDMA_MAD_BYTES(redirect_gid, 8, 16)
+  URDMA_WIRE_BYTES(redirect_gid, 8, 16)
   URDMA_WIRE_FIELD(redirect_tc, 24, 4, 24, 8)
   URDMA_WIRE_FIELD(redirect_sl, 24, 4, 20, 4)
   URDMA_WIRE_FIELD(redirect_fl, 24, 4, 0, 20)
@@ -209,7 +209,7 @@ class BasicClassPortInfo {
   URDMA_WIRE_FIELD(redirect_p_key, 30, 2, 0, 16)
   URDMA_WIRE_FIELD(redirect_qp, 32, 4, 0, 24)
   URDMA_WIRE_FIELD(redirect_q_key, 36, 4, 0, 32)
-  URDMA_MAD_BYTES(trap_gid, 40, 16)
+  URDMA_WIRE_BYTES(trap_gid, 40, 16)
   URDMA_WIRE_FIELD(trap_tc, 56, 4, 24, 8)
   URDMA_WIRE_FIELD(trap_sl, 56, 4, 20, 4)
   URDMA_WIRE_FIELD(trap_fl, 56, 4, 0, 20)
@@ -230,11 +230,11 @@ static_assert(ClassPortInfo::trap_q_key_field::kEnd == ClassPortInfo::kSize);
 // RoCEv2 (IBA Annex A17): Linux writes LIDs 0xFFFF and GIDs = the (IPv4-mapped) IP addresses.
 template <WireByte Byte>
 class BasicCmReqPath {
-  URDMA_MAD_VIEW(BasicCmReqPath, 44)
+  URDMA_WIRE_VIEW(BasicCmReqPath, 44)
   URDMA_WIRE_FIELD(local_port_lid, 0, 2, 0, 16)
   URDMA_WIRE_FIELD(remote_port_lid, 2, 2, 0, 16)
-  URDMA_MAD_BYTES(local_port_gid, 4, 16)
-  URDMA_MAD_BYTES(remote_port_gid, 20, 16)
+  URDMA_WIRE_BYTES(local_port_gid, 4, 16)
+  URDMA_WIRE_BYTES(remote_port_gid, 20, 16)
   URDMA_WIRE_FIELD(flow_label, 36, 4, 12, 20)
   URDMA_WIRE_FIELD(packet_rate, 36, 4, 0, 6)
   URDMA_WIRE_FIELD(traffic_class, 40, 1, 0, 8)
@@ -435,8 +435,8 @@ class BasicCmLap {
   URDMA_WIRE_FIELD(remote_cm_response_timeout, kCm + 15, 1, 3, 5)
   URDMA_WIRE_FIELD(alternate_local_port_lid, kCm + 20, 2, 0, 16)
   URDMA_WIRE_FIELD(alternate_remote_port_lid, kCm + 22, 2, 0, 16)
-  URDMA_MAD_BYTES(alternate_local_port_gid, kCm + 24, 16)
-  URDMA_MAD_BYTES(alternate_remote_port_gid, kCm + 40, 16)
+  URDMA_WIRE_BYTES(alternate_local_port_gid, kCm + 24, 16)
+  URDMA_WIRE_BYTES(alternate_remote_port_gid, kCm + 40, 16)
   URDMA_WIRE_FIELD(alternate_flow_label, kCm + 56, 4, 12, 20)
   URDMA_WIRE_FIELD(alternate_traffic_class, kCm + 59, 1, 0, 8)
   URDMA_WIRE_FIELD(alternate_hop_limit, kCm + 60, 1, 0, 8)

@@ -28,7 +28,7 @@ inline constexpr size_t kGidSize = 16;
 
 template <WireByte Byte>
 class BasicGrh {
-  URDMA_WIRE_HEADER_VIEW(BasicGrh, 40)
+  URDMA_WIRE_VIEW(BasicGrh, 40)
   URDMA_WIRE_FIELD(ip_ver, 0, 4, 28, 4)
   URDMA_WIRE_FIELD(tclass, 0, 4, 20, 8)
   URDMA_WIRE_FIELD(flow_label, 0, 4, 0, 20)
@@ -68,7 +68,7 @@ inline constexpr uint8_t kIpProtoUdp = 17;
 // The fixed 20-byte IPv4 header (RFC 791), as RoCEv2 sends it (IHL 5, no options).
 template <WireByte Byte>
 class BasicIpv4Header {
-  URDMA_WIRE_HEADER_VIEW(BasicIpv4Header, 20)
+  URDMA_WIRE_VIEW(BasicIpv4Header, 20)
   URDMA_WIRE_FIELD(version, 0, 1, 4, 4)
   URDMA_WIRE_FIELD(ihl, 0, 1, 0, 4)
   URDMA_WIRE_FIELD(tos, 1, 1, 0, 8)  // DSCP(7:2) ECN(1:0)

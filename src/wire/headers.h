@@ -20,26 +20,6 @@
 
 #include "wire/byte_order.h"
 
-// The common part of every header view: size, constructors, the buffer pointer.
-// A writable view converts implicitly to the read-only view of the same header.
-#define URDMA_WIRE_HEADER_VIEW(Class, size)                                                      \
- public:                                                                                         \
-  using byte_type = Byte;                                                                        \
-  static constexpr size_t kSize = size;                                                          \
-  constexpr explicit Class(Byte* p) : p_(p) {}                                                   \
-  template <::urdma::wire::WireByte Other>                                                       \
-  requires(std::is_const_v<Byte> &&                                                              \
-           std::is_same_v<Other, std::remove_const_t<Byte>>) constexpr Class(Class<Other> other) \
-      : p_(other.data()) {}                                                                      \
-  constexpr Byte* data() const {                                                                 \
-    return p_;                                                                                   \
-  }                                                                                              \
-                                                                                                 \
- private:                                                                                        \
-  Byte* p_;                                                                                      \
-                                                                                                 \
- public:
-
 namespace urdma::wire {
 
 // ---------------------------------------------------------------------------------------------
@@ -53,7 +33,7 @@ namespace urdma::wire {
 //   bytes 9-11  PSN
 template <WireByte Byte>
 class BasicBth {
-  URDMA_WIRE_HEADER_VIEW(BasicBth, 12)
+  URDMA_WIRE_VIEW(BasicBth, 12)
   URDMA_WIRE_FIELD(opcode, 0, 1, 0, 8)
   URDMA_WIRE_FIELD(se, 1, 1, 7, 1)
   URDMA_WIRE_FIELD(m, 1, 1, 6, 1)  // MigReq
@@ -84,7 +64,7 @@ inline constexpr uint32_t kQpnMask = 0xFFFFFF;
 // RETH — RDMA Extended Transport Header, 16 bytes (IBA 9.3.3).
 template <WireByte Byte>
 class BasicReth {
-  URDMA_WIRE_HEADER_VIEW(BasicReth, 16)
+  URDMA_WIRE_VIEW(BasicReth, 16)
   URDMA_WIRE_FIELD(va, 0, 8, 0, 64)
   URDMA_WIRE_FIELD(rkey, 8, 4, 0, 32)
   URDMA_WIRE_FIELD(dma_length, 12, 4, 0, 32)
@@ -168,7 +148,7 @@ inline constexpr std::optional<uint32_t> aeth_credit_count(uint8_t credit_code) 
 
 template <WireByte Byte>
 class BasicAeth {
-  URDMA_WIRE_HEADER_VIEW(BasicAeth, 4)
+  URDMA_WIRE_VIEW(BasicAeth, 4)
   URDMA_WIRE_FIELD(syndrome, 0, 1, 0, 8)
   URDMA_WIRE_FIELD(syndrome_resv, 0, 1, 7, 1)
   URDMA_WIRE_FIELD(syndrome_type, 0, 1, 5, 2)
@@ -206,7 +186,7 @@ inline constexpr uint64_t rnr_timer_ns(uint8_t code) {
 // DETH — Datagram Extended Transport Header, 8 bytes (IBA 9.3.2).
 template <WireByte Byte>
 class BasicDeth {
-  URDMA_WIRE_HEADER_VIEW(BasicDeth, 8)
+  URDMA_WIRE_VIEW(BasicDeth, 8)
   URDMA_WIRE_FIELD(qkey, 0, 4, 0, 32)
   URDMA_WIRE_FIELD(resv8, 4, 1, 0, 8)
   URDMA_WIRE_FIELD(src_qp, 5, 3, 0, 24)
@@ -226,7 +206,7 @@ inline constexpr uint32_t kQkeyControlledBit = 0x80000000;
 // ImmDt — Immediate Data Extended Transport Header, 4 bytes (IBA 9.3.7).
 template <WireByte Byte>
 class BasicImmDt {
-  URDMA_WIRE_HEADER_VIEW(BasicImmDt, 4)
+  URDMA_WIRE_VIEW(BasicImmDt, 4)
   URDMA_WIRE_FIELD(imm, 0, 4, 0, 32)
   static_assert(imm_field::kEnd == kSize);
 };
@@ -238,7 +218,7 @@ static_assert(ImmDt::kSize == 4);
 // IETH — Invalidate Extended Transport Header, 4 bytes (IBA 9.3.8): the R_Key to invalidate.
 template <WireByte Byte>
 class BasicIeth {
-  URDMA_WIRE_HEADER_VIEW(BasicIeth, 4)
+  URDMA_WIRE_VIEW(BasicIeth, 4)
   URDMA_WIRE_FIELD(rkey, 0, 4, 0, 32)
   static_assert(rkey_field::kEnd == kSize);
 };
@@ -250,7 +230,7 @@ static_assert(Ieth::kSize == 4);
 // AtomicETH — Atomic Extended Transport Header, 28 bytes (IBA 9.3.4).
 template <WireByte Byte>
 class BasicAtomicEth {
-  URDMA_WIRE_HEADER_VIEW(BasicAtomicEth, 28)
+  URDMA_WIRE_VIEW(BasicAtomicEth, 28)
   URDMA_WIRE_FIELD(va, 0, 8, 0, 64)
   URDMA_WIRE_FIELD(rkey, 8, 4, 0, 32)
   URDMA_WIRE_FIELD(swap_add, 12, 8, 0, 64)  // swap data (CmpSwap) or add data (FetchAdd)
@@ -268,7 +248,7 @@ inline constexpr size_t kAtomicOperandBytes = 8;
 // AtomicAckETH — Atomic Acknowledge Extended Transport Header, 8 bytes (IBA 9.3.6).
 template <WireByte Byte>
 class BasicAtomicAckEth {
-  URDMA_WIRE_HEADER_VIEW(BasicAtomicAckEth, 8)
+  URDMA_WIRE_VIEW(BasicAtomicAckEth, 8)
   URDMA_WIRE_FIELD(orig_data, 0, 8, 0, 64)
   static_assert(orig_data_field::kEnd == kSize);
 };
@@ -288,7 +268,7 @@ inline constexpr uint8_t kFlushPlacementPersistence = 1 << 1;
 
 template <WireByte Byte>
 class BasicFeth {
-  URDMA_WIRE_HEADER_VIEW(BasicFeth, 4)
+  URDMA_WIRE_VIEW(BasicFeth, 4)
   URDMA_WIRE_FIELD(resv, 0, 4, 6, 26)
   URDMA_WIRE_FIELD(selectivity_level, 0, 4, 4, 2)
   URDMA_WIRE_FIELD(placement_type, 0, 4, 0, 4)

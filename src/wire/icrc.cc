@@ -22,7 +22,7 @@ constexpr uint8_t kIpv6Version = 6;
 // The UDP header (RFC 768), 8 bytes. (Kept private here until a UDP view lives in headers.h.)
 template <WireByte Byte>
 class BasicUdpHeader {
-  URDMA_WIRE_HEADER_VIEW(BasicUdpHeader, 8)
+  URDMA_WIRE_VIEW(BasicUdpHeader, 8)
   URDMA_WIRE_FIELD(src_port, 0, 2, 0, 16)
   URDMA_WIRE_FIELD(dst_port, 2, 2, 0, 16)
   URDMA_WIRE_FIELD(length, 4, 2, 0, 16)

@@ -21,45 +21,6 @@
 
 #include "wire/byte_order.h"
 
-// The common part of every MAD view: size, constructors, buffer pointer. A view is built from a
-// pointer (the caller vouches for `kSize` bytes) or from a span of exactly `kSize` bytes; a
-// writable view converts implicitly to the read-only view of the same layout.
-#define URDMA_MAD_VIEW(Class, SIZE)                                                              \
- public:                                                                                         \
-  using byte_type = Byte;                                                                        \
-  static constexpr size_t kSize = SIZE;                                                          \
-  constexpr Class() = default;                                                                   \
-  constexpr explicit Class(Byte* p) : p_(p) {}                                                   \
-  constexpr explicit Class(std::span<Byte, kSize> s) : p_(s.data()) {}                           \
-  template <::urdma::wire::WireByte Other>                                                       \
-  requires(std::is_const_v<Byte> &&                                                              \
-           std::is_same_v<Other, std::remove_const_t<Byte>>) constexpr Class(Class<Other> other) \
-      : p_(other.data()) {}                                                                      \
-  constexpr Byte* data() const {                                                                 \
-    return p_;                                                                                   \
-  }                                                                                              \
-  constexpr std::span<Byte, kSize> bytes() const {                                               \
-    return std::span<Byte, kSize>(p_, kSize);                                                    \
-  }                                                                                              \
-                                                                                                 \
- private:                                                                                        \
-  Byte* p_ = nullptr;                                                                            \
-                                                                                                 \
- public:
-
-// A fixed-size byte-array field (GIDs, ARI, private data): `name()` returns a span over the
-// bytes, `set_name(src)` (writable views only) copies `src`.
-#define URDMA_MAD_BYTES(name, OFFSET, SIZE)                     \
-  static constexpr size_t name##_offset = OFFSET;               \
-  static constexpr size_t name##_size = SIZE;                   \
-  constexpr std::span<Byte, SIZE> name() const {                \
-    return std::span<Byte, SIZE>(p_ + (OFFSET), SIZE);          \
-  }                                                             \
-  constexpr void set_##name(std::span<const uint8_t, SIZE> src) \
-      const requires(!std::is_const_v<Byte>) {                  \
-    std::copy(src.begin(), src.end(), p_ + (OFFSET));           \
-  }
-
 namespace urdma::wire {
 
 // IBA 13.4.1: every MAD the GSI carries is exactly 256 bytes.
@@ -138,7 +99,7 @@ std::string_view mad_method_name(uint8_t method);
 //   bytes 20-23 AttributeModifier
 template <WireByte Byte>
 class BasicMadHeader {
-  URDMA_MAD_VIEW(BasicMadHeader, kMadHeaderSize)
+  URDMA_WIRE_VIEW(BasicMadHeader, kMadHeaderSize)
   URDMA_WIRE_FIELD(base_version, 0, 1, 0, 8)
   URDMA_WIRE_FIELD(mgmt_class, 1, 1, 0, 8)
   URDMA_WIRE_FIELD(class_version, 2, 1, 0, 8)

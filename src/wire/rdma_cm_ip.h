@@ -66,12 +66,12 @@ inline constexpr uint8_t kCmaIpVersion6 = 6;
 
 template <WireByte Byte>
 class BasicCmaHdr {
-  URDMA_MAD_VIEW(BasicCmaHdr, 36)
+  URDMA_WIRE_VIEW(BasicCmaHdr, 36)
   URDMA_WIRE_FIELD(cma_version, 0, 1, 0, 8)
   URDMA_WIRE_FIELD(ip_version, 1, 1, 4, 4)
   URDMA_WIRE_FIELD(port, 2, 2, 0, 16)
-  URDMA_MAD_BYTES(src_addr, 4, 16)
-  URDMA_MAD_BYTES(dst_addr, 20, 16)
+  URDMA_WIRE_BYTES(src_addr, 4, 16)
+  URDMA_WIRE_BYTES(dst_addr, 20, 16)
 };
 using CmaHdr = BasicCmaHdr<uint8_t>;
 using CmaHdrView = BasicCmaHdr<const uint8_t>;
