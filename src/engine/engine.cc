@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/sge_copy.h"
 #include "net/check.h"
+#include "provider/limits.h"
 #include "wire/psn.h"
 
 namespace urdma::engine {
@@ -59,6 +61,8 @@ Engine::Engine(provider::Device& device, net::PacketIo& io, const net::Clock& cl
   net::check(relay_ != nullptr,
              "the Device must be created with DeviceConfig::doorbell = &an engine::DoorbellRelay");
   relay_->attach(this);
+  by_handle_.assign(provider::kLimits.max_qp, nullptr);
+  active_.reserve(provider::kLimits.max_qp);  // never reallocated while polling
   rx_storage_.resize(config_.rx_batch * kRxBufferBytes);
   rx_slots_.resize(config_.rx_batch);
   for (size_t i = 0; i < config_.rx_batch; ++i)
@@ -79,35 +83,77 @@ QpContext* Engine::find(uint32_t qp_num) {
   return it == contexts_.end() ? nullptr : it->second.get();
 }
 
+void Engine::forget(uint32_t qp_num) {
+  auto it = contexts_.find(qp_num);
+  if (it == contexts_.end()) return;
+  QpContext* ctx = it->second.get();
+  std::erase(active_, ctx);
+  by_handle_[ctx->qp->handle()] = nullptr;
+  contexts_.erase(it);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Poll loop.
 
 void Engine::poll() {
   std::lock_guard lock(mutex_);
-  doorbell_rung_.store(false, std::memory_order_relaxed);
-  receive_batch();
-  fire_timers(clock_.now_ns());
-  for (auto& [qpn, ctx] : contexts_) {
-    const ibv_qp_state st = ctx->qp->state();
-    if (st == IBV_QPS_ERR) {
-      flush(*ctx);
-    } else if (st == IBV_QPS_SQE) {
-      flush(*ctx);  // flushes the send queue only
-    } else {
-      run_requester(*ctx);
-    }
+  if (doorbell_rung_.exchange(false, std::memory_order_acq_rel)) {
+    rung_.drain([this](uint32_t handle) {
+      if (QpContext* ctx = by_handle_[handle]) activate(*ctx);
+    });
   }
+  receive_batch();
+  // QPN order, as a scan of every QP would have it: timers fire and QPs are served in a
+  // deterministic order (completions of QPs sharing a CQ interleave the same way every run).
+  std::sort(active_.begin(), active_.end(),
+            [](const QpContext* a, const QpContext* b) { return a->qpn < b->qpn; });
+  fire_timers(clock_.now_ns());
+  for (size_t i = 0; i < active_.size(); ++i) serve(*active_[i]);
+  std::erase_if(active_, [this](QpContext* ctx) {
+    if (needs_service(*ctx)) return false;
+    ctx->active = false;
+    return true;
+  });
+}
+
+void Engine::activate(QpContext& ctx) {
+  if (ctx.active) return;
+  ctx.active = true;
+  active_.push_back(&ctx);
+}
+
+void Engine::serve(QpContext& ctx) {
+  const ibv_qp_state st = ctx.qp->state();
+  if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
+    flush(ctx);  // SQE: the send queue only
+    return;
+  }
+  run_requester(ctx);
+  // A completion lost to a full CQ moved the QP to ERR without flushing (cq_overflow).
+  const ibv_qp_state now = ctx.qp->state();
+  if (now == IBV_QPS_ERR || now == IBV_QPS_SQE) flush(ctx);
+}
+
+// Whether poll() must keep serving the QP: what the doorbells, packets and modifies that put
+// it on the active list do not cover any more.
+bool Engine::needs_service(const QpContext& ctx) const {
+  const ibv_qp_state st = ctx.qp->state();
+  if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
+    const bool rq_waiting = st == IBV_QPS_ERR && ctx.qp->srq() == nullptr && ctx.qp->rq_size() > 0;
+    return ctx.qp->sq_peek_st(0) != nullptr || rq_waiting;
+  }
+  return has_send_work(ctx) || ctx.comp.retry_deadline_ns != net::kNever ||
+         ctx.comp.rnr_deadline_ns != net::kNever;
 }
 
 uint64_t Engine::next_deadline_ns() const {
-  if (doorbell_rung_.load(std::memory_order_relaxed)) return 0;
+  if (doorbell_rung_.load(std::memory_order_acquire)) return 0;
+  std::lock_guard lock(mutex_);
   uint64_t t = net::kNever;
-  for (const auto& [qpn, ctx] : contexts_) {
+  for (const QpContext* ctx : active_) {
     const ibv_qp_state st = ctx->qp->state();
     if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
-      const bool rq_waiting =
-          st == IBV_QPS_ERR && ctx->qp->srq() == nullptr && ctx->qp->rq_size() > 0;
-      if (ctx->qp->sq_peek_st(0) != nullptr || rq_waiting) return 0;
+      if (needs_service(*ctx)) return 0;
       continue;
     }
     if (has_send_work(*ctx)) return 0;
@@ -117,7 +163,8 @@ uint64_t Engine::next_deadline_ns() const {
 }
 
 void Engine::fire_timers(uint64_t now_ns) {
-  for (auto& [qpn, ctx_ptr] : contexts_) {
+  // Only QPs on the active list can have a timer armed (needs_service keeps them there).
+  for (QpContext* ctx_ptr : active_) {
     QpContext& ctx = *ctx_ptr;
     if (ctx.qp->state() != IBV_QPS_RTS && ctx.qp->state() != IBV_QPS_SQD) continue;
     if (ctx.comp.rnr_deadline_ns <= now_ns) {
@@ -132,20 +179,25 @@ void Engine::fire_timers(uint64_t now_ns) {
 // ---------------------------------------------------------------------------------------------
 // Doorbell.
 
-void Engine::ring_sq(provider::Qp&) {
-  doorbell_rung_.store(true, std::memory_order_relaxed);
+// Lock-free: the QP's bit, then the flag poll() and next_deadline_ns() look at.
+void Engine::ring_sq(provider::Qp& qp) {
+  rung_.set(qp.handle());
+  doorbell_rung_.store(true, std::memory_order_release);
 }
-void Engine::ring_rq(provider::Qp&) {
-  doorbell_rung_.store(true, std::memory_order_relaxed);
+// A receive WQE matters to the engine's poll only in ERR, where it is flushed at once.
+void Engine::ring_rq(provider::Qp& qp) {
+  rung_.set(qp.handle());
+  doorbell_rung_.store(true, std::memory_order_release);
 }
+// SRQ WQEs are taken when requests arrive; no QP needs serving for them.
 void Engine::ring_srq(provider::Srq&) {
-  doorbell_rung_.store(true, std::memory_order_relaxed);
+  doorbell_rung_.store(true, std::memory_order_release);
 }
 
 void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
   std::lock_guard lock(mutex_);
   if (to == IBV_QPS_RESET) {
-    contexts_.erase(qp.qp_num());
+    forget(qp.qp_num());
     return;
   }
   QpContext* ctx = find(qp.qp_num());
@@ -156,8 +208,11 @@ void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
     ctx->qpn = qp.qp_num();
     ctx->type = qp.type();
     ctx->req.wqe.resize(size_t{qp.cap().max_send_wr} + 1);
+    net::check(qp.handle() < by_handle_.size(), "QP handle beyond the device's QP table");
+    by_handle_[qp.handle()] = ctx;
     contexts_.emplace(qp.qp_num(), std::move(owned));
   }
+  activate(*ctx);
   refresh(*ctx);
   if (to == IBV_QPS_RTR && from != IBV_QPS_RTR) {
     ctx->resp = Responder{};
@@ -173,11 +228,12 @@ void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
   }
   if (to == IBV_QPS_RTS) ctx->req.blocked = false;  // SQD → RTS resumes
   if (to == IBV_QPS_ERR) flush(*ctx);
-  doorbell_rung_.store(true, std::memory_order_relaxed);
+  doorbell_rung_.store(true, std::memory_order_release);
 }
 
 void Engine::qp_destroyed(provider::Qp& qp) {
-  contexts_.erase(qp.qp_num());
+  std::lock_guard lock(mutex_);
+  forget(qp.qp_num());
 }
 
 void Engine::refresh(QpContext& ctx) {
@@ -261,6 +317,9 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
     ++counters_.drop_unknown_qpn;
     return;
   }
+  // Whatever the packet does (a response unblocking the requester, an error), poll() looks at
+  // the QP this turn.
+  activate(*ctx);
   // IBA 9.6.1.2: the opcode's transport must be the QP's service type.
   if (pkt.info().transport != transport_of(ctx->type)) {
     ++counters_.drop_qp_type;
@@ -300,39 +359,99 @@ wire::PacketHeaders Engine::begin_packet(uint8_t opcode, size_t payload_len) {
   net::check(layout.has_value() && layout->total_length() <= tx_buf_.size(),
              "engine built an invalid packet layout");
   tx_layout_ = *layout;
+  tx_payload_iov_ = 0;
+  tx_payload_added_ = 0;
+  tx_payload_copied_ = false;
   wire::PacketHeaders h = wire::write_headers(tx_buf_, tx_layout_);
   h.bth().set_pkey(wire::kDefaultPkey);
   return h;
 }
 
-std::span<uint8_t> Engine::tx_payload() {
-  return std::span<uint8_t>(tx_buf_).subspan(tx_layout_.payload_offset(),
-                                             tx_layout_.payload_length);
+void Engine::tx_add_payload(std::span<const uint8_t> piece) {
+  if (piece.empty()) return;
+  net::check(tx_payload_added_ + piece.size() <= tx_layout_.payload_length,
+             "engine added more payload than the packet's layout holds");
+  uint8_t* const copy_at = tx_buf_.data() + tx_layout_.payload_offset();
+  if (!tx_payload_copied_ && tx_payload_iov_ == kMaxTxPayloadIov) {
+    // More pieces than one datagram's iovecs (net::kMaxTxIov): copy what was gathered so far
+    // into tx_buf_ and the rest after it; the packet goes out as one contiguous iovec.
+    size_t at = 0;
+    for (size_t i = 1; i <= tx_payload_iov_; ++i) {
+      std::memcpy(copy_at + at, tx_iov_[i].iov_base, tx_iov_[i].iov_len);
+      at += tx_iov_[i].iov_len;
+    }
+    tx_payload_iov_ = 0;
+    tx_payload_copied_ = true;
+    ++counters_.tx_payload_copies;
+  }
+  if (tx_payload_copied_) {
+    std::memcpy(copy_at + tx_payload_added_, piece.data(), piece.size());
+  } else {
+    // The PacketIo only reads through iovecs (iovec's pointer is not const-qualified).
+    tx_iov_[1 + tx_payload_iov_++] = iovec{const_cast<uint8_t*>(piece.data()), piece.size()};
+  }
+  tx_payload_added_ += piece.size();
+}
+
+bool Engine::tx_gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t offset,
+                       uint64_t length) {
+  return for_each_sge_piece(device_.mr_table(), ctx.qp->pd(), ctx.qp->sq_sges_st(wqe), offset,
+                            length, SgeDirection::kFromSges,
+                            [this](const uint8_t* mem, uint64_t n) {
+                              tx_add_payload({mem, static_cast<size_t>(n)});
+                            });
 }
 
 bool Engine::send_packet(const Route& route) {
-  wire::write_trailer(std::span<uint8_t>(tx_buf_).subspan(tx_layout_.pad_offset()), tx_layout_);
-  const std::span<uint8_t> datagram = std::span<uint8_t>(tx_buf_).first(tx_layout_.total_length());
+  net::check(tx_payload_added_ == tx_layout_.payload_length,
+             "engine sent a packet whose payload was not filled in");
+  // The ICRC (IBA 7.8.1, annex A17.4.3.1) covers headers, payload and pad: the gather list
+  // without the trailing ICRC slot.
+  std::array<std::span<const uint8_t>, net::kMaxTxIov> pieces;
+  size_t npieces = 0;
+  size_t niov = 0;
+  std::span<uint8_t> icrc_slot_owner;  // the span whose last kIcrcBytes are the ICRC
+  if (tx_payload_iov_ == 0) {
+    // Contiguous in tx_buf_: no payload, or the copy fallback.
+    const std::span<uint8_t> datagram =
+        std::span<uint8_t>(tx_buf_).first(tx_layout_.total_length());
+    wire::write_trailer(datagram.subspan(tx_layout_.pad_offset()), tx_layout_);
+    pieces[npieces++] = datagram.first(tx_layout_.icrc_offset());
+    tx_iov_[niov++] = iovec{datagram.data(), datagram.size()};
+    icrc_slot_owner = datagram;
+  } else {
+    const std::span<uint8_t> trailer =
+        std::span<uint8_t>(tx_trailer_).first(tx_layout_.trailer_length());
+    wire::write_trailer(trailer, tx_layout_);
+    pieces[npieces++] = std::span<const uint8_t>(tx_buf_).first(tx_layout_.header_length);
+    tx_iov_[niov++] = iovec{tx_buf_.data(), tx_layout_.header_length};
+    for (size_t i = 0; i < tx_payload_iov_; ++i, ++niov)
+      pieces[npieces++] = {static_cast<const uint8_t*>(tx_iov_[niov].iov_base),
+                           tx_iov_[niov].iov_len};
+    if (tx_layout_.pad > 0) pieces[npieces++] = trailer.first(tx_layout_.pad);
+    tx_iov_[niov++] = iovec{trailer.data(), trailer.size()};
+    icrc_slot_owner = trailer;
+  }
+  const std::span<const std::span<const uint8_t>> gather(pieces.data(), npieces);
+  uint32_t icrc;
   if (route.src.is_v4() && route.dst.is_v4()) {
     wire::IcrcIpv4 h;
     h.flow.src_addr = address_bytes<4>(route.src);
     h.flow.dst_addr = address_bytes<4>(route.dst);
     h.flow.udp_src_port = route.src_port;
     h.flow.udp_dst_port = net::kRoceV2UdpPort;
-    wire::seal_icrc(h, datagram);
+    icrc = wire::compute_icrc_gather(h, gather);
   } else {
     wire::IcrcIpv6 h;
     h.src_addr = address_bytes<16>(route.src);
     h.dst_addr = address_bytes<16>(route.dst);
     h.udp_src_port = route.src_port;
     h.udp_dst_port = net::kRoceV2UdpPort;
-    wire::seal_icrc(h, datagram);
+    icrc = wire::compute_icrc_gather(h, gather);
   }
-  // TODO(perf): gather the payload straight from registered memory once the ICRC takes an
-  // iovec; today the payload is copied into tx_buf_ so the ICRC sees one span.
-  const iovec iov{datagram.data(), datagram.size()};
+  wire::store_icrc(icrc_slot_owner, icrc);
   net::TxDatagram tx;
-  tx.iov = {&iov, 1};
+  tx.iov = {tx_iov_.data(), niov};
   tx.dst = net::Endpoint{route.dst, net::kRoceV2UdpPort};
   tx.src_port = route.src_port;
   tx.src = route.src;
@@ -358,7 +477,7 @@ void Engine::send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn) {
 // ---------------------------------------------------------------------------------------------
 // Completions, errors, flush.
 
-void Engine::push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status) {
+bool Engine::push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status) {
   ibv_wc wc = {};
   wc.wr_id = wqe.wr_id;
   wc.status = status;
@@ -366,11 +485,25 @@ void Engine::push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_
   wc.opcode = info != nullptr ? info->wc_opcode : IBV_WC_SEND;
   wc.byte_len = static_cast<uint32_t>(wqe.length);
   wc.qp_num = ctx.qpn;
-  ctx.qp->send_cq()->push_st(wc, false);
+  if (ctx.qp->send_cq()->push_st(wc, false)) return true;
+  cq_overflow(ctx);
+  return false;
 }
 
-void Engine::push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited) {
-  ctx.qp->recv_cq()->push_st(wc, solicited);
+bool Engine::push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited) {
+  if (ctx.qp->recv_cq()->push_st(wc, solicited)) return true;
+  cq_overflow(ctx);
+  return false;
+}
+
+void Engine::cq_overflow(QpContext& ctx) {
+  ++counters_.cqe_overflow;
+  // IBA 11.4.2.1 (CQ overrun; the CQ raised IBV_EVENT_CQ_ERR): the completion is lost, so the
+  // QP it belonged to cannot go on — it enters ERR with an affiliated QP_FATAL event, as Linux
+  // rxe's completer and responder move their QP to error when rxe_cq_post fails. Not flushed
+  // here (a push may come from inside flush() itself): poll() flushes it when serving it.
+  if (ctx.qp->enter_error_st(IBV_QPS_ERR)) ctx.qp->raise_event(IBV_EVENT_QP_FATAL);
+  activate(ctx);
 }
 
 void Engine::qp_error(QpContext& ctx, ibv_qp_state to) {

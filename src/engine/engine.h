@@ -26,9 +26,20 @@
 //
 // THREADING. poll(), next_deadline_ns(), counters() and context() are for the engine thread.
 // The Doorbell callbacks may come from application threads: ring_sq / ring_rq / ring_srq only
-// set an atomic flag; qp_modified / qp_destroyed take the engine's (recursive) mutex, which
-// poll() holds, so they return only once the engine no longer touches the QP (the contract of
-// provider/doorbell.h). In the simulation there is one thread and the mutex is uncontended.
+// set atomic bits (rung_qps.h); qp_modified / qp_destroyed take the engine's (recursive) mutex,
+// which poll() holds, so they return only once the engine no longer touches the QP (the
+// contract of provider/doorbell.h). In the simulation there is one thread and the mutex is
+// uncontended.
+//
+// COST PER POLL. poll() serves only the QPs on its active list: those whose doorbell rang, that
+// received a packet, were modified, or still have requester work, a flush pending or a timer
+// armed. An idle QP costs nothing per poll.
+//
+// TRANSMIT IS ZERO-COPY. A datagram goes to the PacketIo as iovecs: the headers from an engine
+// buffer, the payload straight from registered memory (one iovec per SGE piece, after the MR
+// access check) or from the provider's inline area, then pad + ICRC from an engine buffer; the
+// ICRC is computed over the gather list. Only a packet needing more than net::kMaxTxIov iovecs
+// is copied (EngineCounters::tx_payload_copies).
 //
 // What it reads: the source address of a QP's packets is the GID at the path's (or the AH's)
 // sgid_index in the Device's GID table, or EngineConfig::local_address when that entry is empty.
@@ -50,6 +61,7 @@
 
 #include "engine/engine_counters.h"
 #include "engine/qp_context.h"
+#include "engine/rung_qps.h"
 #include "net/clock.h"
 #include "net/packet_io.h"
 #include "net/sim_world.h"
@@ -142,15 +154,26 @@ class Engine final : public provider::Doorbell, public net::SimParticipant {
   void handle_datagram(const net::RxDatagram& d);
   void fire_timers(uint64_t now_ns);
   QpContext* find(uint32_t qp_num);
+  void forget(uint32_t qp_num);
   void refresh(QpContext& ctx);
-  // Packet building into tx_buf_: lay out, return header views; then fill, then send.
+  // The active list: QPs poll() serves.
+  void activate(QpContext& ctx);
+  void serve(QpContext& ctx);
+  bool needs_service(const QpContext& ctx) const;
+  // Packet building: begin_packet lays out and writes the headers into tx_buf_ and returns
+  // views of them; the payload is then added piece by piece (exactly payload_len bytes), as
+  // iovecs into memory that stays valid until send_packet returns; send_packet seals and sends.
   wire::PacketHeaders begin_packet(uint8_t opcode, size_t payload_len);
-  std::span<uint8_t> tx_payload();
+  void tx_add_payload(std::span<const uint8_t> piece);
+  // Adds bytes [offset, offset + length) of the WQE's SGE list, straight from registered
+  // memory; false on an SGE that fails the local access check (LOC_PROT_ERR).
+  bool tx_gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t offset, uint64_t length);
   bool send_packet(const Route& route);
   void send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn);
-  // Completions.
-  void push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status);
-  void push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited);
+  // Completions. False when the CQ overflowed: the completion is lost and the QP is in ERR.
+  bool push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status);
+  bool push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited);
+  void cq_overflow(QpContext& ctx);
   // Moves the QP to ERR (RC, or any QP for a receive-side error) or SQE (UC/UD send error)
   // and flushes what must be flushed.
   void qp_error(QpContext& ctx, ibv_qp_state to);
@@ -164,10 +187,6 @@ class Engine final : public provider::Doorbell, public net::SimParticipant {
   ReqStep send_rc_uc_packet(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
   ReqStep send_ud(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
   ReqStep execute_local(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
-  // Copies `len` bytes of the WQE's data from byte `offset` into `out`; false on an SGE that
-  // fails the local access check (LOC_PROT_ERR).
-  bool gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t offset,
-              std::span<uint8_t> out);
   void rewind(QpContext& ctx, uint32_t psn);
 
   // ---- completer.cc ----
@@ -197,11 +216,25 @@ class Engine final : public provider::Doorbell, public net::SimParticipant {
   EngineCounters counters_;
   DoorbellRelay* relay_ = nullptr;
   std::atomic<bool> doorbell_rung_{false};
-  std::recursive_mutex mutex_;  // poll() vs qp_modified / qp_destroyed from other threads
-  std::map<uint32_t, std::unique_ptr<QpContext>> contexts_;  // ordered: deterministic polling
+  RungQps rung_;                        // which QPs' doorbells rang (by handle)
+  mutable std::recursive_mutex mutex_;  // poll() vs qp_modified / qp_destroyed from other threads
+  std::map<uint32_t, std::unique_ptr<QpContext>> contexts_;
+  std::vector<QpContext*> by_handle_;  // provider::Qp::handle() → context (kLimits.max_qp)
+  // QPs poll() serves, in QPN order while it serves them (deterministic, as the simulation's
+  // replay needs); QpContext::active says who is on it.
+  std::vector<QpContext*> active_;
 
-  // Transmit: one packet at a time is built here (the PacketIo copies it before send returns).
+  // Transmit: one packet at a time. tx_buf_ holds the headers (and, only when a packet needs
+  // more iovecs than net::kMaxTxIov allows, a copy of the payload, then pad and ICRC); the
+  // payload iovecs point into registered memory; tx_trailer_ holds pad + ICRC after them.
+  static constexpr size_t kMaxTxPayloadIov = net::kMaxTxIov - 2;  // less headers and trailer
   alignas(64) std::array<uint8_t, kMaxPacketBytes> tx_buf_{};
+  static constexpr size_t kMaxPadBytes = 3;  // IBA 9.2: PadCnt is 2 bits
+  std::array<uint8_t, kMaxPadBytes + wire::kIcrcBytes> tx_trailer_{};
+  std::array<iovec, net::kMaxTxIov> tx_iov_{};
+  size_t tx_payload_iov_ = 0;       // payload iovecs, at tx_iov_[1 ..]
+  size_t tx_payload_added_ = 0;     // payload bytes added so far
+  bool tx_payload_copied_ = false;  // the payload is in tx_buf_ (the over-kMaxTxIov fallback)
   wire::PacketLayout tx_layout_;
   // Receive buffers and slots for one batch.
   std::vector<uint8_t> rx_storage_;

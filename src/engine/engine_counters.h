@@ -31,6 +31,9 @@ struct EngineCounters {
   uint64_t rdma_sends = 0;              // request packets sent
   uint64_t rdma_recvs = 0;              // request packets accepted by the responder
   uint64_t duplicate_response = 0;      // requester: response for a PSN already completed
+  uint64_t tx_payload_copies = 0;       // packets whose payload needed more than net::kMaxTxIov
+                                        // iovecs, so it was copied instead of gathered
+  uint64_t cqe_overflow = 0;            // completions lost to a full CQ (IBA 11.4.2.1)
 
   // ---- receive pipeline drops (IBA 9.6: invalid packets are silently discarded) ----
   std::array<uint64_t, wire::kParseErrorCount> drop_parse{};  // indexed by wire::ParseError

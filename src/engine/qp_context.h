@@ -137,6 +137,7 @@ struct QpContext {
   Completer comp;
   Responder resp;
   bool last_wqe_event_raised = false;  // SRQ: IBV_EVENT_QP_LAST_WQE_REACHED sent once
+  bool active = false;                 // on the engine's active list (served by poll)
 };
 
 }  // namespace urdma::engine

@@ -205,11 +205,12 @@ Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWq
     }
     if (auto imm = h.immdt()) imm->set_imm(ntohl(wqe.imm_data));  // posted in network order
     if (auto ieth = h.ieth()) ieth->set_rkey(wqe.invalidate_rkey);
-    const std::span<uint8_t> payload = tx_payload();
+    // Zero-copy: the payload iovecs point at the provider's inline area or, after the access
+    // check of each SGE, straight into registered memory.
     if (wqe.send_flags & IBV_SEND_INLINE) {
-      const std::span<const uint8_t> data = ctx.qp->sq_inline_st(wqe);
-      std::copy_n(data.begin() + static_cast<ptrdiff_t>(offset), n, payload.begin());
-    } else if (!gather(ctx, wqe, offset, payload)) {
+      tx_add_payload(
+          ctx.qp->sq_inline_st(wqe).subspan(static_cast<size_t>(offset), static_cast<size_t>(n)));
+    } else if (!tx_gather(ctx, wqe, offset, n)) {
       // IBA 10.7.2.x: a local SGE failing its access check → Local Protection Error.
       fail_wqe_at(ctx, req.cur, IBV_WC_LOC_PROT_ERR);
       return ReqStep::kError;
@@ -247,11 +248,9 @@ Engine::ReqStep Engine::send_ud(QpContext& ctx, const provider::SendWqe& wqe, Wq
   h.deth()->set_qkey(qkey);
   h.deth()->set_src_qp(ctx.qpn & wire::kQpnMask);
   if (auto immdt = h.immdt()) immdt->set_imm(ntohl(wqe.imm_data));
-  const std::span<uint8_t> payload = tx_payload();
   if (wqe.send_flags & IBV_SEND_INLINE) {
-    const std::span<const uint8_t> data = ctx.qp->sq_inline_st(wqe);
-    std::copy(data.begin(), data.end(), payload.begin());
-  } else if (!gather(ctx, wqe, 0, payload)) {
+    tx_add_payload(ctx.qp->sq_inline_st(wqe).first(static_cast<size_t>(wqe.length)));
+  } else if (!tx_gather(ctx, wqe, 0, wqe.length)) {
     fail_wqe_at(ctx, req.cur, IBV_WC_LOC_PROT_ERR);
     return ReqStep::kError;
   }
@@ -298,12 +297,6 @@ Engine::ReqStep Engine::execute_local(QpContext& ctx, const provider::SendWqe& w
   ++req.cur;
   req.cur_offset = 0;
   return ReqStep::kDone;
-}
-
-bool Engine::gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t offset,
-                    std::span<uint8_t> out) {
-  return copy_sges(device_.mr_table(), ctx.qp->pd(), ctx.qp->sq_sges_st(wqe), offset, out,
-                   SgeDirection::kFromSges);
 }
 
 void Engine::rewind(QpContext& ctx, uint32_t psn) {

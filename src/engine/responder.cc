@@ -40,6 +40,7 @@ enum class RespState : uint8_t {
   kErrRemoteAccess,
   kErrRemoteOperational,
   kErrLocalLength,
+  kErrCqOverflow,
   kDrop,
   kDone,
   kCount,
@@ -61,6 +62,7 @@ constexpr std::array<const char*, static_cast<size_t>(RespState::kCount)> kRespS
     "ERR_REMOTE_ACCESS",
     "ERR_REMOTE_OPERATIONAL",
     "ERR_LOCAL_LENGTH",
+    "ERR_CQ_OVERFLOW",
     "DROP",
     "DONE",
 };
@@ -148,6 +150,8 @@ struct ResponderSteps {
         return err_remote_operational();
       case RespState::kErrLocalLength:
         return err_local_length();
+      case RespState::kErrCqOverflow:
+        return err_cq_overflow();
       case RespState::kDrop:
         return RespState::kDone;
       default:
@@ -376,7 +380,7 @@ struct ResponderSteps {
     }
     resp.has_recv = false;
     resp.recv_offset = 0;
-    e.push_recv_cqe(ctx, wc, pkt.bth().se());
+    if (!e.push_recv_cqe(ctx, wc, pkt.bth().se())) return RespState::kErrCqOverflow;
     return RespState::kAcknowledge;
   }
 
@@ -465,6 +469,10 @@ struct ResponderSteps {
     return fatal(wire::NakCode::kInvalidRequest, IBV_EVENT_QP_REQ_ERR);
   }
 
+  // The receive completion was lost to a full CQ and the QP is in ERR (Engine::cq_overflow):
+  // no ACK, so the requester never takes the message as delivered (rxe RESPST_ERR_CQ_OVERFLOW).
+  RespState err_cq_overflow() { return RespState::kDone; }
+
   void complete_recv_with_error(ibv_wc_status status) {
     if (!resp.has_recv) return;
     ibv_wc wc = {};
@@ -512,7 +520,8 @@ void Engine::send_read_responses(QpContext& ctx, const uint8_t* src, uint64_t le
       aeth->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
       aeth->set_msn(ctx.resp.msn & wire::kPsnMask);
     }
-    if (len > 0) std::memcpy(tx_payload().data(), src + off, len);
+    // Zero-copy: straight from the (checked) registered range.
+    if (len > 0) tx_add_payload({src + off, static_cast<size_t>(len)});
     send_packet(ctx.route);
   }
 }

@@ -25,10 +25,13 @@ class FakeIo final : public net::PacketIo {
     net::Endpoint dst;
     net::Address src;
     uint16_t src_port;
+    // The gather list as handed over (pointers only valid during send(); kept to compare).
+    std::vector<iovec> iov;
   };
 
   net::TxStatus send(const net::TxDatagram& d) override {
     Sent s;
+    s.iov.assign(d.iov.begin(), d.iov.end());
     for (const iovec& v : d.iov) {
       const auto* p = static_cast<const uint8_t*>(v.iov_base);
       s.bytes.insert(s.bytes.end(), p, p + v.iov_len);
@@ -89,10 +92,10 @@ class ProtocolTest : public ::testing::Test {
     provider::QpInitAttr init;
     init.qp_type = p.type;
     init.pd = pd_;
-    init.send_cq = cq_;
-    init.recv_cq = cq_;
+    init.send_cq = send_cq_ != nullptr ? send_cq_ : cq_;
+    init.recv_cq = recv_cq_ != nullptr ? recv_cq_ : cq_;
     init.srq = p.srq;
-    init.cap = {16, 16, 4, 4, 64};
+    init.cap = cap_;
     init.sq_sig_all = p.sq_sig_all;
     qp_ = dev_.create_qp(init).value();
     connect(qp_, kPeer, kPeerQpn, p);
@@ -176,6 +179,10 @@ class ProtocolTest : public ::testing::Test {
   provider::Cq* cq_ = nullptr;
   provider::Qp* qp_ = nullptr;
   QpParams params_;
+  // make_qp's capacities: max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline.
+  ibv_qp_cap cap_ = {16, 16, 4, 4, 64};
+  provider::Cq* send_cq_ = nullptr;  // make_qp's send CQ when set, else cq_
+  provider::Cq* recv_cq_ = nullptr;  // make_qp's receive CQ when set, else cq_
 };
 
 // AETH helpers for assertions.
