@@ -173,30 +173,29 @@ void Engine::handle_nak(QpContext& ctx, const wire::PacketView& pkt) {
   fail_wqe_at(ctx, target, nak_status(aeth.nak_code()));
 }
 
+// The outstanding READ or ATOMIC a response with `psn` answers. SEND/WRITEs before it are
+// implicitly acknowledged on the way (IBA 9.7.5.1.2: a response acknowledges every earlier
+// request). nullopt (counted as a bad response) when the response matches nothing outstanding.
+std::optional<uint32_t> Engine::find_rd_atomic_answered(QpContext& ctx, uint32_t psn) {
+  Requester& req = ctx.req;
+  for (uint32_t i = 0; i < req.started; ++i) {
+    WqeState& w = req.at(i);
+    if (w.stage == WqeStage::kDone || w.npkts == 0) continue;
+    if (w.stage == WqeStage::kNew) break;  // never sent: nothing can answer it
+    if (w.rd_atomic) return i;
+    if (!wire::psn_gt(psn, w.last_psn())) break;
+    w.stage = WqeStage::kDone;  // implied ACK
+  }
+  ++counters_.drop_bad_response;
+  return std::nullopt;
+}
+
 void Engine::handle_read_response(QpContext& ctx, const wire::PacketView& pkt) {
   Requester& req = ctx.req;
   const uint32_t psn = pkt.bth().psn();
-  // Find the READ this answers; SEND/WRITEs before it are implicitly acknowledged
-  // (IBA 9.7.5.1.2: a response acknowledges every earlier request).
-  uint32_t i = 0;
-  for (; i < req.started; ++i) {
-    WqeState& w = req.at(i);
-    if (w.stage == WqeStage::kDone || w.npkts == 0) continue;
-    if (w.stage == WqeStage::kNew) {
-      ++counters_.drop_bad_response;
-      return;
-    }
-    if (w.rd_atomic) break;
-    if (!wire::psn_gt(psn, w.last_psn())) {
-      ++counters_.drop_bad_response;
-      return;
-    }
-    w.stage = WqeStage::kDone;
-  }
-  if (i == req.started) {
-    ++counters_.drop_bad_response;
-    return;
-  }
+  const std::optional<uint32_t> found = find_rd_atomic_answered(ctx, psn);
+  if (!found) return;
+  const uint32_t i = *found;
   WqeState& w = req.at(i);
   const provider::SendWqe* wqe = ctx.qp->sq_peek_st(i);
   net::check(wqe != nullptr, "started WQE missing from the send queue");
@@ -246,25 +245,9 @@ void Engine::handle_read_response(QpContext& ctx, const wire::PacketView& pkt) {
 void Engine::handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt) {
   Requester& req = ctx.req;
   const uint32_t psn = pkt.bth().psn();
-  uint32_t i = 0;
-  for (; i < req.started; ++i) {
-    WqeState& w = req.at(i);
-    if (w.stage == WqeStage::kDone || w.npkts == 0) continue;
-    if (w.stage == WqeStage::kNew) {
-      ++counters_.drop_bad_response;
-      return;
-    }
-    if (w.rd_atomic) break;
-    if (!wire::psn_gt(psn, w.last_psn())) {
-      ++counters_.drop_bad_response;
-      return;
-    }
-    w.stage = WqeStage::kDone;  // implied ACK
-  }
-  if (i == req.started) {
-    ++counters_.drop_bad_response;
-    return;
-  }
+  const std::optional<uint32_t> found = find_rd_atomic_answered(ctx, psn);
+  if (!found) return;
+  const uint32_t i = *found;
   WqeState& w = req.at(i);
   const provider::SendWqe* wqe = ctx.qp->sq_peek_st(i);
   net::check(wqe != nullptr, "started WQE missing from the send queue");

@@ -56,6 +56,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -192,6 +193,7 @@ class Engine final : public provider::Doorbell, public net::SimParticipant {
   // ---- completer.cc ----
   void handle_response(QpContext& ctx, const wire::PacketView& pkt);
   void process_ack(QpContext& ctx, uint32_t psn);
+  std::optional<uint32_t> find_rd_atomic_answered(QpContext& ctx, uint32_t psn);
   void handle_read_response(QpContext& ctx, const wire::PacketView& pkt);
   void handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt);
   void handle_nak(QpContext& ctx, const wire::PacketView& pkt);
