@@ -60,6 +60,7 @@ class Oracle {
     uint64_t pos = 0;
     for (const Sge& g : sges) {
       const uint64_t n = std::min<uint64_t>(g.length, data.size() - pos);
+      if (n == 0) continue;  // data.data() may be null for an empty message
       std::memcpy(at(g.region, g.offset), data.data() + pos, n);
       pos += n;
     }
