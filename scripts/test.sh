@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds urdma and runs the whole test suite, the way CI does:
 #   1. plain build (RelWithDebInfo, -Werror): unit, simulation, cross-check and replay tests;
-#   2. ASan+UBSan build: the same tests again;
+#   2. ASan+UBSan build (-O2, assertions on): the same tests again;
 #   3. TSan build: the provider and engine unit tests;
 #   4. libFuzzer build (clang): every fuzz target for URDMA_FUZZ_SECONDS (default 60) each.
 # Ends with one line "urdma: N passed, M failed". Exit status is non-zero if anything failed.
@@ -54,7 +54,7 @@ echo "== plain build"
 build build -DCMAKE_BUILD_TYPE=RelWithDebInfo && run_ctest build
 
 echo "== ASan+UBSan build"
-build build-asan -DCMAKE_BUILD_TYPE=Debug -DURDMA_SANITIZE=address,undefined -DURDMA_BENCH=OFF &&
+build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_SANITIZE=address,undefined -DURDMA_BENCH=OFF &&
   run_ctest build-asan
 
 echo "== TSan build: the provider and engine tests (the rings shared between threads)"

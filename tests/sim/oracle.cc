@@ -99,7 +99,7 @@ class Oracle {
         break;
       default:
         data = gather(w.sges);
-        if (info.remote)
+        if (info.remote && !data.empty())
           std::memcpy(at(w.remote_region, w.remote_offset), data.data(), data.size());
         if (info.consumes_recv) deliver(i, data, now);
         break;
