@@ -48,11 +48,13 @@ struct EngineCounters {
   uint64_t drop_no_recv_wqe = 0;   // UD/UC: no receive WQE posted
   uint64_t drop_bad_response = 0;  // completer: response that matches nothing outstanding
   uint64_t drop_uc_message = 0;    // UC: packets of a message abandoned after a gap or error
+  uint64_t drop_uc_invalid = 0;    // UC: a request a responder check refused (RC would NAK it)
+  uint64_t drop_ud_length = 0;     // UD: payload longer than the path MTU
 
   uint64_t drops() const {
     uint64_t n = drop_truncated + drop_icrc + drop_pkey + drop_unknown_qpn + drop_address +
                  drop_qp_type + drop_qp_state + drop_qkey + drop_no_recv_wqe + drop_bad_response +
-                 drop_uc_message;
+                 drop_uc_message + drop_uc_invalid + drop_ud_length;
     for (uint64_t d : drop_parse) n += d;
     return n;
   }

@@ -106,6 +106,11 @@ struct ResponderSteps {
     resp.recv_offset = 0;
     return RespState::kDrop;
   }
+  // A UC request a check refused (the RC path NAKs it instead): dropped and counted.
+  RespState uc_reject() {
+    ++e.counters_.drop_uc_invalid;
+    return uc_drop();
+  }
 
   RespState run() {
     RespState s = RespState::kCheckPsn;
@@ -200,7 +205,7 @@ struct ResponderSteps {
     } else {
       ok = !resp.in_send && !resp.in_write;
     }
-    if (!ok) return rc ? RespState::kErrInvalidRequest : uc_drop();
+    if (!ok) return rc ? RespState::kErrInvalidRequest : uc_reject();
     return RespState::kCheckOpValid;
   }
 
@@ -213,7 +218,7 @@ struct ResponderSteps {
     if (is_read()) ok = (access & IBV_ACCESS_REMOTE_READ) != 0;
     if (is_atomic()) ok = (access & IBV_ACCESS_REMOTE_ATOMIC) != 0;
     if (info.any(wire::kFlush | wire::kAtomicWrite)) ok = false;
-    if (!ok) return rc ? RespState::kErrInvalidRequest : uc_drop();
+    if (!ok) return rc ? RespState::kErrInvalidRequest : uc_reject();
     return RespState::kCheckResource;
   }
 
@@ -240,17 +245,17 @@ struct ResponderSteps {
     const uint64_t len = pkt.payload().size();
     if (info.is(wire::kPayload)) {
       const bool pmtu_ok = (first() && last()) || last() ? len <= ctx.mtu : len == ctx.mtu;
-      if (!pmtu_ok) return rc ? RespState::kErrInvalidRequest : uc_drop();
+      if (!pmtu_ok) return rc ? RespState::kErrInvalidRequest : uc_reject();
     }
     if (is_send()) {
       if (len > resp.recv.length - std::min(resp.recv_offset, resp.recv.length))
-        return rc ? RespState::kErrLocalLength : uc_drop();
+        return rc ? RespState::kErrLocalLength : uc_reject();
     }
     if (is_write()) {
       const uint64_t total = first() ? pkt.reth()->dma_length() : resp.write_length;
       const uint64_t done = first() ? 0 : resp.write_offset;
       const bool ok = last() ? done + len == total : done + len < total;
-      if (!ok) return rc ? RespState::kErrInvalidRequest : uc_drop();
+      if (!ok) return rc ? RespState::kErrInvalidRequest : uc_reject();
     }
     return RespState::kCheckRkey;
   }
@@ -265,13 +270,13 @@ struct ResponderSteps {
       const wire::RethView reth = *pkt.reth();
       // IBA 9.7.2: a message is at most 2^31 bytes.
       if (reth.dma_length() > kMaxMessageBytes)
-        return rc ? RespState::kErrInvalidRequest : uc_drop();
+        return rc ? RespState::kErrInvalidRequest : uc_reject();
       if (reth.dma_length() == 0) {
         resp.write_addr = nullptr;
       } else {
         const provider::MemRef ref = mrs.lookup_remote(
             reth.rkey(), pd, ctx.qpn, IBV_ACCESS_REMOTE_WRITE, reth.va(), reth.dma_length());
-        if (!ref.ok()) return rc ? RespState::kErrRemoteAccess : uc_drop();
+        if (!ref.ok()) return rc ? RespState::kErrRemoteAccess : uc_reject();
         resp.write_addr = ref.addr;
       }
       resp.write_length = reth.dma_length();
@@ -310,7 +315,7 @@ struct ResponderSteps {
                      std::span<uint8_t>(const_cast<uint8_t*>(data.data()), data.size()),
                      SgeDirection::kToSges)) {
         recv_status = IBV_WC_LOC_PROT_ERR;
-        return rc ? RespState::kErrRemoteOperational : uc_drop();
+        return rc ? RespState::kErrRemoteOperational : uc_reject();
       }
       resp.recv_offset += data.size();
       resp.in_send = !last();
@@ -549,8 +554,8 @@ void Engine::handle_ud_request(QpContext& ctx, const wire::PacketView& pkt,
     return;
   }
   const std::span<const uint8_t> data = pkt.payload();
-  if (data.size() > ctx.mtu) {
-    ++counters_.drop_qp_state;
+  if (data.size() > ctx.mtu) {  // IBA 9.6 / C10-x: a UD message is one packet of <= PMTU
+    ++counters_.drop_ud_length;
     return;
   }
   provider::RecvWork recv;

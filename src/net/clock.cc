@@ -7,9 +7,8 @@
 
 namespace urdma::net {
 
-void check_failed(const char* what, const std::source_location& where) {
-  std::fprintf(stderr, "%s:%u: %s: check failed: %s\n", where.file_name(),
-               static_cast<unsigned>(where.line()), where.function_name(), what);
+void check_failed(const char* what, const char* file, int line, const char* function) {
+  std::fprintf(stderr, "%s:%d: %s: check failed: %s\n", file, line, function, what);
   std::abort();
 }
 
