@@ -118,8 +118,10 @@ struct Responder {
   bool has_recv = false;
   provider::RecvWork recv;
   uint64_t recv_offset = 0;
-  // The RDMA WRITE being placed.
-  uint8_t* write_addr = nullptr;
+  // The RDMA WRITE being placed: its R_Key and VA, checked again for every packet, so a region
+  // deregistered or a window invalidated mid-message is never written through.
+  uint32_t write_rkey = 0;
+  uint64_t write_va = 0;
   uint64_t write_length = 0;  // RETH DMA length
   uint64_t write_offset = 0;
   std::vector<RdAtomicResource> resources;  // max_dest_rd_atomic entries (at least 1)

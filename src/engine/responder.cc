@@ -80,7 +80,7 @@ struct ResponderSteps {
   Responder& resp;
   const uint32_t psn;
   const bool rc;
-  provider::MemRef target;  // CHECK_RKEY result for READ / ATOMIC
+  provider::MemRef target;  // CHECK_RKEY result: this packet's WRITE piece, READ or ATOMIC
   ibv_wc_status recv_status = IBV_WC_SUCCESS;
 
   ResponderSteps(Engine& engine, QpContext& c, const wire::PacketView& p)
@@ -271,16 +271,23 @@ struct ResponderSteps {
       // IBA 9.7.2: a message is at most 2^31 bytes.
       if (reth.dma_length() > kMaxMessageBytes)
         return rc ? RespState::kErrInvalidRequest : uc_reject();
-      if (reth.dma_length() == 0) {
-        resp.write_addr = nullptr;
-      } else {
-        const provider::MemRef ref = mrs.lookup_remote(
-            reth.rkey(), pd, ctx.qpn, IBV_ACCESS_REMOTE_WRITE, reth.va(), reth.dma_length());
-        if (!ref.ok()) return rc ? RespState::kErrRemoteAccess : uc_reject();
-        resp.write_addr = ref.addr;
-      }
+      // The whole message's range is checked on its first packet.
+      if (reth.dma_length() > 0 &&
+          !mrs.lookup_remote(reth.rkey(), pd, ctx.qpn, IBV_ACCESS_REMOTE_WRITE, reth.va(),
+                             reth.dma_length())
+               .ok())
+        return rc ? RespState::kErrRemoteAccess : uc_reject();
+      resp.write_rkey = reth.rkey();
+      resp.write_va = reth.va();
       resp.write_length = reth.dma_length();
       resp.write_offset = 0;
+    }
+    if (is_write() && !pkt.payload().empty()) {
+      // Every packet's own piece, again: the region may have been deregistered (or the window
+      // invalidated) since the first packet; a stale pointer is never written through.
+      target = mrs.lookup_remote(resp.write_rkey, pd, ctx.qpn, IBV_ACCESS_REMOTE_WRITE,
+                                 resp.write_va + resp.write_offset, pkt.payload().size());
+      if (!target.ok()) return rc ? RespState::kErrRemoteAccess : uc_reject();
     }
     if (is_read()) {
       const wire::RethView reth = *pkt.reth();
@@ -322,7 +329,7 @@ struct ResponderSteps {
       return last() ? RespState::kComplete : RespState::kAcknowledge;
     }
     if (is_write()) {
-      if (!data.empty()) std::memcpy(resp.write_addr + resp.write_offset, data.data(), data.size());
+      if (!data.empty()) std::memcpy(target.addr, data.data(), data.size());
       resp.write_offset += data.size();
       resp.in_write = !last();
       return last() ? RespState::kComplete : RespState::kAcknowledge;

@@ -208,6 +208,21 @@ TEST_F(ResponderTest, WritePastRegionEndIsRefused) {
   EXPECT_EQ(mem_[mem_.size() - 1], 0xAA);
 }
 
+// A region deregistered between two packets of one RDMA WRITE is never written through: each
+// packet's piece is looked up again (IBA 10.6.7: a deregistered region's R_Key is invalid).
+TEST_F(ResponderTest, WriteIsCheckedAgainForEveryPacket) {
+  std::vector<uint8_t> a(1024, 1), b(1024, 2);
+  inject(op::kRcWriteFirst, kRqPsn, a, reth(mem_va(), mem_mr_->rkey(), 2048), false);
+  EXPECT_EQ(mem_[0], 1);
+  ASSERT_EQ(sent_count(), 0u);
+  ASSERT_EQ(dev_.dereg_mr(mem_mr_).error(), 0);
+  inject(op::kRcWriteLast, kRqPsn + 1, b);
+  ASSERT_EQ(sent_count(), 1u);
+  expect_nak(0, wire::NakCode::kRemoteAccessError, kRqPsn + 1);
+  EXPECT_EQ(mem_[1024], 0xAA);
+  EXPECT_EQ(mem_[2047], 0xAA);
+}
+
 // RETH DMA length must equal the payload of a WRITE Only (IBA 9.7.5.2.x) → Invalid Request.
 TEST_F(ResponderTest, WriteOnlyLengthMismatchIsInvalidRequest) {
   inject(op::kRcWriteOnly, kRqPsn, std::vector<uint8_t>(16, 0x55),
