@@ -19,11 +19,12 @@
 #include <span>
 
 #include "net/address.h"
+#include "wire/icrc.h"
 
 namespace urdma::net {
 
-// RoCEv2's registered UDP destination port (IANA; IBA Annex A17, RoCEv2).
-inline constexpr uint16_t kRoceV2UdpPort = 4791;
+// RoCEv2's UDP destination port, defined once with the wire format (wire/icrc.h).
+using wire::kRoceV2UdpPort;
 
 // Largest UDP payload over IPv4: 65535 - 20 (IPv4 header) - 8 (UDP header). RoCEv2 packets are
 // far smaller (path MTU <= 4096 plus headers); this is only the hard limit of the transport.
