@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "net/check.h"
+#include "base/check.h"
 #include "net/clock.h"
 #include "net/packet_io.h"
 #include "provider/device.h"
@@ -77,7 +77,7 @@ class PageBuffer {
       : size_(n),
         p_(static_cast<uint8_t*>(std::aligned_alloc(
             kPageBytes, (std::max<size_t>(n, 1) + kPageBytes - 1) / kPageBytes * kPageBytes))) {
-    net::check(p_ != nullptr, "aligned_alloc");
+    base::check(p_ != nullptr, "aligned_alloc");
     std::memset(p_.get(), 0, n);
   }
   uint8_t* data() const { return p_.get(); }
@@ -252,7 +252,7 @@ struct Params {
 ibv_mtu mtu_code(int64_t bytes) {
   for (const ibv_mtu m : {IBV_MTU_256, IBV_MTU_512, IBV_MTU_1024, IBV_MTU_2048, IBV_MTU_4096})
     if (engine::mtu_bytes(m) == bytes) return m;
-  net::check(false, "path MTU must be 256, 512, 1024, 2048 or 4096 bytes");
+  base::check(false, "path MTU must be 256, 512, 1024, 2048 or 4096 bytes");
   return IBV_MTU_4096;
 }
 
@@ -263,7 +263,7 @@ class Bench {
         slots_(std::clamp<size_t>(kBufferBudgetBytes / std::max<size_t>(p.size, 1), 1, p.window)),
         a_(net::Address::from_v4(kHostA), a_to_b_, b_to_a_, clock_, p.verify_icrc),
         b_(net::Address::from_v4(kHostB), b_to_a_, a_to_b_, clock_, p.verify_icrc) {
-    net::check(p.size >= 2 * kStampBytes, "messages carry a stamp at both ends");
+    base::check(p.size >= 2 * kStampBytes, "messages carry a stamp at both ends");
     setup(a_);
     setup(b_);
     connect(a_, b_);
@@ -368,14 +368,14 @@ class Bench {
     init.cap.max_send_sge = 1;
     init.cap.max_recv_sge = 1;
     auto qp = h.device->create_qp(init);
-    net::check(qp.ok(), "create_qp");
+    base::check(qp.ok(), "create_qp");
     h.qp = qp.value();
     h.buffer = PageBuffer(slots_ * p_.size);
     // IOVA = the process address, as ibv_reg_mr gives.
     auto mr = h.device->reg_mr(
         h.pd, h.buffer.data(), h.buffer.size(), reinterpret_cast<uint64_t>(h.buffer.data()),
         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-    net::check(mr.ok(), "reg_mr");
+    base::check(mr.ok(), "reg_mr");
     h.mr = mr.value();
   }
 
@@ -415,7 +415,7 @@ class Bench {
   }
 
   static void modify(Host& h, ibv_qp_attr& a, int mask) {
-    net::check(h.qp->modify(a, mask).ok(), "modify_qp");
+    base::check(h.qp->modify(a, mask).ok(), "modify_qp");
   }
 
   void stamp(uint8_t* msg, uint64_t seq) const {
@@ -590,7 +590,7 @@ void BM_Memcpy(benchmark::State& state) {
 // ICRC can be read off the same run.
 void BM_IcrcSealVerify(benchmark::State& state, uint8_t opcode, size_t payload_bytes) {
   const std::optional<wire::PacketLayout> layout = wire::packet_layout(opcode, payload_bytes);
-  net::check(layout.has_value(), "packet layout");
+  base::check(layout.has_value(), "packet layout");
   std::vector<uint8_t> packet(layout->total_length());
   wire::write_headers(packet, *layout);
   wire::IcrcIpv4 h;

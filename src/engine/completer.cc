@@ -13,7 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/sge_copy.h"
-#include "net/check.h"
+#include "base/check.h"
 #include "wire/psn.h"
 
 namespace urdma::engine {
@@ -198,7 +198,7 @@ void Engine::handle_read_response(QpContext& ctx, const wire::PacketView& pkt) {
   const uint32_t i = *found;
   WqeState& w = req.at(i);
   const provider::SendWqe* wqe = ctx.qp->sq_peek_st(i);
-  net::check(wqe != nullptr, "started WQE missing from the send queue");
+  base::check(wqe != nullptr, "started WQE missing from the send queue");
   if (wqe->opcode != IBV_WR_RDMA_READ || psn != w.resp_psn) {
     // Not the response we wait for: an ATOMIC ACK is owed first, or a duplicate / a gap.
     progress(ctx, w.resp_psn);
@@ -250,7 +250,7 @@ void Engine::handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt) {
   const uint32_t i = *found;
   WqeState& w = req.at(i);
   const provider::SendWqe* wqe = ctx.qp->sq_peek_st(i);
-  net::check(wqe != nullptr, "started WQE missing from the send queue");
+  base::check(wqe != nullptr, "started WQE missing from the send queue");
   const bool atomic =
       wqe->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
   if (!atomic || psn != w.first_psn) {
@@ -293,7 +293,7 @@ void Engine::retry_timeout(QpContext& ctx) {
 
 void Engine::fail_wqe_at(QpContext& ctx, uint32_t offset, ibv_wc_status status) {
   Requester& req = ctx.req;
-  net::check(offset < req.started, "failing a WQE that was not started");
+  base::check(offset < req.started, "failing a WQE that was not started");
   // Completions stay in posting order: earlier unfinished WQEs are flushed first.
   for (uint32_t i = 0; i < offset; ++i) {
     WqeState& w = req.at(i);
@@ -315,7 +315,7 @@ void Engine::retire(QpContext& ctx) {
   while (req.started > 0 && req.at(0).stage == WqeStage::kDone) {
     const WqeState w = req.at(0);
     const provider::SendWqe* wqe = ctx.qp->sq_peek_st(0);
-    net::check(wqe != nullptr, "done WQE missing from the send queue");
+    base::check(wqe != nullptr, "done WQE missing from the send queue");
     // IBA 10.7.1 / ibv_post_send(3): a successful unsignaled WR makes no completion.
     const bool signaled =
         w.status != IBV_WC_SUCCESS || ctx.qp->sq_sig_all() || (wqe->send_flags & IBV_SEND_SIGNALED);

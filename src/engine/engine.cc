@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "engine/sge_copy.h"
-#include "net/check.h"
+#include "base/check.h"
 #include "provider/limits.h"
 #include "wire/psn.h"
 
@@ -55,10 +55,10 @@ std::array<uint8_t, N> address_bytes(const net::Address& a) {
 Engine::Engine(provider::Device& device, net::PacketIo& io, const net::Clock& clock,
                EngineConfig config)
     : device_(device), io_(io), clock_(clock), config_(config) {
-  net::check(config_.rx_batch >= 1 && config_.rx_batch <= net::kMaxBatch, "rx_batch out of range");
-  net::check(config_.ack_req_interval_pkts >= 1, "ack_req_interval_pkts must be >= 1");
+  base::check(config_.rx_batch >= 1 && config_.rx_batch <= net::kMaxBatch, "rx_batch out of range");
+  base::check(config_.ack_req_interval_pkts >= 1, "ack_req_interval_pkts must be >= 1");
   relay_ = dynamic_cast<DoorbellRelay*>(&device_.doorbell());
-  net::check(relay_ != nullptr,
+  base::check(relay_ != nullptr,
              "the Device must be created with DeviceConfig::doorbell = &an engine::DoorbellRelay");
   relay_->attach(this);
   by_handle_.assign(provider::kLimits.max_qp, nullptr);
@@ -208,7 +208,7 @@ void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
     ctx->qpn = qp.qp_num();
     ctx->type = qp.type();
     ctx->req.wqe.resize(size_t{qp.cap().max_send_wr} + 1);
-    net::check(qp.handle() < by_handle_.size(), "QP handle beyond the device's QP table");
+    base::check(qp.handle() < by_handle_.size(), "QP handle beyond the device's QP table");
     by_handle_[qp.handle()] = ctx;
     contexts_.emplace(qp.qp_num(), std::move(owned));
   }
@@ -356,7 +356,7 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
 
 wire::PacketHeaders Engine::begin_packet(uint8_t opcode, size_t payload_len) {
   const std::optional<wire::PacketLayout> layout = wire::packet_layout(opcode, payload_len);
-  net::check(layout.has_value() && layout->total_length() <= tx_buf_.size(),
+  base::check(layout.has_value() && layout->total_length() <= tx_buf_.size(),
              "engine built an invalid packet layout");
   tx_layout_ = *layout;
   tx_payload_iov_ = 0;
@@ -369,7 +369,7 @@ wire::PacketHeaders Engine::begin_packet(uint8_t opcode, size_t payload_len) {
 
 void Engine::tx_add_payload(std::span<const uint8_t> piece) {
   if (piece.empty()) return;
-  net::check(tx_payload_added_ + piece.size() <= tx_layout_.payload_length,
+  base::check(tx_payload_added_ + piece.size() <= tx_layout_.payload_length,
              "engine added more payload than the packet's layout holds");
   uint8_t* const copy_at = tx_buf_.data() + tx_layout_.payload_offset();
   if (!tx_payload_copied_ && tx_payload_iov_ == kMaxTxPayloadIov) {
@@ -403,7 +403,7 @@ bool Engine::tx_gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t of
 }
 
 bool Engine::send_packet(const Route& route) {
-  net::check(tx_payload_added_ == tx_layout_.payload_length,
+  base::check(tx_payload_added_ == tx_layout_.payload_length,
              "engine sent a packet whose payload was not filled in");
   // The ICRC (IBA 7.8.1, annex A17.4.3.1) covers headers, payload and pad: the gather list
   // without the trailing ICRC slot.

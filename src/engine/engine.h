@@ -22,7 +22,8 @@
 //   provider::Device dev(cfg);
 //   engine::Engine engine(dev, io, clock, {});
 //
-// Engine is also a net::SimParticipant: SimWorld::add_participant(engine, host) drives it.
+// The engine knows nothing of the simulator: tests/support/engine_participant.h adapts it to a
+// net::SimWorld participant.
 //
 // THREADING. poll(), next_deadline_ns(), counters() and context() are for the engine thread.
 // The Doorbell callbacks may come from application threads: ring_sq / ring_rq / ring_srq only
@@ -65,7 +66,6 @@
 #include "engine/rung_qps.h"
 #include "net/clock.h"
 #include "net/packet_io.h"
-#include "net/sim_world.h"
 #include "provider/device.h"
 #include "provider/doorbell.h"
 #include "wire/icrc.h"
@@ -121,7 +121,7 @@ inline constexpr size_t kMaxPacketBytes = kMaxMtuBytes + 128;
 // whole rather than truncated into something that parses.
 inline constexpr size_t kRxBufferBytes = kMaxPacketBytes + 512;
 
-class Engine final : public provider::Doorbell, public net::SimParticipant {
+class Engine final : public provider::Doorbell {
  public:
   Engine(provider::Device& device, net::PacketIo& io, const net::Clock& clock,
          EngineConfig config = {});
@@ -133,11 +133,8 @@ class Engine final : public provider::Doorbell, public net::SimParticipant {
   // QPs in the error state.
   void poll();
   // Earliest time poll() must run without new traffic; <= now when work is waiting.
-  uint64_t next_deadline_ns() const override;
+  uint64_t next_deadline_ns() const;
   const EngineCounters& counters() const { return counters_; }
-
-  // net::SimParticipant.
-  void poll(uint64_t /*now_ns*/) override { poll(); }
 
   // provider::Doorbell.
   void ring_sq(provider::Qp& qp) override;

@@ -12,7 +12,7 @@
 
 #include "engine/engine.h"
 #include "engine/sge_copy.h"
-#include "net/check.h"
+#include "base/check.h"
 #include "wire/psn.h"
 
 namespace urdma::engine {
@@ -108,7 +108,7 @@ Engine::ReqStep Engine::start_or_continue(QpContext& ctx) {
     if ((wqe->send_flags & IBV_SEND_FENCE) && req.rd_atomic_outstanding > 0)
       return ReqStep::kBlocked;
     const provider::SendOpcodeInfo* info = provider::send_opcode_info(wqe->opcode);
-    net::check(info != nullptr, "provider posted an unknown send opcode");
+    base::check(info != nullptr, "provider posted an unknown send opcode");
     if (info->local) return execute_local(ctx, *wqe, w);
     // IBA 9.7.2: a message is at most 2^31 bytes (the RETH DMA length is 32 bits).
     if (wqe->length > kMaxMessageBytes) {
@@ -138,7 +138,7 @@ Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWq
   const bool rc = ctx.type == IBV_QPT_RC;
   const uint32_t psn = req.next_psn;
   const uint32_t index = (psn - w.first_psn) & wire::kPsnMask;  // packet index in the WQE
-  net::check(index < w.npkts, "requester PSN outside its WQE");
+  base::check(index < w.npkts, "requester PSN outside its WQE");
   const auto finish_wqe = [&] {
     w.stage = rc ? WqeStage::kSent : WqeStage::kDone;  // UC: complete once sent (IBA 9.8)
     ++req.cur;
@@ -190,7 +190,7 @@ Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWq
         : wqe.opcode == IBV_WR_SEND_WITH_INV                                             ? kWithInv
                                                                                          : kPlain;
     uint8_t opcode = is_write(wqe.opcode) ? kWriteOpcodes[pos][var] : kSendOpcodes[pos][var];
-    net::check(opcode != kNoOpcode, "no opcode for this send variant");
+    base::check(opcode != kNoOpcode, "no opcode for this send variant");
     if (!rc) opcode = static_cast<uint8_t>(op::kUcPrefix | (opcode & op::kOperationMask));
     wire::PacketHeaders h = begin_packet(opcode, static_cast<size_t>(n));
     h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);

@@ -17,7 +17,7 @@
 
 #include "engine/engine.h"
 #include "engine/sge_copy.h"
-#include "net/check.h"
+#include "base/check.h"
 #include "wire/grh.h"
 #include "wire/psn.h"
 
@@ -115,7 +115,7 @@ struct ResponderSteps {
   RespState run() {
     RespState s = RespState::kCheckPsn;
     for (int guard = 0; s != RespState::kDone; ++guard) {
-      net::check(guard < 32, "responder state machine does not terminate");
+      base::check(guard < 32, "responder state machine does not terminate");
       s = step(s);
     }
     return s;

@@ -16,7 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "net/check.h"
+#include "base/check.h"
 #include "provider/limits.h"
 
 namespace urdma::engine {
@@ -29,7 +29,7 @@ class RungQps {
 
   // Any thread.
   void set(uint32_t handle) {
-    net::check(handle < kCapacity, "QP handle beyond the doorbell bitmap");
+    base::check(handle < kCapacity, "QP handle beyond the doorbell bitmap");
     const size_t word = handle / kWordBits;
     words_[word].fetch_or(bit(handle % kWordBits), std::memory_order_acq_rel);
     summary_.fetch_or(bit(word), std::memory_order_acq_rel);

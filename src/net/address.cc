@@ -6,7 +6,7 @@
 #include <cstring>
 #include <ostream>
 
-#include "net/check.h"
+#include "base/check.h"
 
 namespace urdma::net {
 
@@ -23,13 +23,13 @@ std::optional<Address> Address::parse(std::string_view text) {
 }
 
 uint32_t Address::v4() const {
-  check(is_v4(), "v4() of an IPv6 address");
+  base::check(is_v4(), "v4() of an IPv6 address");
   return uint32_t{bytes_[12]} << 24 | uint32_t{bytes_[13]} << 16 | uint32_t{bytes_[14]} << 8 |
          bytes_[15];
 }
 
 std::span<const uint8_t, 4> Address::v4_bytes() const {
-  check(is_v4(), "v4_bytes() of an IPv6 address");
+  base::check(is_v4(), "v4_bytes() of an IPv6 address");
   return std::span<const uint8_t, 4>(bytes_.data() + 12, 4);
 }
 
@@ -37,7 +37,7 @@ std::string Address::to_string() const {
   char buf[INET6_ADDRSTRLEN] = {};
   const char* s = is_v4() ? inet_ntop(AF_INET, bytes_.data() + 12, buf, sizeof buf)
                           : inet_ntop(AF_INET6, bytes_.data(), buf, sizeof buf);
-  check(s != nullptr, "inet_ntop failed");  // only on a too-small buffer
+  base::check(s != nullptr, "inet_ntop failed");  // only on a too-small buffer
   return buf;
 }
 

@@ -2,15 +2,7 @@
 
 #include <time.h>
 
-#include <cstdio>
-#include <cstdlib>
-
 namespace urdma::net {
-
-void check_failed(const char* what, const char* file, int line, const char* function) {
-  std::fprintf(stderr, "%s:%d: %s: check failed: %s\n", file, line, function, what);
-  std::abort();
-}
 
 uint64_t MonotonicClock::now_ns() const {
   timespec ts{};

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "net/check.h"
+#include "base/check.h"
 
 namespace urdma::net {
 
@@ -33,12 +33,12 @@ class VirtualClock final : public Clock {
   uint64_t now_ns() const override { return now_ns_; }
 
   void set(uint64_t t_ns) {
-    check(t_ns >= now_ns_, "virtual clock set backwards");
-    check(t_ns != kNever, "virtual clock set to kNever");
+    base::check(t_ns >= now_ns_, "virtual clock set backwards");
+    base::check(t_ns != kNever, "virtual clock set to kNever");
     now_ns_ = t_ns;
   }
   void advance(uint64_t delta_ns) {
-    check(delta_ns < kNever - now_ns_, "virtual clock overflow");
+    base::check(delta_ns < kNever - now_ns_, "virtual clock overflow");
     now_ns_ += delta_ns;
   }
 

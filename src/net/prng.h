@@ -8,7 +8,7 @@
 #include <array>
 #include <cstdint>
 
-#include "net/check.h"
+#include "base/check.h"
 
 namespace urdma::net {
 
@@ -39,7 +39,7 @@ class Xoshiro256 {
 
   // A generator in a given raw state (not all zero), e.g. to check the published test vectors.
   static constexpr Xoshiro256 from_state(const std::array<uint64_t, 4>& state) {
-    check(state[0] | state[1] | state[2] | state[3], "xoshiro256 state all zero");
+    base::check(state[0] | state[1] | state[2] | state[3], "xoshiro256 state all zero");
     Xoshiro256 g(0);
     g.s_ = state;
     return g;
@@ -61,7 +61,7 @@ class Xoshiro256 {
   // Uniform in [0, n), n > 0, without modulo bias (Lemire's multiply-shift with rejection,
   // "Fast Random Integer Generation in an Interval", 2019).
   constexpr uint64_t below(uint64_t n) {
-    check(n > 0, "below(0)");
+    base::check(n > 0, "below(0)");
     unsigned __int128 m = static_cast<unsigned __int128>(next()) * n;
     auto low = static_cast<uint64_t>(m);
     if (low < n) {
@@ -77,7 +77,7 @@ class Xoshiro256 {
   // Uniform in [lo, hi] (inclusive). Draws once even when lo == hi, so the sequence of draws does
   // not depend on the configured range.
   constexpr uint64_t between(uint64_t lo, uint64_t hi) {
-    check(lo <= hi, "between(lo > hi)");
+    base::check(lo <= hi, "between(lo > hi)");
     const uint64_t span = hi - lo;
     if (span == ~uint64_t{0}) return next();
     return lo + below(span + 1);
@@ -86,7 +86,7 @@ class Xoshiro256 {
   // True with probability ppm / 1e6. Always draws exactly once (0 and 1e6 included), so that
   // changing one fault's rate does not shift the random stream of the others in a single decision.
   constexpr bool chance_ppm(uint32_t ppm) {
-    check(ppm <= kPpmOne, "probability above 1,000,000 ppm");
+    base::check(ppm <= kPpmOne, "probability above 1,000,000 ppm");
     return below(kPpmOne) < ppm;
   }
 

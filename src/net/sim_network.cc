@@ -1,5 +1,7 @@
 #include "net/sim_network.h"
 
+#include "base/check.h"
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -38,14 +40,15 @@ static_assert([] {
 
 void check_options(const SimOptions& o) {
   for (uint32_t ppm : {o.loss_ppm, o.duplicate_ppm, o.reorder_ppm, o.corrupt_ppm})
-    check(ppm <= Xoshiro256::kPpmOne, "fault probability above 1,000,000 ppm");
-  check(o.delay_min_ns <= o.delay_max_ns, "delay_min_ns > delay_max_ns");
-  check(o.delay_max_ns <= kMaxDelayNs, "delay_max_ns too large");
-  check(o.reorder_delay_max_ns >= 1 && o.reorder_delay_max_ns <= kMaxDelayNs,
-        "reorder_delay_max_ns out of [1, 2^60]");
-  check(o.in_flight_max > 0 && o.rx_queue_max > 0, "queue bounds must be positive");
-  check(o.partitions.size() <= kMaxSimPartitions, "too many partitions");
-  for (const auto& p : o.partitions) check(p.start_ns <= p.end_ns, "partition ends before start");
+    base::check(ppm <= Xoshiro256::kPpmOne, "fault probability above 1,000,000 ppm");
+  base::check(o.delay_min_ns <= o.delay_max_ns, "delay_min_ns > delay_max_ns");
+  base::check(o.delay_max_ns <= kMaxDelayNs, "delay_max_ns too large");
+  base::check(o.reorder_delay_max_ns >= 1 && o.reorder_delay_max_ns <= kMaxDelayNs,
+              "reorder_delay_max_ns out of [1, 2^60]");
+  base::check(o.in_flight_max > 0 && o.rx_queue_max > 0, "queue bounds must be positive");
+  base::check(o.partitions.size() <= kMaxSimPartitions, "too many partitions");
+  for (const auto& p : o.partitions)
+    base::check(p.start_ns <= p.end_ns, "partition ends before start");
 }
 
 // Heap order for in-flight datagrams: earliest delivery first, then scheduling order.
@@ -92,13 +95,13 @@ class SimNetwork::Host final : public PacketIo {
   TxStatus send(const TxDatagram& d) override { return net_.transmit(id_, d); }
 
   size_t send_batch(std::span<const TxDatagram> batch) override {
-    check(batch.size() <= kMaxBatch, "send_batch larger than kMaxBatch");
+    base::check(batch.size() <= kMaxBatch, "send_batch larger than kMaxBatch");
     for (const TxDatagram& d : batch) net_.transmit(id_, d);  // the simulation never blocks
     return batch.size();
   }
 
   size_t recv_batch(std::span<RxDatagram> batch) override {
-    check(batch.size() <= kMaxBatch, "recv_batch larger than kMaxBatch");
+    base::check(batch.size() <= kMaxBatch, "recv_batch larger than kMaxBatch");
     size_t n = 0;
     for (; n < batch.size() && !rx_.empty(); ++n) {
       Received& r = rx_.front();
@@ -136,8 +139,8 @@ SimNetwork::SimNetwork(VirtualClock& clock, SimOptions options)
 SimNetwork::~SimNetwork() = default;
 
 HostId SimNetwork::add_host(const Address& address) {
-  check(hosts_.size() < kMaxSimHosts, "too many simulated hosts");
-  check(!by_address_.contains(address), "duplicate host address");
+  base::check(hosts_.size() < kMaxSimHosts, "too many simulated hosts");
+  base::check(!by_address_.contains(address), "duplicate host address");
   const auto id = static_cast<HostId>(hosts_.size());
   hosts_.push_back(std::make_unique<Host>(*this, id, address));
   per_host_.emplace_back();
@@ -146,12 +149,12 @@ HostId SimNetwork::add_host(const Address& address) {
 }
 
 PacketIo& SimNetwork::io(HostId host) {
-  check(host < hosts_.size(), "unknown host");
+  base::check(host < hosts_.size(), "unknown host");
   return *hosts_[host];
 }
 
 const Address& SimNetwork::address(HostId host) const {
-  check(host < hosts_.size(), "unknown host");
+  base::check(host < hosts_.size(), "unknown host");
   return hosts_[host]->address_;
 }
 
@@ -162,12 +165,12 @@ std::optional<HostId> SimNetwork::find_host(const Address& address) const {
 }
 
 size_t SimNetwork::rx_pending(HostId host) const {
-  check(host < hosts_.size(), "unknown host");
+  base::check(host < hosts_.size(), "unknown host");
   return hosts_[host]->rx_.size();
 }
 
 const SimCounters& SimNetwork::host_counters(HostId host) const {
-  check(host < hosts_.size(), "unknown host");
+  base::check(host < hosts_.size(), "unknown host");
   return per_host_[host];
 }
 
@@ -199,13 +202,13 @@ bool SimNetwork::is_partitioned(HostId x, HostId y, uint64_t t_ns) const {
 }
 
 size_t SimNetwork::partition(HostSet a, HostSet b) {
-  check(partitions_.size() < kMaxSimPartitions, "too many partitions");
+  base::check(partitions_.size() < kMaxSimPartitions, "too many partitions");
   partitions_.push_back(SimPartition{clock_.now_ns(), kNever, a, b});
   return partitions_.size() - 1;
 }
 
 void SimNetwork::heal(size_t id) {
-  check(id < partitions_.size(), "unknown partition");
+  base::check(id < partitions_.size(), "unknown partition");
   SimPartition& p = partitions_[id];
   p.end_ns = std::max(p.start_ns, std::min(p.end_ns, clock_.now_ns()));
 }
@@ -291,7 +294,7 @@ TxStatus SimNetwork::transmit(HostId from, const TxDatagram& d) {
       recycle(std::move(c.bytes));
       continue;
     }
-    check(now <= kNever - 4 * kMaxDelayNs, "virtual time too close to overflow");
+    base::check(now <= kNever - 4 * kMaxDelayNs, "virtual time too close to overflow");
     c.deliver_ns = now + delay;
     c.order = next_order_++;
     emit(SimEventKind::kSchedule, c, c.deliver_ns);

@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/check.h"
 #include "net/address.h"
 #include "net/clock.h"
 #include "net/packet_io.h"
@@ -47,7 +48,7 @@ class HostSet {
     for (HostId id : ids) insert(id);
   }
   constexpr void insert(HostId id) {
-    check(id < kMaxSimHosts, "host id out of range");
+    base::check(id < kMaxSimHosts, "host id out of range");
     bits_ |= uint64_t{1} << id;
   }
   constexpr bool contains(HostId id) const { return id < kMaxSimHosts && (bits_ >> id) & 1; }

@@ -1,5 +1,7 @@
 #include "net/sim_world.h"
 
+#include "base/check.h"
+
 #include <algorithm>
 #include <array>
 
@@ -19,8 +21,8 @@ SimWorld::SimWorld(SimOptions options, uint64_t start_ns)
     : clock_(start_ns), network_(clock_, std::move(options)) {}
 
 void SimWorld::add_participant(SimParticipant& participant, std::optional<HostId> host) {
-  check(participants_.size() < kMaxParticipants, "too many participants");
-  check(!host || *host < network_.host_count(), "participant on an unknown host");
+  base::check(participants_.size() < kMaxParticipants, "too many participants");
+  base::check(!host || *host < network_.host_count(), "participant on an unknown host");
   participants_.push_back(Entry{&participant, host});
 }
 

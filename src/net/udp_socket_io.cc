@@ -141,7 +141,7 @@ TxStatus UdpSocketIo::send(const TxDatagram& d) {
 }
 
 size_t UdpSocketIo::send_batch(std::span<const TxDatagram> batch) {
-  check(batch.size() <= kMaxBatch, "send_batch larger than kMaxBatch");
+  base::check(batch.size() <= kMaxBatch, "send_batch larger than kMaxBatch");
   size_t done = 0;
   while (done < batch.size()) {
     // Prepare a run of valid datagrams; an invalid one is rejected without a syscall.
@@ -175,7 +175,7 @@ size_t UdpSocketIo::send_batch(std::span<const TxDatagram> batch) {
 }
 
 size_t UdpSocketIo::recv_batch(std::span<RxDatagram> batch) {
-  check(batch.size() <= kMaxBatch, "recv_batch larger than kMaxBatch");
+  base::check(batch.size() <= kMaxBatch, "recv_batch larger than kMaxBatch");
   if (batch.empty()) return 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     rx_iov_[i] = iovec{batch[i].buffer.data(), batch[i].buffer.size()};

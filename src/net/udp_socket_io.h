@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "net/check.h"
+#include "base/check.h"
 #include "net/packet_io.h"
 
 namespace urdma::net {

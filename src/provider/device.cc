@@ -4,6 +4,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "wire/headers.h"
+
 namespace urdma::provider {
 
 void fill_device_attr(ibv_device_attr& a, uint64_t node_guid_be) {
@@ -107,7 +109,7 @@ Status Device::query_gid(uint8_t port_num, int index, ibv_gid* out) const {
 
 Status Device::query_pkey(uint8_t port_num, int index, uint16_t* out) const {
   if (port_num != kPortNum || index < 0 || index >= kLimits.pkey_table_len) return Status(EINVAL);
-  *out = kDefaultPkey;  // host order; the verbs layer returns it big-endian
+  *out = wire::kDefaultPkey;  // host order; the verbs layer returns it big-endian
   return kOk;
 }
 

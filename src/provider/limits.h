@@ -71,12 +71,8 @@ inline constexpr DeviceLimits kLimits = {
     .local_ca_ack_delay = 15,
 };
 
-// P_Key of the one P_Key table entry (IBA 10.9.1.2: default full-membership partition).
-inline constexpr uint16_t kDefaultPkey = 0xffff;
 // The one physical port.
 inline constexpr uint8_t kPortNum = 1;
-// PSNs are 24 bits (IBA 9.7.1).
-inline constexpr uint32_t kPsnMask = 0xffffff;
 // MR/MW keys: index in the key table above 8 key bits (IBA 10.6.3.1 leaves the layout to
 // the CA; rxe uses the same split).
 inline constexpr unsigned kKeyBits = 8;

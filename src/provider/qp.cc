@@ -8,6 +8,8 @@
 
 #include "provider/device.h"
 #include "provider/limits.h"
+#include "wire/headers.h"
+#include "wire/psn.h"
 
 namespace urdma::provider {
 namespace {
@@ -17,7 +19,6 @@ namespace {
 constexpr int kStandardMaskBits = (IBV_QP_DEST_QPN << 1) - 1;
 constexpr int kQpAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-constexpr uint32_t kQpnMask = 0xffffff;  // QPNs are 24 bits (IBA 9.2: DestQP)
 constexpr uint32_t kSgeBytes = sizeof(ibv_sge);
 static_assert(kSgeBytes == 16);
 
@@ -115,7 +116,7 @@ Qp::Qp(uint32_t handle, const QpInitAttr& init, Device& device)
       wqe_size_(init.cap.max_inline_data),
       sq_ring_(init.cap.max_send_wr),
       sq_side_(std::make_unique<uint8_t[]>(size_t{sq_ring_.slots()} * wqe_size_ + 1)) {
-  assert(qp_num_ <= kQpnMask);
+  assert(qp_num_ <= wire::kQpnMask);
   if (init.srq == nullptr)
     rq_ = std::make_unique<RecvQueue>(init.cap.max_recv_wr, init.cap.max_recv_sge);
 }
@@ -151,7 +152,7 @@ Status Qp::check_attr(const ibv_qp_attr& attr, int mask, ibv_qp_state cur, ibv_q
     return Status(EINVAL);
   if ((mask & IBV_QP_ACCESS_FLAGS) && (attr.qp_access_flags & ~kQpAccessKnown))
     return Status(EINVAL);
-  if ((mask & IBV_QP_DEST_QPN) && attr.dest_qp_num > kQpnMask) return Status(EINVAL);
+  if ((mask & IBV_QP_DEST_QPN) && attr.dest_qp_num > wire::kQpnMask) return Status(EINVAL);
   if ((mask & IBV_QP_PATH_MIG_STATE) && attr.path_mig_state != IBV_MIG_MIGRATED &&
       attr.path_mig_state != IBV_MIG_REARM && attr.path_mig_state != IBV_MIG_ARMED)
     return Status(EINVAL);
@@ -192,8 +193,8 @@ Status Qp::modify(const ibv_qp_attr& attr, int mask) {
     if (mask & IBV_QP_RETRY_CNT) attr_.retry_cnt = attr.retry_cnt;
     if (mask & IBV_QP_RNR_RETRY) attr_.rnr_retry = attr.rnr_retry;
     // PSNs are 24 bits; the kernel masks wider values (with a warning) rather than failing.
-    if (mask & IBV_QP_RQ_PSN) attr_.rq_psn = attr.rq_psn & kPsnMask;
-    if (mask & IBV_QP_SQ_PSN) attr_.sq_psn = attr.sq_psn & kPsnMask;
+    if (mask & IBV_QP_RQ_PSN) attr_.rq_psn = attr.rq_psn & wire::kPsnMask;
+    if (mask & IBV_QP_SQ_PSN) attr_.sq_psn = attr.sq_psn & wire::kPsnMask;
     if (mask & IBV_QP_MAX_QP_RD_ATOMIC) attr_.max_rd_atomic = attr.max_rd_atomic;
     if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) attr_.max_dest_rd_atomic = attr.max_dest_rd_atomic;
     if (mask & IBV_QP_MIN_RNR_TIMER) attr_.min_rnr_timer = attr.min_rnr_timer;
@@ -351,7 +352,7 @@ void Qp::fill_send_wqe(const ibv_send_wr& wr, const Resolved& r, SendWqe& wqe, u
     wqe.swap = wr.wr.atomic.swap;
   }
   if (init_.qp_type == IBV_QPT_UD) {
-    wqe.remote_qpn = wr.wr.ud.remote_qpn & kQpnMask;
+    wqe.remote_qpn = wr.wr.ud.remote_qpn & wire::kQpnMask;
     wqe.remote_qkey = wr.wr.ud.remote_qkey;
     wqe.av = r.av;
   }

@@ -6,12 +6,10 @@
 #include <map>
 #include <sstream>
 
-#include "net/check.h"
+#include "base/check.h"
 
 namespace urdma::sim {
 namespace {
-
-using net::check;
 
 // Cap on reported violations per run: the first few say what broke, the rest is noise.
 constexpr size_t kMaxViolations = 40;
@@ -52,10 +50,10 @@ class Checker {
   Checker(const Scenario& s, const RunRecord& r) : s_(s), r_(r) {}
 
   std::vector<Violation> run() {
-    check(r_.qp_num.size() == s_.qps.size(), "run record: qp_num size");
-    check(r_.send_posted_ns.size() == s_.sends.size(), "run record: send_posted_ns size");
-    check(r_.recv_posted_ns.size() == s_.recvs.size(), "run record: recv_posted_ns size");
-    check(r_.memory.size() == s_.regions.size(), "run record: memory size");
+    base::check(r_.qp_num.size() == s_.qps.size(), "run record: qp_num size");
+    base::check(r_.send_posted_ns.size() == s_.sends.size(), "run record: send_posted_ns size");
+    base::check(r_.recv_posted_ns.size() == s_.recvs.size(), "run record: recv_posted_ns size");
+    base::check(r_.memory.size() == s_.regions.size(), "run record: memory size");
     if (!r_.finished) add("progress", "run did not finish: " + r_.stall);
     index_completions();
     check_send_queues();
@@ -288,7 +286,8 @@ class Checker {
   // Sets bytes [offset, offset + n) of a region (offset within the registration).
   void set(uint32_t region, uint64_t offset, const uint8_t* data, uint64_t n, Expect kind) {
     Image& img = images_[region];
-    check(kGuardBytes + offset + n <= img.kind.size() - kGuardBytes, "expectation out of range");
+    base::check(kGuardBytes + offset + n <= img.kind.size() - kGuardBytes,
+                "expectation out of range");
     for (uint64_t k = 0; k < n; ++k) {
       const size_t at = kGuardBytes + offset + k;
       img.expect[at] = data ? data[k] : img.expect[at];

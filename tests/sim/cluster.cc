@@ -9,15 +9,14 @@
 #include <memory>
 #include <ostream>
 
+#include "base/check.h"
 #include "engine/engine.h"
-#include "net/check.h"
 #include "net/sim_world.h"
 #include "provider/device.h"
+#include "support/engine_participant.h"
 
 namespace urdma::sim {
 namespace {
-
-using net::check;
 
 // After the last completion: time for datagrams still in flight (UC/UD receives) to land.
 constexpr uint64_t kSettleNs = 2'000'000;
@@ -67,6 +66,7 @@ struct Host {
   engine::DoorbellRelay relay;
   std::unique_ptr<provider::Device> device;
   std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<test::EngineParticipant> driver;  // how the world polls the engine
   provider::Pd* pd = nullptr;
   provider::Cq* send_cq = nullptr;
   provider::Cq* recv_cq = nullptr;
@@ -100,7 +100,7 @@ class Cluster {
     for (const RecvSpec& v : s_.recvs) ++recvs_on[v.qp != kNone ? s_.qps[v.qp].host : v.srq_host];
     for (uint32_t h = 0; h < n; ++h) {
       const net::HostId id = world_.network().add_host(host_address(h));
-      check(id == h, "host ids are 0..n-1");
+      base::check(id == h, "host ids are 0..n-1");
       auto host = std::make_unique<Host>(h);
       provider::DeviceConfig cfg;
       cfg.gids = {host_gid(h)};
@@ -112,7 +112,8 @@ class Cluster {
       ecfg.local_address = host_address(h);
       host->engine = std::make_unique<engine::Engine>(*host->device, world_.network().io(h),
                                                       world_.clock(), ecfg);
-      world_.add_participant(*host->engine, h);
+      host->driver = std::make_unique<test::EngineParticipant>(*host->engine);
+      world_.add_participant(*host->driver, h);
       provider::Device& dev = *host->device;
       host->pd = dev.alloc_pd().value();
       const auto cqe = [](uint32_t k) {
@@ -635,7 +636,7 @@ class Cluster {
     r.network = world_.network().counters();
     for (const auto& h : hosts_) r.engines.push_back(h->engine->counters());
     r.violations = post_errors_;
-    std::vector<Violation> v = check(s_, record_);
+    std::vector<Violation> v = sim::check(s_, record_);
     r.violations.insert(r.violations.end(), v.begin(), v.end());
     r.trace_hash = hash_.digest();
     r.record = std::move(record_);

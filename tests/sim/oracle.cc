@@ -5,12 +5,10 @@
 #include <cstring>
 #include <deque>
 
-#include "net/check.h"
+#include "base/check.h"
 
 namespace urdma::sim {
 namespace {
-
-using net::check;
 
 constexpr uint32_t kOracleQpnBase = 0x100;
 constexpr uint32_t kOracleRkeyBase = 0xab00'0000;
@@ -64,7 +62,7 @@ class Oracle {
       std::memcpy(at(g.region, g.offset), data.data() + pos, n);
       pos += n;
     }
-    check(pos == data.size(), "oracle: receive buffer too small");
+    base::check(pos == data.size(), "oracle: receive buffer too small");
   }
 
   void complete(uint64_t time, uint32_t host, bool recv, ibv_wc wc) {
@@ -121,7 +119,7 @@ class Oracle {
     const uint32_t dst = src.type == IBV_QPT_UD ? w.ud_dest : src.peer;
     const QpSpec& q = s_.qps[dst];
     std::deque<size_t>& queue = q.use_srq ? srq_[q.host] : own_rq_[dst];
-    check(!queue.empty(), "oracle: no receive for a message");
+    base::check(!queue.empty(), "oracle: no receive for a message");
     const size_t r = queue.front();
     queue.pop_front();
     ibv_wc wc = {};

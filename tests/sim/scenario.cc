@@ -5,13 +5,12 @@
 #include <cstring>
 #include <sstream>
 
-#include "net/check.h"
+#include "base/check.h"
 #include "net/prng.h"
 
 namespace urdma::sim {
 namespace {
 
-using net::check;
 using net::Xoshiro256;
 
 //                      name              wr                            wc
@@ -63,8 +62,8 @@ class Generator {
 
   Scenario run() {
     const ScenarioConfig& c = s_.config;
-    check(c.hosts >= 2 && c.hosts <= 16, "hosts must be in [2, 16]");
-    check(c.wrs_min <= c.wrs_max, "wrs_min > wrs_max");
+    base::check(c.hosts >= 2 && c.hosts <= 16, "hosts must be in [2, 16]");
+    base::check(c.wrs_min <= c.wrs_max, "wrs_min > wrs_max");
     make_regions();
     make_qps();
     make_sends();
@@ -390,7 +389,7 @@ class Generator {
       std::vector<uint32_t> dests;
       for (uint32_t i = 0; i < s_.qps.size(); ++i)
         if (s_.qps[i].type == IBV_QPT_UD && i != qi) dests.push_back(i);
-      check(!dests.empty(), "UD QP without a destination");
+      base::check(!dests.empty(), "UD QP without a destination");
       w.ud_dest = dests[rng_.below(dests.size())];
       consumers_[w.ud_dest].push_back(len + kGrhBytes);
       used_ += len + kGrhBytes;
@@ -569,7 +568,7 @@ uint64_t RecvSpec::length() const {
 }
 
 std::vector<uint8_t> Scenario::initial_image(uint32_t region) const {
-  check(region < regions.size(), "region out of range");
+  base::check(region < regions.size(), "region out of range");
   const RegionSpec& r = regions[region];
   std::vector<uint8_t> img(kGuardBytes + r.size + kGuardBytes);
   Xoshiro256 rng(region_seed(seed, region));

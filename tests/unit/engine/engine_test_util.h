@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "net/sim_world.h"
 #include "provider/device.h"
+#include "support/engine_participant.h"
 #include "wire/grh.h"
 
 namespace urdma::engine::testing {
@@ -55,10 +56,11 @@ struct SimHost {
       : addr(address),
         id(world.network().add_host(address)),
         dev(device_config(&relay, address, mtu)),
-        engine(dev, world.network().io(id), world.clock(), config) {
+        engine(dev, world.network().io(id), world.clock(), config),
+        driver(engine) {
     pd = dev.alloc_pd().value();
     cq = dev.create_cq(1024).value();
-    world.add_participant(engine, id);
+    world.add_participant(driver, id);
   }
 
   provider::Qp* create_qp(const QpParams& p) {
@@ -93,6 +95,7 @@ struct SimHost {
   DoorbellRelay relay;
   provider::Device dev;
   Engine engine;
+  test::EngineParticipant driver;  // how the world polls the engine
   provider::Pd* pd = nullptr;
   provider::Cq* cq = nullptr;
 };

@@ -1,4 +1,5 @@
-// Invariant checks that stay on in every build type. A failed check prints where and why, then
+// Invariant checks that stay on in every build type, for every layer (src/base is below all of
+// them). A failed check prints where and why, then
 // aborts: a broken invariant is a bug, never a condition to recover from.
 //
 // The call site comes from __builtin_FILE/__builtin_LINE/__builtin_FUNCTION (gcc and clang)
@@ -6,7 +7,7 @@
 // (it needs __builtin_source_location, clang 15) — and the libFuzzer build uses clang 14.
 #pragma once
 
-namespace urdma::net {
+namespace urdma::base {
 
 [[noreturn]] void check_failed(const char* what, const char* file, int line, const char* function);
 
@@ -16,4 +17,4 @@ constexpr void check(bool ok, const char* what, const char* file = __builtin_FIL
     check_failed(what, file, line, function);
 }
 
-}  // namespace urdma::net
+}  // namespace urdma::base
