@@ -79,7 +79,7 @@ Device::Device(DeviceConfig config)
     : config_(std::move(config)),
       doorbell_(config_.doorbell != nullptr ? config_.doorbell : &default_doorbell_),
       gids_(kLimits.gid_table_len),
-      mr_table_(kLimits.max_mr, kLimits.max_mw),
+      mr_table_(kLimits.max_mr, kLimits.max_mw, config_.key_seed),
       pds_(kLimits.max_pd),
       cqs_(kLimits.max_cq),
       srqs_(kLimits.max_srq),

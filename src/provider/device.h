@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
@@ -44,6 +45,9 @@ struct DeviceConfig {
   uint64_t node_guid_be = 0;
   std::vector<ibv_gid> gids;     // port 1 GID table, index = sgid_index
   Doorbell* doorbell = nullptr;  // nullptr: a do-nothing doorbell
+  // Seeds MR/MW key generation (MrTable) so a deterministic simulation replays the same keys.
+  // nullopt (every real device): keys drawn from std::random_device, unguessable by a peer.
+  std::optional<uint64_t> key_seed;
 };
 
 class Device {

@@ -40,12 +40,17 @@ const char* mem_error_name(MemError e) {
   return kNames[static_cast<size_t>(e)];
 }
 
-MrTable::MrTable(uint32_t max_mr, uint32_t max_mw)
+MrTable::MrTable(uint32_t max_mr, uint32_t max_mw, std::optional<uint64_t> key_seed)
     : max_mr_(max_mr), max_mw_(max_mw), mrs_(max_mr), mws_(max_mw) {
   assert(uint64_t{max_mr} + max_mw < (uint64_t{1} << (32 - kKeyBits)));
-  std::random_device entropy;  // getrandom(2) on Linux
-  std::seed_seq seed{entropy(), entropy(), entropy(), entropy()};
-  rng_.seed(seed);
+  if (key_seed) {
+    std::seed_seq seed{static_cast<uint32_t>(*key_seed), static_cast<uint32_t>(*key_seed >> 32)};
+    rng_.seed(seed);
+  } else {
+    std::random_device entropy;  // getrandom(2) on Linux
+    std::seed_seq seed{entropy(), entropy(), entropy(), entropy()};
+    rng_.seed(seed);
+  }
   free_mrs_.reserve(max_mr);
   for (uint32_t i = 1; i <= max_mr; ++i) {
     mrs_[i - 1].index_ = i;

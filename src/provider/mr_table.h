@@ -4,7 +4,8 @@
 // * One key space for MRs and MWs: key = (index << 8) | key byte (IBA 10.6.3.1 leaves the
 //   split to the CA; rxe uses the same). MR indices are 1..max_mr, MW indices follow them.
 //   The slot index is drawn at random among the free slots and the key byte comes from a
-//   generator seeded by std::random_device (getrandom), never equal to the slot's previous
+//   generator seeded by std::random_device (getrandom) — or by the caller's key_seed, so that
+//   a deterministic simulation replays the same keys — never equal to the slot's previous
 //   byte: a peer cannot guess an rkey from one it has seen, and a stale key of a
 //   deregistered region never matches the slot's next occupant. lkey == rkey, as on rxe.
 // * Memory is the application's own (the engine runs in its process), so registration pins
@@ -23,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <shared_mutex>
 #include <vector>
@@ -141,7 +143,8 @@ struct MwBindOp {
 
 class MrTable {
  public:
-  MrTable(uint32_t max_mr, uint32_t max_mw);
+  // `key_seed`: seeds slot and key choice (a simulation's replay); nullopt = std::random_device.
+  MrTable(uint32_t max_mr, uint32_t max_mw, std::optional<uint64_t> key_seed = std::nullopt);
   MrTable(const MrTable&) = delete;
   MrTable& operator=(const MrTable&) = delete;
 
