@@ -2,10 +2,11 @@
 // of 9.7.5).
 //
 // PSNs wrap modulo 2^24. Two PSNs are compared by their signed distance modulo 2^24: `b` is
-// "after" `a` when b − a (mod 2^24) lies in (0, 2^23], "before" when it lies in (2^23, 2^24).
-// This is the responder's rule: of the 2^24 PSNs, the 2^23 preceding the expected PSN are
-// duplicates and the rest lie ahead of it. The distance of two PSNs exactly 2^23 apart is
-// +2^23 (so psn_diff is in (−2^23, 2^23]).
+// "after" `a` when b − a (mod 2^24) lies in (0, 2^23), "before" when it lies in [2^23, 2^24).
+// This is the responder's rule (IBA 9.7.5.2.1): of the 2^24 PSNs, the 2^23 preceding the
+// expected PSN — the one exactly 2^23 away included — are duplicates ("behind"), the 2^23 − 1
+// after it lie ahead. So psn_diff is in [−2^23, 2^23): two PSNs exactly 2^23 apart are each
+// *behind* the other, as Linux rxe's psn_compare, the sign of (int32_t)((a − b) << 8).
 #pragma once
 
 #include <cassert>
@@ -28,11 +29,11 @@ inline constexpr uint32_t psn_next(uint32_t psn) {
   return psn_add(psn, 1);
 }
 
-// Signed distance a − b in (−2^23, 2^23]: how far `a` is ahead of `b`.
+// Signed distance a − b in [−2^23, 2^23): how far `a` is ahead of `b`.
 inline constexpr int32_t psn_diff(uint32_t a, uint32_t b) {
   const uint32_t d = (a - b) & kPsnMask;
-  return d > kPsnHalfWindow ? static_cast<int32_t>(d) - static_cast<int32_t>(kPsnModulus)
-                            : static_cast<int32_t>(d);
+  return d >= kPsnHalfWindow ? static_cast<int32_t>(d) - static_cast<int32_t>(kPsnModulus)
+                             : static_cast<int32_t>(d);
 }
 
 inline constexpr bool psn_lt(uint32_t a, uint32_t b) {

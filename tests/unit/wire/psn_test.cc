@@ -38,15 +38,16 @@ TEST(Psn, DiffRangeAndWrap) {
   EXPECT_EQ(psn_diff(kMax, 0), -1);
   EXPECT_EQ(psn_diff(2, kMax - 1), 4);
   EXPECT_EQ(psn_diff(7, 7), 0);
-  // The half-window boundary: exactly 2^23 apart is +2^23 in both directions.
-  EXPECT_EQ(psn_diff(kPsnHalfWindow, 0), static_cast<int32_t>(kPsnHalfWindow));
-  EXPECT_EQ(psn_diff(0, kPsnHalfWindow), static_cast<int32_t>(kPsnHalfWindow));
+  // The half-window boundary: exactly 2^23 apart is −2^23 ("behind") in both directions, as
+  // rxe's psn_compare ((int32_t)((a − b) << 8)).
+  EXPECT_EQ(psn_diff(kPsnHalfWindow, 0), -static_cast<int32_t>(kPsnHalfWindow));
+  EXPECT_EQ(psn_diff(0, kPsnHalfWindow), -static_cast<int32_t>(kPsnHalfWindow));
   EXPECT_EQ(psn_diff(kPsnHalfWindow + 1, 0), -static_cast<int32_t>(kPsnHalfWindow) + 1);
   EXPECT_EQ(psn_diff(kPsnHalfWindow - 1, 0), static_cast<int32_t>(kPsnHalfWindow) - 1);
 }
 
 // Around every interesting base, every distance near 0 and near ±2^23: psn_diff is in
-// (-2^23, 2^23], consistent with add, and the comparisons agree with it.
+// [-2^23, 2^23), consistent with add, and the comparisons agree with it.
 TEST(Psn, ExhaustiveEdges) {
   const int32_t half = static_cast<int32_t>(kPsnHalfWindow);
   for (uint32_t base : {0u, 1u, 2u, kMax, kMax - 1, kPsnHalfWindow, kPsnHalfWindow - 1,
@@ -55,19 +56,22 @@ TEST(Psn, ExhaustiveEdges) {
       for (int32_t delta = center - 300; delta <= center + 300; ++delta) {
         const uint32_t b = psn_add(base, static_cast<uint32_t>(delta));
         const int32_t d = psn_diff(b, base);
-        ASSERT_GT(d, -half);
-        ASSERT_LE(d, half);
+        ASSERT_GE(d, -half);
+        ASSERT_LT(d, half);
         // The distance is delta reduced into the range.
         int32_t want = delta;
-        while (want > half) want -= static_cast<int32_t>(kPsnModulus);
-        while (want <= -half) want += static_cast<int32_t>(kPsnModulus);
+        while (want >= half) want -= static_cast<int32_t>(kPsnModulus);
+        while (want < -half) want += static_cast<int32_t>(kPsnModulus);
+        // rxe's psn_compare: the sign of the 24-bit difference shifted into the top bits.
+        const int32_t rxe = static_cast<int32_t>((b - base) << 8);
+        ASSERT_EQ(d < 0, rxe < 0) << base << " " << delta;
         ASSERT_EQ(d, want) << base << " " << delta;
         ASSERT_EQ(psn_gt(b, base), d > 0);
         ASSERT_EQ(psn_ge(b, base), d >= 0);
         ASSERT_EQ(psn_lt(b, base), d < 0);
         ASSERT_EQ(psn_le(b, base), d <= 0);
-        // Antisymmetry, except at the half-window where both directions are "ahead".
-        if (d != half) {
+        // Antisymmetry, except at the half-window where both directions are "behind".
+        if (d != -half) {
           ASSERT_EQ(psn_diff(base, b), -d);
         }
       }
@@ -85,6 +89,11 @@ TEST(Psn, ComparisonsAcrossTheWrap) {
   // One past the half window behind is "ahead" again.
   EXPECT_TRUE(psn_lt(0, kPsnHalfWindow - 1));
   EXPECT_TRUE(psn_gt(0, kPsnHalfWindow + 1));
+  // Exactly the half window: behind both ways (a duplicate at the responder, IBA 9.7.5.2.1).
+  EXPECT_TRUE(psn_lt(0, kPsnHalfWindow));
+  EXPECT_TRUE(psn_lt(kPsnHalfWindow, 0));
+  EXPECT_TRUE(psn_lt(kMax, kPsnHalfWindow - 1));
+  EXPECT_FALSE(psn_ge(0, kPsnHalfWindow));
 }
 
 TEST(Psn, InWindow) {
