@@ -1,0 +1,184 @@
+#include "daemon/protocol.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstring>
+
+namespace urdma::daemon {
+
+namespace {
+
+MsgHeader header_for(MsgType type, size_t size, int status = 0) {
+  return MsgHeader{.magic = kProtocolMagic,
+                   .version = kProtocolVersion,
+                   .type = static_cast<uint16_t>(type),
+                   .size = static_cast<uint32_t>(size),
+                   .status = status};
+}
+
+template <class Body>
+std::vector<uint8_t> record(MsgType type, const Body& body) {
+  std::vector<uint8_t> out(sizeof(MsgHeader) + sizeof(Body));
+  const MsgHeader h = header_for(type, out.size());
+  std::memcpy(out.data(), &h, sizeof h);
+  std::memcpy(out.data() + sizeof h, &body, sizeof body);
+  return out;
+}
+
+// Common reply checks: a kError turns into its errno; otherwise the type must be `expected`.
+int check_reply(std::span<const uint8_t> rec, MsgType expected, MsgHeader* h) {
+  if (const int err = decode_header(rec, h)) return err;
+  if (h->type == static_cast<uint16_t>(MsgType::kError)) return h->status > 0 ? h->status : EPROTO;
+  if (h->type != static_cast<uint16_t>(expected) || h->status != 0) return EPROTO;
+  return 0;
+}
+
+struct GidsBody {
+  uint32_t count;
+  uint32_t reserved;
+};
+
+}  // namespace
+
+std::vector<uint8_t> encode_request(MsgType type) {
+  std::vector<uint8_t> out(sizeof(MsgHeader));
+  const MsgHeader h = header_for(type, out.size());
+  std::memcpy(out.data(), &h, sizeof h);
+  return out;
+}
+
+std::vector<uint8_t> encode_error(int err) {
+  std::vector<uint8_t> out(sizeof(MsgHeader));
+  const MsgHeader h = header_for(MsgType::kError, out.size(), err);
+  std::memcpy(out.data(), &h, sizeof h);
+  return out;
+}
+
+std::vector<uint8_t> encode_slot(const SlotInfo& info) {
+  return record(MsgType::kSlot, info);
+}
+
+std::vector<uint8_t> encode_gids(std::span<const GidEntry> gids) {
+  const size_t n = std::min<size_t>(gids.size(), kMaxGids);
+  std::vector<uint8_t> out(sizeof(MsgHeader) + sizeof(GidsBody) + n * sizeof(WireGid));
+  const MsgHeader h = header_for(MsgType::kGids, out.size());
+  std::memcpy(out.data(), &h, sizeof h);
+  const GidsBody body{static_cast<uint32_t>(n), 0};
+  std::memcpy(out.data() + sizeof h, &body, sizeof body);
+  for (size_t i = 0; i < n; ++i) {
+    WireGid w{};
+    std::memcpy(w.gid, gids[i].gid.bytes().data(), sizeof w.gid);
+    w.index = gids[i].index;
+    w.ifindex = gids[i].ifindex;
+    w.family = gids[i].family;
+    w.prefix_len = gids[i].prefix_len;
+    w.scope = gids[i].scope;
+    std::memcpy(out.data() + sizeof h + sizeof body + i * sizeof w, &w, sizeof w);
+  }
+  return out;
+}
+
+int decode_header(std::span<const uint8_t> rec, MsgHeader* h) {
+  if (rec.size() < sizeof(MsgHeader)) return EPROTO;
+  std::memcpy(h, rec.data(), sizeof *h);
+  if (h->magic != kProtocolMagic) return EPROTO;
+  if (h->version != kProtocolVersion) return EPROTONOSUPPORT;
+  if (h->size != rec.size()) return EPROTO;
+  return 0;
+}
+
+int decode_slot(std::span<const uint8_t> rec, SlotInfo* info) {
+  MsgHeader h;
+  if (const int err = check_reply(rec, MsgType::kSlot, &h)) return err;
+  if (rec.size() != sizeof h + sizeof *info) return EPROTO;
+  std::memcpy(info, rec.data() + sizeof h, sizeof *info);
+  return 0;
+}
+
+int decode_gids(std::span<const uint8_t> rec, std::vector<GidEntry>* gids) {
+  MsgHeader h;
+  if (const int err = check_reply(rec, MsgType::kGids, &h)) return err;
+  GidsBody body;
+  if (rec.size() < sizeof h + sizeof body) return EPROTO;
+  std::memcpy(&body, rec.data() + sizeof h, sizeof body);
+  if (body.count > kMaxGids || rec.size() != sizeof h + sizeof body + body.count * sizeof(WireGid))
+    return EPROTO;
+  gids->clear();
+  for (uint32_t i = 0; i < body.count; ++i) {
+    WireGid w;
+    std::memcpy(&w, rec.data() + sizeof h + sizeof body + i * sizeof w, sizeof w);
+    net::Address::Bytes b;
+    std::memcpy(b.data(), w.gid, b.size());
+    gids->push_back(GidEntry{.index = w.index,
+                             .gid = net::Address(b),
+                             .ifindex = w.ifindex,
+                             .family = w.family,
+                             .prefix_len = w.prefix_len,
+                             .scope = w.scope});
+  }
+  return 0;
+}
+
+int send_record(int sock, std::span<const uint8_t> rec, int fd_to_pass) {
+  iovec iov{const_cast<uint8_t*>(rec.data()), rec.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd_to_pass >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+  }
+  for (;;) {
+    const ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(rec.size())) return 0;
+    if (n >= 0) return EMSGSIZE;
+    if (errno != EINTR) return errno;
+  }
+}
+
+ssize_t recv_record(int sock, std::span<uint8_t> buffer, UniqueFd* fd, int flags) {
+  iovec iov{buffer.data(), buffer.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int passed;
+      std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof passed);
+      if (fd && !fd->valid()) {
+        fd->reset(passed);
+      } else {
+        ::close(passed);
+      }
+    }
+  }
+  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) return -EMSGSIZE;
+  return n;
+}
+
+socklen_t abstract_address(const std::string& name, sockaddr_un* out) {
+  std::memset(out, 0, sizeof *out);
+  out->sun_family = AF_UNIX;
+  const size_t len = std::min(name.size(), sizeof out->sun_path - 1);
+  std::memcpy(out->sun_path + 1, name.data(), len);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len);
+}
+
+}  // namespace urdma::daemon

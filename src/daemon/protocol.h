@@ -1,0 +1,99 @@
+// The urdmad protocol: fixed-layout request/response records over a SOCK_SEQPACKET unix socket
+// in the abstract namespace ("@urdma/v1" by default). Abstract unix sockets belong to a network
+// namespace, so each namespace is a separate host with its own daemon.
+//
+// Every record starts with a MsgHeader {magic, version, type, size, status}; `size` is the whole
+// record and must equal what one recv returned (SEQPACKET keeps record boundaries). Both ends
+// run on the same host, so fields are host-endian. A request:
+//   kAcquireSlot  -> kSlot (+ the slot's UDP socket as SCM_RIGHTS) or kError
+//   kQueryGids    -> kGids or kError
+// kError carries an errno in `status`: EACCES (the client's uid is not the daemon's; sent at
+// accept, then the daemon hangs up), EBUSY (every slot is leased), EALREADY (this connection
+// holds a slot already), EPROTONOSUPPORT (version), EPROTO (malformed), EMFILE (too many
+// clients). A slot belongs to its connection: when the connection closes (the process exited or
+// died) the daemon drains the slot's socket and frees it.
+// Growth: a new request type or a longer record with a higher version; the daemon answers a
+// version it does not know with EPROTONOSUPPORT and its own version in the header.
+#pragma once
+
+#include <sys/un.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "daemon/gid_table.h"
+#include "daemon/unique_fd.h"
+
+namespace urdma::daemon {
+
+inline constexpr char kDefaultSocketName[] = "urdma/v1";
+inline constexpr uint32_t kProtocolMagic = 0x75724d44;  // "urMD"
+inline constexpr uint16_t kProtocolVersion = 1;
+// Room for the largest record (kGids with kMaxGids entries).
+inline constexpr size_t kMaxMessageBytes = 8192;
+
+enum class MsgType : uint16_t {
+  kAcquireSlot = 1,
+  kSlot = 2,
+  kQueryGids = 3,
+  kGids = 4,
+  kError = 5,
+};
+
+struct MsgHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;   // MsgType
+  uint32_t size;   // bytes of the whole record
+  int32_t status;  // 0, or an errno in kError
+};
+static_assert(sizeof(MsgHeader) == 16);
+
+// The kSlot record's body; the socket travels beside it.
+struct SlotInfo {
+  uint32_t slot;
+  uint32_t slot_count;
+  uint32_t qpn_base;  // the QPNs [qpn_base, qpn_base + qpn_count) steer to this slot
+  uint32_t qpn_count;
+  uint32_t generation;
+  uint16_t udp_port;  // the port the group is bound to (4791 unless configured)
+  uint16_t family;    // AF_INET6 (dual-stack) or AF_INET
+};
+static_assert(sizeof(SlotInfo) == 24);
+
+struct WireGid {
+  uint8_t gid[16];
+  uint32_t index;
+  uint32_t ifindex;
+  uint8_t family;
+  uint8_t prefix_len;
+  uint8_t scope;
+  uint8_t reserved;
+};
+static_assert(sizeof(WireGid) == 28);
+
+std::vector<uint8_t> encode_request(MsgType type);
+std::vector<uint8_t> encode_error(int err);
+std::vector<uint8_t> encode_slot(const SlotInfo& info);
+std::vector<uint8_t> encode_gids(std::span<const GidEntry> gids);
+
+// Validates a received record's header: 0, EPROTO (short, bad magic, size mismatch) or
+// EPROTONOSUPPORT (another version).
+int decode_header(std::span<const uint8_t> record, MsgHeader* header);
+// Decode a whole reply: 0 with the body filled, the errno of a kError reply, or EPROTO.
+int decode_slot(std::span<const uint8_t> record, SlotInfo* info);
+int decode_gids(std::span<const uint8_t> record, std::vector<GidEntry>* gids);
+
+// One record (and optionally one fd) on a SEQPACKET socket. send_record returns 0 or an errno
+// (never raises SIGPIPE). recv_record returns the record size, 0 at EOF, or -errno; a passed fd
+// lands in *fd (close-on-exec), any extra fds are closed.
+int send_record(int sock, std::span<const uint8_t> record, int fd_to_pass = -1);
+ssize_t recv_record(int sock, std::span<uint8_t> buffer, UniqueFd* fd, int flags = 0);
+
+// The abstract address: sun_path = "\0" + name. Returns the sockaddr length.
+socklen_t abstract_address(const std::string& name, sockaddr_un* out);
+
+}  // namespace urdma::daemon

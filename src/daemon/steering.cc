@@ -1,0 +1,112 @@
+#include "daemon/steering.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "base/check.h"
+
+namespace urdma::daemon {
+
+unsigned steer(std::span<const uint8_t> udp_payload, unsigned slot_count) {
+  if (udp_payload.size() < kMinSteeredBytes) return 0;
+  const wire::BthView bth(udp_payload.data());
+  return slot_of_qpn(bth.dest_qp(), slot_count);
+}
+
+std::vector<sock_filter> steering_program(unsigned slot_count) {
+  base::check(slot_count >= kMinSlots && slot_count <= kMaxSlots, "slot count in range");
+  // Absolute loads in classic BPF are big-endian, as the BTH is.
+  return {
+      BPF_STMT(BPF_LD | BPF_W | BPF_LEN, 0),                        // A = payload length
+      BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, kMinSteeredBytes, 1, 0),  // short: slot 0
+      BPF_STMT(BPF_RET | BPF_K, 0),                                 //
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kDestQpWordOffset),        // A = bytes 4..7
+      BPF_STMT(BPF_ALU | BPF_AND | BPF_K, wire::kQpnMask),          // A = DestQP
+      BPF_STMT(BPF_ALU | BPF_RSH | BPF_K, kSlotShift),              // A = range
+      BPF_STMT(BPF_ALU | BPF_MOD | BPF_K, slot_count),              // A = slot
+      BPF_STMT(BPF_RET | BPF_A, 0),
+  };
+}
+
+namespace {
+
+bool bind_one(int family, uint16_t port, UniqueFd* out, uint16_t* bound_port, std::string* error) {
+  UniqueFd fd(socket(family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, IPPROTO_UDP));
+  if (!fd.valid()) {
+    *error = errno_text("socket");
+    return false;
+  }
+  const int one = 1;
+  if (setsockopt(fd.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+    *error = errno_text("SO_REUSEPORT");
+    return false;
+  }
+  sockaddr_storage ss{};
+  socklen_t len;
+  if (family == AF_INET6) {
+    const int zero = 0;
+    if (setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0) {
+      *error = errno_text("IPV6_V6ONLY=0");
+      return false;
+    }
+    auto* sin6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    sin6->sin6_family = AF_INET6;
+    sin6->sin6_addr = in6addr_any;
+    sin6->sin6_port = htons(port);
+    len = sizeof *sin6;
+  } else {
+    auto* sin = reinterpret_cast<sockaddr_in*>(&ss);
+    sin->sin_family = AF_INET;
+    sin->sin_addr.s_addr = htonl(INADDR_ANY);
+    sin->sin_port = htons(port);
+    len = sizeof *sin;
+  }
+  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&ss), len) != 0) {
+    *error = errno_text(("bind UDP port " + std::to_string(port)).c_str());
+    return false;
+  }
+  len = sizeof ss;
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    *error = errno_text("getsockname");
+    return false;
+  }
+  *bound_port = ntohs(family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                         : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  *out = std::move(fd);
+  return true;
+}
+
+}  // namespace
+
+bool open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::string* error) {
+  if (options.slot_count < kMinSlots || options.slot_count > kMaxSlots) {
+    *error = "slot count must be in [" + std::to_string(kMinSlots) + ", " +
+             std::to_string(kMaxSlots) + "]";
+    return false;
+  }
+  SlotGroup g;
+  g.family = AF_INET;
+  if (options.allow_ipv6) {
+    UniqueFd probe(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP));
+    if (probe.valid()) g.family = AF_INET6;
+  }
+  g.port = options.port;
+  for (unsigned i = 0; i < options.slot_count; ++i) {
+    UniqueFd fd;
+    uint16_t bound = 0;
+    if (!bind_one(g.family, g.port, &fd, &bound, error)) return false;
+    g.port = bound;
+    g.sockets.push_back(std::move(fd));
+  }
+  auto program = steering_program(options.slot_count);
+  const sock_fprog fprog{static_cast<unsigned short>(program.size()), program.data()};
+  if (setsockopt(g.sockets[0].get(), SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &fprog, sizeof fprog) !=
+      0) {
+    *error = errno_text("SO_ATTACH_REUSEPORT_CBPF");
+    return false;
+  }
+  *group = std::move(g);
+  return true;
+}
+
+}  // namespace urdma::daemon

@@ -1,0 +1,119 @@
+#include "daemon/protocol.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <cstring>
+
+namespace urdma::daemon {
+namespace {
+
+TEST(Protocol, SlotReplyRoundTrips) {
+  const SlotInfo in{.slot = 5,
+                    .slot_count = 64,
+                    .qpn_base = 5 << 12,
+                    .qpn_count = 4096,
+                    .generation = 0,
+                    .udp_port = 4791,
+                    .family = AF_INET6};
+  const auto rec = encode_slot(in);
+  EXPECT_EQ(rec.size(), sizeof(MsgHeader) + sizeof(SlotInfo));
+  SlotInfo out{};
+  ASSERT_EQ(decode_slot(rec, &out), 0);
+  EXPECT_EQ(std::memcmp(&in, &out, sizeof in), 0);
+}
+
+TEST(Protocol, GidsRoundTrip) {
+  std::vector<GidEntry> in;
+  in.push_back({.index = 0,
+                .gid = net::Address::from_v4(127, 0, 0, 1),
+                .ifindex = 1,
+                .family = AF_INET,
+                .prefix_len = 8,
+                .scope = 254});
+  in.push_back({.index = 3,
+                .gid = *net::Address::parse("fd00::1"),
+                .ifindex = 2,
+                .family = AF_INET6,
+                .prefix_len = 64,
+                .scope = 0});
+  std::vector<GidEntry> out;
+  ASSERT_EQ(decode_gids(encode_gids(in), &out), 0);
+  EXPECT_EQ(out, in);
+  ASSERT_EQ(decode_gids(encode_gids({}), &out), 0);
+  EXPECT_TRUE(out.empty());
+  // The largest reply fits a record.
+  std::vector<GidEntry> many(kMaxGids);
+  EXPECT_LE(encode_gids(many).size(), kMaxMessageBytes);
+}
+
+TEST(Protocol, ErrorReplyCarriesItsErrno) {
+  SlotInfo info;
+  EXPECT_EQ(decode_slot(encode_error(EBUSY), &info), EBUSY);
+  EXPECT_EQ(decode_slot(encode_error(EACCES), &info), EACCES);
+  std::vector<GidEntry> gids;
+  EXPECT_EQ(decode_gids(encode_error(EACCES), &gids), EACCES);
+}
+
+TEST(Protocol, RejectsMalformedRecords) {
+  MsgHeader h;
+  auto rec = encode_request(MsgType::kAcquireSlot);
+  ASSERT_EQ(decode_header(rec, &h), 0);
+  EXPECT_EQ(h.type, static_cast<uint16_t>(MsgType::kAcquireSlot));
+  // Short.
+  EXPECT_EQ(decode_header(std::span(rec).first(15), &h), EPROTO);
+  // Bad magic.
+  auto bad = rec;
+  bad[0] ^= 1;
+  EXPECT_EQ(decode_header(bad, &h), EPROTO);
+  // Another version.
+  bad = rec;
+  bad[4] = 2;
+  EXPECT_EQ(decode_header(bad, &h), EPROTONOSUPPORT);
+  // Size field disagrees with the record.
+  bad = rec;
+  bad.push_back(0);
+  EXPECT_EQ(decode_header(bad, &h), EPROTO);
+  // A reply of the wrong type, or with a body of the wrong size.
+  SlotInfo info;
+  EXPECT_EQ(decode_slot(encode_gids({}), &info), EPROTO);
+  auto slot = encode_slot(SlotInfo{});
+  slot.pop_back();
+  uint32_t size = static_cast<uint32_t>(slot.size());
+  std::memcpy(slot.data() + 8, &size, sizeof size);
+  EXPECT_EQ(decode_slot(slot, &info), EPROTO);
+  // A GID count larger than the record.
+  auto gids = encode_gids({});
+  gids[sizeof(MsgHeader)] = 3;
+  std::vector<GidEntry> out;
+  EXPECT_EQ(decode_gids(gids, &out), EPROTO);
+}
+
+TEST(Protocol, RecordsAndFdsCrossASeqpacketSocket) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  UniqueFd passed_in(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  const auto rec = encode_slot(SlotInfo{.slot = 2});
+  ASSERT_EQ(send_record(a.get(), rec, passed_in.get()), 0);
+  std::vector<uint8_t> buf(kMaxMessageBytes);
+  UniqueFd passed_out;
+  const ssize_t n = recv_record(b.get(), buf, &passed_out);
+  ASSERT_EQ(n, static_cast<ssize_t>(rec.size()));
+  ASSERT_TRUE(passed_out.valid());
+  struct stat s1, s2;
+  ASSERT_EQ(fstat(passed_in.get(), &s1), 0);
+  ASSERT_EQ(fstat(passed_out.get(), &s2), 0);
+  EXPECT_EQ(s1.st_ino, s2.st_ino) << "the same socket";
+  // A record larger than the buffer is an error, not a silent truncation.
+  ASSERT_EQ(send_record(a.get(), encode_gids(std::vector<GidEntry>(4))), 0);
+  EXPECT_EQ(recv_record(b.get(), std::span(buf).first(20), nullptr), -EMSGSIZE);
+  // EOF, and a send to a closed peer is an errno (no SIGPIPE).
+  a.reset();
+  EXPECT_EQ(recv_record(b.get(), buf, nullptr), 0);
+  EXPECT_EQ(send_record(b.get(), rec), EPIPE);
+}
+
+}  // namespace
+}  // namespace urdma::daemon
