@@ -10,9 +10,9 @@
 
 #include <algorithm>
 
+#include "base/check.h"
 #include "engine/engine.h"
 #include "engine/sge_copy.h"
-#include "base/check.h"
 #include "wire/psn.h"
 
 namespace urdma::engine {
@@ -119,8 +119,11 @@ Engine::ReqStep Engine::start_or_continue(QpContext& ctx) {
     }
     const bool rd_atomic = is_rd_atomic(wqe->opcode);
     // IBA 9.5 / 11.2.4.2 (max_rd_atomic, "ORA"): at most that many READ/ATOMIC outstanding.
-    if (rd_atomic && req.rd_atomic_outstanding >= std::max<uint32_t>(1, ctx.attr.max_rd_atomic))
-      return ReqStep::kBlocked;
+    // max_rd_atomic 0 is taken at its word, as rxe does (rxe_req.c check_init_depth: the
+    // initiator depth is 0, so a READ or ATOMIC never gets a slot): the WQE waits — and the
+    // send queue behind it, in order — until a modify (SQD → RTS) raises the limit or the QP
+    // is flushed. Nothing is sent and no timer runs meanwhile.
+    if (rd_atomic && req.rd_atomic_outstanding >= ctx.attr.max_rd_atomic) return ReqStep::kBlocked;
     w.first_psn = req.next_psn;
     w.npkts = ctx.type == IBV_QPT_UD || info->atomic ? 1 : packets_for(wqe->length, ctx.mtu);
     w.resp_psn = w.first_psn;

@@ -15,9 +15,9 @@
 #include <atomic>
 #include <cstring>
 
+#include "base/check.h"
 #include "engine/engine.h"
 #include "engine/sge_copy.h"
-#include "base/check.h"
 #include "wire/grh.h"
 #include "wire/psn.h"
 
@@ -40,6 +40,8 @@ enum class RespState : uint8_t {
   kErrRemoteAccess,
   kErrRemoteOperational,
   kErrLocalLength,
+  kErrTooManyRdAtomic,
+  kErrInvalidateRkey,
   kErrCqOverflow,
   kDrop,
   kDone,
@@ -62,6 +64,8 @@ constexpr std::array<const char*, static_cast<size_t>(RespState::kCount)> kRespS
     "ERR_REMOTE_ACCESS",
     "ERR_REMOTE_OPERATIONAL",
     "ERR_LOCAL_LENGTH",
+    "ERR_TOO_MANY_RDMA_ATM_REQ",
+    "ERR_INVALIDATE_RKEY",
     "ERR_CQ_OVERFLOW",
     "DROP",
     "DONE",
@@ -155,6 +159,10 @@ struct ResponderSteps {
         return err_remote_operational();
       case RespState::kErrLocalLength:
         return err_local_length();
+      case RespState::kErrTooManyRdAtomic:
+        return err_too_many_rd_atomic();
+      case RespState::kErrInvalidateRkey:
+        return err_invalidate_rkey();
       case RespState::kErrCqOverflow:
         return err_cq_overflow();
       case RespState::kDrop:
@@ -222,9 +230,13 @@ struct ResponderSteps {
     return RespState::kCheckResource;
   }
 
-  // ---- CHECK_RESOURCE: a SEND (First/Only) or a WRITE with immediate (Last/Only) needs a
-  // receive WQE; none → RNR NAK (IBA 9.7.5.2.8), UC: the message is dropped.
+  // ---- CHECK_RESOURCE: a READ or ATOMIC needs a responder resource: with max_dest_rd_atomic
+  // 0 there is none (IBA 9.7.5.2.x, C9-xx; rxe_resp.c check_resource →
+  // RESPST_ERR_TOO_MANY_RDMA_ATM_REQ). A SEND (First/Only) or a WRITE with immediate
+  // (Last/Only) needs a receive WQE; none → RNR NAK (IBA 9.7.5.2.8), UC: the message is dropped.
   RespState check_resource() {
+    if ((is_read() || is_atomic()) && ctx.attr.max_dest_rd_atomic == 0)
+      return RespState::kErrTooManyRdAtomic;
     const bool needs_recv = (is_send() && first()) || (is_write() && info.is(wire::kImm));
     if (needs_recv && !resp.has_recv) {
       if (!ctx.qp->take_recv_st(resp.recv)) {
@@ -338,8 +350,11 @@ struct ResponderSteps {
       const wire::RethView reth = *pkt.reth();
       const uint32_t npkts = packets(reth.dma_length());
       remember(false, npkts, 0);
-      e.send_read_responses(ctx, target.addr, reth.dma_length(), psn);
+      // IBA 9.7.5.2.x (C9-148): the MSN counts the READ before its responses carry it, so the
+      // first response already holds the new MSN (rxe_resp.c execute: "For RDMA Read we can
+      // increment the msn now"; tests/data/rxe-to-rxe.pcap: ACK MSN 4, then READ response MSN 5).
       resp.msn = (resp.msn + 1) & wire::kPsnMask;
+      e.send_read_responses(ctx, target.addr, reth.dma_length(), psn);
       resp.epsn = wire::psn_add(psn, npkts);  // IBA 9.7.4.1.3: one PSN per response packet
       resp.nak_sent = false;
       ++e.counters_.rdma_recvs;
@@ -371,9 +386,11 @@ struct ResponderSteps {
   // ---- COMPLETE: the last packet of a SEND or of a WRITE with immediate → a receive
   // completion; SEND with invalidate invalidates its R_Key first (IBA 10.6.7.2.x, o10-37.2.x).
   RespState complete() {
-    resp.msn = (resp.msn + 1) & wire::kPsnMask;  // IBA 9.7.5.2.x: MSN counts messages
     const bool consumes = is_send() || info.is(wire::kImm);
-    if (!consumes) return RespState::kAcknowledge;
+    if (!consumes) {
+      resp.msn = (resp.msn + 1) & wire::kPsnMask;  // IBA 9.7.5.2.x: MSN counts messages
+      return RespState::kAcknowledge;
+    }
     ibv_wc wc = {};
     wc.wr_id = resp.recv.wr_id;
     wc.status = IBV_WC_SUCCESS;
@@ -386,10 +403,11 @@ struct ResponderSteps {
     }
     if (auto ieth = pkt.ieth()) {
       if (!e.device_.mr_table().invalidate_st(ieth->rkey(), ctx.qp->pd(), ctx.qpn, true).ok())
-        return RespState::kErrInvalidRequest;
+        return RespState::kErrInvalidateRkey;
       wc.invalidated_rkey = ieth->rkey();
       wc.wc_flags |= IBV_WC_WITH_INV;
     }
+    resp.msn = (resp.msn + 1) & wire::kPsnMask;  // IBA 9.7.5.2.x: MSN counts messages
     resp.has_recv = false;
     resp.recv_offset = 0;
     if (!e.push_recv_cqe(ctx, wc, pkt.bth().se())) return RespState::kErrCqOverflow;
@@ -411,13 +429,13 @@ struct ResponderSteps {
     return RespState::kDone;
   }
 
-  // ---- DUPLICATE (IBA 9.7.5.2.2): SEND/WRITE → acknowledge again (the ACK was lost);
-  // READ → answer again from the (re-checked) RETH; ATOMIC → resend the saved result, never
-  // execute it twice.
+  // ---- DUPLICATE (IBA 9.7.5.2.2): SEND/WRITE → acknowledge again, whether or not the
+  // duplicate asks for it (C9-105: the ACK of the original may have been lost, or coalesced
+  // away; rxe_resp.c duplicate_request acks every duplicate SEND/WRITE); READ → answer again
+  // from the (re-checked) RETH; ATOMIC → resend the saved result, never execute it twice.
   RespState duplicate() {
     if (is_send() || is_write()) {
-      if (pkt.bth().ack_req())
-        e.send_ack(ctx, wire::make_ack(wire::kAethCreditsInvalid), wire::psn_sub(resp.epsn, 1));
+      e.send_ack(ctx, wire::make_ack(wire::kAethCreditsInvalid), wire::psn_sub(resp.epsn, 1));
       return RespState::kDone;
     }
     for (const RdAtomicResource& r : resp.resources) {
@@ -479,6 +497,25 @@ struct ResponderSteps {
     // Length Error, the requester gets an Invalid Request NAK.
     complete_recv_with_error(IBV_WC_LOC_LEN_ERR);
     return fatal(wire::NakCode::kInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  }
+
+  // rxe_resp.c RESPST_ERR_TOO_MANY_RDMA_ATM_REQ (class C): a READ or ATOMIC to a QP with
+  // max_dest_rd_atomic 0 is an Invalid Request, never executed.
+  RespState err_too_many_rd_atomic() {
+    return fatal(wire::NakCode::kInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  }
+  // rxe_resp.c RESPST_ERR_INVALIDATE_RKEY (class J): the SEND with Invalidate was placed but its
+  // R_Key cannot be invalidated. The receive WQE completes with REM_INV_REQ_ERR and the QP
+  // enters ERR. What the requester sees is rxe's: no NAK — the ordinary ACKNOWLEDGE step runs
+  // (an ACK of the request's PSN when AckReq asks for one), with the MSN not advanced, since
+  // rxe's execute() fails before counting the message. (IBA 10.6.7.2.x leaves the reply to the
+  // requester open; an ACK here means the requester's SEND completes successfully.)
+  RespState err_invalidate_rkey() {
+    complete_recv_with_error(IBV_WC_REM_INV_REQ_ERR);
+    if (pkt.bth().ack_req()) e.send_ack(ctx, wire::make_ack(wire::kAethCreditsInvalid), psn);
+    ctx.qp->raise_event(IBV_EVENT_QP_REQ_ERR);
+    e.qp_error(ctx, IBV_QPS_ERR);
+    return RespState::kDone;
   }
 
   // The receive completion was lost to a full CQ and the QP is in ERR (Engine::cq_overflow):
