@@ -602,12 +602,37 @@ void Engine::handle_ud_request(QpContext& ctx, const wire::PacketView& pkt,
     ++counters_.drop_ud_length;
     return;
   }
-  provider::RecvWork recv;
-  // IBA 9.8.4: no receive WQE → the datagram is silently dropped.
-  if (!ctx.qp->take_recv_st(recv)) {
-    ++counters_.drop_no_recv_wqe;
+  // The receive WQE: one kept back by an earlier oversized datagram (below), else the next one.
+  Responder& resp = ctx.resp;
+  if (!resp.has_recv) {
+    // IBA 9.8.4: no receive WQE → the datagram is silently dropped.
+    if (!ctx.qp->take_recv_st(resp.recv)) {
+      ++counters_.drop_no_recv_wqe;
+      return;
+    }
+    resp.has_recv = true;
+  }
+  const provider::RecvWork recv = resp.recv;
+  if (data.size() + wire::Grh::kSize > recv.length) {
+    // A datagram longer than the receive buffer is dropped and counted; the QP goes on (IBA
+    // 11.4.2 lets a UD QP drop it; rxe_resp.c check_length → RESPST_ERR_LENGTH, class D for UD).
+    // Nothing is written and nothing completes: the WQE is not consumed — it stays reserved
+    // and takes the next datagram, as rxe leaves it at the head of the receive queue. A WQE
+    // taken from an SRQ cannot be handed back, so (rxe class E) it completes with Remote
+    // Invalid Request Error instead of being held by this QP.
+    ++counters_.drop_ud_recv_length;
+    if (ctx.qp->srq() != nullptr) {
+      resp.has_recv = false;
+      ibv_wc wc = {};
+      wc.wr_id = recv.wr_id;
+      wc.status = IBV_WC_REM_INV_REQ_ERR;
+      wc.opcode = IBV_WC_RECV;
+      wc.qp_num = ctx.qpn;
+      push_recv_cqe(ctx, wc, false);
+    }
     return;
   }
+  resp.has_recv = false;  // consumed by this datagram
   ++counters_.rdma_recvs;
   ibv_wc wc = {};
   wc.wr_id = recv.wr_id;
@@ -615,13 +640,6 @@ void Engine::handle_ud_request(QpContext& ctx, const wire::PacketView& pkt,
   wc.qp_num = ctx.qpn;
   wc.src_qp = deth.src_qp();
   wc.pkey_index = 0;
-  if (data.size() + wire::Grh::kSize > recv.length) {
-    // IBA a datagram longer than the receive buffer completes with Local Length Error.
-    wc.status = IBV_WC_LOC_LEN_ERR;
-    push_recv_cqe(ctx, wc, false);
-    qp_error(ctx, IBV_QPS_ERR);
-    return;
-  }
   // The 40-byte GRH area: the IPv6 header, or 20 zero bytes and the IPv4 header (rdma-core's
   // convention, wire/grh.h). The IP ID, TTL and TOS are not visible to a UDP socket: 0 / 64.
   std::array<uint8_t, wire::Grh::kSize> grh{};

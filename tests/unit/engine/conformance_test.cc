@@ -179,6 +179,73 @@ TEST_F(ConformanceTest, ZeroMaxDestRdAtomicNaksAtomic) {
   EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
 }
 
+// IBA 11.4.2 (a UD QP may drop what it cannot place); rxe_resp.c check_length →
+// RESPST_ERR_LENGTH, class D for UD without an SRQ: a datagram longer than the receive buffer
+// is dropped and counted, nothing is written or completed, the receive WQE is not consumed —
+// the next datagram that fits takes it — and the QP keeps working.
+TEST_F(ConformanceTest, UdDatagramLongerThanReceiveBufferIsDroppedAndTheWqeKept) {
+  QpParams p;
+  p.type = IBV_QPT_UD;
+  make_qp(p);
+  setup_memory();
+  constexpr uint32_t kRecvBytes = wire::Grh::kSize + 16;
+  post_recv_buf(1, kRecvBytes);
+  post_recv_buf(2, kRecvBytes);
+  auto ud = [&](size_t len) {
+    inject(op::kUdSendOnly, 0, std::vector<uint8_t>(len, 0x5A), [&](const wire::PacketHeaders& h) {
+      h.deth()->set_qkey(params_.qkey);
+      h.deth()->set_src_qp(kPeerQpn);
+    });
+  };
+  ud(17);
+  EXPECT_EQ(engine_.counters().drop_ud_recv_length, 1u);
+  EXPECT_TRUE(cqes().empty());
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
+  for (uint8_t b : recv_buf_) ASSERT_EQ(b, 0) << "nothing placed";
+  ud(16);
+  auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);  // the WQE the oversized datagram did not consume
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wcs[0].byte_len, kRecvBytes);
+  EXPECT_EQ(recv_buf_[wire::Grh::kSize], 0x5A);
+  ud(16);
+  wcs = cqes();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 2u);
+}
+
+// The same on an SRQ: a WQE taken from a shared queue cannot be handed back, so it completes
+// with REM_INV_REQ_ERR (rxe class E) and the QP keeps working.
+TEST_F(ConformanceTest, UdDatagramLongerThanSrqBufferCompletesTheWqeInError) {
+  setup_memory();
+  ibv_srq_attr srq_attr = {};
+  srq_attr.max_wr = 8;
+  srq_attr.max_sge = 1;
+  auto* srq = dev_.create_srq(pd_, srq_attr).value();
+  QpParams p;
+  p.type = IBV_QPT_UD;
+  p.srq = srq;
+  make_qp(p);
+  ibv_sge s = sge(recv_buf_.data(), wire::Grh::kSize + 16, recv_mr_);
+  ibv_recv_wr wr = {};
+  wr.wr_id = 9;
+  wr.sg_list = &s;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  ASSERT_EQ(srq->post_recv(&wr, &bad).error(), 0);
+  inject(op::kUdSendOnly, 0, std::vector<uint8_t>(64, 1), [&](const wire::PacketHeaders& h) {
+    h.deth()->set_qkey(params_.qkey);
+    h.deth()->set_src_qp(kPeerQpn);
+  });
+  EXPECT_EQ(engine_.counters().drop_ud_recv_length, 1u);
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 9u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_INV_REQ_ERR);
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
+}
+
 // ---- Requester -----------------------------------------------------------------------------
 
 // max_rd_atomic 0 is not silently 1: as in rxe (rxe_req.c check_init_depth with an initiator
