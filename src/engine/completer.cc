@@ -11,9 +11,9 @@
 #include <atomic>
 #include <cstring>
 
+#include "base/check.h"
 #include "engine/engine.h"
 #include "engine/sge_copy.h"
-#include "base/check.h"
 #include "wire/psn.h"
 
 namespace urdma::engine {

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/sge_copy.h"
 #include "base/check.h"
+#include "engine/sge_copy.h"
 #include "provider/limits.h"
 #include "wire/psn.h"
 
@@ -57,9 +57,11 @@ Engine::Engine(provider::Device& device, net::PacketIo& io, const net::Clock& cl
     : device_(device), io_(io), clock_(clock), config_(config) {
   base::check(config_.rx_batch >= 1 && config_.rx_batch <= net::kMaxBatch, "rx_batch out of range");
   base::check(config_.ack_req_interval_pkts >= 1, "ack_req_interval_pkts must be >= 1");
+  base::check(config_.max_unacked_pkts >= 1 && config_.max_unacked_pkts <= wire::kPsnHalfWindow,
+              "max_unacked_pkts out of range");
   relay_ = dynamic_cast<DoorbellRelay*>(&device_.doorbell());
   base::check(relay_ != nullptr,
-             "the Device must be created with DeviceConfig::doorbell = &an engine::DoorbellRelay");
+              "the Device must be created with DeviceConfig::doorbell = &an engine::DoorbellRelay");
   relay_->attach(this);
   by_handle_.assign(provider::kLimits.max_qp, nullptr);
   active_.reserve(provider::kLimits.max_qp);  // never reallocated while polling
@@ -357,7 +359,7 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
 wire::PacketHeaders Engine::begin_packet(uint8_t opcode, size_t payload_len) {
   const std::optional<wire::PacketLayout> layout = wire::packet_layout(opcode, payload_len);
   base::check(layout.has_value() && layout->total_length() <= tx_buf_.size(),
-             "engine built an invalid packet layout");
+              "engine built an invalid packet layout");
   tx_layout_ = *layout;
   tx_payload_iov_ = 0;
   tx_payload_added_ = 0;
@@ -370,7 +372,7 @@ wire::PacketHeaders Engine::begin_packet(uint8_t opcode, size_t payload_len) {
 void Engine::tx_add_payload(std::span<const uint8_t> piece) {
   if (piece.empty()) return;
   base::check(tx_payload_added_ + piece.size() <= tx_layout_.payload_length,
-             "engine added more payload than the packet's layout holds");
+              "engine added more payload than the packet's layout holds");
   uint8_t* const copy_at = tx_buf_.data() + tx_layout_.payload_offset();
   if (!tx_payload_copied_ && tx_payload_iov_ == kMaxTxPayloadIov) {
     // More pieces than one datagram's iovecs (net::kMaxTxIov): copy what was gathered so far
@@ -404,7 +406,7 @@ bool Engine::tx_gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t of
 
 bool Engine::send_packet(const Route& route) {
   base::check(tx_payload_added_ == tx_layout_.payload_length,
-             "engine sent a packet whose payload was not filled in");
+              "engine sent a packet whose payload was not filled in");
   // The ICRC (IBA 7.8.1, annex A17.4.3.1) covers headers, payload and pad: the gather list
   // without the trailing ICRC slot.
   std::array<std::span<const uint8_t>, net::kMaxTxIov> pieces;

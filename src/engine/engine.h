@@ -81,6 +81,12 @@ struct EngineConfig {
   // The requester sets AckReq on the last packet of every message and, inside long messages,
   // every `ack_req_interval_pkts` packets so the responder's ACKs keep the window moving.
   uint32_t ack_req_interval_pkts = 64;
+  // RC flow control: at most this many request PSNs sent and not yet acknowledged per QP (rxe's
+  // RXE_MAX_UNACKED_PSNS is 128). A READ takes as many PSNs as it has response packets; one
+  // is sent only while fewer than this many PSNs are outstanding and never if it would leave
+  // more than 2^23 outstanding, so every PSN the completer compares lies inside the 24-bit
+  // half window (wire/psn.h). 1 .. 2^23.
+  uint32_t max_unacked_pkts = 128;
   // Check the ICRC of every received packet (IBA 7.8.1 / annex A17.4.3.1). Off only for
   // hand-built test packets that do not carry one.
   bool verify_icrc = true;
@@ -185,6 +191,7 @@ class Engine final : public provider::Doorbell {
   ReqStep send_rc_uc_packet(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
   ReqStep send_ud(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
   ReqStep execute_local(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
+  bool window_open(const QpContext& ctx, const provider::SendWqe& wqe, const WqeState& w) const;
   void rewind(QpContext& ctx, uint32_t psn);
 
   // ---- completer.cc ----

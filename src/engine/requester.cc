@@ -132,7 +132,26 @@ Engine::ReqStep Engine::start_or_continue(QpContext& ctx) {
     if (rd_atomic) ++req.rd_atomic_outstanding;
     req.cur_offset = 0;
   }
+  if (ctx.type == IBV_QPT_RC && !window_open(ctx, *wqe, w)) return ReqStep::kBlocked;
   return ctx.type == IBV_QPT_UD ? send_ud(ctx, *wqe, w) : send_rc_uc_packet(ctx, *wqe, w);
+}
+
+// RC flow control (EngineConfig::max_unacked_pkts; rxe_req.c stops at RXE_MAX_UNACKED_PSNS):
+// the next packet goes out only while fewer than max_unacked_pkts PSNs are unacknowledged, and
+// only if afterwards at most 2^23 are — the window [comp.psn, next_psn) then always fits the
+// half window in which PSN comparisons are exact (wire/psn.h). A READ request takes all its
+// response PSNs at once; alone it takes at most 2^23 (2^31 bytes at a 256-byte MTU), so one
+// can always go once everything before it is acknowledged. The completer's progress unblocks.
+bool Engine::window_open(const QpContext& ctx, const provider::SendWqe& wqe,
+                         const WqeState& w) const {
+  // Unsigned 24-bit distances: both may be exactly 2^23, which psn_diff calls "behind".
+  const uint32_t next = ctx.req.next_psn;
+  const uint32_t unacked = (next - ctx.comp.psn) & wire::kPsnMask;
+  const uint32_t outstanding = unacked <= wire::kPsnHalfWindow ? unacked : 0;
+  const uint32_t psns =
+      wqe.opcode == IBV_WR_RDMA_READ ? (w.first_psn + w.npkts - next) & wire::kPsnMask : 1;
+  return outstanding < config_.max_unacked_pkts &&
+         uint64_t{outstanding} + psns <= wire::kPsnHalfWindow;
 }
 
 Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWqe& wqe,

@@ -274,5 +274,54 @@ TEST_F(ConformanceTest, ZeroMaxRdAtomicHoldsTheRead) {
   EXPECT_EQ(wcs[1].wr_id, 2u);
 }
 
+// RC flow control (EngineConfig::max_unacked_pkts = 128, rxe's RXE_MAX_UNACKED_PSNS): a deep
+// send queue never has more than 128 PSNs unacknowledged — here across the 24-bit wrap — and
+// each ACK opens the window by what it acknowledges.
+TEST_F(ConformanceTest, UnackedPacketsAreCappedAcrossThePsnWrap) {
+  QpParams p;
+  p.sq_psn = 0xFFFFC0;  // 64 PSNs before the wrap
+  make_qp(p);
+  setup_memory(60 * 1024);
+  for (uint64_t id = 1; id <= 3; ++id) post_send_len(id, 60 * 1024);  // 3 × 60 packets
+  const uint32_t cap = EngineConfig{}.max_unacked_pkts;
+  ASSERT_EQ(cap, 128u);
+  ASSERT_EQ(sent_count(), cap);
+  for (uint32_t i = 0; i < cap; ++i)
+    ASSERT_EQ(sent(i).bth().psn(), wire::psn_add(p.sq_psn, i)) << i;
+  EXPECT_EQ(sent(cap - 1).bth().psn(), 0x3Fu);             // wrapped
+  EXPECT_GT(engine_.next_deadline_ns(), clock_.now_ns());  // waiting, not busy
+  advance(1000);
+  EXPECT_EQ(sent_count(), cap);
+  // ACK the first 10 PSNs: 10 more go out, the window stays full.
+  ack(wire::psn_add(p.sq_psn, 9));
+  ASSERT_EQ(sent_count(), cap + 10);
+  EXPECT_EQ(sent(cap + 9).bth().psn(), wire::psn_add(p.sq_psn, cap + 9));
+  const QpContext* ctx = engine_.context(qp_->qp_num());
+  EXPECT_EQ(wire::psn_diff(ctx->req.next_psn, ctx->comp.psn), static_cast<int32_t>(cap));
+  // ACK everything sent: the rest (42 packets) goes.
+  ack(wire::psn_add(p.sq_psn, cap + 9));
+  ASSERT_EQ(sent_count(), 180u);
+  ack(wire::psn_add(p.sq_psn, 179));
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 3u);
+  for (const ibv_wc& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+}
+
+// A READ takes all its response PSNs at once; one that would push the window past the cap
+// waits until it is under the cap, then goes whole.
+TEST_F(ConformanceTest, ReadCountsItsResponsePsnsAgainstTheWindow) {
+  make_qp();
+  setup_memory(200 * 1024);
+  post_send_len(1, 100 * 1024);  // 100 PSNs
+  post_read(2, 200 * 1024);      // 200 response PSNs
+  post_send_len(3, 1);
+  ASSERT_EQ(sent_count(), 101u);  // the SEND, then the READ (100 < 128 outstanding)
+  EXPECT_EQ(sent(100).opcode(), op::kRcReadRequest);
+  EXPECT_EQ(sent(100).bth().psn(), kSqPsn + 100);
+  // 300 PSNs outstanding: the SEND behind the READ waits for the window.
+  advance(1000);
+  EXPECT_EQ(sent_count(), 101u);
+}
+
 }  // namespace
 }  // namespace urdma::engine::testing
