@@ -8,11 +8,12 @@
 // BM_Memcpy of the same sizes runs in the same binary so the ratio engine/memcpy can be read off
 // one run.
 //
-// The wire (MemIo): two FIFO queues of datagrams, one per direction. send() copies the gathered
-// datagram into a frame of the queue (the copy a NIC's DMA or a socket's sendmsg makes) and
-// recv_batch() copies it into the engine's receive buffer (the copy recvmsg makes). The
-// PacketIo interface forces both: the engine's transmit buffer lives only until send()
-// returns, and receive buffers are the engine's own. No delay, no loss, no reordering.
+// The wire: two linked test::MemoryIo (tests/support/memory_io.h), one FIFO of datagrams per
+// direction. send() copies the gathered datagram into a frame of the peer's queue (the copy a
+// NIC's DMA or a socket's sendmsg makes) and recv_batch() copies it into the engine's receive
+// buffer (the copy recvmsg makes). The PacketIo interface forces both: the engine's transmit
+// buffer lives only until send() returns, and receive buffers are the engine's own. Frames are
+// recycled, so the steady state allocates nothing. No delay, no loss, no reordering.
 //
 // Proof the path works (every benchmark, after the timed loop): every WR completed successfully,
 // the responder accepted exactly the request packets the messages need, nothing was dropped,
@@ -23,7 +24,6 @@
 #include <isa-l/crc64.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -33,11 +33,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
 #include "base/check.h"
+#include "engine/engine.h"
 #include "net/clock.h"
 #include "net/packet_io.h"
 #include "provider/device.h"
+#include "support/memory_io.h"
+#include "support/qp_setup.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
 #include "wire/packet.h"
@@ -90,138 +92,14 @@ class PageBuffer {
 };
 
 // ---------------------------------------------------------------------------------------------
-// In-memory wire.
-
-struct Frame {
-  net::Endpoint src;
-  net::Endpoint dst;
-  size_t length = 0;
-  std::array<uint8_t, engine::kMaxPacketBytes> bytes;
-};
-
-// FIFO of frames; frames are recycled LIFO so a shallow queue reuses cache-hot memory, and the
-// queue grows (never drops) when the requester bursts a long message.
-class FrameQueue {
- public:
-  Frame& push() {
-    if (count_ == ring_.size()) grow();
-    Frame* f;
-    if (free_.empty()) {
-      pool_.push_back(std::make_unique<Frame>());
-      f = pool_.back().get();
-    } else {
-      f = free_.back();
-      free_.pop_back();
-    }
-    ring_[(head_ + count_) & (ring_.size() - 1)] = f;
-    ++count_;
-    return *f;
-  }
-  Frame* front() const { return count_ == 0 ? nullptr : ring_[head_]; }
-  void pop() {
-    free_.push_back(ring_[head_]);
-    head_ = (head_ + 1) & (ring_.size() - 1);
-    --count_;
-  }
-  size_t size() const { return count_; }
-  size_t high_water() const { return pool_.size(); }
-
- private:
-  void grow() {
-    std::vector<Frame*> bigger(ring_.empty() ? 256 : ring_.size() * 2);
-    for (size_t i = 0; i < count_; ++i) bigger[i] = ring_[(head_ + i) & (ring_.size() - 1)];
-    ring_ = std::move(bigger);
-    head_ = 0;
-  }
-
-  std::vector<Frame*> ring_;  // power-of-two size
-  size_t head_ = 0;
-  size_t count_ = 0;
-  std::vector<Frame*> free_;
-  std::vector<std::unique_ptr<Frame>> pool_;
-};
-
-// One host's end of the wire: transmits into `out`, receives from `in`.
-class MemIo final : public net::PacketIo {
- public:
-  MemIo(FrameQueue& out, FrameQueue& in) : out_(out), in_(in) {}
-
-  net::TxStatus send(const net::TxDatagram& d) override {
-    const size_t n = d.size_bytes();
-    if (n > engine::kMaxPacketBytes || d.iov.size() > net::kMaxTxIov) {
-      ++counters_.tx_rejected;
-      return net::TxStatus::kRejected;
-    }
-    Frame& f = out_.push();
-    size_t at = 0;
-    for (const iovec& v : d.iov) {
-      std::memcpy(f.bytes.data() + at, v.iov_base, v.iov_len);
-      at += v.iov_len;
-    }
-    f.length = n;
-    // The engine always names its source address (the ICRC covers it); a wrong one is dropped
-    // by the peer's address check and fails the run.
-    f.src = net::Endpoint{d.src, d.src_port};
-    f.dst = d.dst;
-    ++counters_.tx_datagrams;
-    counters_.tx_bytes += n;
-    return net::TxStatus::kSent;
-  }
-
-  size_t send_batch(std::span<const net::TxDatagram> batch) override {
-    for (const net::TxDatagram& d : batch) send(d);
-    return batch.size();
-  }
-
-  size_t recv_batch(std::span<net::RxDatagram> batch) override {
-    size_t n = 0;
-    for (; n < batch.size(); ++n) {
-      const Frame* f = in_.front();
-      if (f == nullptr) break;
-      net::RxDatagram& slot = batch[n];
-      const size_t len = std::min(f->length, slot.buffer.size());
-      std::memcpy(slot.buffer.data(), f->bytes.data(), len);
-      slot.length = len;
-      slot.truncated = len < f->length;
-      slot.src = f->src;
-      slot.dst = f->dst;
-      ++counters_.rx_datagrams;
-      counters_.rx_bytes += len;
-      if (slot.truncated) ++counters_.rx_truncated;
-      in_.pop();
-    }
-    return n;
-  }
-
-  int readable_fd() const override { return -1; }
-  net::IoCounters counters() const override { return counters_; }
-
- private:
-  FrameQueue& out_;
-  FrameQueue& in_;
-  net::IoCounters counters_;
-};
-
-// ---------------------------------------------------------------------------------------------
 // Two hosts, one RC connection.
 
 enum class Op { kWrite, kSend, kRead };
 
-ibv_gid gid_of(const net::Address& a) {
-  ibv_gid gid;
-  std::memcpy(gid.raw, a.bytes().data(), sizeof gid.raw);
-  return gid;
-}
-
 struct Host {
-  Host(net::Address addr, FrameQueue& out, FrameQueue& in, const net::Clock& clock,
-       bool verify_icrc)
-      : address(addr), io(out, in) {
-    provider::DeviceConfig cfg;
-    cfg.gids = {gid_of(addr)};
+  Host(net::Address addr, const net::Clock& clock, bool verify_icrc) : address(addr) {
+    provider::DeviceConfig cfg = test::device_config(&relay, addr, IBV_MTU_4096);
     cfg.max_mtu = IBV_MTU_4096;
-    cfg.active_mtu = IBV_MTU_4096;
-    cfg.doorbell = &relay;
     device = std::make_unique<provider::Device>(cfg);
     engine::EngineConfig ecfg;
     ecfg.local_address = addr;
@@ -230,7 +108,7 @@ struct Host {
   }
   net::Address address;
   engine::DoorbellRelay relay;
-  MemIo io;
+  test::MemoryIo io;  // linked to the other host's: two copies per datagram, as a socket
   std::unique_ptr<provider::Device> device;
   std::unique_ptr<engine::Engine> engine;
   provider::Pd* pd = nullptr;
@@ -261,9 +139,11 @@ class Bench {
   explicit Bench(const Params& p)
       : p_(p),
         slots_(std::clamp<size_t>(kBufferBudgetBytes / std::max<size_t>(p.size, 1), 1, p.window)),
-        a_(net::Address::from_v4(kHostA), a_to_b_, b_to_a_, clock_, p.verify_icrc),
-        b_(net::Address::from_v4(kHostB), b_to_a_, a_to_b_, clock_, p.verify_icrc) {
+        a_(net::Address::from_v4(kHostA), clock_, p.verify_icrc),
+        b_(net::Address::from_v4(kHostB), clock_, p.verify_icrc) {
     base::check(p.size >= 2 * kStampBytes, "messages carry a stamp at both ends");
+    a_.io.link(b_.io);
+    b_.io.link(a_.io);
     setup(a_);
     setup(b_);
     connect(a_, b_);
@@ -342,7 +222,7 @@ class Bench {
       return fail("destination checksum differs from the source's");
   }
 
-  size_t wire_high_water() const { return std::max(a_to_b_.high_water(), b_to_a_.high_water()); }
+  size_t wire_high_water() const { return std::max(a_.io.high_water(), b_.io.high_water()); }
 
  private:
   Host& source() { return p_.op == Op::kRead ? b_ : a_; }
@@ -379,43 +259,22 @@ class Bench {
     h.mr = mr.value();
   }
 
-  // RESET → INIT → RTR → RTS with the masks ibv_modify_qp(3) requires for RC.
+  // RESET → INIT → RTR → RTS (test::bring_up: the masks ibv_modify_qp(3) requires for RC).
   void connect(Host& h, const Host& peer) {
-    ibv_qp_attr a = {};
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = 0;
-    a.port_num = provider::kPortNum;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    modify(h, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-    a = {};
-    a.qp_state = IBV_QPS_RTR;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.port_num = provider::kPortNum;
-    a.ah_attr.grh.dgid = gid_of(peer.address);
-    a.ah_attr.grh.sgid_index = 0;
-    a.ah_attr.grh.hop_limit = kHopLimit;
-    a.path_mtu = p_.mtu;
-    a.dest_qp_num = peer.qp->qp_num();
-    a.rq_psn = 0;
-    a.max_dest_rd_atomic = kMaxRdAtomic;
-    a.min_rnr_timer = kMinRnrTimerCode;
-    modify(h, a,
-           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-    a = {};
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = 0;
-    a.timeout = kAckTimeoutCode;
-    a.retry_cnt = kRetryCount;
-    a.rnr_retry = kRnrRetryInfinite;
-    a.max_rd_atomic = kMaxRdAtomic;
-    modify(h, a,
-           IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-               IBV_QP_MAX_QP_RD_ATOMIC);
-  }
-
-  static void modify(Host& h, ibv_qp_attr& a, int mask) {
-    base::check(h.qp->modify(a, mask).ok(), "modify_qp");
+    test::QpParams q;
+    q.type = IBV_QPT_RC;
+    q.mtu = p_.mtu;
+    q.sq_psn = 0;
+    q.rq_psn = 0;
+    q.timeout = kAckTimeoutCode;
+    q.retry_cnt = kRetryCount;
+    q.rnr_retry = kRnrRetryInfinite;
+    q.min_rnr_timer = kMinRnrTimerCode;
+    q.max_rd_atomic = kMaxRdAtomic;
+    q.max_dest_rd_atomic = kMaxRdAtomic;
+    q.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    q.hop_limit = kHopLimit;
+    base::check(test::bring_up(*h.qp, q, peer.address, peer.qp->qp_num()).ok(), "modify_qp");
   }
 
   void stamp(uint8_t* msg, uint64_t seq) const {
@@ -477,9 +336,9 @@ class Bench {
     // its socket would. (Alternating one poll each instead lets the requester's 256-packet turns
     // outrun the 32-datagram receive batches, and the queue then holds the whole window.)
     a_.engine->poll();
-    while (b_to_a_.size() > 0) a_.engine->poll();
+    while (a_.io.pending() > 0) a_.engine->poll();
     b_.engine->poll();
-    while (a_to_b_.size() > 0) b_.engine->poll();
+    while (b_.io.pending() > 0) b_.engine->poll();
     bool progress = false;
     ibv_wc wc[kCqBatch];
     for (int n; (n = a_.send_cq->poll(kCqBatch, wc)) > 0;) {
@@ -510,8 +369,6 @@ class Bench {
   const Params p_;
   const size_t slots_;
   net::MonotonicClock clock_;
-  FrameQueue a_to_b_;
-  FrameQueue b_to_a_;
   Host a_;
   Host b_;
   uint64_t posted_ = 0;

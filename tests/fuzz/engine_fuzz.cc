@@ -3,8 +3,8 @@
 // written outside a registered region with the right access").
 //
 // THE WORLD (rebuilt for every input, so a run is deterministic up to the MR table's random
-// keys): host B = one Device + Engine on an in-memory PacketIo and a VirtualClock, at 10.0.0.2.
-// On it:
+// keys): host B = one Device + Engine on an in-memory PacketIo (test::MemoryIo) and a VirtualClock,
+// at 10.0.0.2. On it:
 //  * an RC QP (path MTU 256, rq_psn kRcRqPsn, sq_psn kRcSqPsn) connected to the fictitious peer
 //    10.0.0.1 / QPN 0x11, with receive WQEs of several SGE shapes and, on its send queue, a BIND
 //    of a type 2B window, a 2-packet SEND, a WRITE, a 3-response READ, a CMP_SWP, a FETCH_ADD
@@ -47,8 +47,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -58,6 +56,9 @@
 #include "net/clock.h"
 #include "net/packet_io.h"
 #include "provider/device.h"
+#include "support/datagram.h"
+#include "support/memory_io.h"
+#include "support/qp_setup.h"
 #include "wire/grh.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
@@ -160,69 +161,11 @@ constexpr size_t kWindowBytes = 512;
 constexpr int kWindowAccess =
     IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
-std::array<uint8_t, 4> v4_of(const net::Address& a) {
-  std::array<uint8_t, 4> out{};
-  const auto b = a.v4_bytes();
-  std::copy(b.begin(), b.end(), out.begin());
-  return out;
-}
+using test::v4_of;
 
 uint8_t region_pattern(size_t region, size_t i) {
   return static_cast<uint8_t>((i * 131 + region * 29 + (i >> 8)) & 0xFF);
 }
-
-// ---- the in-memory PacketIo ------------------------------------------------------------------
-struct SentPacket {
-  std::vector<uint8_t> bytes;
-  net::TxDatagram meta;  // iov not valid after send()
-};
-
-class FuzzIo final : public net::PacketIo {
- public:
-  struct Incoming {
-    std::vector<uint8_t> bytes;
-    net::Endpoint src;
-    net::Endpoint dst;
-  };
-  // Called from send() while the iovecs are valid.
-  std::function<void(const net::TxDatagram&, std::span<const uint8_t>)> on_send;
-
-  net::TxStatus send(const net::TxDatagram& d) override {
-    REQUIRE(d.iov.size() >= 1 && d.iov.size() <= net::kMaxTxIov, "send with %zu iovecs",
-            d.iov.size());
-    std::vector<uint8_t> bytes;
-    for (const iovec& v : d.iov) {
-      const auto* p = static_cast<const uint8_t*>(v.iov_base);
-      bytes.insert(bytes.end(), p, p + v.iov_len);
-    }
-    if (on_send) on_send(d, bytes);
-    ++sent;
-    return net::TxStatus::kSent;
-  }
-  size_t send_batch(std::span<const net::TxDatagram> batch) override {
-    for (const auto& d : batch) send(d);
-    return batch.size();
-  }
-  size_t recv_batch(std::span<net::RxDatagram> batch) override {
-    size_t n = 0;
-    for (; n < batch.size() && !inbox.empty(); ++n) {
-      const Incoming& in = inbox.front();
-      const size_t len = std::min(in.bytes.size(), batch[n].buffer.size());
-      std::copy_n(in.bytes.begin(), len, batch[n].buffer.begin());
-      batch[n].length = len;
-      batch[n].truncated = len < in.bytes.size();
-      batch[n].src = in.src;
-      batch[n].dst = in.dst;
-      inbox.pop_front();
-    }
-    return n;
-  }
-  int readable_fd() const override { return -1; }
-  net::IoCounters counters() const override { return {}; }
-
-  std::deque<Incoming> inbox;
-  uint64_t sent = 0;
-};
 
 // wr_id of a receive WQE: its total SGE length in the low 32 bits, a queue tag above.
 constexpr uint64_t recv_wr_id(uint32_t tag, uint32_t total) {
@@ -233,6 +176,8 @@ constexpr uint64_t recv_wr_id(uint32_t tag, uint32_t total) {
 class World {
  public:
   World() : dev_(device_config(&relay_)), engine_(dev_, io_, clock_, engine::EngineConfig{}) {
+    // Every datagram is checked as it is sent (check_sent), not kept.
+    io_.set_recording(false);
     io_.on_send = [this](const net::TxDatagram& d, std::span<const uint8_t> bytes) {
       check_sent(d, bytes);
     };
@@ -288,9 +233,11 @@ class World {
   Key key_for(unsigned index) const;
 
   uint8_t* region_addr(size_t r) const { return arena_.get() + region_offset_[r]; }
+  // Datagrams the engine has sent, as the I/O counted them.
+  uint64_t io_sent() const { return io_.counters().tx_datagrams; }
 
   net::VirtualClock clock_;
-  FuzzIo io_;
+  test::MemoryIo io_;
   engine::DoorbellRelay relay_;
   provider::Device dev_;
   engine::Engine engine_;
@@ -318,13 +265,7 @@ class World {
 };
 
 provider::DeviceConfig World::device_config(engine::DoorbellRelay* relay) {
-  provider::DeviceConfig c;
-  c.doorbell = relay;
-  ibv_gid gid = {};
-  std::memcpy(gid.raw, kHostB.bytes().data(), 16);
-  c.gids = {gid};
-  c.active_mtu = IBV_MTU_1024;  // the UD QP's MTU
-  return c;
+  return test::device_config(relay, kHostB, IBV_MTU_1024);  // active MTU: the UD QP's
 }
 
 void World::build_arena() {
@@ -371,34 +312,21 @@ provider::Qp* World::make_qp(ibv_qp_type type, provider::Srq* srq, uint32_t rq_p
   auto r = dev_.create_qp(init);
   REQUIRE(r.ok(), "create_qp: errno %d", r.error());
   provider::Qp* qp = r.value();
-  ibv_qp_attr a = {};
-  a.pkey_index = 0;
-  a.port_num = 1;
-  a.qkey = kUdQkey;
-  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.port_num = 1;
-  std::memcpy(a.ah_attr.grh.dgid.raw, kPeer.bytes().data(), 16);
-  a.ah_attr.grh.sgid_index = 0;
-  a.ah_attr.grh.hop_limit = 64;
-  a.path_mtu = kPathMtu;
-  a.dest_qp_num = kPeerQpn;
-  a.rq_psn = rq_psn;
-  a.sq_psn = kRcSqPsn;
-  a.max_dest_rd_atomic = 4;
-  a.max_rd_atomic = 4;
-  a.min_rnr_timer = 1;
-  a.timeout = 10;
-  a.retry_cnt = 3;
-  a.rnr_retry = 3;
-  const ibv_qp_state path[] = {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS};
-  for (int i = 1; i < 4; ++i) {
-    a.qp_state = path[i];
-    const int mask =
-        provider::qp_transition_masks(path[i - 1], path[i], type).required | IBV_QP_STATE;
-    const auto st = qp->modify(a, mask);
-    REQUIRE(st.ok(), "modify qp type %d to %d: errno %d", type, path[i], st.error());
-  }
+  test::QpParams p;
+  p.type = type;
+  p.mtu = kPathMtu;
+  p.sq_psn = kRcSqPsn;
+  p.rq_psn = rq_psn;
+  p.timeout = 10;
+  p.retry_cnt = 3;
+  p.rnr_retry = 3;
+  p.min_rnr_timer = 1;
+  p.max_rd_atomic = 4;
+  p.max_dest_rd_atomic = 4;
+  p.access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  p.qkey = kUdQkey;
+  const test::BringUp up = test::bring_up(*qp, p, kPeer, kPeerQpn);
+  REQUIRE(up.ok(), "modify qp type %d to %d: errno %d", type, up.failed_to, up.status.error());
   return qp;
 }
 
@@ -581,14 +509,14 @@ void World::top_up_receives() {
 // Polls until a poll sends nothing: afterwards a poll without input or time does nothing.
 void World::settle() {
   for (int i = 0; i < 64; ++i) {
-    const uint64_t before = io_.sent;
+    const uint64_t before = io_sent();
     engine_.poll();
     drain_cq();
     top_up_receives();
-    if (io_.sent == before) {
+    if (io_sent() == before) {
       engine_.poll();  // what the top-up rang
       drain_cq();
-      if (io_.sent == before) return;
+      if (io_sent() == before) return;
     }
   }
   fail("the engine keeps sending without input or time");
@@ -653,12 +581,16 @@ void World::check_world(const char* when) {
     }
   }
   const engine::EngineCounters& c = engine_.counters();
-  REQUIRE(c.sent_pkts == io_.sent, "%s: sent_pkts %lu but the I/O saw %lu", when,
-          static_cast<unsigned long>(c.sent_pkts), static_cast<unsigned long>(io_.sent));
+  REQUIRE(c.sent_pkts == io_sent(), "%s: sent_pkts %lu but the I/O saw %lu", when,
+          static_cast<unsigned long>(c.sent_pkts), static_cast<unsigned long>(io_sent()));
   REQUIRE(c.send_err == 0, "%s: send_err %lu", when, static_cast<unsigned long>(c.send_err));
+  // More than net::kMaxTxIov iovecs (or an oversized datagram) is rejected by the I/O.
+  REQUIRE(io_.counters().tx_rejected == 0, "%s: the I/O rejected %lu datagrams", when,
+          static_cast<unsigned long>(io_.counters().tx_rejected));
 }
 
 void World::check_sent(const net::TxDatagram& d, std::span<const uint8_t> bytes) {
+  REQUIRE(!d.iov.empty(), "send with no iovecs");
   REQUIRE(bytes.size() <= engine::kMaxPacketBytes, "sent %zu bytes", bytes.size());
   const wire::ParseResult r = wire::parse_packet(bytes);
   REQUIRE(r.ok(), "sent a packet that does not parse: %s", wire::parse_error_name(r.error()));
@@ -775,7 +707,11 @@ void World::run_chunk(uint8_t mode, uint8_t aux, uint8_t extra, std::span<const 
   const bool v6 = (extra & 0x80) != 0;
   if (source != 3) patch(bytes, mode, aux);
 
-  FuzzIo::Incoming in;
+  struct {
+    std::vector<uint8_t> bytes;
+    net::Endpoint src;
+    net::Endpoint dst;
+  } in;
   in.src.port = kPeerPort;
   in.dst.port = net::kRoceV2UdpPort;
   if (v6) {
@@ -848,7 +784,7 @@ void World::run_chunk(uint8_t mode, uint8_t aux, uint8_t extra, std::span<const 
   }
 
   const engine::EngineCounters before = engine_.counters();
-  const uint64_t sent_before = io_.sent;
+  const uint64_t sent_before = io_sent();
   const uint32_t cq_before = cq_->size() + ud_cq_->size();
   const std::array<ibv_qp_state, 3> states_before = {rc_->state(), uc_->state(), ud_->state()};
   if (verbose_)
@@ -858,7 +794,7 @@ void World::run_chunk(uint8_t mode, uint8_t aux, uint8_t extra, std::span<const 
   const uint32_t in_copy_qpn =
       bytes.size() >= 8 ? (uint32_t{bytes[5]} << 16 | uint32_t{bytes[6]} << 8 | bytes[7]) : 0;
   in.bytes = std::move(bytes);
-  io_.inbox.push_back(std::move(in));
+  io_.deliver(in.bytes, in.src, in.dst);
   engine_.poll();
   const engine::EngineCounters& after = engine_.counters();
   REQUIRE(after.rcvd_pkts == before.rcvd_pkts + 1, "rcvd_pkts did not count the datagram");
@@ -867,7 +803,7 @@ void World::run_chunk(uint8_t mode, uint8_t aux, uint8_t extra, std::span<const 
   REQUIRE(after.rdma_recvs <= before.rdma_recvs + 1, "one datagram counted as %lu requests",
           static_cast<unsigned long>(after.rdma_recvs - before.rdma_recvs));
   const auto quiet = [&](const char* why) {
-    REQUIRE(io_.sent == sent_before, "a datagram dropped for %s made the engine send", why);
+    REQUIRE(io_sent() == sent_before, "a datagram dropped for %s made the engine send", why);
     REQUIRE(cq_->size() + ud_cq_->size() == cq_before,
             "a datagram dropped for %s made a completion", why);
     REQUIRE(after.drops() == before.drops() + 1, "a datagram dropped for %s: %lu drops counted",
@@ -908,7 +844,7 @@ void World::run_chunk(uint8_t mode, uint8_t aux, uint8_t extra, std::span<const 
         engine::EngineCounters expect = before;
         ++expect.rcvd_pkts;
         const std::array<ibv_qp_state, 3> states = {rc_->state(), uc_->state(), ud_->state()};
-        REQUIRE(std::memcmp(&expect, &after, sizeof(expect)) != 0 || io_.sent != sent_before ||
+        REQUIRE(std::memcmp(&expect, &after, sizeof(expect)) != 0 || io_sent() != sent_before ||
                     cq_->size() + ud_cq_->size() != cq_before || states != states_before,
                 "request opcode 0x%02x to QP 0x%x vanished: not counted, no packet, no "
                 "completion, no state change",

@@ -1,5 +1,6 @@
 // Shared helpers for the engine tests: simulated hosts (Device + Engine on a SimNetwork host),
-// QP connection through the real provider state machine, posting and polling shortcuts.
+// QP connection through the real provider state machine (tests/support/qp_setup.h), posting and
+// polling shortcuts.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,42 +13,16 @@
 #include "net/sim_world.h"
 #include "provider/device.h"
 #include "support/engine_participant.h"
+#include "support/qp_setup.h"
 #include "wire/grh.h"
 
 namespace urdma::engine::testing {
 
-inline ibv_gid gid_of(const net::Address& a) {
-  ibv_gid gid = {};
-  std::memcpy(gid.raw, a.bytes().data(), 16);
-  return gid;
-}
-
-inline provider::DeviceConfig device_config(provider::Doorbell* doorbell, const net::Address& a,
-                                            ibv_mtu mtu = IBV_MTU_1024) {
-  provider::DeviceConfig c;
-  c.gids = {gid_of(a)};
-  c.active_mtu = mtu;
-  c.doorbell = doorbell;
-  return c;
-}
-
-// QP parameters the tests vary.
-struct QpParams {
-  ibv_qp_type type = IBV_QPT_RC;
-  ibv_mtu mtu = IBV_MTU_1024;
-  uint32_t sq_psn = 0x100;
-  uint32_t rq_psn = 0x200;  // the peer's sq_psn must equal this
-  uint8_t timeout = 10;     // 4.096 us << 10 = 4.2 ms (virtual)
-  uint8_t retry_cnt = 7;
-  uint8_t rnr_retry = 7;
-  uint8_t min_rnr_timer = 1;  // 10 us
-  uint8_t max_rd_atomic = 4;
-  uint8_t max_dest_rd_atomic = 4;
-  int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-  uint32_t qkey = 0x11111111;
-  bool sq_sig_all = false;
-  provider::Srq* srq = nullptr;
-};
+// Device configuration, QP parameters and bring-up live in tests/support (qp_setup.h), shared
+// with the fuzz target and the benchmark; these names stay for the engine tests.
+using test::device_config;
+using test::gid_of;
+using test::QpParams;
 
 // One host: address, device (doorbell relay wired), engine, a PD and a CQ.
 struct SimHost {
@@ -104,35 +79,11 @@ inline int mask_for(ibv_qp_state cur, ibv_qp_state next, ibv_qp_type type) {
   return provider::qp_transition_masks(cur, next, type).required | IBV_QP_STATE;
 }
 
-// Drives `qp` RESET → INIT → RTR → RTS towards (peer address, peer QPN).
+// Drives `qp` RESET → INIT → RTR → RTS towards (peer address, peer QPN): test::bring_up.
 inline void connect(provider::Qp* qp, const net::Address& peer, uint32_t peer_qpn,
                     const QpParams& p) {
-  ibv_qp_attr a = {};
-  a.pkey_index = 0;
-  a.port_num = 1;
-  a.qkey = p.qkey;
-  a.qp_access_flags = static_cast<unsigned>(p.access);
-  a.ah_attr.is_global = 1;
-  a.ah_attr.port_num = 1;
-  a.ah_attr.grh.dgid = gid_of(peer);
-  a.ah_attr.grh.sgid_index = 0;
-  a.ah_attr.grh.hop_limit = 64;
-  a.path_mtu = p.mtu;
-  a.dest_qp_num = peer_qpn;
-  a.rq_psn = p.rq_psn;
-  a.sq_psn = p.sq_psn;
-  a.max_dest_rd_atomic = p.max_dest_rd_atomic;
-  a.max_rd_atomic = p.max_rd_atomic;
-  a.min_rnr_timer = p.min_rnr_timer;
-  a.timeout = p.timeout;
-  a.retry_cnt = p.retry_cnt;
-  a.rnr_retry = p.rnr_retry;
-  const ibv_qp_state path[] = {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS};
-  for (int i = 1; i < 4; ++i) {
-    a.qp_state = path[i];
-    ASSERT_EQ(qp->modify(a, mask_for(path[i - 1], path[i], p.type)).error(), 0)
-        << "to state " << path[i];
-  }
+  const test::BringUp r = test::bring_up(*qp, p, peer, peer_qpn);
+  ASSERT_TRUE(r.ok()) << "to state " << r.failed_to << ": errno " << r.status.error();
 }
 
 inline ibv_sge sge(const void* addr, uint32_t len, const provider::Mr* mr) {

@@ -5,73 +5,21 @@
 
 #include <gtest/gtest.h>
 
-#include <deque>
 #include <functional>
 #include <vector>
 
 #include "engine/engine.h"
 #include "engine_test_util.h"
 #include "net/clock.h"
+#include "support/datagram.h"
+#include "support/memory_io.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
 
 namespace urdma::engine::testing {
 
-// Records what the engine sends; delivers what the test queues.
-class FakeIo final : public net::PacketIo {
- public:
-  struct Sent {
-    std::vector<uint8_t> bytes;
-    net::Endpoint dst;
-    net::Address src;
-    uint16_t src_port;
-    // The gather list as handed over (pointers only valid during send(); kept to compare).
-    std::vector<iovec> iov;
-  };
-
-  net::TxStatus send(const net::TxDatagram& d) override {
-    Sent s;
-    s.iov.assign(d.iov.begin(), d.iov.end());
-    for (const iovec& v : d.iov) {
-      const auto* p = static_cast<const uint8_t*>(v.iov_base);
-      s.bytes.insert(s.bytes.end(), p, p + v.iov_len);
-    }
-    s.dst = d.dst;
-    s.src = d.src;
-    s.src_port = d.src_port;
-    sent.push_back(std::move(s));
-    return net::TxStatus::kSent;
-  }
-  size_t send_batch(std::span<const net::TxDatagram> batch) override {
-    for (const auto& d : batch) send(d);
-    return batch.size();
-  }
-  size_t recv_batch(std::span<net::RxDatagram> batch) override {
-    size_t n = 0;
-    for (; n < batch.size() && !inbox.empty(); ++n) {
-      const auto& in = inbox.front();
-      const size_t len = std::min(in.bytes.size(), batch[n].buffer.size());
-      std::copy_n(in.bytes.begin(), len, batch[n].buffer.begin());
-      batch[n].length = len;
-      batch[n].truncated = len < in.bytes.size();
-      batch[n].src = net::Endpoint{in.src, in.src_port};
-      batch[n].dst = net::Endpoint{in.dst, net::kRoceV2UdpPort};
-      inbox.pop_front();
-    }
-    return n;
-  }
-  int readable_fd() const override { return -1; }
-  net::IoCounters counters() const override { return {}; }
-
-  struct Incoming {
-    std::vector<uint8_t> bytes;
-    net::Address src;
-    net::Address dst;
-    uint16_t src_port;
-  };
-  std::vector<Sent> sent;
-  std::deque<Incoming> inbox;
-};
+// Records what the engine sends; delivers what the test queues (tests/support/memory_io.h).
+using FakeIo = test::MemoryIo;
 
 using HeaderFill = std::function<void(const wire::PacketHeaders&)>;
 
@@ -122,17 +70,10 @@ class ProtocolTest : public ::testing::Test {
   }
 
   void inject_raw(std::vector<uint8_t> bytes, bool seal = true, net::Address src = kPeer) {
-    if (seal && bytes.size() >= wire::kIcrcMinUdpPayloadBytes) {
-      wire::IcrcIpv4 h;
-      const auto s4 = src.v4_bytes();
-      const auto d4 = kLocal.v4_bytes();
-      std::copy(s4.begin(), s4.end(), h.flow.src_addr.begin());
-      std::copy(d4.begin(), d4.end(), h.flow.dst_addr.begin());
-      h.flow.udp_src_port = kPeerPort;
-      h.flow.udp_dst_port = net::kRoceV2UdpPort;
-      wire::seal_icrc(h, bytes);
-    }
-    io_.inbox.push_back({std::move(bytes), src, kLocal, kPeerPort});
+    const net::Endpoint from{src, kPeerPort};
+    const net::Endpoint to{kLocal, net::kRoceV2UdpPort};
+    if (seal) test::seal_icrc(bytes, from, to);
+    io_.deliver(bytes, from, to);
     engine_.poll();
   }
 
@@ -140,14 +81,7 @@ class ProtocolTest : public ::testing::Test {
   wire::PacketView sent(size_t i) {
     EXPECT_LT(i, io_.sent.size());
     const auto& s = io_.sent.at(i);
-    wire::IcrcIpv4Flow flow;
-    const auto s4 = kLocal.v4_bytes();
-    const auto d4 = s.dst.address.v4_bytes();
-    std::copy(s4.begin(), s4.end(), flow.src_addr.begin());
-    std::copy(d4.begin(), d4.end(), flow.dst_addr.begin());
-    flow.udp_src_port = s.src_port;
-    flow.udp_dst_port = net::kRoceV2UdpPort;
-    EXPECT_TRUE(wire::verify_icrc_ipv4(flow, s.bytes, wire::Ipv4DfSearch::kSetOnly).ok);
+    EXPECT_TRUE(test::icrc_ok(s.bytes, {kLocal, s.src_port}, s.dst));
     auto r = wire::parse_packet(s.bytes);
     EXPECT_TRUE(r.ok()) << wire::parse_error_name(r.error());
     return *r;
