@@ -1,0 +1,224 @@
+#include "daemon/client.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "daemon/daemon.h"
+
+namespace urdma::daemon {
+
+namespace {
+
+// The status a spawned daemon (or the exec before it) reports on --status-fd.
+struct SpawnStatus {
+  int32_t stage;  // 1: exec failed, 2: the daemon's start-up result
+  int32_t err;    // 0: serving
+};
+constexpr int kStatusFd = 3;
+
+int64_t now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool executable(const std::string& path) {
+  return !path.empty() && access(path.c_str(), X_OK) == 0;
+}
+
+std::string dir_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+int try_connect(const std::string& name, int timeout_ms, UniqueFd* out) {
+  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return errno;
+  sockaddr_un sun;
+  const socklen_t len = abstract_address(name, &sun);
+  if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&sun), len) != 0) return errno;
+  // Replies are bounded in time: a stuck daemon is an error, never a hang.
+  const timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  *out = std::move(fd);
+  return 0;
+}
+
+// Starts `path` detached (double fork: the daemon is not our child and never our zombie) with
+// its status pipe on fd 3. Only async-signal-safe calls between fork and exec: the caller may
+// have threads. Returns the read end of the status pipe, or -errno.
+int spawn_detached(const std::string& path, const std::string& log_path) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return -errno;
+  UniqueFd rd(pipe_fds[0]), wr(pipe_fds[1]);
+  const std::string status_arg = std::to_string(kStatusFd);
+  // With a log file, the daemon says what it does (clients, slots); otherwise only errors.
+  const char* argv[] = {path.c_str(), "--status-fd", status_arg.c_str(),
+                        log_path.empty() ? nullptr : "--verbose", nullptr};
+  const char* log = log_path.empty() ? "/dev/null" : log_path.c_str();
+  const pid_t child = fork();
+  if (child < 0) return -errno;
+  if (child == 0) {
+    setsid();
+    if (fork() != 0) _exit(0);  // the intermediate exits; the daemon is reparented
+    const int null_fd = open("/dev/null", O_RDONLY);
+    const int log_fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (null_fd >= 0) dup2(null_fd, 0);
+    if (log_fd >= 0) {
+      dup2(log_fd, 1);
+      dup2(log_fd, 2);
+    }
+    dup2(wr.get(), kStatusFd);  // dup2 clears close-on-exec on the copy
+    close_range(kStatusFd + 1, ~0U, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    (void)!chdir("/");
+    execv(path.c_str(), const_cast<char* const*>(argv));
+    const SpawnStatus st{1, errno};
+    (void)!write(kStatusFd, &st, sizeof st);
+    _exit(127);
+  }
+  int status;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  return rd.release();
+}
+
+}  // namespace
+
+std::string find_daemon_binary(const ClientOptions& options) {
+  if (!options.daemon_path.empty()) return options.daemon_path;
+  if (const char* env = std::getenv("URDMA_DAEMON"); env && *env) return env;
+  char exe[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    const std::string candidate = dir_of(std::string(exe, static_cast<size_t>(n))) + "/urdmad";
+    if (executable(candidate)) return candidate;
+  }
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&find_daemon_binary), &info) && info.dli_fname) {
+    const std::string candidate = dir_of(info.dli_fname) + "/urdmad";
+    if (executable(candidate)) return candidate;
+  }
+  if (const char* path = std::getenv("PATH")) {
+    std::string dirs = path;
+    size_t start = 0;
+    while (start <= dirs.size()) {
+      const size_t end = std::min(dirs.find(':', start), dirs.size());
+      const std::string candidate = dirs.substr(start, end - start) + "/urdmad";
+      if (executable(candidate)) return candidate;
+      start = end + 1;
+    }
+  }
+  return "";
+}
+
+int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::string* detail) {
+  const std::string name =
+      options.socket_name.empty() ? socket_name_from_env() : options.socket_name;
+  int err = try_connect(name, options.timeout_ms, &out->fd_);
+  if (err == 0) return 0;
+  if (err != ECONNREFUSED || !options.spawn) {
+    *detail = errno_text(("connect to urdmad at @" + name).c_str(), err);
+    return err;
+  }
+  const std::string path = find_daemon_binary(options);
+  if (!executable(path)) {
+    *detail = "urdmad is not running and no urdmad binary was found (set URDMA_DAEMON)";
+    return ENOENT;
+  }
+  const char* log = std::getenv("URDMA_DAEMON_LOG");
+  const int status_fd = spawn_detached(path, log ? log : "");
+  if (status_fd < 0) {
+    *detail = errno_text(("start " + path).c_str(), -status_fd);
+    return -status_fd;
+  }
+  UniqueFd status(status_fd);
+  const int64_t deadline = now_ms() + options.timeout_ms;
+  // Wait for the daemon's verdict: serving, lost the race (another daemon serves), or failed.
+  SpawnStatus st{0, 0};
+  for (;;) {
+    const int64_t left = deadline - now_ms();
+    pollfd p{status.get(), POLLIN, 0};
+    const int r = poll(&p, 1, static_cast<int>(std::max<int64_t>(left, 0)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      *detail = path + " did not report within " + std::to_string(options.timeout_ms) + " ms";
+      return ETIMEDOUT;
+    }
+    const ssize_t n = read(status.get(), &st, sizeof st);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof st)) st = {2, EIO};  // died without a word
+    break;
+  }
+  if (st.stage == 1) {
+    *detail = errno_text(("exec " + path).c_str(), st.err);
+    return st.err;
+  }
+  if (st.err != 0 && st.err != EADDRINUSE) {
+    *detail = errno_text((path + " failed to start").c_str(), st.err);
+    return st.err;
+  }
+  // Serving (ours or the winner of a race): connect, retrying briefly while a winner that has
+  // bound but not yet listened comes up.
+  for (;;) {
+    err = try_connect(name, options.timeout_ms, &out->fd_);
+    if (err == 0) return 0;
+    if (err != ECONNREFUSED || now_ms() >= deadline) break;
+    usleep(5000);
+  }
+  *detail = errno_text(("connect to urdmad at @" + name + " after starting it").c_str(), err);
+  return err;
+}
+
+int Client::call(MsgType request, std::vector<uint8_t>* reply, UniqueFd* passed) {
+  if (!fd_.valid()) return ENOTCONN;
+  const auto rec = encode_request(request);
+  const int send_err = send_record(fd_.get(), rec);
+  // A refused client may find the connection closed already; the reason is still queued.
+  if (send_err != 0 && send_err != EPIPE && send_err != ECONNRESET) return send_err;
+  reply->resize(kMaxMessageBytes);
+  ssize_t n = recv_record(fd_.get(), *reply, passed);
+  // A daemon that refused us closed the connection with our request unread: the kernel reports
+  // ECONNRESET first (once), and the refusal record is still queued behind it.
+  if (n == -ECONNRESET) n = recv_record(fd_.get(), *reply, passed, MSG_DONTWAIT);
+  if (n == -EAGAIN && send_err) return send_err;
+  if (n < 0) return -n == EAGAIN ? ETIMEDOUT : static_cast<int>(-n);
+  if (n == 0) return send_err ? send_err : ECONNRESET;
+  reply->resize(static_cast<size_t>(n));
+  return 0;
+}
+
+int Client::acquire_slot(Slot* slot) {
+  std::vector<uint8_t> reply;
+  UniqueFd fd;
+  if (const int err = call(MsgType::kAcquireSlot, &reply, &fd)) return err;
+  SlotInfo info;
+  if (const int err = decode_slot(reply, &info)) return err;
+  if (!fd.valid()) return EPROTO;
+  slot->fd = std::move(fd);
+  slot->info = info;
+  return 0;
+}
+
+int Client::query_gids(std::vector<GidEntry>* gids) {
+  std::vector<uint8_t> reply;
+  if (const int err = call(MsgType::kQueryGids, &reply, nullptr)) return err;
+  return decode_gids(reply, gids);
+}
+
+}  // namespace urdma::daemon

@@ -1,0 +1,65 @@
+// The client side of urdmad, what a process's runtime calls once at start:
+//
+//   Client client;
+//   if (int err = Client::connect_or_spawn({}, &client, &why)) ...   // an errno
+//   Slot slot;
+//   if (int err = client.acquire_slot(&slot)) ...                    // EBUSY: table full
+//
+// connect_or_spawn connects to the namespace's abstract socket; when nobody listens it starts
+// urdmad (detached: its own session, reparented away from the caller, stdio on /dev/null or
+// $URDMA_DAEMON_LOG) and waits, bounded, until it serves. Two processes spawning at once end with
+// one daemon: the loser's bind fails (EADDRINUSE) and both connect to the winner.
+// The connection must stay open while the slot is in use: the daemon reclaims the slot when it
+// closes (process exit or death).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "daemon/gid_table.h"
+#include "daemon/protocol.h"
+#include "daemon/unique_fd.h"
+
+namespace urdma::daemon {
+
+struct ClientOptions {
+  // Empty: $URDMA_SOCKET, else kDefaultSocketName.
+  std::string socket_name;
+  // The urdmad to start. Empty: $URDMA_DAEMON, else "urdmad" next to the running executable,
+  // else next to the library holding this code, else $PATH.
+  std::string daemon_path;
+  bool spawn = true;
+  // How long to wait for a spawned daemon, and for any reply.
+  int timeout_ms = 5000;
+};
+
+struct Slot {
+  UniqueFd fd;  // the slot's UDP socket (bound, unconnected, non-blocking)
+  SlotInfo info{};
+};
+
+class Client {
+ public:
+  // 0 or an errno: ECONNREFUSED (no daemon and spawn off), ENOENT (no urdmad to start),
+  // ETIMEDOUT (it did not come up in time), or the daemon's own start-up error. *detail says
+  // what happened in a sentence.
+  static int connect_or_spawn(const ClientOptions& options, Client* out, std::string* detail);
+
+  // 0 or an errno: EBUSY (every slot leased), EALREADY, EACCES (another uid's daemon), ...
+  int acquire_slot(Slot* slot);
+  int query_gids(std::vector<GidEntry>* gids);
+
+  int fd() const { return fd_.get(); }
+  bool connected() const { return fd_.valid(); }
+
+ private:
+  int call(MsgType request, std::vector<uint8_t>* reply, UniqueFd* passed);
+
+  UniqueFd fd_;
+};
+
+// Where connect_or_spawn looks for urdmad (exposed for tests and diagnostics).
+std::string find_daemon_binary(const ClientOptions& options);
+
+}  // namespace urdma::daemon

@@ -1,0 +1,107 @@
+// urdmad: the host agent of one network namespace (see docs/ARCHITECTURE.md, "urdmad").
+//
+// One thread, one epoll loop over: the abstract unix listener and its client connections, the
+// rtnetlink address socket (GID table), a signalfd (SIGTERM/SIGINT/SIGHUP: clean exit), a
+// timerfd (idle exit), and the free slot sockets (drained: their datagrams name QPNs nobody
+// owns). Nothing polls; an idle daemon sleeps in epoll_wait.
+//
+// Start-up order matters: the unix socket is bound first, so a second daemon in the namespace
+// fails there (EADDRINUSE) before it could join the first one's SO_REUSEPORT group and shift
+// its socket indices. At exit the UDP sockets close before the unix listener.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/gid_table.h"
+#include "daemon/protocol.h"
+#include "daemon/slot_table.h"
+#include "daemon/steering.h"
+#include "daemon/unique_fd.h"
+
+namespace urdma::daemon {
+
+struct DaemonOptions {
+  std::string socket_name = kDefaultSocketName;
+  uint16_t udp_port = 4791;
+  unsigned slot_count = kDefaultSlots;
+  bool allow_ipv6 = true;
+  // Exit after this long without clients; 0 = never.
+  uint32_t idle_timeout_ms = 30000;
+  // Most client connections at once (each may lease one slot).
+  unsigned max_clients = 1024;
+  // Log to stderr.
+  bool verbose = false;
+};
+
+struct DaemonCounters {
+  uint64_t clients_accepted = 0;
+  uint64_t clients_refused = 0;  // another uid, or too many
+  uint64_t slots_leased = 0;
+  uint64_t slots_reclaimed = 0;
+  uint64_t drained_datagrams = 0;  // read from free slots and slot 0
+};
+
+class Daemon {
+ public:
+  // Binds everything. On failure returns null with an errno in *err (EADDRINUSE: another
+  // daemon owns the namespace's socket) and a sentence in *error.
+  static std::unique_ptr<Daemon> create(const DaemonOptions& options, int* err, std::string* error);
+  ~Daemon();
+
+  // Runs until a signal, the idle timeout or a fatal error. Returns the process exit code.
+  int run();
+
+  uint16_t udp_port() const { return group_.port; }
+  const DaemonCounters& counters() const { return counters_; }
+
+ private:
+  struct Client {
+    UniqueFd fd;
+    uid_t uid = 0;
+    pid_t pid = 0;
+    std::optional<unsigned> slot;
+  };
+
+  explicit Daemon(const DaemonOptions& options);
+  bool setup(int* err, std::string* error);
+  bool watch(int fd, uint64_t tag, uint32_t events);
+  void unwatch(int fd);
+  void accept_clients();
+  void serve(uint64_t id);
+  void drop_client(uint64_t id);
+  void handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec);
+  void drain(unsigned slot);
+  void update_idle_timer();
+  void log(const std::string& line) const;
+
+  DaemonOptions options_;
+  uid_t uid_;
+  // Declared first, destroyed last: the namespace stays claimed until the UDP group is gone.
+  UniqueFd listener_;
+  UniqueFd epoll_;
+  UniqueFd signal_fd_;
+  UniqueFd timer_fd_;
+  AddressMonitor addresses_;
+  GidTable gids_;
+  SlotGroup group_;
+  SlotTable slots_;
+  std::map<uint64_t, Client> clients_;
+  uint64_t next_client_id_ = 1;
+  DaemonCounters counters_;
+  bool stop_ = false;
+  int exit_code_ = 0;
+};
+
+// The socket name clients and the daemon use: $URDMA_SOCKET, else kDefaultSocketName.
+std::string socket_name_from_env();
+// The UDP port: $URDMA_UDP_PORT, else 4791.
+uint16_t udp_port_from_env();
+
+}  // namespace urdma::daemon

@@ -1,0 +1,60 @@
+// Process-test harness: every test body runs in a forked child inside its own fresh network
+// namespace (loopback up), so its urdmad, its abstract unix socket and UDP port 4791 cannot
+// clash with anything else on the machine — another test, a developer's daemon.
+//
+// The child is a child subreaper, so a daemon spawned by any process of the test is reparented
+// to it and can be reaped; when the body returns, every process left in the namespace is killed.
+// Needs root (CLONE_NEWNET) or unprivileged user namespaces (then uid 0 inside is the caller);
+// with neither the test is skipped with the reason.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace urdma::process_test {
+
+// Runs `body` in a fresh network namespace in a forked child; fails the calling test if the
+// body failed, died or outlived `timeout_s`; skips it if no namespace could be made.
+void in_fresh_netns(const std::function<void()>& body, int timeout_s = 20);
+
+// True when the fresh namespace was made with plain root (not a user namespace): setuid tests.
+bool real_root();
+
+// Ends the test body as skipped, with the reason (call from the body's process only).
+[[noreturn]] void skip_test(const std::string& why);
+
+// Forks a process that runs `fn` and exits with its return value.
+pid_t fork_process(const std::function<int()>& fn);
+// Waits (bounded) for a child; its exit status in the waitpid form, or nullopt on timeout.
+std::optional<int> wait_exit(pid_t pid, int timeout_ms);
+
+// Runs a shell command (iproute2); false and a message on failure.
+bool sh(const std::string& command);
+
+// Brings an interface up with ioctls (no iproute2 needed for lo).
+bool link_up(const char* ifname);
+
+// A pipe carrying fixed-size records between the test's processes (bounded reads).
+struct Pipe {
+  int rd = -1, wr = -1;
+  Pipe();
+  ~Pipe();
+  void close_rd();
+  void close_wr();
+  bool put(const void* data, size_t size);
+  bool get(void* data, size_t size, int timeout_ms);
+  template <class T>
+  bool put(const T& v) {
+    return put(&v, sizeof v);
+  }
+  template <class T>
+  bool get(T* v, int timeout_ms = 5000) {
+    return get(v, sizeof *v, timeout_ms);
+  }
+};
+
+}  // namespace urdma::process_test

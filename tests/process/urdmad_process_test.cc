@@ -1,0 +1,458 @@
+// urdmad with real processes: the real binary, spawned by the client library, inside a fresh
+// network namespace per test (netns_harness.h). Datagrams are sent to the group's port over
+// loopback (or a veth pair between two namespaces, 10.88.0.0/24) with a hand-made BTH whose
+// DestQP names the receiving process's QPN range.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "daemon/client.h"
+#include "daemon/steering.h"
+#include "netns_harness.h"
+
+namespace urdma::process_test {
+namespace {
+
+using daemon::Client;
+using daemon::ClientOptions;
+using daemon::Slot;
+using daemon::SlotInfo;
+using daemon::UniqueFd;
+
+constexpr uint16_t kPort = 4791;  // each test has its own namespace: the real port
+
+class UrdmadProcess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("URDMA_DAEMON", URDMA_DAEMON_PATH, 1);
+    setenv("URDMA_IDLE_TIMEOUT_MS", "10000", 1);
+    unsetenv("URDMA_SOCKET");
+    unsetenv("URDMA_UDP_PORT");
+    unsetenv("URDMA_SLOTS");
+  }
+};
+
+// The daemon's pid, from the credentials its listening socket recorded.
+pid_t daemon_pid(const Client& c) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(c.fd(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
+  return cred.pid;
+}
+
+bool alive(pid_t pid) {
+  // The test process is the daemon's subreaper: a dead daemon is a zombie until reaped here.
+  return waitpid(pid, nullptr, WNOHANG) == 0;
+}
+
+// Sends a 12-byte BTH (RC SEND Only) with DestQP `qpn` plus a 4-byte tag to addr:port.
+void send_to_qpn(const char* addr, uint32_t qpn, uint32_t tag, int from_fd = -1) {
+  UniqueFd own;
+  sockaddr_in6 sin6{};
+  sin6.sin6_family = AF_INET6;
+  sin6.sin6_port = htons(kPort);
+  std::string mapped = std::string(std::strchr(addr, ':') ? "" : "::ffff:") + addr;
+  ASSERT_EQ(inet_pton(AF_INET6, mapped.c_str(), &sin6.sin6_addr), 1) << addr;
+  if (from_fd < 0) {
+    own.reset(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    from_fd = own.get();
+  }
+  uint8_t d[16] = {0x04,
+                   0,
+                   0xff,
+                   0xff,
+                   0,
+                   static_cast<uint8_t>(qpn >> 16),
+                   static_cast<uint8_t>(qpn >> 8),
+                   static_cast<uint8_t>(qpn)};
+  std::memcpy(d + 12, &tag, sizeof tag);
+  ASSERT_EQ(sendto(from_fd, d, sizeof d, 0, reinterpret_cast<sockaddr*>(&sin6), sizeof sin6),
+            static_cast<ssize_t>(sizeof d))
+      << std::strerror(errno);
+}
+
+struct Received {
+  uint32_t qpn = 0;
+  uint32_t tag = 0;
+  std::string from;
+};
+
+// One datagram from a slot socket within `timeout_ms`.
+std::optional<Received> receive(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return std::nullopt;
+  uint8_t d[64];
+  sockaddr_in6 from{};
+  socklen_t len = sizeof from;
+  const ssize_t n =
+      recvfrom(fd, d, sizeof d, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &len);
+  if (n != 16) return std::nullopt;
+  Received r;
+  r.qpn = uint32_t{d[5]} << 16 | uint32_t{d[6]} << 8 | d[7];
+  std::memcpy(&r.tag, d + 12, sizeof r.tag);
+  char text[INET6_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET6, &from.sin6_addr, text, sizeof text);
+  r.from = text;
+  return r;
+}
+
+int connect_client(Client* c, bool spawn = true) {
+  std::string detail;
+  ClientOptions o;
+  o.spawn = spawn;
+  o.timeout_ms = 5000;
+  const int err = Client::connect_or_spawn(o, c, &detail);
+  if (err) std::fprintf(stderr, "connect_or_spawn: %s\n", detail.c_str());
+  return err;
+}
+
+// Stops a daemon we are the subreaper of; true if it exited cleanly.
+bool stop_daemon(pid_t pid) {
+  kill(pid, SIGTERM);
+  const auto status = wait_exit(pid, 3000);
+  return status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0;
+}
+
+TEST_F(UrdmadProcess, ClientSpawnsTheDaemonWhenAbsent) {
+  in_fresh_netns([] {
+    Client c;
+    EXPECT_EQ(connect_client(&c, /*spawn=*/false), ECONNREFUSED) << "no daemon yet";
+    ASSERT_EQ(connect_client(&c), 0);
+    const pid_t d = daemon_pid(c);
+    ASSERT_GT(d, 0);
+    EXPECT_TRUE(alive(d));
+    Slot slot;
+    ASSERT_EQ(c.acquire_slot(&slot), 0);
+    EXPECT_NE(slot.info.slot, 0u);
+    EXPECT_EQ(slot.info.udp_port, kPort);
+    EXPECT_EQ(daemon::slot_of_qpn(slot.info.qpn_base, slot.info.slot_count), slot.info.slot);
+    EXPECT_EQ(c.acquire_slot(&slot), EALREADY) << "one slot per connection";
+    // The GID table has loopback, IPv4-mapped and IPv6.
+    std::vector<daemon::GidEntry> gids;
+    ASSERT_EQ(c.query_gids(&gids), 0);
+    std::set<std::string> text;
+    for (const auto& g : gids) text.insert(g.gid.to_string());
+    EXPECT_TRUE(text.contains("127.0.0.1"));
+    EXPECT_TRUE(text.contains("::1"));
+    // A second client of the same process connects to the same daemon.
+    Client c2;
+    ASSERT_EQ(connect_client(&c2), 0);
+    EXPECT_EQ(daemon_pid(c2), d);
+    EXPECT_TRUE(stop_daemon(d));
+  });
+}
+
+TEST_F(UrdmadProcess, ConcurrentSpawnsEndWithOneDaemonAndDistinctSlotsGetTheirOwnPackets) {
+  in_fresh_netns([] {
+    constexpr int kClients = 4;
+    struct Report {
+      pid_t daemon;
+      SlotInfo info;
+    };
+    Pipe go, reports[kClients], results[kClients], done;
+    pid_t pids[kClients];
+    for (int i = 0; i < kClients; ++i) {
+      pids[i] = fork_process([&, i] {
+        go.close_wr();  // only the test's copies: their closing is the signal
+        done.close_wr();
+        char start;
+        go.get(&start, 5000);  // EOF releases everyone at once: a spawn race
+        Client c;
+        if (connect_client(&c) != 0) return 11;
+        Slot slot;
+        if (c.acquire_slot(&slot) != 0) return 12;
+        reports[i].put(Report{daemon_pid(c), slot.info});
+        // Expect exactly the datagrams for our QPNs, tagged with our index.
+        int good = 0, bad = 0;
+        while (auto r = receive(slot.fd.get(), 1500)) {
+          const bool mine = r->qpn >= slot.info.qpn_base &&
+                            r->qpn < slot.info.qpn_base + slot.info.qpn_count &&
+                            r->tag == static_cast<uint32_t>(i);
+          (mine ? good : bad)++;
+          if (good == 2) break;
+        }
+        results[i].put(good * 100 + bad);
+        char end;
+        done.get(&end, 5000);  // keep the slot until everyone has checked
+        return 0;
+      });
+    }
+    go.close_wr();  // releases every client at once
+    std::set<pid_t> daemons;
+    std::set<unsigned> slots;
+    Report r[kClients];
+    for (int i = 0; i < kClients; ++i) {
+      ASSERT_TRUE(reports[i].get(&r[i])) << "client " << i << " reported no slot";
+      daemons.insert(r[i].daemon);
+      slots.insert(r[i].info.slot);
+    }
+    EXPECT_EQ(daemons.size(), 1u) << "concurrent spawns end with one daemon";
+    EXPECT_EQ(slots.size(), static_cast<size_t>(kClients)) << "distinct slots";
+    // Two datagrams per client, to its first and last QPN, over IPv4 and IPv6 loopback.
+    for (int i = 0; i < kClients; ++i) {
+      send_to_qpn("127.0.0.1", r[i].info.qpn_base, static_cast<uint32_t>(i));
+      send_to_qpn("::1", r[i].info.qpn_base + r[i].info.qpn_count - 1, static_cast<uint32_t>(i));
+    }
+    for (int i = 0; i < kClients; ++i) {
+      int result = -1;
+      ASSERT_TRUE(results[i].get(&result));
+      EXPECT_EQ(result, 200) << "client " << i << ": 2 own datagrams, none of another's";
+    }
+    done.close_wr();
+    for (int i = 0; i < kClients; ++i) {
+      const auto status = wait_exit(pids[i], 3000);
+      ASSERT_TRUE(status);
+      EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+    }
+    EXPECT_TRUE(stop_daemon(*daemons.begin()));
+  });
+}
+
+TEST_F(UrdmadProcess, KilledClientsSlotIsReclaimedAndAFullTableIsAnError) {
+  in_fresh_netns([] {
+    setenv("URDMA_SLOTS", "3", 1);  // slot 0 + two client slots
+    struct Report {
+      pid_t daemon;
+      SlotInfo info;
+    };
+    auto holder = [](Pipe* report) {
+      return fork_process([report] {
+        Client c;
+        Slot slot;
+        if (connect_client(&c) != 0 || c.acquire_slot(&slot) != 0) return 1;
+        report->put(Report{daemon_pid(c), slot.info});
+        pause();  // hold the slot until killed
+        return 0;
+      });
+    };
+    Pipe ra, rb;
+    const pid_t a = holder(&ra);
+    Report a_info;
+    ASSERT_TRUE(ra.get(&a_info));
+    const pid_t b = holder(&rb);
+    Report b_info;
+    ASSERT_TRUE(rb.get(&b_info));
+    EXPECT_NE(a_info.info.slot, b_info.info.slot);
+
+    // Full: a clear error, not a hang.
+    Client full;
+    ASSERT_EQ(connect_client(&full), 0);
+    Slot none;
+    EXPECT_EQ(full.acquire_slot(&none), EBUSY);
+
+    // kill -9 a: its connection closes, the daemon drains and frees the slot.
+    ASSERT_EQ(kill(a, SIGKILL), 0);
+    ASSERT_TRUE(wait_exit(a, 2000));
+    // A datagram for a's dead QPN range, sent before anyone takes the slot again.
+    send_to_qpn("127.0.0.1", a_info.info.qpn_base + 7, 0xdead);
+    Slot again;
+    int err = EBUSY;
+    for (int i = 0; i < 200 && err == EBUSY; ++i) {
+      err = full.acquire_slot(&again);
+      if (err == EBUSY) usleep(10000);
+    }
+    ASSERT_EQ(err, 0) << "the dead client's slot was reclaimed";
+    EXPECT_EQ(again.info.slot, a_info.info.slot);
+    EXPECT_NE(again.info.qpn_base, a_info.info.qpn_base) << "not the QPN range just freed";
+    EXPECT_GT(again.info.generation, a_info.info.generation);
+    EXPECT_FALSE(receive(again.fd.get(), 50)) << "the stale datagram was drained";
+    // The new slot works.
+    send_to_qpn("127.0.0.1", again.info.qpn_base + 1, 42);
+    const auto got = receive(again.fd.get(), 1000);
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->qpn, again.info.qpn_base + 1);
+    EXPECT_EQ(got->tag, 42u);
+    kill(b, SIGKILL);
+    wait_exit(b, 2000);
+    EXPECT_TRUE(stop_daemon(a_info.daemon));
+  });
+}
+
+TEST_F(UrdmadProcess, SecondDaemonExitsWithAClearError) {
+  in_fresh_netns([] {
+    Client c;
+    ASSERT_EQ(connect_client(&c), 0);
+    const pid_t d = daemon_pid(c);
+    Pipe err;
+    const pid_t second = fork_process([&] {
+      dup2(err.wr, 2);
+      execl(URDMA_DAEMON_PATH, "urdmad", "--foreground", static_cast<char*>(nullptr));
+      return 127;
+    });
+    err.close_wr();
+    const auto status = wait_exit(second, 3000);
+    ASSERT_TRUE(status) << "the second daemon did not exit";
+    EXPECT_TRUE(WIFEXITED(*status));
+    EXPECT_EQ(WEXITSTATUS(*status), 3);
+    std::string text;
+    char ch;
+    while (err.get(&ch, 1, 100)) text += ch;
+    EXPECT_NE(text.find("another urdmad already serves this network namespace"), std::string::npos)
+        << text;
+    EXPECT_TRUE(alive(d)) << "the first daemon is unaffected";
+    Slot slot;
+    EXPECT_EQ(c.acquire_slot(&slot), 0);
+    EXPECT_TRUE(stop_daemon(d));
+  });
+}
+
+TEST_F(UrdmadProcess, ClientOfAnotherUidIsRefused) {
+  in_fresh_netns([] {
+    if (!real_root()) skip_test("not root (a user namespace maps one uid): no other uid to try");
+    Client c;
+    ASSERT_EQ(connect_client(&c), 0);
+    const pid_t d = daemon_pid(c);
+    const pid_t other = fork_process([] {
+      if (setgid(65534) != 0 || setuid(65534) != 0) return 10;
+      Client n;
+      if (connect_client(&n) != 0) return 11;  // the daemon exists: a connect, not a spawn
+      Slot slot;
+      const int err = n.acquire_slot(&slot);
+      if (err != EACCES) {
+        std::fprintf(stderr, "acquire_slot as nobody: %s\n", std::strerror(err));
+        return 12;
+      }
+      std::vector<daemon::GidEntry> gids;
+      Client n2;
+      if (connect_client(&n2) != 0) return 13;
+      return n2.query_gids(&gids) == EACCES ? 0 : 14;
+    });
+    const auto status = wait_exit(other, 5000);
+    ASSERT_TRUE(status) << "the refused client hung";
+    EXPECT_TRUE(WIFEXITED(*status));
+    EXPECT_EQ(WEXITSTATUS(*status), 0);
+    EXPECT_TRUE(stop_daemon(d));
+  });
+}
+
+TEST_F(UrdmadProcess, DaemonExitsWhenIdle) {
+  in_fresh_netns([] {
+    setenv("URDMA_IDLE_TIMEOUT_MS", "300", 1);
+    pid_t d;
+    {
+      Client c;
+      ASSERT_EQ(connect_client(&c), 0);
+      d = daemon_pid(c);
+      usleep(600 * 1000);
+      EXPECT_TRUE(alive(d)) << "no idle exit while a client is connected";
+    }
+    const auto status = wait_exit(d, 3000);
+    ASSERT_TRUE(status) << "the daemon did not exit after 300 ms without clients";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+    // And the next client starts a new one.
+    Client c;
+    ASSERT_EQ(connect_client(&c), 0);
+    EXPECT_NE(daemon_pid(c), d);
+  });
+}
+
+TEST_F(UrdmadProcess, GidTableFollowsAddressChanges) {
+  in_fresh_netns([] {
+    Client c;
+    ASSERT_EQ(connect_client(&c), 0);
+    const pid_t d = daemon_pid(c);
+    auto has = [&](const char* addr) {
+      std::vector<daemon::GidEntry> gids;
+      EXPECT_EQ(c.query_gids(&gids), 0);
+      for (const auto& g : gids)
+        if (g.gid.to_string() == addr) return true;
+      return false;
+    };
+    auto eventually = [&](const char* addr, bool present) {
+      for (int i = 0; i < 200; ++i) {
+        if (has(addr) == present) return true;
+        usleep(10000);
+      }
+      return false;
+    };
+    ASSERT_FALSE(has("10.77.0.1"));
+    ASSERT_TRUE(sh("ip link add va type veth peer name vb"));
+    ASSERT_TRUE(sh("ip addr add 10.77.0.1/24 dev va"));
+    ASSERT_TRUE(sh("ip -6 addr add fd00:77::1/64 dev va nodad"));
+    EXPECT_TRUE(eventually("10.77.0.1", true));
+    EXPECT_TRUE(eventually("fd00:77::1", true));
+    ASSERT_TRUE(sh("ip addr del 10.77.0.1/24 dev va"));
+    EXPECT_TRUE(eventually("10.77.0.1", false));
+    EXPECT_TRUE(has("fd00:77::1"));
+    EXPECT_TRUE(has("127.0.0.1"));
+    EXPECT_TRUE(stop_daemon(d));
+  });
+}
+
+struct SeenAtB {
+  uint32_t qpn;
+  uint32_t tag;
+  char from[INET6_ADDRSTRLEN];
+};
+
+TEST_F(UrdmadProcess, TwoNamespacesOverAVethPair) {
+  in_fresh_netns([] {
+    // Host A is this namespace; host B is a child in a namespace of its own.
+    Pipe b_ready, veth_made, b_slot, b_got;
+    const pid_t b = fork_process([&] {
+      veth_made.close_wr();  // only A's copy: its closing means A is done
+      if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
+      const pid_t me = getpid();
+      b_ready.put(me);
+      char ch;
+      if (!veth_made.get(&ch, 5000)) return 11;
+      if (std::system("ip addr add 10.88.0.2/24 dev vb && ip link set vb up") != 0) return 12;
+      Client c;
+      Slot slot;
+      if (connect_client(&c) != 0 || c.acquire_slot(&slot) != 0) return 13;
+      b_slot.put(slot.info);
+      const auto r = receive(slot.fd.get(), 5000);
+      if (!r) return 14;
+      SeenAtB seen{r->qpn, r->tag, {}};
+      std::strncpy(seen.from, r->from.c_str(), sizeof seen.from - 1);
+      b_got.put(seen);
+      // Answer A from B's slot socket (source port 4791) to A's QPN, carried in the tag.
+      send_to_qpn("10.88.0.1", r->tag, 0xB0B, slot.fd.get());
+      char end;
+      veth_made.get(&end, 5000);  // until A is done
+      return ::testing::Test::HasFailure() ? 15 : 0;
+    });
+    pid_t b_pid;
+    ASSERT_TRUE(b_ready.get(&b_pid));
+    ASSERT_TRUE(sh("ip link add va type veth peer name vb netns " + std::to_string(b_pid)));
+    ASSERT_TRUE(sh("ip addr add 10.88.0.1/24 dev va && ip link set va up"));
+    veth_made.put('x');
+    Client c;
+    Slot slot;
+    ASSERT_EQ(connect_client(&c), 0);
+    ASSERT_EQ(c.acquire_slot(&slot), 0);
+    SlotInfo b_info;
+    ASSERT_TRUE(b_slot.get(&b_info));
+    // The datagram names a QPN of B's process and carries A's QPN as its tag. The first packets
+    // may wait for ARP; the veth is up in both namespaces by now.
+    send_to_qpn("10.88.0.2", b_info.qpn_base + 9, slot.info.qpn_base + 3, slot.fd.get());
+    SeenAtB at_b;
+    ASSERT_TRUE(b_got.get(&at_b)) << "B received nothing";
+    EXPECT_EQ(at_b.qpn, b_info.qpn_base + 9);
+    EXPECT_STREQ(at_b.from, "::ffff:10.88.0.1");
+    const auto at_a = receive(slot.fd.get(), 3000);
+    ASSERT_TRUE(at_a) << "A received nothing back";
+    EXPECT_EQ(at_a->qpn, slot.info.qpn_base + 3);
+    EXPECT_EQ(at_a->tag, 0xB0Bu);
+    EXPECT_EQ(at_a->from, "::ffff:10.88.0.2");
+    veth_made.close_wr();
+    const auto status = wait_exit(b, 3000);
+    ASSERT_TRUE(status);
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+        << "host B exit " << WEXITSTATUS(*status);
+    EXPECT_TRUE(stop_daemon(daemon_pid(c)));
+  });
+}
+
+}  // namespace
+}  // namespace urdma::process_test

@@ -1,0 +1,73 @@
+// urdmad: the urdma host agent of one network namespace. Started on demand by the library
+// (and exits when idle), or as a service with --foreground. See src/daemon/daemon.h.
+#include <CLI/CLI.hpp>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <iostream>
+
+#include "daemon/daemon.h"
+
+namespace {
+
+// Tells the process that spawned us (src/daemon/client.cc) how start-up went.
+void report_status(int fd, int err) {
+  if (fd < 0) return;
+  const int32_t status[2] = {2, err};
+  (void)!write(fd, status, sizeof status);
+  close(fd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using urdma::daemon::DaemonOptions;
+  CLI::App app{
+      "urdmad: the urdma host agent. Owns the RoCEv2 UDP port through a group of steered slot "
+      "sockets, hands one to each process, keeps the GID table. One per network namespace."};
+  DaemonOptions options;
+  options.socket_name = urdma::daemon::socket_name_from_env();
+  options.udp_port = urdma::daemon::udp_port_from_env();
+  bool foreground = false;
+  bool ipv4_only = false;
+  int status_fd = -1;
+  uint32_t idle_timeout_ms = 30000;
+  if (const char* env = std::getenv("URDMA_IDLE_TIMEOUT_MS"); env && *env)
+    idle_timeout_ms = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
+  if (const char* env = std::getenv("URDMA_SLOTS"); env && *env)
+    options.slot_count = static_cast<unsigned>(std::strtoul(env, nullptr, 10));
+  app.add_flag("--foreground", foreground,
+               "run as a service: log to stderr, no idle exit unless --idle-timeout-ms is given");
+  auto* idle = app.add_option("--idle-timeout-ms", idle_timeout_ms,
+                              "exit after this long without clients (0: never; "
+                              "default 30000 or $URDMA_IDLE_TIMEOUT_MS)");
+  app.add_option("--port", options.udp_port, "UDP port of RoCEv2 (default 4791 or $URDMA_UDP_PORT)")
+      ->default_val(options.udp_port);
+  app.add_option("--socket-name", options.socket_name,
+                 "abstract unix socket name (default urdma/v1 or $URDMA_SOCKET)")
+      ->default_val(options.socket_name);
+  app.add_option("--slots", options.slot_count,
+                 "slot sockets in the group, slot 0 included (default 64 or $URDMA_SLOTS)")
+      ->default_val(options.slot_count)
+      ->check(CLI::Range(urdma::daemon::kMinSlots, urdma::daemon::kMaxSlots));
+  app.add_flag("--ipv4-only", ipv4_only, "bind 0.0.0.0 instead of dual-stack [::]");
+  app.add_flag("-v,--verbose", options.verbose, "log clients and slots to stderr");
+  app.add_option("--status-fd", status_fd, "write the start-up result here (used by the library)");
+  CLI11_PARSE(app, argc, argv);
+
+  options.allow_ipv6 = !ipv4_only;
+  options.idle_timeout_ms = foreground && idle->count() == 0 ? 0 : idle_timeout_ms;
+  if (foreground) options.verbose = true;
+
+  int err = 0;
+  std::string error;
+  auto daemon = urdma::daemon::Daemon::create(options, &err, &error);
+  if (!daemon) {
+    std::cerr << "urdmad: " << error << '\n';
+    report_status(status_fd, err);
+    return err == EADDRINUSE ? 3 : 1;
+  }
+  report_status(status_fd, 0);
+  return daemon->run();
+}
