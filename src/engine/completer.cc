@@ -8,6 +8,15 @@
 //  * NAK PSN sequence error → resend from the NAK'ed PSN; RNR NAK → wait the RNR timer, resend;
 //    other NAKs fail the WQE with the matching status and move the QP to ERR.
 //  * Local ACK timeout → resend from the oldest unacknowledged PSN, retry_cnt times.
+//  * An ACK beyond an outstanding READ/ATOMIC that got no response → its response was lost:
+//    resend it from its next response PSN at once (rxe_comp.c check_psn → COMPST_ERROR_RETRY).
+//
+// Ownership. The completer writes only its own state (Completer: comp.psn, the retry budgets
+// and timers) and the response side of the per-WQE records (stage kSent → kDone, status,
+// resp_psn, resp_bytes). What the requester must do about it — go back N, go on after being
+// blocked, free max_rd_atomic slots — is returned as a CompleterResult that
+// Engine::apply_completer_result (requester.cc) applies; the completer never writes the
+// requester's cursor, blocked flag or counts.
 #include <atomic>
 #include <cstring>
 
@@ -47,6 +56,12 @@ std::optional<uint32_t> Engine::oldest_outstanding(const QpContext& ctx) const {
 }
 
 void Engine::handle_response(QpContext& ctx, const wire::PacketView& pkt) {
+  CompleterResult r;
+  complete_response(ctx, pkt, r);
+  apply_completer_result(ctx, r);
+}
+
+void Engine::complete_response(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r) {
   if (ctx.type != IBV_QPT_RC) {
     ++counters_.drop_qp_type;
     return;
@@ -66,23 +81,22 @@ void Engine::handle_response(QpContext& ctx, const wire::PacketView& pkt) {
   if (opcode == wire::op::kRcAck) {
     const wire::AethView aeth = *pkt.aeth();
     if (aeth.is_ack()) {
-      process_ack(ctx, psn);
+      process_ack(ctx, psn, r);
     } else if (aeth.is_nak() || aeth.is_rnr_nak()) {
-      handle_nak(ctx, pkt);
+      handle_nak(ctx, pkt, r);
     } else {
       ++counters_.drop_bad_response;  // reserved syndrome type
     }
   } else if (pkt.info().is(wire::kReadResponse)) {
-    handle_read_response(ctx, pkt);
+    handle_read_response(ctx, pkt, r);
   } else if (opcode == wire::op::kRcAtomicAck) {
-    handle_atomic_ack(ctx, pkt);
+    handle_atomic_ack(ctx, pkt, r);
   } else {
     ++counters_.drop_bad_response;
   }
-  retire(ctx);
 }
 
-void Engine::process_ack(QpContext& ctx, uint32_t psn) {
+void Engine::process_ack(QpContext& ctx, uint32_t psn, CompleterResult& r) {
   Requester& req = ctx.req;
   uint32_t acked_to = wire::psn_next(psn);  // first PSN this ACK does not cover
   for (uint32_t i = 0; i < req.started; ++i) {
@@ -92,22 +106,40 @@ void Engine::process_ack(QpContext& ctx, uint32_t psn) {
     if (w.rd_atomic) {
       // A READ/ATOMIC finishes only with its response; the ACK covers nothing past it.
       if (wire::psn_gt(acked_to, w.resp_psn)) acked_to = w.resp_psn;
-      break;
+      progress(ctx, acked_to, r);
+      // An ACK of a request after it means the responder has answered it already (it answers
+      // in PSN order): the response from resp_psn on was lost. Ask again now rather than after
+      // the local ACK timeout (rxe_comp.c check_psn: a response past an unanswered READ or
+      // ATOMIC → COMPST_ERROR_RETRY; IBA 9.7.5.1.x). Once per gap, as a lost READ response
+      // below: no retry is charged, so reordering costs a resend, never the QP.
+      if (wire::psn_gt(psn, w.last_psn())) request_again(ctx, w.resp_psn, r);
+      return;
     }
     if (wire::psn_lt(psn, w.last_psn())) break;
     w.stage = WqeStage::kDone;
   }
-  progress(ctx, acked_to);
+  progress(ctx, acked_to, r);
 }
 
-void Engine::progress(QpContext& ctx, uint32_t next_unacked_psn) {
+// Resend a READ/ATOMIC from `psn` at once, once per gap (a burst of later responses or ACKs
+// does not trigger a burst of requests). Only progress opens a new gap, so it costs no retry.
+void Engine::request_again(QpContext& ctx, uint32_t psn, CompleterResult& r) {
+  Completer& comp = ctx.comp;
+  if (comp.read_gap_pending && comp.read_gap_psn == psn) return;
+  comp.read_gap_pending = true;
+  comp.read_gap_psn = psn;
+  ++counters_.completer_retry_err;
+  r.rewind_to = psn;
+}
+
+void Engine::progress(QpContext& ctx, uint32_t next_unacked_psn, CompleterResult& r) {
   Completer& comp = ctx.comp;
   if (wire::psn_gt(next_unacked_psn, comp.psn)) {
     comp.psn = next_unacked_psn;
     // Forward progress restores the retry budgets (rxe resets them per completed WQE).
     comp.retry_left = ctx.attr.retry_cnt;
     comp.rnr_retry_left = ctx.attr.rnr_retry;
-    ctx.req.blocked = false;
+    r.progress = true;
     const uint64_t now = clock_.now_ns();
     comp.retry_deadline_ns =
         wire::psn_lt(comp.psn, ctx.req.next_psn) && comp.rnr_deadline_ns == net::kNever
@@ -116,11 +148,11 @@ void Engine::progress(QpContext& ctx, uint32_t next_unacked_psn) {
   }
 }
 
-void Engine::handle_nak(QpContext& ctx, const wire::PacketView& pkt) {
+void Engine::handle_nak(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r) {
   const uint32_t psn = pkt.bth().psn();
   const wire::AethView aeth = *pkt.aeth();
   // Everything before the NAK'ed PSN was received (IBA 9.7.5.1.3).
-  if (wire::psn_gt(psn, ctx.comp.psn)) process_ack(ctx, wire::psn_sub(psn, 1));
+  if (wire::psn_gt(psn, ctx.comp.psn)) process_ack(ctx, wire::psn_sub(psn, 1), r);
   const std::optional<uint32_t> oldest = oldest_outstanding(ctx);
   if (!oldest) {
     ++counters_.drop_bad_response;
@@ -156,7 +188,7 @@ void Engine::handle_nak(QpContext& ctx, const wire::PacketView& pkt) {
     }
     --comp.retry_left;
     ++counters_.completer_retry_err;
-    rewind(ctx, comp.psn);
+    r.rewind_to = comp.psn;
     comp.retry_deadline_ns = net::kNever;  // re-armed by the resend
     return;
   }
@@ -190,7 +222,7 @@ std::optional<uint32_t> Engine::find_rd_atomic_answered(QpContext& ctx, uint32_t
   return std::nullopt;
 }
 
-void Engine::handle_read_response(QpContext& ctx, const wire::PacketView& pkt) {
+void Engine::handle_read_response(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r) {
   Requester& req = ctx.req;
   const uint32_t psn = pkt.bth().psn();
   const std::optional<uint32_t> found = find_rd_atomic_answered(ctx, psn);
@@ -201,17 +233,12 @@ void Engine::handle_read_response(QpContext& ctx, const wire::PacketView& pkt) {
   base::check(wqe != nullptr, "started WQE missing from the send queue");
   if (wqe->opcode != IBV_WR_RDMA_READ || psn != w.resp_psn) {
     // Not the response we wait for: an ATOMIC ACK is owed first, or a duplicate / a gap.
-    progress(ctx, w.resp_psn);
-    if (wqe->opcode == IBV_WR_RDMA_READ && wire::psn_gt(psn, w.resp_psn) &&
-        !(ctx.comp.read_gap_pending && ctx.comp.read_gap_psn == w.resp_psn)) {
-      // A response was lost (responses of one READ are sent in order): ask again for the rest
-      // at once instead of waiting for the ACK timeout (IBA 9.7.5.1.x, resend of a partially
-      // answered READ). Once per gap; it costs no retry, as only progress opens a new gap.
-      ctx.comp.read_gap_pending = true;
-      ctx.comp.read_gap_psn = w.resp_psn;
-      ++counters_.completer_retry_err;
-      rewind(ctx, w.resp_psn);
-    }
+    progress(ctx, w.resp_psn, r);
+    // A response was lost (responses of one READ are sent in order): ask again for the rest
+    // at once instead of waiting for the ACK timeout (IBA 9.7.5.1.x, resend of a partially
+    // answered READ).
+    if (wqe->opcode == IBV_WR_RDMA_READ && wire::psn_gt(psn, w.resp_psn))
+      request_again(ctx, w.resp_psn, r);
     return;
   }
   // IBA 9.5 / 9.7.5.1.x: First and Middle responses carry exactly one PMTU, Last/Only at most
@@ -236,13 +263,12 @@ void Engine::handle_read_response(QpContext& ctx, const wire::PacketView& pkt) {
   w.resp_psn = wire::psn_next(psn);
   if (last) {
     w.stage = WqeStage::kDone;
-    if (req.rd_atomic_outstanding > 0) --req.rd_atomic_outstanding;
-    req.blocked = false;
+    ++r.rd_atomic_done;
   }
-  progress(ctx, wire::psn_next(psn));
+  progress(ctx, wire::psn_next(psn), r);
 }
 
-void Engine::handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt) {
+void Engine::handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r) {
   Requester& req = ctx.req;
   const uint32_t psn = pkt.bth().psn();
   const std::optional<uint32_t> found = find_rd_atomic_answered(ctx, psn);
@@ -254,7 +280,7 @@ void Engine::handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt) {
   const bool atomic =
       wqe->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
   if (!atomic || psn != w.first_psn) {
-    progress(ctx, w.resp_psn);
+    progress(ctx, w.resp_psn, r);
     return;
   }
   // The original value, in host order, into the 8-byte local SGE (IBA 9.4.5).
@@ -268,12 +294,23 @@ void Engine::handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt) {
   }
   w.stage = WqeStage::kDone;
   w.resp_psn = wire::psn_next(psn);
-  if (req.rd_atomic_outstanding > 0) --req.rd_atomic_outstanding;
-  req.blocked = false;
-  progress(ctx, wire::psn_next(psn));
+  ++r.rd_atomic_done;
+  progress(ctx, wire::psn_next(psn), r);
 }
 
-void Engine::retry_timeout(QpContext& ctx) {
+void Engine::fire_completer_timers(QpContext& ctx, uint64_t now_ns) {
+  Completer& comp = ctx.comp;
+  CompleterResult r;
+  if (comp.rnr_deadline_ns <= now_ns) {
+    // IBA 9.7.5.1.5 (RNR NAK): after the RNR timer the requester resends from the NAK'ed PSN.
+    comp.rnr_deadline_ns = net::kNever;
+    r.rewind_to = comp.rnr_psn;
+  }
+  if (comp.retry_deadline_ns <= now_ns) retry_timeout(ctx, r);
+  apply_completer_result(ctx, r);
+}
+
+void Engine::retry_timeout(QpContext& ctx, CompleterResult& r) {
   Completer& comp = ctx.comp;
   comp.retry_deadline_ns = net::kNever;
   if (comp.rnr_deadline_ns != net::kNever) return;  // the RNR timer resends
@@ -288,7 +325,15 @@ void Engine::retry_timeout(QpContext& ctx) {
   }
   --comp.retry_left;
   ++counters_.completer_retry_err;
-  rewind(ctx, comp.psn);
+  r.rewind_to = comp.psn;
+}
+
+void Engine::request_sent(QpContext& ctx) {
+  // IBA 9.7.6.1.1: the local ACK timer runs while requests are unacknowledged.
+  Completer& comp = ctx.comp;
+  if (comp.retry_deadline_ns != net::kNever) return;
+  const uint64_t now = clock_.now_ns();
+  comp.retry_deadline_ns = now + std::min(ack_timeout_ns(ctx.attr.timeout), net::kNever - now);
 }
 
 void Engine::fail_wqe_at(QpContext& ctx, uint32_t offset, ibv_wc_status status) {
@@ -308,30 +353,6 @@ void Engine::fail_wqe_at(QpContext& ctx, uint32_t offset, ibv_wc_status status) 
   // IBA 10.3.1.5/10.3.1.6: an RC error is a QP error; UC and UD send errors stop only the send
   // queue (SQE).
   qp_error(ctx, ctx.type == IBV_QPT_RC ? IBV_QPS_ERR : IBV_QPS_SQE);
-}
-
-void Engine::retire(QpContext& ctx) {
-  Requester& req = ctx.req;
-  while (req.started > 0 && req.at(0).stage == WqeStage::kDone) {
-    const WqeState w = req.at(0);
-    const provider::SendWqe* wqe = ctx.qp->sq_peek_st(0);
-    base::check(wqe != nullptr, "done WQE missing from the send queue");
-    // IBA 10.7.1 / ibv_post_send(3): a successful unsignaled WR makes no completion.
-    const bool signaled =
-        w.status != IBV_WC_SUCCESS || ctx.qp->sq_sig_all() || (wqe->send_flags & IBV_SEND_SIGNALED);
-    if (signaled) push_send_cqe(ctx, *wqe, w.status);
-    ctx.qp->sq_pop_st();
-    ++req.head_seq;
-    --req.started;
-    if (req.cur > 0) {
-      --req.cur;
-    } else {
-      req.cur_offset = 0;
-      if (w.npkts > 0 && wire::psn_le(req.next_psn, w.last_psn()))
-        req.next_psn = wire::psn_next(w.last_psn());
-    }
-  }
-  if (ctx.qp->state() == IBV_QPS_SQD && !oldest_outstanding(ctx)) ctx.qp->sq_drained_st();
 }
 
 }  // namespace urdma::engine

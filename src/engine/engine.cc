@@ -169,12 +169,7 @@ void Engine::fire_timers(uint64_t now_ns) {
   for (QpContext* ctx_ptr : active_) {
     QpContext& ctx = *ctx_ptr;
     if (ctx.qp->state() != IBV_QPS_RTS && ctx.qp->state() != IBV_QPS_SQD) continue;
-    if (ctx.comp.rnr_deadline_ns <= now_ns) {
-      // IBA 9.7.5.1.5 (RNR NAK): after the RNR timer the requester resends from the NAK'ed PSN.
-      ctx.comp.rnr_deadline_ns = net::kNever;
-      rewind(ctx, ctx.comp.rnr_psn);
-    }
-    if (ctx.comp.retry_deadline_ns <= now_ns) retry_timeout(ctx);
+    fire_completer_timers(ctx, now_ns);
   }
 }
 

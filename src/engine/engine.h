@@ -192,18 +192,25 @@ class Engine final : public provider::Doorbell {
   ReqStep send_ud(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
   ReqStep execute_local(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
   bool window_open(const QpContext& ctx, const provider::SendWqe& wqe, const WqeState& w) const;
+  // What the completer found, applied to the requester's state (its only writer).
+  void apply_completer_result(QpContext& ctx, const CompleterResult& r);
+  void retire(QpContext& ctx);
   void rewind(QpContext& ctx, uint32_t psn);
 
   // ---- completer.cc ----
   void handle_response(QpContext& ctx, const wire::PacketView& pkt);
-  void process_ack(QpContext& ctx, uint32_t psn);
+  void complete_response(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r);
+  void process_ack(QpContext& ctx, uint32_t psn, CompleterResult& r);
   std::optional<uint32_t> find_rd_atomic_answered(QpContext& ctx, uint32_t psn);
-  void handle_read_response(QpContext& ctx, const wire::PacketView& pkt);
-  void handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt);
-  void handle_nak(QpContext& ctx, const wire::PacketView& pkt);
-  void retire(QpContext& ctx);
-  void progress(QpContext& ctx, uint32_t next_unacked_psn);
-  void retry_timeout(QpContext& ctx);
+  void handle_read_response(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r);
+  void handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r);
+  void handle_nak(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r);
+  void request_again(QpContext& ctx, uint32_t psn, CompleterResult& r);
+  void progress(QpContext& ctx, uint32_t next_unacked_psn, CompleterResult& r);
+  void fire_completer_timers(QpContext& ctx, uint64_t now_ns);
+  void retry_timeout(QpContext& ctx, CompleterResult& r);
+  // The requester sent a request packet: the local ACK timer runs (if it did not already).
+  void request_sent(QpContext& ctx);
   void fail_wqe_at(QpContext& ctx, uint32_t offset, ibv_wc_status status);
   // The SQ offset of the oldest WQE that still waits for the network, or nullopt.
   std::optional<uint32_t> oldest_outstanding(const QpContext& ctx) const;

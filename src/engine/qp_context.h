@@ -3,9 +3,15 @@
 // the engine, keyed by QPN, never in the app-visible rings (the rxe lesson: "don't trust user
 // space data").
 //
-// Requester and completer share the send queue's per-WQE records (`WqeState`, one per SQ slot,
-// indexed from the SQ head as the provider's sq_peek_st is); the completer rewinds the requester
-// only through Engine::rewind().
+// One owner per field. Requester and completer share the send queue's per-WQE records
+// (`WqeState`, one per SQ slot, indexed from the SQ head as the provider's sq_peek_st is): the
+// requester (requester.cc) writes a record's PSNs and moves it kNew → kSending → kSent (and
+// back to kSending when it goes back N); the completer (completer.cc) writes its response
+// fields and moves it to kDone with a status. Everything else of `Requester` is written only
+// in requester.cc, everything of `Completer` only in completer.cc: the completer reports to the
+// requester through a CompleterResult (rewind, progress, READ/ATOMICs finished) that
+// Engine::apply_completer_result applies, and the requester tells the completer a request went
+// out through Engine::request_sent. (Setting up at modify time and flushing in ERR reset both.)
 #pragma once
 
 #include <cstdint>
@@ -81,6 +87,14 @@ struct Requester {
   std::vector<WqeState> wqe;  // ring of sq capacity + 1 entries, indexed by sequence number
   WqeState& at(uint32_t offset) { return wqe[(head_seq + offset) % wqe.size()]; }
   const WqeState& at(uint32_t offset) const { return wqe[(head_seq + offset) % wqe.size()]; }
+};
+
+// What the completer asks of the requester (instead of reaching into it — rxe's completer sets
+// req.need_retry / wait_psn / need_rd_atomic itself).
+struct CompleterResult {
+  std::optional<uint32_t> rewind_to;  // go back N: resend from this PSN
+  bool progress = false;              // comp.psn advanced: the window opened
+  uint32_t rd_atomic_done = 0;        // READ/ATOMIC WQEs finished: max_rd_atomic slots freed
 };
 
 struct Completer {

@@ -243,9 +243,7 @@ Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWq
     if (last) finish_wqe();
   }
   ++counters_.rdma_sends;
-  if (rc && ctx.comp.retry_deadline_ns == net::kNever)
-    ctx.comp.retry_deadline_ns =
-        clock_.now_ns() + std::min(ack_timeout_ns(ctx.attr.timeout), net::kNever - clock_.now_ns());
+  if (rc) request_sent(ctx);  // the completer arms its local ACK timer
   return ReqStep::kSent;
 }
 
@@ -319,6 +317,43 @@ Engine::ReqStep Engine::execute_local(QpContext& ctx, const provider::SendWqe& w
   ++req.cur;
   req.cur_offset = 0;
   return ReqStep::kDone;
+}
+
+// The one place the completer's findings reach the requester (its cursor, blocked flag and
+// max_rd_atomic count are written only in this file).
+void Engine::apply_completer_result(QpContext& ctx, const CompleterResult& r) {
+  Requester& req = ctx.req;
+  req.rd_atomic_outstanding -= std::min(req.rd_atomic_outstanding, r.rd_atomic_done);
+  // Progress opens the window, a finished READ/ATOMIC frees a fence or a max_rd_atomic slot:
+  // whatever blocked the requester may be over (it blocks again if not).
+  if (r.progress || r.rd_atomic_done > 0) req.blocked = false;
+  if (r.rewind_to) rewind(ctx, *r.rewind_to);
+  retire(ctx);
+}
+
+// Finished WQEs leave the send queue in posting order, with their completions.
+void Engine::retire(QpContext& ctx) {
+  Requester& req = ctx.req;
+  while (req.started > 0 && req.at(0).stage == WqeStage::kDone) {
+    const WqeState w = req.at(0);
+    const provider::SendWqe* wqe = ctx.qp->sq_peek_st(0);
+    base::check(wqe != nullptr, "done WQE missing from the send queue");
+    // IBA 10.7.1 / ibv_post_send(3): a successful unsignaled WR makes no completion.
+    const bool signaled =
+        w.status != IBV_WC_SUCCESS || ctx.qp->sq_sig_all() || (wqe->send_flags & IBV_SEND_SIGNALED);
+    if (signaled) push_send_cqe(ctx, *wqe, w.status);
+    ctx.qp->sq_pop_st();
+    ++req.head_seq;
+    --req.started;
+    if (req.cur > 0) {
+      --req.cur;
+    } else {
+      req.cur_offset = 0;
+      if (w.npkts > 0 && wire::psn_le(req.next_psn, w.last_psn()))
+        req.next_psn = wire::psn_next(w.last_psn());
+    }
+  }
+  if (ctx.qp->state() == IBV_QPS_SQD && !oldest_outstanding(ctx)) ctx.qp->sq_drained_st();
 }
 
 void Engine::rewind(QpContext& ctx, uint32_t psn) {

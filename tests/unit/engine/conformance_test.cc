@@ -323,5 +323,60 @@ TEST_F(ConformanceTest, ReadCountsItsResponsePsnsAgainstTheWindow) {
   EXPECT_EQ(sent_count(), 101u);
 }
 
+// rxe_comp.c check_psn → COMPST_ERROR_RETRY: an ACK for a request after an outstanding READ
+// means the responder has answered the READ (it answers in PSN order), so the response was
+// lost: the READ is requested again at once, not after the local ACK timeout — once per gap.
+TEST_F(ConformanceTest, AckBeyondAnUnansweredReadRequestsItAgainAtOnce) {
+  make_qp();
+  setup_memory();
+  post_read(1, 2048);    // PSNs kSqPsn, kSqPsn + 1
+  post_send_len(2, 16);  // PSN kSqPsn + 2
+  ASSERT_EQ(sent_count(), 2u);
+  clear_sent();
+  ack(kSqPsn + 2);
+  ASSERT_EQ(sent_count(), 2u) << "READ and SEND resent without waiting for the timer";
+  EXPECT_EQ(sent(0).opcode(), op::kRcReadRequest);
+  EXPECT_EQ(sent(0).bth().psn(), kSqPsn);
+  EXPECT_EQ(sent(0).reth()->dma_length(), 2048u);
+  EXPECT_EQ(engine_.counters().completer_retry_err, 1u);
+  EXPECT_TRUE(cqes().empty());  // the SEND completes only after the READ
+  ack(kSqPsn + 2);              // the same gap: no second request
+  EXPECT_EQ(sent_count(), 2u);
+  const std::vector<uint8_t> a(1024, 1), b(1024, 2);
+  inject(op::kRcReadResponseFirst, kSqPsn, a, [](const wire::PacketHeaders& h) {
+    h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+  });
+  inject(op::kRcReadResponseLast, kSqPsn + 1, b, [](const wire::PacketHeaders& h) {
+    h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+  });
+  ack(kSqPsn + 2);
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wcs[1].wr_id, 2u);
+  EXPECT_EQ(mem_[1024], 2);
+}
+
+// The same for an ATOMIC whose ATOMIC ACK was lost: it is sent again (the responder answers the
+// duplicate from its saved result).
+TEST_F(ConformanceTest, AckBeyondAnUnansweredAtomicRequestsItAgainAtOnce) {
+  make_qp();
+  setup_memory();
+  ibv_sge s = sge(mem_.data(), 8, mem_mr_);
+  ibv_send_wr wr = send_wr(1, IBV_WR_ATOMIC_FETCH_AND_ADD, &s);
+  wr.wr.atomic.remote_addr = 0x1000;
+  wr.wr.atomic.rkey = 0x77;
+  wr.wr.atomic.compare_add = 1;
+  post(wr);
+  post_send_len(2, 16);
+  ASSERT_EQ(sent_count(), 2u);
+  clear_sent();
+  ack(kSqPsn + 1);
+  ASSERT_GE(sent_count(), 1u);
+  EXPECT_EQ(sent(0).opcode(), op::kRcFetchAdd);
+  EXPECT_EQ(sent(0).bth().psn(), kSqPsn);
+}
+
 }  // namespace
 }  // namespace urdma::engine::testing
