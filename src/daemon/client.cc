@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -21,11 +22,6 @@ namespace urdma::daemon {
 
 namespace {
 
-// The status a spawned daemon (or the exec before it) reports on --status-fd.
-struct SpawnStatus {
-  int32_t stage;  // 1: exec failed, 2: the daemon's start-up result
-  int32_t err;    // 0: serving
-};
 constexpr int kStatusFd = 3;
 
 int64_t now_ms() {
@@ -88,7 +84,7 @@ int spawn_detached(const std::string& path, const std::string& log_path) {
     sigprocmask(SIG_SETMASK, &none, nullptr);
     (void)!chdir("/");
     execv(path.c_str(), const_cast<char* const*>(argv));
-    const SpawnStatus st{1, errno};
+    const SpawnStatus st{kSpawnExecFailed, errno, {}};
     (void)!write(kStatusFd, &st, sizeof st);
     _exit(127);
   }
@@ -150,7 +146,7 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
   UniqueFd status(status_fd);
   const int64_t deadline = now_ms() + options.timeout_ms;
   // Wait for the daemon's verdict: serving, lost the race (another daemon serves), or failed.
-  SpawnStatus st{0, 0};
+  SpawnStatus st{};
   for (;;) {
     const int64_t left = deadline - now_ms();
     pollfd p{status.get(), POLLIN, 0};
@@ -162,15 +158,17 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
     }
     const ssize_t n = read(status.get(), &st, sizeof st);
     if (n < 0 && errno == EINTR) continue;
-    if (n != static_cast<ssize_t>(sizeof st)) st = {2, EIO};  // died without a word
+    if (n < static_cast<ssize_t>(offsetof(SpawnStatus, reason)))
+      st = {kSpawnStarted, EIO, "exited without reporting"};
+    st.reason[sizeof st.reason - 1] = 0;
     break;
   }
-  if (st.stage == 1) {
+  if (st.stage == kSpawnExecFailed) {
     *detail = errno_text(("exec " + path).c_str(), st.err);
     return st.err;
   }
   if (st.err != 0 && st.err != EADDRINUSE) {
-    *detail = errno_text((path + " failed to start").c_str(), st.err);
+    *detail = path + " failed to start: " + (st.reason[0] ? st.reason : std::strerror(st.err));
     return st.err;
   }
   // Serving (ours or the winner of a race): connect, retrying briefly while a winner that has

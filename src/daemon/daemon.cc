@@ -101,6 +101,14 @@ bool Daemon::setup(int* err, std::string* error) {
     return false;
   }
 
+  // Prove the steering before handing anything out.
+  bool skipped = false;
+  if (!verify_steering(group_, error, &skipped)) {
+    *err = EADDRNOTAVAIL;
+    return false;
+  }
+  if (skipped) log("loopback unusable: steering not verified");
+
   // 3. Addresses, signals, idle timer, epoll.
   errno = 0;
   if (!addresses_.open(error)) {

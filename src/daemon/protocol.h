@@ -75,6 +75,18 @@ struct WireGid {
 };
 static_assert(sizeof(WireGid) == 28);
 
+// What a urdmad started by the library reports on its --status-fd pipe, in one write
+// (< PIPE_BUF): err 0 = serving; EADDRINUSE = another daemon serves the namespace (connect to
+// it); else why it could not start.
+struct SpawnStatus {
+  int32_t stage;  // kSpawnExecFailed or kSpawnStarted
+  int32_t err;
+  char reason[248];  // NUL-terminated
+};
+inline constexpr int32_t kSpawnExecFailed = 1;
+inline constexpr int32_t kSpawnStarted = 2;
+static_assert(sizeof(SpawnStatus) == 256);
+
 std::vector<uint8_t> encode_request(MsgType type);
 std::vector<uint8_t> encode_error(int err);
 std::vector<uint8_t> encode_slot(const SlotInfo& info);

@@ -1,7 +1,10 @@
 #include "daemon/steering.h"
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+
+#include <cstring>
 
 #include "base/check.h"
 
@@ -106,6 +109,80 @@ bool open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::str
     return false;
   }
   *group = std::move(g);
+  return true;
+}
+
+bool verify_steering(const SlotGroup& group, std::string* error, bool* skipped) {
+  *skipped = false;
+  const unsigned n = static_cast<unsigned>(group.sockets.size());
+  UniqueFd tx(socket(group.family, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP));
+  if (!tx.valid()) {
+    *error = errno_text("probe socket");
+    return false;
+  }
+  sockaddr_storage ss{};
+  socklen_t len;
+  if (group.family == AF_INET6) {
+    auto* sin6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    sin6->sin6_family = AF_INET6;
+    sin6->sin6_port = htons(group.port);
+    // ::ffff:127.0.0.1: also proves the dual-stack group receives IPv4.
+    sin6->sin6_addr.s6_addr[10] = 0xff;
+    sin6->sin6_addr.s6_addr[11] = 0xff;
+    sin6->sin6_addr.s6_addr[12] = 127;
+    sin6->sin6_addr.s6_addr[15] = 1;
+    len = sizeof *sin6;
+  } else {
+    auto* sin = reinterpret_cast<sockaddr_in*>(&ss);
+    sin->sin_family = AF_INET;
+    sin->sin_port = htons(group.port);
+    sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    len = sizeof *sin;
+  }
+  // A probe: a BTH whose DestQP is QPN 2 of range s (never a QP0/QP1 MAD), then a marker.
+  constexpr uint8_t kMarker[8] = {'u', 'r', 'd', 'm', 'a', 'd', '?', '!'};
+  for (unsigned s = 0; s < n; ++s) {
+    uint8_t d[wire::Bth::kSize + sizeof kMarker + 4] = {};
+    wire::Bth bth(d);
+    bth.set_dest_qp(first_qpn_of_range(s) + 2);
+    std::memcpy(d + wire::Bth::kSize, kMarker, sizeof kMarker);
+    std::memcpy(d + wire::Bth::kSize + sizeof kMarker, &s, 4);
+    if (sendto(tx.get(), d, sizeof d, 0, reinterpret_cast<const sockaddr*>(&ss), len) !=
+        static_cast<ssize_t>(sizeof d)) {
+      *skipped = true;  // loopback down or absent: nothing to verify with
+      return true;
+    }
+  }
+  // Loopback delivers before sendto returns in practice; wait a little in case it did not.
+  unsigned found = 0;
+  for (unsigned s = 0; s < n; ++s) {
+    pollfd p{group.sockets[s].get(), POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    uint8_t d[64];
+    for (;;) {
+      const ssize_t r = recv(group.sockets[s].get(), d, sizeof d, MSG_DONTWAIT);
+      if (r < 0) break;
+      if (r != static_cast<ssize_t>(wire::Bth::kSize + sizeof kMarker + 4) ||
+          std::memcmp(d + wire::Bth::kSize, kMarker, sizeof kMarker) != 0)
+        continue;  // someone else's datagram
+      unsigned probe;
+      std::memcpy(&probe, d + wire::Bth::kSize + sizeof kMarker, 4);
+      if (probe != s) {
+        *error = "UDP port " + std::to_string(group.port) + ": socket " + std::to_string(s) +
+                 " of the group received the probe for slot " + std::to_string(probe) +
+                 " -- sockets of an earlier group (a previous urdmad's, still held by running "
+                 "processes) share the port and shift the steering";
+        return false;
+      }
+      ++found;
+    }
+  }
+  if (found != n) {
+    *error = "UDP port " + std::to_string(group.port) + ": only " + std::to_string(found) + " of " +
+             std::to_string(n) +
+             " steering probes arrived on their own slot -- another group shares the port";
+    return false;
+  }
   return true;
 }
 

@@ -86,4 +86,11 @@ struct SlotGroupOptions {
 // (EADDRINUSE from bind means another socket without our uid or SO_REUSEPORT owns the port).
 bool open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::string* error);
 
+// Checks, with one probe datagram per slot over loopback, that socket i of the group receives
+// what the program steers to index i. This fails when sockets from an earlier group still sit in
+// the kernel's group (a previous urdmad's sockets held open by running processes: binding joins
+// their group and shifts every index). Returns false with the reason in *error; true also when
+// loopback is unusable (*skipped set), since nothing can be checked then.
+bool verify_steering(const SlotGroup& group, std::string* error, bool* skipped);
+
 }  // namespace urdma::daemon

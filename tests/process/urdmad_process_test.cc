@@ -13,7 +13,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "daemon/client.h"
@@ -53,6 +55,21 @@ pid_t daemon_pid(const Client& c) {
 bool alive(pid_t pid) {
   // The test process is the daemon's subreaper: a dead daemon is a zombie until reaped here.
   return waitpid(pid, nullptr, WNOHANG) == 0;
+}
+
+// utime + stime of a process, in clock ticks.
+long cpu_ticks(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
 }
 
 // Sends a 12-byte BTH (RC SEND Only) with DestQP `qpn` plus a 4-byte tag to addr:port.
@@ -144,6 +161,10 @@ TEST_F(UrdmadProcess, ClientSpawnsTheDaemonWhenAbsent) {
     for (const auto& g : gids) text.insert(g.gid.to_string());
     EXPECT_TRUE(text.contains("127.0.0.1"));
     EXPECT_TRUE(text.contains("::1"));
+    // Idle, the daemon sleeps in epoll: no CPU time over 300 ms (in clock ticks, 10 ms each).
+    const long before = cpu_ticks(d);
+    usleep(300 * 1000);
+    EXPECT_LE(cpu_ticks(d) - before, 1) << "an idle daemon uses no CPU";
     // A second client of the same process connects to the same daemon.
     Client c2;
     ASSERT_EQ(connect_client(&c2), 0);
@@ -303,6 +324,26 @@ TEST_F(UrdmadProcess, SecondDaemonExitsWithAClearError) {
     Slot slot;
     EXPECT_EQ(c.acquire_slot(&slot), 0);
     EXPECT_TRUE(stop_daemon(d));
+  });
+}
+
+TEST_F(UrdmadProcess, DaemonRefusesAPortSharedWithAnEarlierGroup) {
+  in_fresh_netns([] {
+    // A process still holding a slot socket of an earlier urdmad: same uid, SO_REUSEPORT, the
+    // port. A new group would join it and every steering index would shift by one.
+    UniqueFd stale(socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    const int one = 1, zero = 0;
+    ASSERT_EQ(setsockopt(stale.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one), 0);
+    ASSERT_EQ(setsockopt(stale.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero), 0);
+    sockaddr_in6 sin6{};
+    sin6.sin6_family = AF_INET6;
+    sin6.sin6_port = htons(kPort);
+    ASSERT_EQ(bind(stale.get(), reinterpret_cast<sockaddr*>(&sin6), sizeof sin6), 0);
+    Client c;
+    std::string detail;
+    EXPECT_EQ(Client::connect_or_spawn({}, &c, &detail), EADDRNOTAVAIL)
+        << "a clear error, not a silently shifted group";
+    EXPECT_NE(detail.find("earlier group"), std::string::npos) << detail;
   });
 }
 

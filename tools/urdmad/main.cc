@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 
 #include "daemon/daemon.h"
@@ -12,10 +13,11 @@
 namespace {
 
 // Tells the process that spawned us (src/daemon/client.cc) how start-up went.
-void report_status(int fd, int err) {
+void report_status(int fd, int err, const std::string& reason) {
   if (fd < 0) return;
-  const int32_t status[2] = {2, err};
-  (void)!write(fd, status, sizeof status);
+  urdma::daemon::SpawnStatus st{urdma::daemon::kSpawnStarted, err, {}};
+  std::strncpy(st.reason, reason.c_str(), sizeof st.reason - 1);
+  (void)!write(fd, &st, sizeof st);
   close(fd);
 }
 
@@ -65,9 +67,9 @@ int main(int argc, char** argv) {
   auto daemon = urdma::daemon::Daemon::create(options, &err, &error);
   if (!daemon) {
     std::cerr << "urdmad: " << error << '\n';
-    report_status(status_fd, err);
+    report_status(status_fd, err, error);
     return err == EADDRINUSE ? 3 : 1;
   }
-  report_status(status_fd, 0);
+  report_status(status_fd, 0, "");
   return daemon->run();
 }

@@ -137,6 +137,29 @@ TEST(Steering, Ipv4OnlyGroupSteers) {
   check_group_steers({.slot_count = 5, .port = 0, .allow_ipv6 = false}, AF_INET);
 }
 
+TEST(Steering, VerifiesAFreshGroup) {
+  SlotGroup group;
+  std::string error;
+  ASSERT_TRUE(open_slot_group({.slot_count = 16, .port = 0}, &group, &error)) << error;
+  bool skipped = true;
+  EXPECT_TRUE(verify_steering(group, &error, &skipped)) << error;
+  EXPECT_FALSE(skipped) << "loopback is up here";
+}
+
+TEST(Steering, DetectsAStaleSocketInTheGroup) {
+  // A socket of an "earlier daemon", still open, on the port: the new group joins its group.
+  SlotGroup earlier;
+  std::string error;
+  ASSERT_TRUE(open_slot_group({.slot_count = 2, .port = 0}, &earlier, &error)) << error;
+  earlier.sockets.pop_back();  // only socket 0 stays open
+  SlotGroup group;
+  ASSERT_TRUE(open_slot_group({.slot_count = 4, .port = earlier.port}, &group, &error)) << error;
+  bool skipped = false;
+  EXPECT_FALSE(verify_steering(group, &error, &skipped));
+  EXPECT_FALSE(skipped);
+  EXPECT_NE(error.find("earlier group"), std::string::npos) << error;
+}
+
 TEST(Steering, RejectsBadSlotCounts) {
   SlotGroup group;
   std::string error;
