@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "base/check.h"
@@ -153,11 +154,15 @@ bool verify_steering(const SlotGroup& group, std::string* error, bool* skipped) 
       return true;
     }
   }
-  // Loopback delivers before sendto returns in practice; wait a little in case it did not.
+  // Loopback delivers before sendto returns in practice; wait a little (200 ms in all) in case
+  // it did not.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
   unsigned found = 0;
   for (unsigned s = 0; s < n; ++s) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     pollfd p{group.sockets[s].get(), POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
+    if (poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) <= 0) continue;
     uint8_t d[64];
     for (;;) {
       const ssize_t r = recv(group.sockets[s].get(), d, sizeof d, MSG_DONTWAIT);
@@ -176,6 +181,11 @@ bool verify_steering(const SlotGroup& group, std::string* error, bool* skipped) 
       }
       ++found;
     }
+  }
+  if (found == 0) {
+    // Nothing came back at all (a packet filter on loopback?): nothing was proved either way.
+    *skipped = true;
+    return true;
   }
   if (found != n) {
     *error = "UDP port " + std::to_string(group.port) + ": only " + std::to_string(found) + " of " +

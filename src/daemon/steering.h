@@ -90,7 +90,8 @@ bool open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::str
 // what the program steers to index i. This fails when sockets from an earlier group still sit in
 // the kernel's group (a previous urdmad's sockets held open by running processes: binding joins
 // their group and shifts every index). Returns false with the reason in *error; true also when
-// loopback is unusable (*skipped set), since nothing can be checked then.
+// loopback is unusable or no probe came back at all (*skipped set): nothing was proved then.
+// Takes at most ~200 ms.
 bool verify_steering(const SlotGroup& group, std::string* error, bool* skipped);
 
 }  // namespace urdma::daemon
