@@ -125,6 +125,9 @@ void Engine::activate(QpContext& ctx) {
 }
 
 void Engine::serve(QpContext& ctx) {
+  // The receive side answers in RTR, RTS, SQD and SQE (IBA 10.3.1): paced READ responses and
+  // the requests waiting behind them.
+  if (ctx.qp->state() != IBV_QPS_ERR) run_responder(ctx);
   const ibv_qp_state st = ctx.qp->state();
   if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
     flush(ctx);  // SQE: the send queue only
@@ -142,9 +145,10 @@ bool Engine::needs_service(const QpContext& ctx) const {
   const ibv_qp_state st = ctx.qp->state();
   if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
     const bool rq_waiting = st == IBV_QPS_ERR && ctx.qp->srq() == nullptr && ctx.qp->rq_size() > 0;
-    return ctx.qp->sq_peek_st(0) != nullptr || rq_waiting;
+    return ctx.qp->sq_peek_st(0) != nullptr || rq_waiting ||
+           (st == IBV_QPS_SQE && responder_busy(ctx));
   }
-  return has_send_work(ctx) || ctx.comp.retry_deadline_ns != net::kNever ||
+  return has_send_work(ctx) || responder_busy(ctx) || ctx.comp.retry_deadline_ns != net::kNever ||
          ctx.comp.rnr_deadline_ns != net::kNever;
 }
 
@@ -158,7 +162,7 @@ uint64_t Engine::next_deadline_ns() const {
       if (needs_service(*ctx)) return 0;
       continue;
     }
-    if (has_send_work(*ctx)) return 0;
+    if (has_send_work(*ctx) || responder_busy(*ctx)) return 0;
     t = std::min({t, ctx->comp.retry_deadline_ns, ctx->comp.rnr_deadline_ns});
   }
   return t;
@@ -557,6 +561,9 @@ void Engine::flush(QpContext& ctx) {
     flush_recv(resp.recv.wr_id);
     resp.has_recv = false;
   }
+  // No more READ responses, and nothing answers the requests that waited behind them.
+  resp.read_reply.active = false;
+  resp.waiting.clear();
   if (ctx.qp->srq() == nullptr) {
     provider::RecvWork work;
     while (ctx.qp->take_recv_st(work)) flush_recv(work.wr_id);

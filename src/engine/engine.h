@@ -153,6 +153,10 @@ class Engine final : public provider::Doorbell {
   const QpContext* context(uint32_t qp_num) const;
 
  private:
+  // Packets one QP may send per poll, from its requester and from its responder each: what is
+  // left keeps next_deadline_ns() at "now", so one busy QP cannot starve the others.
+  static constexpr int kMaxPacketsPerTurn = 256;
+
   // ---- engine.cc: pipeline, transmission, completions ----
   void receive_batch();
   void handle_datagram(const net::RxDatagram& d);
@@ -218,7 +222,11 @@ class Engine final : public provider::Doorbell {
   // ---- responder.cc ----
   void handle_request(QpContext& ctx, const wire::PacketView& pkt, const net::RxDatagram& d);
   void handle_ud_request(QpContext& ctx, const wire::PacketView& pkt, const net::RxDatagram& d);
-  void send_read_responses(QpContext& ctx, const uint8_t* src, uint64_t length, uint32_t first_psn);
+  // READ responses are paced: run_responder sends at most kMaxPacketsPerTurn per turn, then
+  // the requests that waited behind them (qp_context.h ReadReply, Responder::waiting).
+  bool responder_busy(const QpContext& ctx) const;
+  void run_responder(QpContext& ctx);
+  void send_read_response(QpContext& ctx);
   void send_atomic_ack(QpContext& ctx, uint32_t psn, uint64_t orig);
   friend struct ResponderSteps;
 

@@ -50,13 +50,16 @@ struct EngineCounters {
   uint64_t drop_uc_message = 0;    // UC: packets of a message abandoned after a gap or error
   uint64_t drop_uc_invalid = 0;    // UC: a request a responder check refused (RC would NAK it)
   uint64_t drop_ud_length = 0;     // UD: payload longer than the path MTU
-  uint64_t drop_ud_recv_length = 0;  // UD: datagram (+ 40-byte GRH) longer than the receive
+  uint64_t drop_request_queue_full = 0;  // RC: a request behind a READ response found
+                                         // kMaxWaitingRequests already waiting (qp_context.h)
+  uint64_t drop_ud_recv_length = 0;      // UD: datagram (+ 40-byte GRH) longer than the receive
                                      // WQE (IBA 11.4.2; the WQE is kept, SRQ: completed in error)
 
   uint64_t drops() const {
     uint64_t n = drop_truncated + drop_icrc + drop_pkey + drop_unknown_qpn + drop_address +
                  drop_qp_type + drop_qp_state + drop_qkey + drop_no_recv_wqe + drop_bad_response +
-                 drop_uc_message + drop_uc_invalid + drop_ud_length + drop_ud_recv_length;
+                 drop_uc_message + drop_uc_invalid + drop_ud_length + drop_ud_recv_length +
+                 drop_request_queue_full;
     for (uint64_t d : drop_parse) n += d;
     return n;
   }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <span>
 #include <vector>
@@ -121,14 +122,48 @@ struct RdAtomicResource {
   uint64_t orig = 0;  // ATOMIC: the value before the operation
 };
 
+// Where the responder is in the incoming message sequence (IBA 9.7.5.2.x opcode sequence
+// checks; rxe keeps the last opcode instead).
+enum class MsgState : uint8_t {
+  kIdle,      // between messages: a First/Only, READ or ATOMIC may come
+  kInSend,    // inside a multi-packet SEND: Middle/Last SEND packets continue it
+  kInWrite,   // inside a multi-packet RDMA WRITE: Middle/Last WRITE packets continue it
+  kDropping,  // UC: the rest of the current message is dropped until a First/Only (9.8.3.x)
+};
+
+// An RDMA READ response being generated a few packets per poll (Engine::run_responder, at most
+// Engine::kMaxPacketsPerTurn per turn), so one 2 GiB READ neither starves other QPs nor floods a
+// socket buffer. The RETH range was checked when the request arrived; each packet's piece is
+// looked up again before it is sent (the region may be deregistered between turns).
+struct ReadReply {
+  bool active = false;
+  uint32_t rkey = 0;
+  uint64_t va = 0;             // next byte to send
+  uint64_t resid = 0;          // bytes still to send
+  uint32_t psn = 0;            // PSN of the next response packet
+  bool first_sent = false;     // its First was sent: the next is Middle or Last
+  uint32_t res_first_psn = 0;  // the responder resource (READ request) it answers
+  uint32_t res_npkts = 0;
+};
+
+// Request packets that arrive while a READ response is still being generated wait, in arrival
+// order, and are processed once it is finished (rxe's responder works through its packet queue
+// in order the same way): ACKs and responses leave in PSN order, and a later WRITE or ATOMIC
+// never changes memory the READ has not read yet. More than any conforming requester keeps
+// outstanding (rxe 128, ours EngineConfig::max_unacked_pkts); beyond it a packet is dropped
+// (EngineCounters::drop_request_queue_full) and the requester's go-back-N resends it.
+inline constexpr size_t kMaxWaitingRequests = 256;
+
 struct Responder {
-  uint32_t epsn = 0;      // expected PSN
-  uint32_t msn = 0;       // messages completed (24 bits)
-  bool nak_sent = false;  // a PSN sequence error NAK was sent for the current gap
-  bool in_send = false;   // inside a multi-packet SEND
-  bool in_write = false;  // inside a multi-packet RDMA WRITE
-  bool drop_msg = false;  // UC: drop the rest of the current message
-  // The receive WQE being filled (multi-packet SEND) or reserved.
+  uint32_t epsn = 0;  // expected PSN
+  uint32_t msn = 0;   // messages completed (24 bits)
+  MsgState msg = MsgState::kIdle;
+  // RC: a PSN sequence error NAK was sent for the current gap. Separate from `msg`: a gap can
+  // open inside a message or between messages (and UC never NAKs).
+  bool nak_sent = false;
+  // The receive WQE being filled (multi-packet SEND) or kept (a UD datagram too long for it
+  // leaves it for the next one). Separate from `msg`: a WRITE with immediate takes one while
+  // kInWrite, and UD keeps one between datagrams.
   bool has_recv = false;
   provider::RecvWork recv;
   uint64_t recv_offset = 0;
@@ -140,6 +175,8 @@ struct Responder {
   uint64_t write_offset = 0;
   std::vector<RdAtomicResource> resources;  // max_dest_rd_atomic entries (at least 1)
   uint32_t res_next = 0;
+  ReadReply read_reply;
+  std::deque<std::vector<uint8_t>> waiting;  // request packets behind read_reply (<= kMax...)
 };
 
 struct QpContext {

@@ -63,11 +63,10 @@ bool Engine::has_send_work(const QpContext& ctx) const {
 }
 
 void Engine::run_requester(QpContext& ctx) {
-  // Bounded turn per QP so one busy QP cannot starve the rest of the loop; what is left
-  // keeps next_deadline_ns() at "now".
-  constexpr int kMaxStepsPerTurn = 256;
+  // Bounded turn per QP (kMaxPacketsPerTurn) so one busy QP cannot starve the rest of the
+  // loop; what is left keeps next_deadline_ns() at "now".
   retire(ctx);
-  for (int i = 0; i < kMaxStepsPerTurn; ++i) {
+  for (int i = 0; i < kMaxPacketsPerTurn; ++i) {
     const ibv_qp_state st = ctx.qp->state();
     if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) break;
     if (ctx.req.blocked || ctx.comp.rnr_deadline_ns != net::kNever) break;

@@ -104,9 +104,7 @@ struct ResponderSteps {
   bool last() const { return info.is(wire::kLast); }
   // An error on UC: drop the rest of the message, no NAK (IBA 9.8.3.x).
   RespState uc_drop() {
-    resp.drop_msg = true;
-    resp.in_send = false;
-    resp.in_write = false;
+    resp.msg = MsgState::kDropping;
     resp.recv_offset = 0;
     return RespState::kDrop;
   }
@@ -183,13 +181,13 @@ struct ResponderSteps {
         uc_drop();
         resp.epsn = psn;
       }
-      if (resp.drop_msg) {
+      if (resp.msg == MsgState::kDropping) {
         if (!first()) {
           resp.epsn = wire::psn_next(psn);
           ++e.counters_.drop_uc_message;
           return RespState::kDone;
         }
-        resp.drop_msg = false;
+        resp.msg = MsgState::kIdle;
       }
       return RespState::kCheckOpSeq;
     }
@@ -209,9 +207,9 @@ struct ResponderSteps {
   RespState check_op_seq() {
     bool ok;
     if (info.is(wire::kMiddle) || (last() && !first())) {
-      ok = is_send() ? resp.in_send : resp.in_write;
+      ok = resp.msg == (is_send() ? MsgState::kInSend : MsgState::kInWrite);
     } else {
-      ok = !resp.in_send && !resp.in_write;
+      ok = resp.msg == MsgState::kIdle;
     }
     if (!ok) return rc ? RespState::kErrInvalidRequest : uc_reject();
     return RespState::kCheckOpValid;
@@ -237,8 +235,8 @@ struct ResponderSteps {
   RespState check_resource() {
     if ((is_read() || is_atomic()) && ctx.attr.max_dest_rd_atomic == 0)
       return RespState::kErrTooManyRdAtomic;
-    const bool needs_recv = (is_send() && first()) || (is_write() && info.is(wire::kImm));
-    if (needs_recv && !resp.has_recv) {
+    // The opcode table says which packets take a WQE (SEND First/Only, WRITE with immediate).
+    if (info.is(wire::kConsumesRecv) && !resp.has_recv) {
       if (!ctx.qp->take_recv_st(resp.recv)) {
         if (rc) return RespState::kRnrNak;
         ++e.counters_.drop_no_recv_wqe;
@@ -337,13 +335,13 @@ struct ResponderSteps {
         return rc ? RespState::kErrRemoteOperational : uc_reject();
       }
       resp.recv_offset += data.size();
-      resp.in_send = !last();
+      resp.msg = last() ? MsgState::kIdle : MsgState::kInSend;
       return last() ? RespState::kComplete : RespState::kAcknowledge;
     }
     if (is_write()) {
       if (!data.empty()) std::memcpy(target.addr, data.data(), data.size());
       resp.write_offset += data.size();
-      resp.in_write = !last();
+      resp.msg = last() ? MsgState::kIdle : MsgState::kInWrite;
       return last() ? RespState::kComplete : RespState::kAcknowledge;
     }
     if (is_read()) {
@@ -354,7 +352,7 @@ struct ResponderSteps {
       // first response already holds the new MSN (rxe_resp.c execute: "For RDMA Read we can
       // increment the msn now"; tests/data/rxe-to-rxe.pcap: ACK MSN 4, then READ response MSN 5).
       resp.msn = (resp.msn + 1) & wire::kPsnMask;
-      e.send_read_responses(ctx, target.addr, reth.dma_length(), psn);
+      start_read_reply(reth, npkts);          // sent from poll(), paced (Engine::run_responder)
       resp.epsn = wire::psn_add(psn, npkts);  // IBA 9.7.4.1.3: one PSN per response packet
       resp.nak_sent = false;
       ++e.counters_.rdma_recvs;
@@ -386,8 +384,8 @@ struct ResponderSteps {
   // ---- COMPLETE: the last packet of a SEND or of a WRITE with immediate → a receive
   // completion; SEND with invalidate invalidates its R_Key first (IBA 10.6.7.2.x, o10-37.2.x).
   RespState complete() {
-    const bool consumes = is_send() || info.is(wire::kImm);
-    if (!consumes) {
+    // The opcode table says which packets complete a WQE (SEND Last/Only, WRITE with imm).
+    if (!info.is(wire::kCompletesRecv)) {
       resp.msn = (resp.msn + 1) & wire::kPsnMask;  // IBA 9.7.5.2.x: MSN counts messages
       return RespState::kAcknowledge;
     }
@@ -448,15 +446,16 @@ struct ResponderSteps {
       const wire::RethView reth = *pkt.reth();
       const uint32_t left = (r.first_psn + r.npkts - psn) & wire::kPsnMask;
       if (packets(reth.dma_length()) > left) return RespState::kDrop;
-      const uint8_t* src = nullptr;
-      if (reth.dma_length() > 0) {
-        const provider::MemRef ref = e.device_.mr_table().lookup_remote(
-            reth.rkey(), ctx.qp->pd(), ctx.qpn, IBV_ACCESS_REMOTE_READ, reth.va(),
-            reth.dma_length());
-        if (!ref.ok()) return RespState::kDrop;
-        src = ref.addr;
-      }
-      e.send_read_responses(ctx, src, reth.dma_length(), psn);
+      if (reth.dma_length() > 0 &&
+          !e.device_.mr_table()
+               .lookup_remote(reth.rkey(), ctx.qp->pd(), ctx.qpn, IBV_ACCESS_REMOTE_READ, reth.va(),
+                              reth.dma_length())
+               .ok())
+        return RespState::kDrop;
+      // Answered again from its PSN, replacing the response in progress if it is this one's
+      // (rxe_resp.c duplicate_request: "Replay the RDMA read reply" from the duplicate's PSN).
+      start_read_reply(reth, r.npkts);
+      resp.read_reply.res_first_psn = r.first_psn;
       return RespState::kDone;
     }
     return RespState::kDrop;  // too old: no longer in the resources
@@ -536,6 +535,19 @@ struct ResponderSteps {
   uint32_t packets(uint64_t length) const {
     return length == 0 ? 1 : static_cast<uint32_t>((length + ctx.mtu - 1) / ctx.mtu);
   }
+  // The response is generated from poll() (Engine::run_responder), paced; `npkts` are the
+  // responder resource's (the original READ's) PSNs, `psn` is this request's.
+  void start_read_reply(const wire::RethView& reth, uint32_t res_npkts) {
+    ReadReply& rr = resp.read_reply;
+    rr.active = true;
+    rr.rkey = reth.rkey();
+    rr.va = reth.va();
+    rr.resid = reth.dma_length();
+    rr.psn = psn;
+    rr.first_sent = false;
+    rr.res_first_psn = psn;
+    rr.res_npkts = res_npkts;
+  }
   void remember(bool atomic, uint32_t npkts, uint64_t orig) {
     RdAtomicResource& r = resp.resources[resp.res_next];
     resp.res_next = (resp.res_next + 1) % resp.resources.size();
@@ -543,36 +555,96 @@ struct ResponderSteps {
   }
 };
 
-void Engine::handle_request(QpContext& ctx, const wire::PacketView& pkt,
-                            const net::RxDatagram& /*d*/) {
-  ResponderSteps steps(*this, ctx, pkt);
-  steps.run();
+void Engine::handle_request(QpContext& ctx, const wire::PacketView& pkt, const net::RxDatagram& d) {
+  Responder& resp = ctx.resp;
+  if (resp.read_reply.active || !resp.waiting.empty()) {
+    // A READ response is still being generated. A duplicate of that READ restarts it from its
+    // PSN now (the requester lost part of it; the rest of the old run would be dropped there);
+    // every other request waits behind it, so ACKs and responses leave in PSN order and later
+    // requests see memory only after the READ has read it (rxe processes its request queue in
+    // order the same way).
+    const ReadReply& rr = resp.read_reply;
+    const bool restart = rr.active && pkt.info().is(wire::kReadRequest) &&
+                         wire::in_window(pkt.bth().psn(), rr.res_first_psn, rr.res_npkts);
+    if (!restart) {
+      if (resp.waiting.size() >= kMaxWaitingRequests) {
+        ++counters_.drop_request_queue_full;
+        return;
+      }
+      resp.waiting.emplace_back(d.buffer.begin(), d.buffer.begin() + d.length);
+      return;
+    }
+  }
+  ResponderSteps(*this, ctx, pkt).run();
 }
 
-void Engine::send_read_responses(QpContext& ctx, const uint8_t* src, uint64_t length,
-                                 uint32_t first_psn) {
-  namespace op = wire::op;
-  // IBA 9.7.4.1.3 / 9.5: First (AETH) / Middle / Last (AETH), or one Only (AETH); each but the
-  // last exactly one PMTU.
-  const uint64_t n = length == 0 ? 1 : (length + ctx.mtu - 1) / ctx.mtu;
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t off = i * ctx.mtu;
-    const uint64_t len = std::min<uint64_t>(ctx.mtu, length - off);
-    const uint8_t opcode = n == 1       ? op::kRcReadResponseOnly
-                           : i == 0     ? op::kRcReadResponseFirst
-                           : i + 1 == n ? op::kRcReadResponseLast
-                                        : op::kRcReadResponseMiddle;
-    wire::PacketHeaders h = begin_packet(opcode, static_cast<size_t>(len));
-    h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
-    h.bth().set_psn(wire::psn_add(first_psn, static_cast<uint32_t>(i)));
-    if (auto aeth = h.aeth()) {
-      aeth->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
-      aeth->set_msn(ctx.resp.msn & wire::kPsnMask);
+bool Engine::responder_busy(const QpContext& ctx) const {
+  return ctx.resp.read_reply.active || !ctx.resp.waiting.empty();
+}
+
+void Engine::run_responder(QpContext& ctx) {
+  Responder& resp = ctx.resp;
+  for (int i = 0; i < kMaxPacketsPerTurn && responder_busy(ctx); ++i) {
+    if (ctx.qp->state() == IBV_QPS_ERR) return;  // flushed: nothing more to answer
+    if (resp.read_reply.active) {
+      send_read_response(ctx);
+      continue;
     }
-    // Zero-copy: straight from the (checked) registered range.
-    if (len > 0) tx_add_payload({src + off, static_cast<size_t>(len)});
-    send_packet(ctx.route);
+    // The READ is answered: the requests that waited behind it, in arrival order. They passed
+    // the receive pipeline when they arrived.
+    const std::vector<uint8_t> bytes = std::move(resp.waiting.front());
+    resp.waiting.pop_front();
+    const wire::ParseResult parsed = wire::parse_packet(bytes);
+    base::check(parsed.ok(), "a queued request no longer parses");
+    ResponderSteps(*this, ctx, *parsed).run();
   }
+}
+
+// One packet of the READ response in progress (IBA 9.7.4.1.3 / 9.5): First (AETH) / Middle /
+// Last (AETH), or one Only (AETH); each but the last exactly one PMTU, straight from the
+// registered range (zero-copy).
+void Engine::send_read_response(QpContext& ctx) {
+  namespace op = wire::op;
+  ReadReply& rr = ctx.resp.read_reply;
+  const uint64_t len = std::min<uint64_t>(ctx.mtu, rr.resid);
+  const bool last = rr.resid <= ctx.mtu;
+  const uint8_t opcode = !rr.first_sent
+                             ? (last ? op::kRcReadResponseOnly : op::kRcReadResponseFirst)
+                         : last ? op::kRcReadResponseLast
+                                : op::kRcReadResponseMiddle;
+  const uint8_t* src = nullptr;
+  if (len > 0) {
+    // rxe_resp.c read_reply → rxe_recheck_mr: the region may have been deregistered (or the
+    // window invalidated) since the request was checked; this packet's piece is looked up
+    // again. A failure ends the response: NAK Remote Access Error at this response's PSN (rxe
+    // RESPST_ERR_RKEY_VIOLATION, class C; rxe NAKs the request's PSN, which our completer — and
+    // any requester that has taken the earlier responses — already counts as answered), and
+    // the QP enters ERR.
+    const provider::MemRef ref = device_.mr_table().lookup_remote(
+        rr.rkey, ctx.qp->pd(), ctx.qpn, IBV_ACCESS_REMOTE_READ, rr.va, len);
+    if (!ref.ok()) {
+      rr.active = false;
+      send_ack(ctx, wire::make_nak(wire::NakCode::kRemoteAccessError), rr.psn);
+      ctx.qp->raise_event(IBV_EVENT_QP_ACCESS_ERR);
+      qp_error(ctx, IBV_QPS_ERR);
+      return;
+    }
+    src = ref.addr;
+  }
+  wire::PacketHeaders h = begin_packet(opcode, static_cast<size_t>(len));
+  h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+  h.bth().set_psn(rr.psn);
+  if (auto aeth = h.aeth()) {
+    aeth->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+    aeth->set_msn(ctx.resp.msn & wire::kPsnMask);
+  }
+  if (len > 0) tx_add_payload({src, static_cast<size_t>(len)});
+  send_packet(ctx.route);
+  rr.va += len;
+  rr.resid -= len;
+  rr.psn = wire::psn_next(rr.psn);
+  rr.first_sent = true;
+  if (last) rr.active = false;
 }
 
 void Engine::send_atomic_ack(QpContext& ctx, uint32_t psn, uint64_t orig) {

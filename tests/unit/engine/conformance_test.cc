@@ -378,5 +378,100 @@ TEST_F(ConformanceTest, AckBeyondAnUnansweredAtomicRequestsItAgainAtOnce) {
   EXPECT_EQ(sent(0).bth().psn(), kSqPsn);
 }
 
+// ---- Paced READ responses ------------------------------------------------------------------
+
+class PacedReadTest : public ConformanceTest {
+ protected:
+  static constexpr uint32_t kPkts = 1024;  // a 1 MiB READ at PMTU 1024
+  static constexpr uint32_t kTurn = 256;   // Engine::kMaxPacketsPerTurn
+  void SetUp() override {
+    make_qp();
+    setup_memory(size_t{kPkts} * 1024);
+  }
+  void read_all() {
+    inject(op::kRcReadRequest, kRqPsn, {}, reth(mem_va(), mem_mr_->rkey(), kPkts * 1024));
+  }
+  // Polls until the engine has nothing left to do now.
+  void drain() {
+    for (int i = 0; i < 100 && engine_.next_deadline_ns() <= clock_.now_ns(); ++i) engine_.poll();
+  }
+};
+
+// A READ's responses are generated at most kMaxPacketsPerTurn per poll, with next_deadline_ns()
+// at "now" while some are left; the expected PSN moves past the READ at once.
+TEST_F(PacedReadTest, ResponsesArePacedPerTurn) {
+  read_all();
+  ASSERT_EQ(sent_count(), kTurn);
+  EXPECT_EQ(sent(0).opcode(), op::kRcReadResponseFirst);
+  EXPECT_EQ(engine_.context(qp_->qp_num())->resp.epsn, kRqPsn + kPkts);
+  EXPECT_LE(engine_.next_deadline_ns(), clock_.now_ns());
+  engine_.poll();
+  EXPECT_EQ(sent_count(), 2 * kTurn);
+  drain();
+  ASSERT_EQ(sent_count(), kPkts);
+  for (uint32_t i = 0; i < kPkts; ++i) ASSERT_EQ(sent(i).bth().psn(), kRqPsn + i);
+  EXPECT_EQ(sent(kPkts - 1).opcode(), op::kRcReadResponseLast);
+  EXPECT_EQ(0,
+            std::memcmp(sent(kPkts - 1).payload().data(), mem_.data() + (kPkts - 1) * 1024, 1024));
+  EXPECT_EQ(engine_.next_deadline_ns(), net::kNever);
+}
+
+// Requests after the READ wait until its last response is out: the ACK of a later SEND never
+// overtakes READ responses (PSN order), and a later WRITE to the memory being read does not
+// change what the READ returns (IBA 9.5 ordering; rxe works through its request queue in order).
+TEST_F(PacedReadTest, LaterRequestsWaitBehindTheResponse) {
+  post_recv_buf(1);
+  read_all();
+  inject(op::kRcWriteOnly, kRqPsn + kPkts, std::vector<uint8_t>(16, 0xEE),
+         reth(mem_va(kPkts * 1024 - 16), mem_mr_->rkey(), 16), /*ack_req=*/false);
+  inject(op::kRcSendOnly, kRqPsn + kPkts + 1, std::vector<uint8_t>{1});
+  EXPECT_NE(mem_[kPkts * 1024 - 1], 0xEE) << "the WRITE waits for the READ";
+  drain();
+  ASSERT_EQ(sent_count(), kPkts + 1);
+  for (uint32_t i = 0; i < kPkts; ++i) ASSERT_EQ(sent(i).bth().psn(), kRqPsn + i);
+  const wire::PacketView last = sent(kPkts - 1);
+  EXPECT_NE(last.payload()[1023], 0xEE) << "the READ returned the memory before the WRITE";
+  EXPECT_EQ(mem_[kPkts * 1024 - 1], 0xEE);
+  const wire::PacketView ack = sent(kPkts);
+  EXPECT_EQ(ack.opcode(), op::kRcAck);
+  EXPECT_EQ(ack.bth().psn(), kRqPsn + kPkts + 1);
+  EXPECT_EQ(ack.aeth()->msn(), 3u);  // READ, WRITE, SEND
+  EXPECT_EQ(cqes().size(), 1u);
+}
+
+// rxe_resp.c read_reply → rxe_recheck_mr: the region is looked up again for every packet sent
+// later; once it is deregistered the response stops with NAK Remote Access Error (at the PSN
+// it could not answer) and the QP enters ERR.
+TEST_F(PacedReadTest, RegionDeregisteredMidResponseStopsIt) {
+  read_all();
+  ASSERT_EQ(sent_count(), kTurn);
+  ASSERT_EQ(dev_.dereg_mr(mem_mr_).error(), 0);
+  engine_.poll();
+  ASSERT_EQ(sent_count(), kTurn + 1);
+  expect_nak(kTurn, wire::NakCode::kRemoteAccessError, kRqPsn + kTurn);
+  EXPECT_EQ(qp_->state(), IBV_QPS_ERR);
+  drain();
+  EXPECT_EQ(sent_count(), kTurn + 1);
+}
+
+// A duplicate of the READ being answered (the requester lost a response and asks again from
+// there) restarts the response from the duplicate's PSN at once, instead of finishing the old
+// run first (rxe replays from the duplicate's PSN, IBA 9.7.5.2.2).
+TEST_F(PacedReadTest, DuplicateOfTheReadInProgressRestartsIt) {
+  read_all();
+  ASSERT_EQ(sent_count(), kTurn);
+  clear_sent();
+  constexpr uint32_t kFrom = 100;
+  inject(op::kRcReadRequest, kRqPsn + kFrom, {},
+         reth(mem_va(kFrom * 1024), mem_mr_->rkey(), (kPkts - kFrom) * 1024));
+  ASSERT_EQ(sent_count(), kTurn);
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn + kFrom);
+  EXPECT_EQ(0, std::memcmp(sent(0).payload().data(), mem_.data() + kFrom * 1024, 1024));
+  drain();
+  ASSERT_EQ(sent_count(), kPkts - kFrom);
+  EXPECT_EQ(sent(kPkts - kFrom - 1).bth().psn(), kRqPsn + kPkts - 1);
+  EXPECT_EQ(engine_.counters().duplicate_request, 1u);
+}
+
 }  // namespace
 }  // namespace urdma::engine::testing
