@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
@@ -75,6 +76,21 @@ bool Daemon::setup(int* err, std::string* error) {
     *error = errno_text(what.c_str(), *err);
     return false;
   };
+  // 0. Room for every client's connection: the soft fd limit up to the hard one, and never more
+  // clients than fds (an accept failing with EMFILE would leave the listener readable forever).
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    if (nofile.rlim_cur < nofile.rlim_max) {
+      nofile.rlim_cur = nofile.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &nofile);
+      getrlimit(RLIMIT_NOFILE, &nofile);
+    }
+    // Reserve the group, the loop's own fds, stdio and one in-flight accept.
+    const rlim_t reserved = options_.slot_count + 16;
+    const rlim_t room = nofile.rlim_cur > reserved ? nofile.rlim_cur - reserved : 1;
+    if (room < options_.max_clients) options_.max_clients = static_cast<unsigned>(room);
+  }
+
   // 1. The namespace's unix socket: the one place where two daemons meet.
   listener_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!listener_.valid()) return fail("unix socket");

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -20,6 +21,7 @@
 
 #include "daemon/client.h"
 #include "daemon/steering.h"
+#include "net/udp_socket_io.h"
 #include "netns_harness.h"
 
 namespace urdma::process_test {
@@ -170,6 +172,46 @@ TEST_F(UrdmadProcess, ClientSpawnsTheDaemonWhenAbsent) {
     ASSERT_EQ(connect_client(&c2), 0);
     EXPECT_EQ(daemon_pid(c2), d);
     EXPECT_TRUE(stop_daemon(d));
+  });
+}
+
+// The slot as the engine will use it: adopted by net::UdpSocketIo (IP_PKTINFO, DF), sending to
+// and receiving from its own QPNs over IPv4 and IPv6 loopback.
+TEST_F(UrdmadProcess, SlotSocketServesAsTheEnginesPacketIo) {
+  in_fresh_netns([] {
+    Client c;
+    ASSERT_EQ(connect_client(&c), 0);
+    Slot slot;
+    ASSERT_EQ(c.acquire_slot(&slot), 0);
+    std::string error;
+    auto io = net::UdpSocketIo::adopt(slot.fd.release(), &error);
+    ASSERT_TRUE(io) << error;
+    EXPECT_EQ(io->local().port, kPort);
+    for (const char* to : {"127.0.0.1", "::1"}) {
+      uint8_t bth[12] = {0x04, 0, 0xff, 0xff};
+      const uint32_t qpn = slot.info.qpn_base + 77;
+      bth[5] = static_cast<uint8_t>(qpn >> 16);
+      bth[6] = static_cast<uint8_t>(qpn >> 8);
+      bth[7] = static_cast<uint8_t>(qpn);
+      const iovec iov{bth, sizeof bth};
+      net::TxDatagram tx;
+      tx.iov = std::span(&iov, 1);
+      tx.dst = net::Endpoint{*net::Address::parse(to), kPort};
+      ASSERT_EQ(io->send(tx), net::TxStatus::kSent) << to;
+      std::array<uint8_t, 256> buf;
+      std::array<net::RxDatagram, 1> rx{};
+      rx[0].buffer = buf;
+      size_t got = 0;
+      for (int i = 0; i < 100 && got == 0; ++i) {
+        got = io->recv_batch(rx);
+        if (got == 0) usleep(2000);
+      }
+      ASSERT_EQ(got, 1u) << to;
+      EXPECT_EQ(rx[0].length, sizeof bth);
+      EXPECT_EQ(rx[0].dst, tx.dst) << "IP_PKTINFO reports the destination";
+      EXPECT_EQ(rx[0].src.port, kPort) << "sent from the slot socket itself";
+    }
+    EXPECT_TRUE(stop_daemon(daemon_pid(c)));
   });
 }
 
@@ -417,12 +459,14 @@ TEST_F(UrdmadProcess, GidTableFollowsAddressChanges) {
       return false;
     };
     ASSERT_FALSE(has("10.77.0.1"));
-    ASSERT_TRUE(sh("ip link add va type veth peer name vb"));
-    ASSERT_TRUE(sh("ip addr add 10.77.0.1/24 dev va"));
-    ASSERT_TRUE(sh("ip -6 addr add fd00:77::1/64 dev va nodad"));
+    // A veth interface where the kernel has veth; loopback otherwise (same netlink messages).
+    const std::string dev =
+        std::system("ip link add va type veth peer name vb 2>/dev/null") == 0 ? "va" : "lo";
+    ASSERT_TRUE(sh("ip addr add 10.77.0.1/24 dev " + dev));
+    ASSERT_TRUE(sh("ip -6 addr add fd00:77::1/64 dev " + dev + " nodad"));
     EXPECT_TRUE(eventually("10.77.0.1", true));
     EXPECT_TRUE(eventually("fd00:77::1", true));
-    ASSERT_TRUE(sh("ip addr del 10.77.0.1/24 dev va"));
+    ASSERT_TRUE(sh("ip addr del 10.77.0.1/24 dev " + dev));
     EXPECT_TRUE(eventually("10.77.0.1", false));
     EXPECT_TRUE(has("fd00:77::1"));
     EXPECT_TRUE(has("127.0.0.1"));
@@ -465,7 +509,10 @@ TEST_F(UrdmadProcess, TwoNamespacesOverAVethPair) {
     });
     pid_t b_pid;
     ASSERT_TRUE(b_ready.get(&b_pid));
-    ASSERT_TRUE(sh("ip link add va type veth peer name vb netns " + std::to_string(b_pid)));
+    if (std::system(
+            ("ip link add va type veth peer name vb netns " + std::to_string(b_pid) + " 2>&1")
+                .c_str()) != 0)
+      skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
     ASSERT_TRUE(sh("ip addr add 10.88.0.1/24 dev va && ip link set va up"));
     veth_made.put('x');
     Client c;
