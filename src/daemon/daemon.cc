@@ -247,6 +247,17 @@ void Daemon::drain(unsigned slot) {
   }
 }
 
+void Daemon::reset_socket(int fd) {
+  // Undo what the previous owner may have done to the shared socket: a filter of its own, or a
+  // connect() (which the engine never does: a connected socket would only hear one peer, and a
+  // connected socket in a reuseport group makes the kernel fall back to scoring lookups).
+  int zero = 0;
+  setsockopt(fd, SOL_SOCKET, SO_DETACH_FILTER, &zero, sizeof zero);  // ENOENT when none
+  sockaddr unspec{};
+  unspec.sa_family = AF_UNSPEC;
+  connect(fd, &unspec, sizeof unspec);  // dissolves an association; a no-op otherwise
+}
+
 void Daemon::accept_clients() {
   for (;;) {
     UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
@@ -339,6 +350,7 @@ void Daemon::drop_client(uint64_t id) {
     // Reclaim: whatever the dead process left queued is read and dropped, then the slot waits
     // at the back of the free list and will hand out its next QPN range.
     const unsigned s = *c.slot;
+    reset_socket(group_.sockets[s].get());
     drain(s);
     slots_.release(s);
     ++counters_.slots_reclaimed;

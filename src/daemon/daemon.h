@@ -78,6 +78,7 @@ class Daemon {
   void drop_client(uint64_t id);
   void handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec);
   void drain(unsigned slot);
+  static void reset_socket(int fd);
   void update_idle_timer();
   void log(const std::string& line) const;
 

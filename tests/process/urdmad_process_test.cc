@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -293,6 +294,22 @@ TEST_F(UrdmadProcess, KilledClientsSlotIsReclaimedAndAFullTableIsAnError) {
         Client c;
         Slot slot;
         if (connect_client(&c) != 0 || c.acquire_slot(&slot) != 0) return 1;
+        // Misuse the slot the way a buggy process could: connect it to one peer. The daemon
+        // must undo that before the next owner gets the socket.
+        sockaddr_in peer{};
+        peer.sin_family = AF_INET;
+        peer.sin_port = htons(9);
+        peer.sin_addr.s_addr = htonl(0x7f000009);  // 127.0.0.9
+        sockaddr_in6 mapped{};
+        mapped.sin6_family = AF_INET6;
+        mapped.sin6_port = peer.sin_port;
+        mapped.sin6_addr.s6_addr[10] = mapped.sin6_addr.s6_addr[11] = 0xff;
+        std::memcpy(&mapped.sin6_addr.s6_addr[12], &peer.sin_addr, 4);
+        const bool v6 = slot.info.family == AF_INET6;
+        if (connect(slot.fd.get(),
+                    v6 ? reinterpret_cast<sockaddr*>(&mapped) : reinterpret_cast<sockaddr*>(&peer),
+                    v6 ? sizeof mapped : sizeof peer) != 0)
+          return 2;
         report->put(Report{daemon_pid(c), slot.info});
         pause();  // hold the slot until killed
         return 0;
@@ -329,7 +346,7 @@ TEST_F(UrdmadProcess, KilledClientsSlotIsReclaimedAndAFullTableIsAnError) {
     EXPECT_NE(again.info.qpn_base, a_info.info.qpn_base) << "not the QPN range just freed";
     EXPECT_GT(again.info.generation, a_info.info.generation);
     EXPECT_FALSE(receive(again.fd.get(), 50)) << "the stale datagram was drained";
-    // The new slot works.
+    // The new slot works, for any sender: the dead owner's connect() was undone.
     send_to_qpn("127.0.0.1", again.info.qpn_base + 1, 42);
     const auto got = receive(again.fd.get(), 1000);
     ASSERT_TRUE(got);
@@ -338,6 +355,49 @@ TEST_F(UrdmadProcess, KilledClientsSlotIsReclaimedAndAFullTableIsAnError) {
     kill(b, SIGKILL);
     wait_exit(b, 2000);
     EXPECT_TRUE(stop_daemon(a_info.daemon));
+  });
+}
+
+// A client speaking nonsense gets an errno per record and never takes the daemon down.
+TEST_F(UrdmadProcess, MalformedRequestsGetErrorsAndTheDaemonCarriesOn) {
+  in_fresh_netns([] {
+    Client c;
+    ASSERT_EQ(connect_client(&c), 0);
+    const pid_t d = daemon_pid(c);
+    UniqueFd raw(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    sockaddr_un sun;
+    const socklen_t len = daemon::abstract_address(daemon::kDefaultSocketName, &sun);
+    ASSERT_EQ(connect(raw.get(), reinterpret_cast<sockaddr*>(&sun), len), 0);
+    auto reply_errno = [&](std::vector<uint8_t> rec, int pass_fd = -1) {
+      EXPECT_EQ(daemon::send_record(raw.get(), rec, pass_fd), 0);
+      std::vector<uint8_t> buf(daemon::kMaxMessageBytes);
+      pollfd p{raw.get(), POLLIN, 0};
+      if (poll(&p, 1, 2000) != 1) return -1;
+      const ssize_t n = daemon::recv_record(raw.get(), buf, nullptr);
+      if (n <= 0) return -2;
+      daemon::SlotInfo info;
+      return daemon::decode_slot(std::span(buf).first(static_cast<size_t>(n)), &info);
+    };
+    auto good = daemon::encode_request(daemon::MsgType::kAcquireSlot);
+    auto bad_magic = good;
+    bad_magic[0] ^= 0xff;
+    EXPECT_EQ(reply_errno(bad_magic), EPROTO);
+    auto future = good;
+    future[4] = 9;  // version 9
+    EXPECT_EQ(reply_errno(future), EPROTONOSUPPORT);
+    EXPECT_EQ(reply_errno({1, 2, 3}), EPROTO);
+    EXPECT_EQ(reply_errno(daemon::encode_request(static_cast<daemon::MsgType>(77))), EPROTO);
+    // A record too big for the daemon's buffer, and an fd nobody asked for.
+    EXPECT_EQ(reply_errno(std::vector<uint8_t>(daemon::kMaxMessageBytes + 100, 0)), -2)
+        << "an oversized record ends the connection";
+    raw.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    ASSERT_EQ(connect(raw.get(), reinterpret_cast<sockaddr*>(&sun), len), 0);
+    EXPECT_EQ(reply_errno(good, /*pass_fd=*/1), 0) << "a stray fd is closed, the request served";
+    // The daemon still serves everyone.
+    Slot slot;
+    EXPECT_EQ(c.acquire_slot(&slot), 0);
+    EXPECT_TRUE(alive(d));
+    EXPECT_TRUE(stop_daemon(d));
   });
 }
 
