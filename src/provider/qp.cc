@@ -22,23 +22,32 @@ constexpr int kQpAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE 
 constexpr uint32_t kSgeBytes = sizeof(ibv_sge);
 static_assert(kSgeBytes == 16);
 
-// One row per ibv_wr_opcode (IBA 9.2 opcode tables; SEND with invalidate exists only for RC).
-//                                     rc     uc     ud     sge    inline remote atomic local
-constexpr SendOpcodeInfo kRdmaWrite = {
-    true, true, false, true, true, true, false, false, IBV_WC_RDMA_WRITE};
-constexpr SendOpcodeInfo kSend = {true, true, true, true, true, false, false, false, IBV_WC_SEND};
-constexpr SendOpcodeInfo kSendInv = {true,  false, false, true,       true,
-                                     false, false, false, IBV_WC_SEND};
-constexpr SendOpcodeInfo kRdmaRead = {true,  false, false,           true, false, true,
-                                      false, false, IBV_WC_RDMA_READ};
-constexpr SendOpcodeInfo kCmpSwap = {true, false, false,           true, false, false,
-                                     true, false, IBV_WC_COMP_SWAP};
-constexpr SendOpcodeInfo kFetchAdd = {true, false, false,           true, false, false,
-                                      true, false, IBV_WC_FETCH_ADD};
-constexpr SendOpcodeInfo kLocalInv = {true,  true,  false, false,           false,
-                                      false, false, true,  IBV_WC_LOCAL_INV};
-constexpr SendOpcodeInfo kBindMw = {true,  true,  false, false,         false,
-                                    false, false, true,  IBV_WC_BIND_MW};
+// One row per ibv_wr_opcode (IBA 9.2 opcode tables; SEND with invalidate exists only for RC),
+// naming what holds; every property left out is false.
+constexpr SendOpcodeInfo kRdmaWrite = {.rc = true,
+                                       .uc = true,
+                                       .sge_list = true,
+                                       .inline_ok = true,
+                                       .remote_rdma = true,
+                                       .wc_opcode = IBV_WC_RDMA_WRITE};
+constexpr SendOpcodeInfo kSend = {.rc = true,
+                                  .uc = true,
+                                  .ud = true,
+                                  .sge_list = true,
+                                  .inline_ok = true,
+                                  .wc_opcode = IBV_WC_SEND};
+constexpr SendOpcodeInfo kSendInv = {
+    .rc = true, .sge_list = true, .inline_ok = true, .wc_opcode = IBV_WC_SEND};
+constexpr SendOpcodeInfo kRdmaRead = {
+    .rc = true, .sge_list = true, .remote_rdma = true, .wc_opcode = IBV_WC_RDMA_READ};
+constexpr SendOpcodeInfo kCmpSwap = {
+    .rc = true, .sge_list = true, .atomic = true, .wc_opcode = IBV_WC_COMP_SWAP};
+constexpr SendOpcodeInfo kFetchAdd = {
+    .rc = true, .sge_list = true, .atomic = true, .wc_opcode = IBV_WC_FETCH_ADD};
+constexpr SendOpcodeInfo kLocalInv = {
+    .rc = true, .uc = true, .local = true, .wc_opcode = IBV_WC_LOCAL_INV};
+constexpr SendOpcodeInfo kBindMw = {
+    .rc = true, .uc = true, .local = true, .wc_opcode = IBV_WC_BIND_MW};
 
 constexpr std::array<const SendOpcodeInfo*, IBV_WR_ATOMIC_WRITE + 1> kOpcodes = [] {
   std::array<const SendOpcodeInfo*, IBV_WR_ATOMIC_WRITE + 1> t{};

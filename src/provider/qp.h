@@ -52,14 +52,17 @@ inline constexpr unsigned kSendFlagsKnown =
     IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE | IBV_SEND_IP_CSUM;
 
 // What each send opcode is, for validation here and for the engine.
+// Rows are written with designated initializers naming the properties that hold; the rest are
+// false.
 struct SendOpcodeInfo {
-  bool rc, uc, ud;   // allowed on this QP type (IBA 9.2 / 9.8.3, rxe_wr_opcode_info)
-  bool sge_list;     // has a local SGE list (data source, or READ/atomic result target)
-  bool inline_ok;    // IBV_SEND_INLINE applies (SEND*, RDMA_WRITE*)
-  bool remote_rdma;  // RDMA WRITE/READ: remote_addr + rkey
-  bool atomic;       // 8-byte aligned remote_addr, one 8-byte local SGE
-  bool local;        // LOCAL_INV, BIND_MW: no packet
-  ibv_wc_opcode wc_opcode;
+  bool rc = false, uc = false, ud = false;  // allowed on this QP type (IBA 9.2 / 9.8.3,
+                                            // rxe_wr_opcode_info)
+  bool sge_list = false;     // has a local SGE list (data source, or READ/atomic result target)
+  bool inline_ok = false;    // IBV_SEND_INLINE applies (SEND*, RDMA_WRITE*)
+  bool remote_rdma = false;  // RDMA WRITE/READ: remote_addr + rkey
+  bool atomic = false;       // 8-byte aligned remote_addr, one 8-byte local SGE
+  bool local = false;        // LOCAL_INV, BIND_MW: no packet
+  ibv_wc_opcode wc_opcode = IBV_WC_SEND;
 };
 // nullptr for opcodes the device does not implement (TSO, DRIVER1, ATOMIC_WRITE, unknown).
 const SendOpcodeInfo* send_opcode_info(ibv_wr_opcode opcode);
