@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -60,6 +61,7 @@ class Checker {
     build_images();
     apply_sends();
     check_receives();
+    check_responder_err();
     check_atomics();
     check_retry_bound();
     compare_images();
@@ -151,12 +153,16 @@ class Checker {
     outcome_.assign(s_.sends.size(), Outcome::kNotPosted);
     qp_failed_.assign(s_.qps.size(), false);
     std::vector<std::vector<size_t>> by_qp(s_.qps.size());
-    for (size_t i = 0; i < s_.sends.size(); ++i) by_qp[s_.sends[i].qp].push_back(i);
+    for (size_t i = 0; i < s_.sends.size(); ++i) {
+      by_qp[s_.sends[i].qp].push_back(i);
+      for (const ObservedCompletion* c : send_cqe_[i])
+        if (c->wc.status != IBV_WC_SUCCESS) qp_failed_[s_.sends[i].qp] = true;
+    }
     for (uint32_t q = 0; q < s_.qps.size(); ++q) check_send_queue(q, by_qp[q]);
   }
 
   void check_send_queue(uint32_t q, const std::vector<size_t>& sends) {
-    const QpSpec& qp = s_.qps[q];
+    const uint32_t peer = s_.qps[q].peer;
     // Order: the completions of this QP's sends, by poll order, are in posting order.
     std::vector<std::pair<const ObservedCompletion*, size_t>> seen;
     for (size_t i : sends)
@@ -167,16 +173,21 @@ class Checker {
         add("order", describe_send(seen[k].second) + " completed after the later " +
                          describe_send(seen[k - 1].second));
 
-    // Outcomes, and the flush rule: after the first unsuccessful completion every later
-    // posted WR completes, with WR_FLUSH_ERR.
-    bool failed = false;
+    // Outcomes, and the flush rule: after the QP's error every later posted WR completes, with
+    // WR_FLUSH_ERR. The error WR is the first whose status is neither SUCCESS nor FLUSH; on a
+    // lossy network, WRs still unacknowledged when it struck may flush just before it (the
+    // device completes in order, flushing them first).
     size_t last_seen = 0;
     bool any_seen = false;
-    for (size_t k = 0; k < sends.size(); ++k)
-      if (!send_cqe_[sends[k]].empty()) {
-        last_seen = k;
-        any_seen = true;
-      }
+    std::optional<size_t> error_at;  // position in `sends` of the error WR
+    for (size_t k = 0; k < sends.size(); ++k) {
+      if (send_cqe_[sends[k]].empty()) continue;
+      last_seen = k;
+      any_seen = true;
+      const ibv_wc_status st = send_cqe_[sends[k]][0]->wc.status;
+      if (!error_at && st != IBV_WC_SUCCESS && st != IBV_WC_WR_FLUSH_ERR) error_at = k;
+    }
+    bool failed = false;
     for (size_t k = 0; k < sends.size(); ++k) {
       const size_t i = sends[k];
       const SendSpec& w = s_.sends[i];
@@ -194,6 +205,10 @@ class Checker {
             add("exactly-once", describe_send(i) +
                                     " is signaled but has no completion, while later WRs of "
                                     "its QP completed");
+          if (w.fault != Fault::kNone && fault_outcome(w.fault).requester != IBV_WC_SUCCESS)
+            add("status", describe_send(i) + " carries the injected fault " + fault_name(w.fault) +
+                              " but completed silently (expected " +
+                              ibv_wc_status_str(fault_outcome(w.fault).requester) + ")");
         } else {
           outcome_[i] = Outcome::kUnknown;
           if (signaled(i) && r_.finished)
@@ -216,33 +231,228 @@ class Checker {
                                   " is unsignaled but produced a successful "
                                   "completion " +
                                   describe_wc(c));
+        if (w.fault != Fault::kNone && fault_outcome(w.fault).requester != IBV_WC_SUCCESS)
+          add("status", describe_send(i) + " carries the injected fault " + fault_name(w.fault) +
+                            " but succeeded (expected " +
+                            ibv_wc_status_str(fault_outcome(w.fault).requester) + ")");
         check_send_fields(i, c);
         continue;
       }
       outcome_[i] = Outcome::kFailed;
-      if (!failed) {
-        failed = true;
-        qp_failed_[q] = true;
-        first_error_[q] = &c;
-        // Which first errors may happen at all.
-        const bool drain_flush = wc.status == IBV_WC_WR_FLUSH_ERR && c.time_ns >= r_.drain_ns;
-        const bool allowed_retry =
-            has_partition() && qp.type == IBV_QPT_RC && wc.status == IBV_WC_RETRY_EXC_ERR;
-        if (!allowed_retry && !drain_flush)
-          add("status", describe_send(i) + " failed " + describe_wc(c) +
-                            (has_partition() ? " (only RETRY_EXC_ERR is expected)"
-                                             : " (no failure is expected without a partition)"));
-        if (drain_flush && !has_partition())
+      if (failed) {
+        if (wc.status != IBV_WC_WR_FLUSH_ERR && !(error_at && *error_at == k))
           add("status", describe_send(i) +
-                            " was still outstanding at the end of the run and "
-                            "flushed " +
+                            " after the QP's first error must be WR_FLUSH_ERR, got " +
                             describe_wc(c));
-      } else if (wc.status != IBV_WC_WR_FLUSH_ERR) {
-        add("status", describe_send(i) + " after the QP's first error must be WR_FLUSH_ERR, got " +
-                          describe_wc(c));
+        if (error_at && *error_at == k) judge_error(q, i, c);
+        continue;
       }
-      (void)w;
+      failed = true;
+      qp_failed_[q] = true;
+      first_error_[q] = &c;
+      if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+        judge_error(q, i, c);
+        continue;
+      }
+      // A flush first: the QP went to ERR without an error of its own WRs (a responder error,
+      // a dead QP, the final drain), or this WR was outstanding when a later one failed.
+      if (error_at && s_.config.faults.lossy()) continue;
+      if (may_enter_err(q, c.time_ns)) continue;
+      if (c.time_ns >= r_.drain_ns && has_partition()) continue;
+      // The run waits only for signaled WRs: an unsignaled tail (its QP blocked behind a failed
+      // dependency) may still be retrying at the drain if its peer is gone or packets are lost.
+      if (c.time_ns >= r_.drain_ns && unsignaled_tail(sends, k) &&
+          (s_.config.faults.lossy() ||
+           (peer != kNone && (qp_failed_[peer] || may_enter_err(peer, c.time_ns)))))
+        continue;
+      if (c.time_ns >= r_.drain_ns)
+        add("status", describe_send(i) +
+                          " was still outstanding at the end of the run and "
+                          "flushed " +
+                          describe_wc(c));
+      else
+        add("status", describe_send(i) + " was flushed " + describe_wc(c) +
+                          " but nothing moved its QP to ERR");
     }
+    // The fault must show: a posted faulted WR on a QP that had not failed before it.
+    for (size_t k = 0; k < sends.size(); ++k) {
+      const size_t i = sends[k];
+      const SendSpec& w = s_.sends[i];
+      if (w.fault == Fault::kNone || !r_.send_posted_ns[i] || !r_.finished) continue;
+      if (!send_cqe_[i].empty() || outcome_[i] == Outcome::kSuccess) continue;
+      if (fault_outcome(w.fault).requester != IBV_WC_SUCCESS)
+        add("status", describe_send(i) + " carries the injected fault " + fault_name(w.fault) +
+                          " but never completed (expected " +
+                          ibv_wc_status_str(fault_outcome(w.fault).requester) + ")");
+    }
+  }
+
+  // Does either QP of q's pair carry an injected fault (or is dead)?
+  bool pair_faulted(uint32_t q) const {
+    const uint32_t peer = s_.qps[q].peer;
+    if (s_.qps[q].dead || (peer != kNone && s_.qps[peer].dead)) return true;
+    for (const SendSpec& w : s_.sends)
+      if (w.fault != Fault::kNone && (w.qp == q || w.qp == peer)) return true;
+    return false;
+  }
+
+  // Are the posted WRs of `sends` from position k on all unsignaled?
+  bool unsignaled_tail(const std::vector<size_t>& sends, size_t k) const {
+    for (; k < sends.size(); ++k)
+      if (r_.send_posted_ns[sends[k]] && signaled(sends[k])) return false;
+    return true;
+  }
+
+  // Can QP q be in ERR at time t without an error of its own send queue? Dead from the start,
+  // or the responder of an injected fault that moves the responder to ERR, once it was sent.
+  bool may_enter_err(uint32_t q, uint64_t t) const {
+    const QpSpec& qp = s_.qps[q];
+    if (qp.dead) return true;
+    if (qp.peer == kNone) return false;
+    for (size_t i = 0; i < s_.sends.size(); ++i) {
+      const SendSpec& w = s_.sends[i];
+      if (w.qp == qp.peer && w.fault != Fault::kNone && fault_outcome(w.fault).responder_err &&
+          r_.send_posted_ns[i] && *r_.send_posted_ns[i] <= t)
+        return true;
+    }
+    return false;
+  }
+
+  // The error WR's status: the injected fault's outcome, or an exhausted retry budget that
+  // the network trace shows was earned.
+  void judge_error(uint32_t q, size_t i, const ObservedCompletion& c) {
+    const SendSpec& w = s_.sends[i];
+    const QpSpec& qp = s_.qps[w.qp];
+    const ibv_wc_status st = c.wc.status;
+    if (qp.type == IBV_QPT_RC && st == IBV_WC_RETRY_EXC_ERR) {
+      const std::string why = retry_evidence(q, c.time_ns);
+      if (!why.empty())
+        add("status", describe_send(i) + " failed " + describe_wc(c) +
+                          " without the evidence in the network trace: " + why);
+      return;
+    }
+    if (qp.type == IBV_QPT_RC && st == IBV_WC_RNR_RETRY_EXC_ERR) {
+      const std::string why = rnr_evidence(q, c.time_ns);
+      if (!why.empty())
+        add("status", describe_send(i) + " failed " + describe_wc(c) +
+                          " without the evidence in the network trace: " + why);
+      return;
+    }
+    if (w.fault != Fault::kNone && st == fault_outcome(w.fault).requester) return;
+    add("status",
+        describe_send(i) + " failed " + describe_wc(c) +
+            (w.fault != Fault::kNone
+                 ? std::string(" (injected fault ") + fault_name(w.fault) + ": expected " +
+                       ibv_wc_status_str(fault_outcome(w.fault).requester) + ")"
+                 : std::string(" (no error is expected of it)")));
+  }
+
+  // ---- the network trace as evidence ----
+  // RC opcodes (IBA 9.2 table 35): requests below READ response First, responses 0x0D..0x12.
+  static bool rc_request(uint8_t op) { return op < 0x20 && (op < 0x0D || op > 0x12); }
+  static bool rc_response(uint8_t op) { return op >= 0x0D && op <= 0x12; }
+  // A response that acknowledges its PSN: ACK syndrome, ATOMIC ACK, or READ response data.
+  static bool positive(const TracedDatagram& d) {
+    if (d.opcode == 0x11) return d.has_aeth && (d.syndrome >> 5) == 0;
+    return rc_response(d.opcode);
+  }
+  static bool rnr_nak(const TracedDatagram& d) {
+    return d.opcode == 0x11 && d.has_aeth && (d.syndrome >> 5) == 1;
+  }
+  static bool seq_nak(const TracedDatagram& d) {
+    return d.opcode == 0x11 && d.has_aeth && d.syndrome == 0x60;
+  }
+  bool request_of(const TracedDatagram& d, uint32_t q) const {
+    const QpSpec& qp = s_.qps[q];
+    return d.src_host == qp.host && d.dst_host == s_.qps[qp.peer].host &&
+           d.dest_qpn == r_.qp_num[qp.peer] && rc_request(d.opcode);
+  }
+  bool response_to(const TracedDatagram& d, uint32_t q) const {
+    const QpSpec& qp = s_.qps[q];
+    return d.dst_host == qp.host && d.src_host == s_.qps[qp.peer].host &&
+           d.dest_qpn == r_.qp_num[q] && rc_response(d.opcode);
+  }
+
+  // "" when the trace shows that QP q earned RETRY_EXC_ERR at time t, else why not. See
+  // checker.h for the criterion and why it is sound.
+  std::string retry_evidence(uint32_t q, uint64_t t) const {
+    const QpSpec& qp = s_.qps[q];
+    // PSN → its transmissions, in order. An RDMA READ request asks for every response PSN of
+    // what is left of the READ: it is a try of each of them (a READ answered in part is resent
+    // from its first missing response's PSN).
+    static constexpr uint32_t kMtu[] = {0, 256, 512, 1024, 2048, 4096};
+    std::map<uint32_t, std::vector<uint64_t>> sent;
+    for (const TracedDatagram& d : r_.datagrams) {
+      if (d.sent_ns > t || !request_of(d, q)) continue;
+      const uint32_t span =
+          d.opcode == 0x0c ? std::max<uint32_t>(1, (d.dma_length + kMtu[qp.mtu] - 1) / kMtu[qp.mtu])
+                           : 1;
+      for (uint32_t k = 0; k < span; ++k) sent[(d.psn + k) & 0xffffff].push_back(d.sent_ns);
+    }
+    size_t best = 0;
+    for (auto& [psn, times] : sent) {
+      // Responses for this PSN reaching q, by kind.
+      std::vector<uint64_t> acks, rnrs;
+      size_t dup_naks = 0;
+      for (const TracedDatagram& d : r_.datagrams) {
+        if (d.psn != psn || !response_to(d, q)) continue;
+        for (size_t k = 0; k < d.delivered_ns.size(); ++k) {
+          if (d.delivered_ns[k] > t) continue;
+          if (positive(d)) acks.push_back(d.delivered_ns[k]);
+          if (rnr_nak(d)) rnrs.push_back(d.delivered_ns[k]);
+          if (seq_nak(d) && k > 0) ++dup_naks;  // a network copy of a NAK is a retry of its own
+        }
+      }
+      // Transmissions that follow an RNR NAK of this PSN resend after the RNR wait: no retry.
+      std::vector<uint64_t> tries;
+      for (size_t k = 0; k < times.size(); ++k) {
+        const uint64_t prev = k ? times[k - 1] : 0;
+        const bool after_rnr = std::any_of(rnrs.begin(), rnrs.end(), [&](uint64_t r) {
+          return k > 0 && r >= prev && r <= times[k];
+        });
+        if (!after_rnr) tries.push_back(times[k]);
+      }
+      const size_t n = tries.size() + dup_naks;
+      best = std::max(best, n);
+      if (n < size_t{qp.retry_cnt} + 1 || tries.empty()) continue;
+      // The window: from the first of the last retry_cnt tries (the last one when retry_cnt
+      // is 0) to the failure; no response acknowledging the PSN reached q in it.
+      const size_t from =
+          tries.size() > qp.retry_cnt ? tries.size() - std::max<size_t>(qp.retry_cnt, 1) : 0;
+      const uint64_t start = tries[from];
+      const bool acked =
+          std::any_of(acks.begin(), acks.end(), [&](uint64_t a) { return a >= start && a < t; });
+      if (!acked) return "";
+    }
+    return "no PSN of qp " + std::to_string(q) +
+           " was sent retry_cnt + 1 = " + std::to_string(qp.retry_cnt + 1) +
+           " times without a response acknowledging it (most tries of one PSN: " +
+           std::to_string(best) + ")";
+  }
+
+  // "" when the trace shows rnr_retry + 1 RNR NAKs of one PSN reaching QP q by time t with no
+  // acknowledgement of that PSN (the budget only resets on progress, which acknowledges it).
+  std::string rnr_evidence(uint32_t q, uint64_t t) const {
+    const QpSpec& qp = s_.qps[q];
+    if (qp.rnr_retry == 7) return "rnr_retry is 7 (retry forever)";
+    std::map<uint32_t, std::pair<size_t, bool>> by_psn;  // PSN → (RNR NAKs, acknowledged)
+    for (const TracedDatagram& d : r_.datagrams) {
+      if (!response_to(d, q)) continue;
+      for (uint64_t at : d.delivered_ns) {
+        if (at > t) continue;
+        if (rnr_nak(d)) ++by_psn[d.psn].first;
+        if (positive(d)) by_psn[d.psn].second = true;
+      }
+    }
+    size_t best = 0;
+    for (const auto& [psn, v] : by_psn) {
+      if (v.second) continue;
+      best = std::max(best, v.first);
+      if (v.first >= size_t{qp.rnr_retry} + 1) return "";
+    }
+    return "no PSN of qp " + std::to_string(q) +
+           " drew rnr_retry + 1 = " + std::to_string(qp.rnr_retry + 1) +
+           " RNR NAKs (most: " + std::to_string(best) + ")";
   }
 
   void check_send_fields(size_t i, const ObservedCompletion& c) {
@@ -335,6 +545,12 @@ class Checker {
       const QpSpec& q = s_.qps[w.qp];
       const OpInfo& info = op_info(w.op);
       if (outcome_[i] == Outcome::kNotPosted) continue;
+      // A faulted WR is refused before any byte moves (R_Key, bounds and access are checked on
+      // the first packet); its message, if any, is judged with its receive.
+      if (w.fault != Fault::kNone) {
+        if (info.consumes_recv) gather(w.sges, payload_[i]);
+        continue;
+      }
       const bool landed =
           outcome_[i] == Outcome::kSuccess &&
           (q.type == IBV_QPT_RC || s_.config.faults.clean());  // UC: when sent; a gap drops it
@@ -411,6 +627,14 @@ class Checker {
              " != " + hex(r_.window_rkey[w.window]);
     if (ud && wc.src_qp != r_.qp_num[w.qp])
       return "src_qp " + hex(wc.src_qp) + " != " + hex(r_.qp_num[w.qp]);
+    if (ud) {  // the GRH names the sending host: it tells apart messages alike otherwise
+      const auto grh =
+          ud_grh(s_.qps[w.qp].host, s_.qps[w.ud_dest].host, w.length(), w.op == Op::kSendImm);
+      const std::vector<uint8_t> got = received_bytes(recv, kGrhBytes);
+      if (got.size() < kGrhBytes || !std::equal(grh.begin(), grh.end(), got.begin()))
+        return "GRH differs from the one a datagram from host " +
+               std::to_string(s_.qps[w.qp].host) + " carries";
+    }
     if (!write_imm && payload_certain_[m]) {
       const std::vector<uint8_t> got = received_bytes(recv, len);
       const size_t skip = ud ? kGrhBytes : 0;
@@ -422,16 +646,14 @@ class Checker {
   }
 
   void check_receives() {
-    // Which QPs' messages may have been cut short (for the expectations of unmatched buffers).
-    bool any_failed = false;
-    for (bool f : qp_failed_) any_failed |= f;
-
     // Successful receive completions per receiving QP, in poll order.
     std::vector<std::vector<std::pair<const ObservedCompletion*, size_t>>> got(s_.qps.size());
     // QPNs are per device: a completion names its QP by (host, qp_num).
     std::map<std::pair<uint32_t, uint32_t>, uint32_t> by_qpn;
     for (uint32_t q = 0; q < s_.qps.size(); ++q) by_qpn[{s_.qps[q].host, r_.qp_num[q]}] = q;
     std::vector<bool> matched(s_.recvs.size(), false);
+    std::vector<std::vector<std::pair<const ObservedCompletion*, size_t>>> error_recvs(
+        s_.qps.size());
     for (size_t i = 0; i < s_.recvs.size(); ++i) {
       const RecvSpec& v = s_.recvs[i];
       if (!r_.recv_posted_ns[i]) continue;
@@ -460,9 +682,10 @@ class Checker {
       if (c.wc.status == IBV_WC_SUCCESS) {
         got[q].push_back({&c, i});
       } else if (c.wc.status != IBV_WC_WR_FLUSH_ERR) {
-        add("status", describe_recv(i) + " failed " + describe_wc(c));
+        error_recvs[q].push_back({&c, i});
       }
     }
+    for (uint32_t q = 0; q < s_.qps.size(); ++q) check_error_receives(q, error_recvs[q], matched);
 
     for (uint32_t q = 0; q < s_.qps.size(); ++q) {
       auto& recvs = got[q];
@@ -477,14 +700,97 @@ class Checker {
       match_messages(q, recvs, matched);
     }
 
-    // Unmatched receive buffers: untouched, unless a message may have been cut short in them.
+    // Unmatched receive buffers: untouched, unless a message may have been cut short in them —
+    // a message of a QP pair that failed (RC), or any message on a faulty network (UC).
     for (size_t i = 0; i < s_.recvs.size(); ++i) {
       if (matched[i]) continue;
       const RecvSpec& v = s_.recvs[i];
-      const bool uc_or_ud_lossy =
+      const bool uc_lossy =
           v.qp != kNone && s_.qps[v.qp].type == IBV_QPT_UC && !s_.config.faults.clean();
-      if (any_failed || uc_or_ud_lossy)
+      bool cut_short = uc_lossy;
+      for (uint32_t q = 0; q < s_.qps.size() && !cut_short; ++q) {
+        const QpSpec& qp = s_.qps[q];
+        const bool owner = v.qp != kNone ? v.qp == q : qp.use_srq && qp.host == v.srq_host;
+        if (owner && qp.type == IBV_QPT_RC)
+          cut_short = qp_failed_[q] || qp_failed_[qp.peer] || may_enter_err(q, ~uint64_t{0});
+      }
+      if (cut_short)
         for (const Sge& g : v.sges) set_any(g.region, g.offset, g.length);
+    }
+  }
+
+  // Receives that completed in error: only the receive an injected fault's message consumes,
+  // with the status the fault predicts, and in receive order (every earlier receive of the
+  // queue succeeded). Conversely, a faulted send that got its predicted status proves the
+  // responder saw it: its receive must show the predicted status too.
+  void check_error_receives(uint32_t q,
+                            const std::vector<std::pair<const ObservedCompletion*, size_t>>& errs,
+                            std::vector<bool>& matched) {
+    std::vector<size_t> faults;  // sends to q whose fault consumes a receive
+    for (size_t i = 0; i < s_.sends.size(); ++i) {
+      const SendSpec& w = s_.sends[i];
+      if (s_.qps[w.qp].peer == q && w.fault != Fault::kNone && fault_outcome(w.fault).receive &&
+          r_.send_posted_ns[i])
+        faults.push_back(i);
+    }
+    for (const auto& [c, recv] : errs) {
+      matched[recv] = true;  // a message may have been written into it in part
+      for (const Sge& g : s_.recvs[recv].sges) set_any(g.region, g.offset, g.length);
+      bool expected = false;
+      for (size_t i : faults) expected |= c->wc.status == *fault_outcome(s_.sends[i].fault).receive;
+      if (!expected) {
+        add("status", describe_recv(recv) + " failed " + describe_wc(*c) +
+                          " (no injected fault consumes a receive of qp " + std::to_string(q) +
+                          " with that status)");
+        continue;
+      }
+      if (errs.size() > faults.size())
+        add("status", "qp " + std::to_string(q) + " has " + std::to_string(errs.size()) +
+                          " failed receives for " + std::to_string(faults.size()) + " faults");
+      for (size_t j = 0; j < recv; ++j) {
+        if (s_.recvs[j].qp != q || !r_.recv_posted_ns[j]) continue;
+        if (recv_cqe_[j].empty() || recv_cqe_[j][0]->wc.status != IBV_WC_SUCCESS) {
+          add("order", describe_recv(recv) + " failed " + describe_wc(*c) + " before the earlier " +
+                           describe_recv(j) + " was consumed by a message");
+          break;
+        }
+      }
+    }
+    for (size_t i : faults) {
+      const FaultOutcome o = fault_outcome(s_.sends[i].fault);
+      if (send_cqe_[i].empty() || send_cqe_[i][0]->wc.status != o.requester) continue;
+      const bool seen = std::any_of(errs.begin(), errs.end(), [&](const auto& e) {
+        return e.first->wc.status == *o.receive;
+      });
+      if (!seen)
+        add("status", describe_send(i) + " completed with " + ibv_wc_status_str(o.requester) +
+                          " but no receive of qp " + std::to_string(q) + " completed with " +
+                          ibv_wc_status_str(*o.receive));
+    }
+  }
+
+  // The responder of a fault that moves it to ERR: once the requester knew of the error, no
+  // WR of the responder succeeds any more — its sends flush, its receives flush.
+  void check_responder_err() {
+    for (size_t i = 0; i < s_.sends.size(); ++i) {
+      const SendSpec& w = s_.sends[i];
+      if (w.fault == Fault::kNone || send_cqe_[i].empty()) continue;
+      const FaultOutcome o = fault_outcome(w.fault);
+      const ObservedCompletion& fc = *send_cqe_[i][0];
+      if (!o.responder_err || fc.wc.status != o.requester) continue;
+      const uint32_t b = s_.qps[w.qp].peer;
+      for (size_t j = 0; j < s_.sends.size(); ++j)
+        if (s_.sends[j].qp == b && r_.send_posted_ns[j] && *r_.send_posted_ns[j] > fc.time_ns)
+          for (const ObservedCompletion* c : send_cqe_[j])
+            if (c->wc.status == IBV_WC_SUCCESS)
+              add("status", describe_send(j) + " succeeded " + describe_wc(*c) +
+                                ", posted after its QP entered ERR for " + describe_send(i));
+      for (size_t j = 0; j < s_.recvs.size(); ++j)
+        if (s_.recvs[j].qp == b)
+          for (const ObservedCompletion* c : recv_cqe_[j])
+            if (c->wc.status == IBV_WC_SUCCESS && c->time_ns > fc.time_ns)
+              add("status", describe_recv(j) + " succeeded " + describe_wc(*c) +
+                                " after its QP entered ERR for " + describe_send(i));
     }
   }
 
@@ -498,6 +804,7 @@ class Checker {
     if (qp.type != IBV_QPT_RC && !f.clean()) mode = f.reorders() ? Mode::kAny : Mode::kSubsequence;
     std::vector<bool> used(msgs.size(), false);
     size_t next = 0;
+    std::map<uint32_t, size_t> next_of;  // sending QP → first message it may still deliver
     for (auto& [c, recv] : recvs) {
       size_t found = msgs.size();
       std::string why = "no message left";
@@ -508,17 +815,22 @@ class Checker {
         }
         ++next;
       } else {
-        const size_t from = mode == Mode::kSubsequence ? next : 0;
-        for (size_t k = from; k < msgs.size(); ++k) {
+        // Subsequence: per sending QP (a UD QP hears from many, interleaved in any way).
+        bool first_try = true;
+        for (size_t k = 0; k < msgs.size(); ++k) {
+          const uint32_t sender = s_.sends[msgs[k]].qp;
+          if (mode == Mode::kSubsequence && k < next_of[sender]) continue;
           if (mode == Mode::kAny && used[k] && !f.duplicate_ppm) continue;
           std::string w = mismatch(msgs[k], recv, *c);
           if (w.empty()) {
             found = k;
             break;
           }
-          if (k == from) why = w;
+          if (first_try) why = w;
+          first_try = false;
         }
-        if (found < msgs.size() && mode == Mode::kSubsequence) next = found + 1;
+        if (found < msgs.size() && mode == Mode::kSubsequence)
+          next_of[s_.sends[msgs[found]].qp] = found + 1;
       }
       if (found == msgs.size()) {
         add("delivery", describe_recv(recv) + " on qp " + std::to_string(q) + " " +
@@ -536,12 +848,17 @@ class Checker {
       matched[recv] = true;
       expect_receive(msgs[found], recv, *c);
     }
-    // Nothing may go missing on RC; nothing at all on a clean network.
+    // Nothing may go missing on RC; nothing at all on a clean network; on UC and UD at least
+    // what the network delivered in full.
     size_t must = 0;
     if (qp.type == IBV_QPT_RC) {
       // Every message the requester saw succeed was delivered (RC executes in order).
-      for (size_t k = 0; k < msgs.size(); ++k)
-        if (outcome_[msgs[k]] == Outcome::kSuccess) must = k + 1;
+      // (A faulted message consumes its receive with an error: not a delivery.)
+      size_t faulted = 0;
+      for (size_t k = 0; k < msgs.size(); ++k) {
+        if (s_.sends[msgs[k]].fault != Fault::kNone) ++faulted;
+        if (outcome_[msgs[k]] == Outcome::kSuccess) must = k + 1 - faulted;
+      }
     } else if (f.clean()) {
       must = msgs.size();
     }
@@ -550,6 +867,84 @@ class Checker {
                           std::to_string(recvs.size()) + " messages, expected at least " +
                           std::to_string(must) + "; first missing " +
                           describe_send(msgs[recvs.size()]));
+    if (qp.type != IBV_QPT_RC) {
+      const size_t bound = delivered_lower_bound(q);
+      if (recvs.size() < bound)
+        add("delivery", "qp " + std::to_string(q) + " " + type_name(qp.type) + " received " +
+                            std::to_string(recvs.size()) + " messages, but the network delivered " +
+                            std::to_string(bound) +
+                            " whole messages to it while it had receives posted");
+    }
+  }
+
+  // UC/UD: how many messages any correct device must have received, from the trace. UD: every
+  // intact datagram delivered before the drain is one message. UC: a message is one run of
+  // intact packets First..Last (or one Only) with consecutive PSNs and nothing else delivered
+  // in between (IBA 9.8.3: a gap or duplicate abandons the message in progress, a First/Only
+  // starts a new one). Messages that consume no receive (RDMA WRITE without immediate) are not
+  // counted, and neither are more messages than receives were posted (less one per message
+  // abandoned after its First, which may have taken a receive).
+  size_t delivered_lower_bound(uint32_t q) const {
+    const QpSpec& qp = s_.qps[q];
+    size_t posted = 0;
+    for (size_t i = 0; i < s_.recvs.size(); ++i)
+      if (s_.recvs[i].qp == q && r_.recv_posted_ns[i]) ++posted;
+    struct Arrival {
+      uint64_t at;
+      size_t index;
+    };
+    std::vector<Arrival> arrivals;
+    for (size_t k = 0; k < r_.datagrams.size(); ++k) {
+      const TracedDatagram& d = r_.datagrams[k];
+      if (d.dst_host != qp.host || d.dest_qpn != r_.qp_num[q]) continue;
+      const bool ours = qp.type == IBV_QPT_UD ? (d.opcode == 0x64 || d.opcode == 0x65)
+                                              : (d.opcode >= 0x20 && d.opcode <= 0x2b);
+      if (!ours) continue;
+      for (uint64_t at : d.delivered_ns)
+        if (at < r_.drain_ns) arrivals.push_back({at, k});
+    }
+    std::sort(arrivals.begin(), arrivals.end(), [](const Arrival& a, const Arrival& b) {
+      return a.at != b.at ? a.at < b.at : a.index < b.index;
+    });
+    if (qp.type == IBV_QPT_UD) return std::min(arrivals.size(), posted);
+    // UC opcodes (IBA 9.2 table 35): SEND First 0x20 Middle 0x21 Last 0x22/0x23 Only
+    // 0x24/0x25; WRITE First 0x26 Middle 0x27 Last 0x28/0x29 Only 0x2a/0x2b.
+    size_t whole = 0, abandoned = 0;
+    bool open = false, consumes = false;
+    uint32_t next = 0;
+    for (size_t k = 0; k < arrivals.size(); ++k) {
+      const TracedDatagram& d = r_.datagrams[arrivals[k].index];
+      // Two arrivals at one instant: their order at the receiver is not known; start over.
+      const bool tie = (k > 0 && arrivals[k - 1].at == arrivals[k].at) ||
+                       (k + 1 < arrivals.size() && arrivals[k + 1].at == arrivals[k].at);
+      const uint8_t op = d.opcode;
+      const bool first = op == 0x20 || op == 0x26;
+      const bool only = op == 0x24 || op == 0x25 || op == 0x2a || op == 0x2b;
+      const bool last = op == 0x22 || op == 0x23 || op == 0x28 || op == 0x29;
+      const bool continues = open && d.psn == next && !tie;
+      if (open && !continues && consumes) ++abandoned;
+      if (tie) {
+        open = false;
+        continue;
+      }
+      if (only) {
+        open = false;
+        if (op != 0x2a) ++whole;  // WRITE Only without immediate consumes nothing
+      } else if (first) {
+        open = true;
+        consumes = op == 0x20;  // a WRITE consumes a receive only if its Last has immediate
+        next = (d.psn + 1) & 0xffffff;
+      } else if (continues && last) {
+        open = false;
+        if (consumes || op == 0x29) ++whole;
+      } else if (continues) {
+        next = (next + 1) & 0xffffff;
+      } else {
+        open = false;
+      }
+    }
+    if (open && consumes) ++abandoned;
+    return std::min(whole, posted > abandoned ? posted - abandoned : 0);
   }
 
   void expect_receive(size_t m, size_t recv, const ObservedCompletion& c) {
@@ -562,18 +957,14 @@ class Checker {
     if (w.op == Op::kWriteImm) return;  // the data went to the RETH's address
     // (Sized up front and copied: GCC 12 warns falsely on vector::insert of bytes.)
     const size_t head = ud ? kGrhBytes : 0;
-    std::vector<uint8_t> stream(head + payload_[m].size());
+    std::vector<uint8_t> stream(head + payload_[m].size());  // (the GRH is set below)
     if (!payload_[m].empty())
       std::memcpy(stream.data() + head, payload_[m].data(), payload_[m].size());
     scatter(v.sges, stream, payload_certain_[m] ? Expect::kExact : Expect::kAny);
-    if (ud) {  // the GRH: its 40 bytes are the device's to fill
-      uint64_t pos = 0;
-      for (const Sge& g : v.sges) {
-        if (pos >= kGrhBytes) break;
-        const uint64_t n = std::min<uint64_t>(g.length, kGrhBytes - pos);
-        set_any(g.region, g.offset, n);
-        pos += n;
-      }
+    if (ud) {  // the GRH, as a correct device writes it for IPv4 hosts
+      const auto grh =
+          ud_grh(s_.qps[w.qp].host, s_.qps[w.ud_dest].host, w.length(), w.op == Op::kSendImm);
+      scatter(v.sges, std::vector<uint8_t>(grh.begin(), grh.end()), Expect::kExact);
     }
     (void)c;
   }
@@ -585,6 +976,26 @@ class Checker {
     Outcome outcome;
     uint64_t result = 0;  // the value returned into the local buffer (kSuccess only)
   };
+
+  // Real time: an atomic that completed before another was posted precedes it in every
+  // linearization. `before(a, b)` says whether a's result may come before b's.
+  void check_real_time(const std::string& name, const std::vector<AtomicOp>& ops,
+                       const std::function<bool(const AtomicOp&, const AtomicOp&)>& before) {
+    for (const AtomicOp& a : ops) {
+      if (a.outcome != Outcome::kSuccess || send_cqe_[a.send].empty()) continue;
+      const uint64_t done_ns = send_cqe_[a.send][0]->time_ns;
+      for (const AtomicOp& b : ops) {
+        if (b.outcome != Outcome::kSuccess || b.qp == a.qp) continue;  // same QP: order check
+        if (*r_.send_posted_ns[b.send] <= done_ns) continue;
+        if (!before(a, b))
+          add_violation_atomic(
+              name, describe_send(a.send) + " completed at t=" + std::to_string(done_ns) +
+                        " before " + describe_send(b.send) +
+                        " was posted at t=" + std::to_string(*r_.send_posted_ns[b.send]) +
+                        ", yet their results order them the other way");
+      }
+    }
+  }
 
   uint64_t read_u64(uint32_t region, uint64_t offset) const {
     uint64_t v = 0;
@@ -614,39 +1025,46 @@ class Checker {
       const std::string name = "counter at region " + std::to_string(where.first) + " +" +
                                std::to_string(where.second) + " (initial " + hex(initial) +
                                ", final " + hex(final_value) + ")";
-      if (s_.sends[ops[0].send].op == Op::kFetchAdd)
+      if (s_.sends[ops[0].send].op == Op::kFetchAdd) {
         check_fetch_add(name, initial, final_value, ops);
-      else
+        check_real_time(name, ops,
+                        [](const AtomicOp& a, const AtomicOp& b) { return a.result < b.result; });
+      } else {
         check_cmp_swp(name, initial, final_value, ops);
+        check_real_time(name, ops, [&](const AtomicOp& a, const AtomicOp& b) {
+          const auto pa = chain_position_.find(a.result);
+          const auto pb = chain_position_.find(b.result);
+          if (pa == chain_position_.end() || pb == chain_position_.end()) return true;
+          const bool won = a.result == s_.sends[a.send].compare_add;
+          return pb->second >= pa->second + (won ? 1 : 0);
+        });
+      }
     }
   }
 
-  // FETCH_ADD: sorted by result, the successful ops must form the prefix sums of their adds
-  // starting at the initial value (plus adds of ops whose outcome is unknown), each QP's ops in
-  // posting order, ending at the final value.
+  // FETCH_ADD: adds are positive, so sorted by result the successful ops are their own
+  // linearization. Between two consecutive ones (and from the last to the final value) the
+  // counter may only have grown by the adds of ops whose outcome is unknown, each used at most
+  // once in the whole history and never before an earlier success of its own QP: every gap
+  // must be an exact subset sum of distinct uncertain adds (checked exactly by search).
   void check_fetch_add(const std::string& name, uint64_t initial, uint64_t final_value,
                        const std::vector<AtomicOp>& ops) {
-    std::vector<AtomicOp> done;
-    uint64_t uncertain_sum = 0;
-    for (const AtomicOp& a : ops) {
-      if (a.outcome == Outcome::kSuccess)
-        done.push_back(a);
-      else
-        uncertain_sum += s_.sends[a.send].compare_add;
-    }
+    std::vector<AtomicOp> done, maybe;
+    for (const AtomicOp& a : ops) (a.outcome == Outcome::kSuccess ? done : maybe).push_back(a);
     std::sort(done.begin(), done.end(),
               [](const AtomicOp& a, const AtomicOp& b) { return a.result < b.result; });
+    // Gaps: before each success, and after the last.
+    std::vector<uint64_t> gaps;
     uint64_t value = initial;
     std::map<uint32_t, size_t> last_of_qp;
     for (const AtomicOp& a : done) {
-      const uint64_t add = s_.sends[a.send].compare_add;
-      if (a.result < value || a.result - value > uncertain_sum) {
+      if (a.result < value) {
         add_violation_atomic(name, describe_send(a.send) + " returned " + hex(a.result) +
-                                       ", but the counter could only hold " + hex(value) +
-                                       (uncertain_sum ? " (plus failed adds)" : "") +
-                                       " at that point of any linearization");
+                                       ", below the value " + hex(value) +
+                                       " the counter held after the earlier adds");
         return;
       }
+      gaps.push_back(a.result - value);
       auto [it, fresh] = last_of_qp.try_emplace(a.qp, a.send);
       if (!fresh) {
         if (it->second > a.send)
@@ -654,12 +1072,69 @@ class Checker {
                                          describe_send(it->second) + " of the same QP");
         it->second = a.send;
       }
-      value = a.result + add;
+      value = a.result + s_.sends[a.send].compare_add;
     }
-    if (final_value < value || final_value - value > uncertain_sum)
-      add_violation_atomic(name, "final value is not the sum of the successful adds " + hex(value) +
-                                     (uncertain_sum ? " plus some failed ones" : "") +
-                                     " (an add was lost or executed twice)");
+    if (final_value < value) {
+      add_violation_atomic(name, "final value is below the sum of the successful adds " +
+                                     hex(value) + " (an add was lost)");
+      return;
+    }
+    gaps.push_back(final_value - value);
+    // Earliest gap each uncertain op may fill: after every success of its own QP.
+    std::vector<uint64_t> adds;
+    std::vector<size_t> earliest;
+    for (const AtomicOp& u : maybe) {
+      size_t e = 0;
+      for (size_t k = 0; k < done.size(); ++k)
+        if (done[k].qp == u.qp && done[k].send < u.send) e = k + 1;
+      adds.push_back(s_.sends[u.send].compare_add);
+      earliest.push_back(e);
+    }
+    if (!subset_sums(gaps, adds, earliest)) {
+      size_t bad = 0;
+      while (bad < gaps.size() && gaps[bad] == 0) ++bad;
+      const std::string where =
+          bad < done.size() ? describe_send(done[bad].send) + " returned " + hex(done[bad].result)
+                            : "the final value " + hex(final_value);
+      add_violation_atomic(name, where + ": the counter's jumps (" + std::to_string(gaps.size()) +
+                                     " gaps) are no sums of distinct adds of the " +
+                                     std::to_string(adds.size()) +
+                                     " ops whose outcome is unknown (an add was lost, executed "
+                                     "twice, or a result is wrong)");
+    }
+  }
+
+  // Can each gap be filled exactly by distinct adds, add k only in gaps >= earliest[k]?
+  // Backtracking, largest adds first; a search-step cap keeps a pathological case bounded
+  // (then it answers yes: never a false alarm).
+  static bool subset_sums(std::vector<uint64_t> gaps, const std::vector<uint64_t>& adds,
+                          const std::vector<size_t>& earliest) {
+    uint64_t need = 0, have = 0;
+    for (uint64_t g : gaps) need += g;
+    for (uint64_t a : adds) have += a;
+    if (need > have) return false;
+    std::vector<size_t> order(adds.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return adds[a] > adds[b]; });
+    std::vector<uint64_t> suffix(order.size() + 1, 0);  // sum of adds[order[k..]]
+    for (size_t k = order.size(); k-- > 0;) suffix[k] = suffix[k + 1] + adds[order[k]];
+    uint64_t steps = 0;
+    constexpr uint64_t kMaxSteps = 2'000'000;
+    // Place adds in order: each goes into one gap it fits, or nowhere (it never executed).
+    std::function<bool(size_t, uint64_t)> place = [&](size_t k, uint64_t left) -> bool {
+      if (left == 0) return true;
+      if (suffix[k] < left) return false;
+      if (++steps > kMaxSteps) return true;
+      const size_t a = order[k];
+      for (size_t g = earliest[a]; g < gaps.size(); ++g) {
+        if (gaps[g] < adds[a]) continue;
+        gaps[g] -= adds[a];
+        if (place(k + 1, left - adds[a])) return true;
+        gaps[g] += adds[a];
+      }
+      return place(k + 1, left);
+    };
+    return place(0, need);
   }
 
   // CMP_SWP: swap values are unique, so the counter's values form one chain from the initial
@@ -690,6 +1165,7 @@ class Checker {
       position[next] = chain.size();
       chain.push_back(next);
     }
+    chain_position_ = position;
     if (chain.back() != final_value)
       add_violation_atomic(
           name, "final value is not the end of the chain of successful swaps " + hex(chain.back()));
@@ -731,7 +1207,10 @@ class Checker {
         const QpSpec& qp = s_.qps[q];
         if (qp.type != IBV_QPT_RC) continue;
         const bool cut = (qp.host == 0) != (s_.qps[qp.peer].host == 0);
-        if (!cut) continue;
+        if (!cut || pair_faulted(q)) continue;
+        // A QP that failed before the cut failed for another reason (judged by "status").
+        const auto early = first_error_.find(q);
+        if (early != first_error_.end() && early->second->time_ns < p.start_ns) continue;
         const uint64_t bound = retry_bound_ns(qp, s_.config.faults);
         // The first signaled send not known to have succeeded before the cut, posted in time
         // to fail before the partition heals.
@@ -856,11 +1335,35 @@ class Checker {
   std::vector<bool> qp_failed_;
   std::map<uint32_t, const ObservedCompletion*> first_error_;
   std::vector<Image> images_;
+  std::map<uint64_t, size_t> chain_position_;  // the CMP_SWP counter being checked
   std::vector<std::vector<uint8_t>> payload_;
   std::vector<bool> payload_certain_;
 };
 
 }  // namespace
+
+bool decode_datagram(const uint8_t* p, size_t length, TracedDatagram& out) {
+  // BTH (IBA 9.2): opcode, SE/M/pad/version, P_Key, reserved, DestQP[24], A + reserved,
+  // PSN[24]. AETH (IBA 9.3.5) follows it on ACK (0x11), ATOMIC ACK (0x12) and READ response
+  // First (0x0d), Last (0x0f) and Only (0x10): syndrome, MSN[24].
+  constexpr size_t kBth = 12;
+  if (length < kBth) return false;
+  out.opcode = p[0];
+  out.dest_qpn = uint32_t{p[5]} << 16 | uint32_t{p[6]} << 8 | p[7];
+  out.psn = uint32_t{p[9]} << 16 | uint32_t{p[10]} << 8 | p[11];
+  const uint8_t op = out.opcode;
+  out.has_aeth = op == 0x11 || op == 0x12 || op == 0x0d || op == 0x0f || op == 0x10;
+  if (out.has_aeth) {
+    if (length < kBth + 4) return false;
+    out.syndrome = p[kBth];
+  }
+  if (op == 0x0c) {  // RDMA READ request: RETH (IBA 9.3.3) = VA[8], R_Key[4], DMA length[4]
+    if (length < kBth + 16) return false;
+    const uint8_t* d = p + kBth + 12;
+    out.dma_length = uint32_t{d[0]} << 24 | uint32_t{d[1]} << 16 | uint32_t{d[2]} << 8 | d[3];
+  }
+  return true;
+}
 
 uint64_t retry_bound_ns(const QpSpec& qp, const FaultProfile& faults) {
   const uint64_t t = ack_timeout_ns(qp.timeout);

@@ -49,6 +49,28 @@ struct ObservedCompletion {
   ibv_wc wc = {};
 };
 
+// One datagram as the simulated network carried it: cluster.cc records it from the network's
+// trace events (net::SimEvent) and decodes the transport header from the datagram's bytes with
+// its own few lines (decode_datagram below), never through the engine's parser. It is the
+// checker's evidence of what the network did to each QP's packets.
+struct TracedDatagram {
+  uint32_t src_host = 0;
+  uint32_t dst_host = 0;
+  uint64_t sent_ns = 0;
+  uint8_t opcode = 0;       // BTH opcode
+  uint32_t dest_qpn = 0;    // BTH destination QP
+  uint32_t psn = 0;         // BTH PSN
+  bool has_aeth = false;    // ACK, ATOMIC ACK, READ response First/Last/Only
+  uint8_t syndrome = 0;     // AETH syndrome: ACK, RNR NAK or NAK and its code
+  uint32_t dma_length = 0;  // RETH DMA length of an RDMA READ request (its responses' span)
+  // Virtual times at which an intact copy became readable at dst_host. Copies the network
+  // corrupted are left out (the receiver's ICRC check drops them), as are lost ones.
+  std::vector<uint64_t> delivered_ns;
+};
+// Decodes BTH (IBA 9.2) and, where the opcode carries one, the AETH (IBA 9.3.5) of a RoCEv2
+// UDP payload into `out`'s header fields; false when it is too short to hold them.
+bool decode_datagram(const uint8_t* udp_payload, size_t length, TracedDatagram& out);
+
 struct RunRecord {
   // Scenario QP index → the QPN the provider assigned.
   std::vector<uint32_t> qp_num;
@@ -67,6 +89,8 @@ struct RunRecord {
   std::string stall;  // why not, when !finished
   // Virtual time at which the final drain (every QP moved to ERR) began.
   uint64_t drain_ns = 0;
+  // Every datagram the network accepted, in send order (empty for the oracle's run).
+  std::vector<TracedDatagram> datagrams;
 };
 
 struct Violation {

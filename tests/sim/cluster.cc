@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <ostream>
+#include <set>
+#include <span>
 
 #include "base/check.h"
 #include "engine/engine.h"
@@ -26,7 +29,9 @@ constexpr uint8_t kHopLimit = 64;
 constexpr int kWindowAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 net::Address host_address(uint32_t h) {
-  return net::Address::from_v4(10, 0, 0, static_cast<uint8_t>(h + 1));
+  const uint32_t a = host_ipv4(h);
+  return net::Address::from_v4(static_cast<uint8_t>(a >> 24), static_cast<uint8_t>(a >> 16),
+                               static_cast<uint8_t>(a >> 8), static_cast<uint8_t>(a));
 }
 ibv_gid host_gid(uint32_t h) {
   ibv_gid gid;
@@ -52,6 +57,35 @@ class TraceHash {
   uint64_t h_ = 0;
 };
 
+// The engine's PacketIo, seen through: every datagram the engine transmits passes here on its
+// way into the network, so the runner has its bytes when the network reports the send (the
+// kSend trace event fires inside the inner send).
+class TracingIo final : public net::PacketIo {
+ public:
+  explicit TracingIo(net::PacketIo& inner) : inner_(inner) {}
+  net::TxStatus send(const net::TxDatagram& d) override {
+    current_.clear();
+    for (const iovec& v : d.iov) {
+      const auto* p = static_cast<const uint8_t*>(v.iov_base);
+      current_.insert(current_.end(), p, p + v.iov_len);
+    }
+    return inner_.send(d);
+  }
+  size_t send_batch(std::span<const net::TxDatagram> batch) override {
+    for (const net::TxDatagram& d : batch) send(d);  // the simulated network never blocks
+    return batch.size();
+  }
+  size_t recv_batch(std::span<net::RxDatagram> batch) override { return inner_.recv_batch(batch); }
+  int readable_fd() const override { return inner_.readable_fd(); }
+  net::IoCounters counters() const override { return inner_.counters(); }
+  // The bytes of the datagram being sent right now.
+  const std::vector<uint8_t>& current() const { return current_; }
+
+ private:
+  net::PacketIo& inner_;
+  std::vector<uint8_t> current_;
+};
+
 struct Region {
   std::unique_ptr<uint8_t[]> mem;  // guard + registration + guard
   size_t total = 0;
@@ -64,6 +98,7 @@ struct Host {
   explicit Host(uint32_t host_id) : id(host_id) {}
   uint32_t id;
   engine::DoorbellRelay relay;
+  std::unique_ptr<TracingIo> io;
   std::unique_ptr<provider::Device> device;
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<test::EngineParticipant> driver;  // how the world polls the engine
@@ -107,11 +142,13 @@ class Cluster {
       cfg.max_mtu = IBV_MTU_4096;
       cfg.active_mtu = IBV_MTU_4096;
       cfg.doorbell = &host->relay;
+      cfg.key_seed = s_.seed * 0xd1b54a32d192ed03 + h;  // keys replay with the seed
       host->device = std::make_unique<provider::Device>(cfg);
       engine::EngineConfig ecfg;
       ecfg.local_address = host_address(h);
-      host->engine = std::make_unique<engine::Engine>(*host->device, world_.network().io(h),
-                                                      world_.clock(), ecfg);
+      host->io = std::make_unique<TracingIo>(world_.network().io(h));
+      host->engine =
+          std::make_unique<engine::Engine>(*host->device, *host->io, world_.clock(), ecfg);
       host->driver = std::make_unique<test::EngineParticipant>(*host->engine);
       world_.add_participant(*host->driver, h);
       provider::Device& dev = *host->device;
@@ -330,6 +367,8 @@ class Cluster {
       case Op::kRead:
         wr.wr.rdma.remote_addr = remote_addr(w.remote_region, w.remote_offset);
         wr.wr.rdma.rkey = w.window != kNone ? record_.window_rkey[w.window] : rkey(w.remote_region);
+        // Another key byte of the same slot: a key no region has (IBA 10.6.3.1).
+        if (w.fault == Fault::kBadRkey) wr.wr.rdma.rkey ^= 0x80;
         break;
       case Op::kCmpSwp:
       case Op::kFetchAdd:
@@ -340,7 +379,11 @@ class Cluster {
         break;
       case Op::kSendInv:
       case Op::kLocalInv:
-        wr.invalidate_rkey = record_.window_rkey[w.window];
+        if (w.window != kNone) wr.invalidate_rkey = record_.window_rkey[w.window];
+        // Misuse: an MR's rkey (no window at all), or a window that was never bound.
+        if (w.fault == Fault::kBadInvalidate) wr.invalidate_rkey = rkey(w.remote_region);
+        if (w.fault == Fault::kUnboundInv && windows_[w.window] != nullptr)
+          wr.invalidate_rkey = windows_[w.window]->rkey();
         break;
       case Op::kBindMw: {
         provider::Mw* mw = windows_[w.window];
@@ -422,8 +465,7 @@ class Cluster {
     hash_.value(wc.qp_num);
     hash_.value(wc.src_qp);
     hash_.value(wc.wc_flags);
-    // invalidated_rkey shares the field with imm_data; keys are random (not part of a replay).
-    if (!(wc.wc_flags & IBV_WC_WITH_INV)) hash_.value(wc.imm_data);
+    hash_.value(wc.imm_data);  // or invalidated_rkey: keys are seeded, so they replay too
     const uint64_t index = wc.wr_id & ~kWrIdKindMask;
     if (!recv && (wc.wr_id & kWrIdKindMask) == kWrIdSend && index < send_status_.size())
       if (send_status_[index] < 0) send_status_[index] = wc.status;
@@ -435,6 +477,7 @@ class Cluster {
   }
 
   void on_event(const net::SimEvent& e) {
+    record_event(e);
     hash_.value(uint8_t{1});
     hash_.value(e.time_ns);
     hash_.value(e.kind);
@@ -447,24 +490,61 @@ class Cluster {
     if (o_.trace_out) *o_.trace_out << to_string(e) << "\n";
   }
 
+  // The network trace for the checker: each datagram's transport header (decoded from its
+  // bytes, which go into the hash too) and the times its intact copies arrived.
+  void record_event(const net::SimEvent& e) {
+    switch (e.kind) {
+      case net::SimEventKind::kSend: {
+        const std::vector<uint8_t>& bytes = hosts_[e.src]->io->current();
+        hash_.bytes(bytes.data(), bytes.size());
+        TracedDatagram d;
+        d.src_host = e.src;
+        d.dst_host = e.dst;
+        d.sent_ns = e.time_ns;
+        if (!decode_datagram(bytes.data(), bytes.size(), d)) d.opcode = 0xff;
+        datagram_of_[e.packet_id] = record_.datagrams.size();
+        record_.datagrams.push_back(d);
+        if (o_.trace_out)
+          *o_.trace_out << "  #" << e.packet_id << " opcode 0x" << std::hex << int{d.opcode}
+                        << " dest_qp 0x" << d.dest_qpn << " psn 0x" << d.psn
+                        << (d.has_aeth ? " syndrome 0x" : "") << std::dec;
+        if (o_.trace_out && d.has_aeth) *o_.trace_out << std::hex << int{d.syndrome} << std::dec;
+        if (o_.trace_out) *o_.trace_out << "\n";
+        break;
+      }
+      case net::SimEventKind::kCorrupt:
+        corrupted_.insert({e.packet_id, e.copy});
+        break;
+      case net::SimEventKind::kDeliver: {
+        const auto it = datagram_of_.find(e.packet_id);
+        if (it != datagram_of_.end() && !corrupted_.count({e.packet_id, e.copy}))
+          record_.datagrams[it->second].delivered_ns.push_back(e.time_ns);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
   // Can the head send of QP q be posted now? Sets blocked_ when its dependency failed.
   bool head_ready(uint32_t q) {
     if (blocked_[q] || cursor_[q] >= by_qp_[q].size()) return false;
     const SendSpec& w = s_.sends[by_qp_[q][cursor_[q]]];
-    if (w.post_ns > now()) return false;
-    if (w.after == kNone) return true;
-    const int st = send_status_[w.after];
-    if (st < 0) {
-      // Still waiting — unless it can never be posted: its own QP is blocked behind it.
-      const uint32_t dq = s_.sends[w.after].qp;
-      if (!record_.send_posted_ns[w.after] && blocked_[dq]) blocked_[q] = true;
-      return false;
+    // The dependency first: a QP blocked behind a failed one is blocked whatever the time.
+    if (w.after != kNone) {
+      const int st = send_status_[w.after];
+      if (st < 0) {
+        // Still waiting — unless it can never be posted: its own QP is blocked behind it.
+        const uint32_t dq = s_.sends[w.after].qp;
+        if (!record_.send_posted_ns[w.after] && blocked_[dq]) blocked_[q] = true;
+        return false;
+      }
+      if (st != IBV_WC_SUCCESS) {
+        blocked_[q] = true;
+        return false;
+      }
     }
-    if (st != IBV_WC_SUCCESS) {
-      blocked_[q] = true;
-      return false;
-    }
-    return true;
+    return w.post_ns <= now();
   }
 
   bool postable_now() {
@@ -534,6 +614,14 @@ class Cluster {
     std::stable_sort(recv_order_.begin(), recv_order_.end(),
                      [&](size_t a, size_t b) { return s_.recvs[a].post_ns < s_.recvs[b].post_ns; });
 
+    // A peer that never answers: moved to ERR before anything is posted.
+    for (uint32_t q = 0; q < s_.qps.size(); ++q) {
+      if (!s_.qps[q].dead || qps_[q] == nullptr) continue;
+      ibv_qp_attr a = {};
+      a.qp_state = IBV_QPS_ERR;
+      const provider::Status r = qps_[q]->modify(a, IBV_QP_STATE);
+      if (!r.ok()) fail_setup("modify_qp ERR of dead qp " + std::to_string(q), r.error());
+    }
     const uint64_t steps_at_start = world_.steps();
     for (;;) {
       post_due();
@@ -560,12 +648,15 @@ class Cluster {
           },
           until, o_.max_steps - used);
       if (out == net::RunOutcome::kIdle) {
-        if (next == net::kNever) {
+        // The last step may have completed the WR something waited on.
+        if (postable_now()) continue;
+        const uint64_t again = next_post_time();
+        if (again == net::kNever) {
           record_.stall =
               "idle: nothing in flight, no timer, nothing left to post, but " + pending_summary();
           break;
         }
-        clock().set(std::max(next, now()));
+        clock().set(std::max(again, now()));
       }
     }
     if (!record_.finished && record_.stall.find("never completed") == std::string::npos)
@@ -661,6 +752,8 @@ class Cluster {
   size_t next_recv_ = 0;
   std::vector<Violation> post_errors_;
   TraceHash hash_;
+  std::map<uint64_t, size_t> datagram_of_;  // network packet id → record_.datagrams index
+  std::set<std::pair<uint64_t, uint8_t>> corrupted_;  // (packet id, copy)
 };
 
 }  // namespace

@@ -12,6 +12,10 @@ namespace {
 
 constexpr uint32_t kOracleQpnBase = 0x100;
 constexpr uint32_t kOracleRkeyBase = 0xab00'0000;
+// Header fields of the trace the oracle makes up (IBA 9.2 table 35, 9.3.5 table 45).
+constexpr uint8_t kOracleRequestOpcode = 0x04;   // RC SEND Only
+constexpr uint8_t kOracleAckOpcode = 0x11;       // RC Acknowledge
+constexpr uint8_t kOracleRnrNakSyndrome = 0x21;  // RNR NAK, timer code 1
 
 class Oracle {
  public:
@@ -30,10 +34,23 @@ class Oracle {
       run_.recv_posted_ns[i] = v.post_ns;
       (v.qp != kNone ? own_rq_[v.qp] : srq_[v.srq_host]).push_back(i);
     }
+    qp_err_.assign(s_.qps.size(), false);
+    blocked_.assign(s_.qps.size(), false);
+    ok_.assign(s_.sends.size(), false);
+    next_psn_.clear();
+    for (const QpSpec& q : s_.qps) {
+      next_psn_.push_back(q.sq_psn);
+      qp_err_[&q - s_.qps.data()] = q.dead;  // moved to ERR before anything was posted
+    }
     uint64_t now = 0;
     for (size_t i = 0; i < s_.sends.size(); ++i) {
-      now = std::max(now, s_.sends[i].post_ns);
-      run_.send_posted_ns[i] = s_.sends[i].post_ns;
+      const SendSpec& w = s_.sends[i];
+      now = std::max(now, w.post_ns);
+      // As the runner: a WR whose dependency did not succeed is never posted, nor anything
+      // after it on its QP.
+      if (w.after != kNone && !ok_[w.after]) blocked_[w.qp] = true;
+      if (blocked_[w.qp]) continue;
+      run_.send_posted_ns[i] = w.post_ns;
       execute(i, now);
     }
     run_.finished = true;
@@ -69,10 +86,106 @@ class Oracle {
     run_.completions.push_back(ObservedCompletion{time, host, recv, wc});
   }
 
+  // A send completion with an error status: the QP enters ERR and flushes from now on.
+  void fail(size_t i, uint64_t now, ibv_wc_status status) {
+    const SendSpec& w = s_.sends[i];
+    ibv_wc wc = {};
+    wc.wr_id = kWrIdSend | i;
+    wc.status = status;
+    wc.qp_num = run_.qp_num[w.qp];
+    complete(now, s_.qps[w.qp].host, false, wc);
+    qp_err_[w.qp] = true;
+  }
+
+  // The trace a perfect network shows for a request nobody answers: retry_cnt + 1
+  // transmissions of its first PSN, none delivered (the checker's evidence rule).
+  void unanswered(size_t i, uint64_t now) {
+    const SendSpec& w = s_.sends[i];
+    const QpSpec& q = s_.qps[w.qp];
+    for (uint32_t k = 0; k <= q.retry_cnt; ++k) {
+      TracedDatagram d;
+      d.src_host = q.host;
+      d.dst_host = s_.qps[q.peer].host;
+      d.sent_ns = now;
+      d.opcode = kOracleRequestOpcode;
+      d.dest_qpn = run_.qp_num[q.peer];
+      d.psn = next_psn_[w.qp];
+      run_.datagrams.push_back(d);
+    }
+  }
+  // ... and for a SEND that finds no receive: rnr_retry + 1 RNR NAKs, each delivered.
+  void receiver_not_ready(size_t i, uint64_t now) {
+    const SendSpec& w = s_.sends[i];
+    const QpSpec& q = s_.qps[w.qp];
+    for (uint32_t k = 0; k <= q.rnr_retry; ++k) {
+      TracedDatagram d;
+      d.src_host = s_.qps[q.peer].host;
+      d.dst_host = q.host;
+      d.sent_ns = now;
+      d.opcode = kOracleAckOpcode;
+      d.dest_qpn = run_.qp_num[w.qp];
+      d.psn = next_psn_[w.qp];
+      d.has_aeth = true;
+      d.syndrome = kOracleRnrNakSyndrome;
+      d.delivered_ns = {now};
+      run_.datagrams.push_back(d);
+    }
+  }
+
+  uint32_t packets(const SendSpec& w) const {
+    const QpSpec& q = s_.qps[w.qp];
+    if (op_info(w.op).local) return 0;
+    if (op_info(w.op).atomic || q.type == IBV_QPT_UD || w.length() == 0) return 1;
+    static constexpr uint32_t kMtu[] = {0, 256, 512, 1024, 2048, 4096};
+    return static_cast<uint32_t>((w.length() + kMtu[q.mtu] - 1) / kMtu[q.mtu]);
+  }
+
   void execute(size_t i, uint64_t now) {
     const SendSpec& w = s_.sends[i];
     const QpSpec& q = s_.qps[w.qp];
     const OpInfo& info = op_info(w.op);
+    if (qp_err_[w.qp]) {
+      fail(i, now, IBV_WC_WR_FLUSH_ERR);
+      return;
+    }
+    const bool peer_err = q.type == IBV_QPT_RC && !info.local && qp_err_[q.peer];
+    if (w.fault != Fault::kNone || peer_err) {
+      const FaultOutcome o = peer_err ? fault_outcome(Fault::kDeadPeer) : fault_outcome(w.fault);
+      if (o.requester == IBV_WC_RETRY_EXC_ERR) unanswered(i, now);
+      if (o.requester == IBV_WC_RNR_RETRY_EXC_ERR) receiver_not_ready(i, now);
+      if (o.receive) {
+        const QpSpec& dst = s_.qps[q.peer];
+        std::deque<size_t>& queue = dst.use_srq ? srq_[dst.host] : own_rq_[q.peer];
+        base::check(!queue.empty(), "oracle: no receive for a faulted message");
+        ibv_wc wc = {};
+        wc.wr_id = kWrIdRecv | queue.front();
+        wc.status = *o.receive;
+        wc.qp_num = run_.qp_num[q.peer];
+        queue.pop_front();
+        complete(now, dst.host, true, wc);
+      }
+      if (o.responder_err) qp_err_[q.peer] = true;
+      if (o.requester != IBV_WC_SUCCESS) {
+        fail(i, now, o.requester);
+        return;
+      }
+      if (w.fault != Fault::kNone) {  // succeeds at the requester, delivered nowhere
+        next_psn_[w.qp] = (next_psn_[w.qp] + packets(w)) & 0xffffff;
+        ok_[i] = true;
+        if (w.signaled || q.sq_sig_all) {
+          ibv_wc wc = {};
+          wc.wr_id = kWrIdSend | i;
+          wc.status = IBV_WC_SUCCESS;
+          wc.opcode = info.wc;
+          wc.qp_num = run_.qp_num[w.qp];
+          wc.byte_len = static_cast<uint32_t>(w.length());
+          complete(now, q.host, false, wc);
+        }
+        return;
+      }
+    }
+    next_psn_[w.qp] = (next_psn_[w.qp] + packets(w)) & 0xffffff;
+    ok_[i] = true;
     std::vector<uint8_t> data;
     switch (w.op) {
       case Op::kRead: {
@@ -134,13 +247,15 @@ class Oracle {
     }
     if (w.op == Op::kSendInv) {
       wc.wc_flags |= IBV_WC_WITH_INV;
-      wc.invalidated_rkey = run_.window_rkey[w.window];
+      if (w.window != kNone) wc.invalidated_rkey = run_.window_rkey[w.window];
     }
     if (src.type == IBV_QPT_UD) {
       wc.wc_flags |= IBV_WC_GRH;
       wc.src_qp = run_.qp_num[w.qp];
       wc.byte_len += kGrhBytes;
-      std::vector<uint8_t> stream(kGrhBytes + data.size(), 0x45);  // GRH: any content
+      const auto grh = ud_grh(src.host, q.host, data.size(), w.op == Op::kSendImm);
+      std::vector<uint8_t> stream(grh.begin(), grh.end());
+      stream.resize(kGrhBytes + data.size());
       if (!data.empty()) std::memcpy(stream.data() + kGrhBytes, data.data(), data.size());
       scatter(s_.recvs[r].sges, stream);
     } else if (w.op != Op::kWriteImm) {
@@ -162,6 +277,10 @@ class Oracle {
 
   const Scenario& s_;
   RunRecord run_;
+  std::vector<bool> qp_err_;   // per QP: in ERR (dead, or failed, or a responder that failed)
+  std::vector<bool> blocked_;  // per QP: a dependency failed; nothing more is posted
+  std::vector<bool> ok_;       // per send: completed successfully
+  std::vector<uint32_t> next_psn_;
   std::vector<std::deque<size_t>> own_rq_;
   std::vector<std::deque<size_t>> srq_;
 };

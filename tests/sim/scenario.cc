@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <sstream>
 
 #include "base/check.h"
@@ -189,7 +190,9 @@ class Generator {
       const ScenarioConfig& c = s_.config;
       q->timeout = static_cast<uint8_t>(pick(c.timeout_min, c.timeout_max));
       q->retry_cnt = static_cast<uint8_t>(pick(c.retry_cnt_min, c.retry_cnt_max));
-      q->rnr_retry = 7;  // infinite: late receives must not fail a clean run
+      // 7 is infinite: late receives fail no clean run. A finite range fails some legitimately
+      // (the checker then wants the RNR NAKs in the trace).
+      q->rnr_retry = static_cast<uint8_t>(pick(c.rnr_retry_min, c.rnr_retry_max));
       q->min_rnr_timer = static_cast<uint8_t>(pick(1, 6));  // 0.01 .. 0.08 ms
       q->max_rd_atomic = static_cast<uint8_t>(pick(1, 8));
       q->sq_sig_all = chance(10);
@@ -217,6 +220,16 @@ class Generator {
     for (uint32_t i = 0; i < c.rc_pairs; ++i) {
       auto [a, b] = two_hosts();
       add_pair(IBV_QPT_RC, a, b);
+    }
+    // Injected errors: a seed-chosen minority of RC pairs, one fault each, on a random side.
+    fault_of_.assign(s_.qps.size() + c.hosts * c.ud_per_host + 2 * c.uc_pairs, Fault::kNone);
+    for (uint32_t i = 0; i < c.rc_pairs; ++i) {
+      if (!chance(c.errors_percent)) continue;
+      const uint32_t qi = 2 * i + static_cast<uint32_t>(rng_.below(2));
+      const std::vector<Fault> kinds = faults_for(qi);
+      const Fault f = kinds[rng_.below(kinds.size())];
+      fault_of_[qi] = f;
+      if (f == Fault::kDeadPeer) s_.qps[s_.qps[qi].peer].dead = true;
     }
     for (uint32_t i = 0; i < c.uc_pairs; ++i) {
       auto [a, b] = two_hosts();
@@ -266,6 +279,147 @@ class Generator {
   void note_consumer(uint32_t qp, uint64_t len) {
     consumers_[s_.qps[qp].peer].push_back(len);
     used_ += len;
+  }
+
+  // ---- injected errors ----
+  // The faults this pair can get, given the enabled operations and the responder's queues.
+  std::vector<Fault> faults_for(uint32_t qi) const {
+    const QpSpec& q = s_.qps[qi];
+    const bool own_rq = !s_.qps[q.peer].use_srq;
+    std::vector<Fault> out = {Fault::kDeadPeer};
+    if (enabled(Op::kWrite)) out.insert(out.end(), {Fault::kBadRkey, Fault::kNoAccess});
+    if (enabled(Op::kRead)) out.push_back(Fault::kOutOfRange);
+    if (enabled(Op::kWrite) && enabled(Op::kBindMw) && enabled(Op::kLocalInv))
+      out.push_back(Fault::kStaleWindow);
+    if (enabled(Op::kSend) && own_rq) out.insert(out.end(), {Fault::kShortRecv, Fault::kRnr});
+    if (enabled(Op::kSendInv) && own_rq) out.push_back(Fault::kBadInvalidate);
+    if (enabled(Op::kLocalInv)) out.push_back(Fault::kUnboundInv);
+    return out;
+  }
+
+  // The faulted WR waits for the previous WR of its QP (made signaled), so everything before
+  // it has completed when it is posted and the statuses before it are certain.
+  void after_previous(SendSpec& w) {
+    const auto self = static_cast<uint32_t>(&w - s_.sends.data());
+    for (uint32_t j = self; j-- > 0;)
+      if (s_.sends[j].qp == w.qp) {
+        s_.sends[j].signaled = true;
+        w.after = j;
+        return;
+      }
+  }
+
+  void gen_fault(uint32_t qi, Fault f) {
+    const QpSpec& q = s_.qps[qi];
+    const uint64_t mtu = kMtuBytes[q.mtu];
+    const uint32_t host = q.host;
+    const uint32_t peer_host = s_.qps[q.peer].host;
+    auto source_sges = [&](uint64_t len, uint32_t h) {
+      return split(len, [&](uint64_t n) { return source_piece(h, n); });
+    };
+    switch (f) {
+      case Fault::kBadRkey:
+      case Fault::kNoAccess: {
+        // At least one byte: a zero-length WRITE checks no R_Key (IBA 9.7.4.1.x, rxe).
+        const uint64_t len = std::max<uint64_t>(draw_size(mtu, ~uint64_t{0}), 1);
+        SendSpec& w = push_send(qi, Op::kWrite);
+        w.sges = source_sges(len, host);
+        // kNoAccess: into a source region, registered with REMOTE_READ only.
+        const Sge dst = f == Fault::kBadRkey ? alloc(peer_host, len) : source_piece(peer_host, len);
+        w.remote_region = dst.region;
+        w.remote_offset = dst.offset;
+        w.fault = f;
+        after_previous(w);
+        return;
+      }
+      case Fault::kOutOfRange: {
+        const uint64_t len = std::max<uint64_t>(draw_size(mtu, ~uint64_t{0}), 1);
+        SendSpec& w = push_send(qi, Op::kRead);
+        w.sges = split(len, [&](uint64_t n) { return alloc(host, n); });
+        w.remote_region = sources_[peer_host][rng_.below(sources_[peer_host].size())];
+        w.remote_offset = source_size_ - len + pick(1, 64);  // 1..64 bytes past the end
+        w.fault = f;
+        after_previous(w);
+        return;
+      }
+      case Fault::kStaleWindow: {
+        // The peer binds a window, this QP writes through it, the peer invalidates it, then
+        // this QP writes through the stale rkey.
+        const auto win = static_cast<uint32_t>(s_.windows.size());
+        s_.windows.push_back(WindowSpec{peer_host});
+        const uint64_t len = std::max<uint64_t>(draw_size(mtu, ~uint64_t{0}), 1);
+        const Sge range = alloc(peer_host, len, /*window=*/true);
+        SendSpec& b = push_send(q.peer, Op::kBindMw);
+        b.window = win;
+        b.remote_region = range.region;
+        b.remote_offset = range.offset;
+        b.bind_length = len;
+        b.signaled = true;
+        const auto bind_id = static_cast<uint32_t>(s_.sends.size() - 1);
+        SendSpec& w = push_send(qi, Op::kWrite);
+        w.after = bind_id;
+        w.window = win;
+        w.remote_region = range.region;
+        w.remote_offset = range.offset;
+        w.sges = source_sges(pick(0, len), host);
+        w.signaled = true;
+        const auto write_id = static_cast<uint32_t>(s_.sends.size() - 1);
+        SendSpec& v = push_send(q.peer, Op::kLocalInv);
+        v.window = win;
+        v.after = write_id;
+        v.signaled = true;
+        const auto inv_id = static_cast<uint32_t>(s_.sends.size() - 1);
+        SendSpec& x = push_send(qi, Op::kWrite);
+        x.after = inv_id;
+        x.window = win;
+        x.remote_region = range.region;
+        x.remote_offset = range.offset;
+        x.sges = source_sges(pick(1, len), host);
+        x.fault = f;
+        return;
+      }
+      case Fault::kShortRecv:
+      case Fault::kRnr: {
+        const uint64_t len = std::max<uint64_t>(draw_size(mtu, kSrqMessageMax), 1);
+        SendSpec& w = push_send(qi, Op::kSend);
+        w.sges = source_sges(len, host);
+        w.inline_data = len <= kMaxInlineBytes && chance(30);
+        w.fault = f;
+        after_previous(w);
+        if (f == Fault::kShortRecv) {
+          exact_[q.peer].insert(consumers_[q.peer].size());
+          note_consumer(qi, pick(0, len - 1));  // its buffer: too short, no slack
+        } else {
+          // No receive for this message or any later one is ever posted at the peer.
+          rnr_cut_[q.peer] = std::min<size_t>(rnr_cut_[q.peer], consumers_[q.peer].size());
+          s_.qps[qi].rnr_retry = static_cast<uint8_t>(pick(0, 6));
+        }
+        return;
+      }
+      case Fault::kBadInvalidate: {
+        const uint64_t len = draw_size(mtu, kSrqMessageMax);
+        SendSpec& w = push_send(qi, Op::kSendInv);
+        w.sges = source_sges(len, host);
+        w.remote_region = targets_[peer_host][0];  // its rkey is what the SEND invalidates
+        w.remote_offset = 0;
+        w.fault = f;
+        after_previous(w);
+        note_consumer(qi, len);
+        return;
+      }
+      case Fault::kUnboundInv: {
+        const auto win = static_cast<uint32_t>(s_.windows.size());
+        s_.windows.push_back(WindowSpec{host});
+        SendSpec& w = push_send(qi, Op::kLocalInv);
+        w.window = win;
+        w.fault = f;
+        after_previous(w);
+        return;
+      }
+      case Fault::kNone:
+      case Fault::kDeadPeer:
+        break;
+    }
   }
 
   void gen_one(uint32_t qi, const std::vector<Op>& ops) {
@@ -412,6 +566,13 @@ class Generator {
       ops.push_back(ops_for(q));
       budget.push_back(ops.back().empty() ? 0 : static_cast<uint32_t>(pick(c.wrs_min, c.wrs_max)));
     }
+    // The position in its QP's sequence at which each fault is emitted.
+    std::vector<uint32_t> fault_at(s_.qps.size(), kNone);
+    for (uint32_t i = 0; i < s_.qps.size(); ++i)
+      if (fault_of_[i] != Fault::kNone && fault_of_[i] != Fault::kDeadPeer && budget[i] > 0)
+        fault_at[i] = static_cast<uint32_t>(rng_.below(budget[i]));
+    exact_.assign(s_.qps.size(), {});
+    rnr_cut_.assign(s_.qps.size(), ~size_t{0});
     uint64_t total = 0;
     for (uint32_t b : budget) total += b;
     const uint64_t step_max = total ? 2 * c.post_window_ns / total : 0;
@@ -424,8 +585,20 @@ class Generator {
       if (live.empty()) break;
       const uint32_t qi = live[rng_.below(live.size())];
       --budget[qi];
-      gen_one(qi, ops[qi]);
+      if (budget[qi] == fault_at[qi])
+        gen_fault(qi, fault_of_[qi]);
+      else
+        gen_one(qi, ops[qi]);
       now_ns_ = std::min(c.post_window_ns, now_ns_ + pick(0, step_max));
+    }
+    // A dead peer: the first WR that sends a packet fails with RETRY_EXC_ERR.
+    for (uint32_t qi = 0; qi < s_.qps.size(); ++qi) {
+      if (fault_of_[qi] != Fault::kDeadPeer) continue;
+      for (SendSpec& w : s_.sends)
+        if (w.qp == qi && !op_info(w.op).local) {
+          w.fault = Fault::kDeadPeer;
+          break;
+        }
     }
     // The last send of every QP is signaled: its completion means every earlier one is done.
     std::vector<bool> seen(s_.qps.size());
@@ -445,6 +618,12 @@ class Generator {
     for (uint32_t qi = 0; qi < s_.qps.size(); ++qi) {
       const QpSpec& q = s_.qps[qi];
       std::vector<uint64_t> lens = consumers_[qi];
+      if (rnr_cut_[qi] <= lens.size()) {
+        // Kept out of the memory budget: never posted (Fault::kRnr).
+        lens.resize(rnr_cut_[qi]);
+        add_recvs(qi, kNone, lens, true, {});
+        continue;
+      }
       if (q.use_srq) {
         srq_lens[q.host].insert(srq_lens[q.host].end(), lens.begin(), lens.end());
         continue;
@@ -459,7 +638,7 @@ class Generator {
       const uint32_t spare = static_cast<uint32_t>(pick(0, 2));
       const bool fits_any = q.type != IBV_QPT_RC && !lens.empty();
       for (uint32_t i = 0; i < spare; ++i) lens.push_back(fits_any ? lens.front() : pick(0, 64));
-      add_recvs(qi, kNone, lens, q.type == IBV_QPT_RC);
+      add_recvs(qi, kNone, lens, q.type == IBV_QPT_RC, exact_[qi]);
     }
     for (uint32_t h = 0; h < c.hosts; ++h) {
       if (!s_.host_has_srq[h]) continue;
@@ -467,11 +646,13 @@ class Generator {
       const uint64_t biggest = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
       const size_t n = lens.size() + pick(0, 2);
       lens.assign(n, biggest);
-      add_recvs(kNone, h, lens, true);
+      add_recvs(kNone, h, lens, true, {});
     }
   }
 
-  void add_recvs(uint32_t qp, uint32_t srq_host, const std::vector<uint64_t>& lens, bool rnr_ok) {
+  // `exact`: indices of buffers that get no slack (a short receive must stay short).
+  void add_recvs(uint32_t qp, uint32_t srq_host, const std::vector<uint64_t>& lens, bool rnr_ok,
+                 const std::set<size_t>& exact) {
     const uint32_t host = qp != kNone ? s_.qps[qp].host : srq_host;
     // Some RC queues get only part of their receives at first: RNR NAKs until the rest comes.
     size_t early = lens.size();
@@ -485,7 +666,7 @@ class Generator {
       r.qp = qp;
       r.srq_host = srq_host;
       r.post_ns = i < early ? 0 : late_ns;
-      const uint64_t slack = pick(0, 64);
+      const uint64_t slack = exact.count(i) ? 0 : pick(0, 64);
       r.sges = split(lens[i] + slack, [&](uint64_t n) { return alloc(host, n); });
       if (r.sges.empty()) r.sges.push_back(alloc(host, 0));
       s_.recvs.push_back(std::move(r));
@@ -511,9 +692,92 @@ class Generator {
   std::vector<uint32_t> window_region_;
   std::vector<uint64_t> cas_model_;
   std::vector<std::vector<uint64_t>> consumers_;  // per QP: lengths of messages it receives
+  std::vector<Fault> fault_of_;                   // per QP: the fault it will inject
+  std::vector<std::set<size_t>> exact_;           // per QP: consumers whose buffer gets no slack
+  std::vector<size_t> rnr_cut_;  // per QP: receives from this consumer on are never posted
 };
 
 }  // namespace
+
+const char* fault_name(Fault f) {
+  static constexpr const char* kNames[kFaultCount] = {
+      "none",       "bad-rkey", "out-of-range",   "no-access",   "stale-window",
+      "short-recv", "rnr",      "bad-invalidate", "unbound-inv", "dead-peer"};
+  return kNames[static_cast<size_t>(f)];
+}
+
+FaultOutcome fault_outcome(Fault f) {
+  switch (f) {
+    case Fault::kBadRkey:
+    case Fault::kOutOfRange:
+    case Fault::kNoAccess:
+    case Fault::kStaleWindow:
+      // IBA 9.7.5.2.8 / C9-88: R_Key violation → NAK Remote Access Error; responder class C
+      // (QP → ERR).
+      return {IBV_WC_REM_ACCESS_ERR, std::nullopt, true};
+    case Fault::kShortRecv:
+      // IBA 9.7.5.2.x: the receive WQE completes with Local Length Error, NAK Invalid Request.
+      return {IBV_WC_REM_INV_REQ_ERR, IBV_WC_LOC_LEN_ERR, true};
+    case Fault::kRnr:
+      // IBA 9.7.5.1.5: RNR NAKs beyond rnr_retry → RNR Retry Counter Exceeded; the responder
+      // is fine.
+      return {IBV_WC_RNR_RETRY_EXC_ERR, std::nullopt, false};
+    case Fault::kBadInvalidate:
+      // rxe class J (IBA 10.6.7.2.x leaves the reply open): the receive WQE completes with
+      // Remote Invalid Request Error and the responder QP enters ERR, but the request is
+      // ACKed as usual, so the requester's SEND succeeds.
+      return {IBV_WC_SUCCESS, IBV_WC_REM_INV_REQ_ERR, true};
+    case Fault::kUnboundInv:
+      // IBA 10.6.7.2.x (o10-37.2.x): LOCAL_INV of a window not bound fails the WR (rxe:
+      // Local QP Operation Error); only the requester's QP enters ERR.
+      return {IBV_WC_LOC_QP_OP_ERR, std::nullopt, false};
+    case Fault::kDeadPeer:
+      // IBA 9.7.6.1.1: no ACK within retry_cnt + 1 local ACK timeouts.
+      return {IBV_WC_RETRY_EXC_ERR, std::nullopt, false};
+    case Fault::kNone:
+      break;
+  }
+  return {};
+}
+
+std::array<uint8_t, kGrhBytes> ud_grh(uint32_t src_host, uint32_t dst_host, uint64_t payload,
+                                      bool imm) {
+  // UDP payload: BTH 12 + DETH 8 (+ ImmDt 4) + payload padded to 4 + ICRC 4 (IBA 9.2, 9.3).
+  const uint64_t udp = 8 + 12 + 8 + (imm ? 4 : 0) + (payload + 3) / 4 * 4 + 4;
+  std::array<uint8_t, kGrhBytes> g{};
+  uint8_t* ip = g.data() + 20;  // the IPv4 header sits in the last 20 bytes
+  const uint64_t total = 20 + udp;
+  const uint32_t src = host_ipv4(src_host), dst = host_ipv4(dst_host);
+  const uint8_t header[20] = {0x45,
+                              0,
+                              static_cast<uint8_t>(total >> 8),
+                              static_cast<uint8_t>(total),  // ver/IHL, TOS, len
+                              0,
+                              0,
+                              0x40,
+                              0,  // ID 0, DF
+                              64,
+                              17,
+                              0,
+                              0,  // TTL, UDP, csum
+                              static_cast<uint8_t>(src >> 24),
+                              static_cast<uint8_t>(src >> 16),
+                              static_cast<uint8_t>(src >> 8),
+                              static_cast<uint8_t>(src),
+                              static_cast<uint8_t>(dst >> 24),
+                              static_cast<uint8_t>(dst >> 16),
+                              static_cast<uint8_t>(dst >> 8),
+                              static_cast<uint8_t>(dst)};
+  std::memcpy(ip, header, 20);
+  // RFC 791: one's complement of the one's complement sum of the header's 16-bit words.
+  uint32_t sum = 0;
+  for (size_t i = 0; i < 20; i += 2) sum += uint32_t{ip[i]} << 8 | ip[i + 1];
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  const auto csum = static_cast<uint16_t>(~sum);
+  ip[10] = static_cast<uint8_t>(csum >> 8);
+  ip[11] = static_cast<uint8_t>(csum);
+  return g;
+}
 
 const OpInfo& op_info(Op op) {
   return kOps[static_cast<size_t>(op)];
@@ -605,11 +869,11 @@ std::string dump(const Scenario& s) {
                                   : "UD");
     if (p.peer != kNone) os << " peer qp " << p.peer << " mtu " << kMtu[p.mtu];
     if (p.type == IBV_QPT_RC)
-      os << " timeout " << int{p.timeout} << " retry_cnt " << int{p.retry_cnt} << " min_rnr_timer "
-         << int{p.min_rnr_timer} << " max_rd_atomic " << int{p.max_rd_atomic}
-         << " max_dest_rd_atomic " << int{p.max_dest_rd_atomic};
+      os << " timeout " << int{p.timeout} << " retry_cnt " << int{p.retry_cnt} << " rnr_retry "
+         << int{p.rnr_retry} << " min_rnr_timer " << int{p.min_rnr_timer} << " max_rd_atomic "
+         << int{p.max_rd_atomic} << " max_dest_rd_atomic " << int{p.max_dest_rd_atomic};
     os << " sq_psn 0x" << std::hex << p.sq_psn << std::dec << (p.use_srq ? " srq" : "")
-       << (p.sq_sig_all ? " sq_sig_all" : "") << "\n";
+       << (p.sq_sig_all ? " sq_sig_all" : "") << (p.dead ? " DEAD" : "") << "\n";
   }
   for (size_t i = 0; i < s.sends.size(); ++i) {
     const SendSpec& w = s.sends[i];
@@ -622,6 +886,7 @@ std::string dump(const Scenario& s) {
     if (w.window != kNone) os << " window " << w.window;
     if (w.ud_dest != kNone) os << " to qp " << w.ud_dest;
     if (w.after != kNone) os << " after #" << w.after;
+    if (w.fault != Fault::kNone) os << " FAULT " << fault_name(w.fault);
     os << "\n";
   }
   for (size_t i = 0; i < s.recvs.size(); ++i) {

@@ -60,6 +60,31 @@ OpSet all_ops();
 std::optional<OpSet> parse_ops(std::string_view list);
 std::string to_string(const OpSet& ops);
 
+// An error the generator injects on purpose, so that error statuses are judged too. Each names
+// what a correct device does (IBA chapter 9/10 and Linux rxe); fault_outcome() spells it out.
+enum class Fault : uint8_t {
+  kNone,
+  kBadRkey,        // RDMA WRITE with an rkey no region has
+  kOutOfRange,     // RDMA READ running past the end of the remote region
+  kNoAccess,       // RDMA WRITE into a region registered without REMOTE_WRITE
+  kStaleWindow,    // RDMA WRITE through a memory window after its LOCAL_INV
+  kShortRecv,      // SEND longer than the receive buffer it lands in
+  kRnr,            // SEND for which no receive is ever posted, rnr_retry finite
+  kBadInvalidate,  // SEND_WITH_INV of an rkey that is no bound window (an MR's rkey)
+  kUnboundInv,     // LOCAL_INV of a window that was never bound (MW misuse, local)
+  kDeadPeer,       // the first packet WR of a QP whose peer QP was moved to ERR at t=0
+};
+inline constexpr size_t kFaultCount = 10;
+const char* fault_name(Fault f);
+
+struct FaultOutcome {
+  ibv_wc_status requester = IBV_WC_SUCCESS;  // the faulted send's completion status
+  // The receive the faulted message consumes at the responder (nullopt: none is consumed).
+  std::optional<ibv_wc_status> receive;
+  bool responder_err = false;  // the responder QP enters ERR (IBA 10.3.1.6, responder class)
+};
+FaultOutcome fault_outcome(Fault f);
+
 // A network partition in the run: host 0 is cut from every other host during
 // [start_ns, start_ns + duration_ns).
 struct PartitionSpec {
@@ -108,6 +133,11 @@ struct ScenarioConfig {
   uint8_t timeout_max = 11;
   uint8_t retry_cnt_min = 7;
   uint8_t retry_cnt_max = 7;
+  // rnr_retry range for RC QPs (7 = retry forever).
+  uint8_t rnr_retry_min = 7;
+  uint8_t rnr_retry_max = 7;
+  // Percent of RC pairs that get one injected error (Fault), chosen by the seed.
+  uint32_t errors_percent = 0;
   FaultProfile faults;
 };
 
@@ -144,6 +174,9 @@ struct QpSpec {
   uint8_t max_rd_atomic = 1;
   uint8_t max_dest_rd_atomic = 1;
   uint32_t sq_psn = 0;  // the peer's rq_psn
+  // The application moves this QP to ERR at t=0, before anything is posted (a peer that never
+  // answers: Fault::kDeadPeer on the other QP of the pair).
+  bool dead = false;
 };
 
 // One local scatter/gather element: `length` bytes at `offset` in region `region`.
@@ -176,6 +209,8 @@ struct SendSpec {
   uint64_t post_ns = 0;
   // Posted only once send `after` has completed successfully (kNone: no dependency).
   uint32_t after = kNone;
+  // An injected error (kNone for the ordinary, well-formed WRs).
+  Fault fault = Fault::kNone;
 
   uint64_t length() const;
 };
@@ -219,6 +254,17 @@ inline constexpr uint64_t counter_offset(uint32_t i) {
   return uint64_t{i} * 8;
 }
 inline constexpr uint64_t kAtomicRegionBytes = 2 * kCountersPerKind * 8;
+
+// The simulated hosts' addresses: host h is 10.0.0.(h + 1) (IPv4; GIDs are IPv4-mapped).
+inline constexpr uint32_t host_ipv4(uint32_t h) {
+  return (uint32_t{10} << 24) | (h + 1);
+}
+// The 40 bytes a correct device writes in front of a UD message received over IPv4 (RoCEv2;
+// rdma-core's convention): 20 zero bytes, then the IPv4 header as the sender's kernel emits it
+// (IHL 5, DF, ID 0, TTL 64, protocol UDP) — computed here from the RoCEv2 packet layout, not by
+// the engine's code. `payload` is the message length, `imm` whether it carries immediate data.
+std::array<uint8_t, kGrhBytes> ud_grh(uint32_t src_host, uint32_t dst_host, uint64_t payload,
+                                      bool imm);
 
 // The generator: a pure function of config and seed.
 Scenario generate(const ScenarioConfig& config, uint64_t seed);

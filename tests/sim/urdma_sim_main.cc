@@ -164,6 +164,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 100));
   app.add_option("--timeout", timeout_text, "RC local ACK timeout exponent range (default 8-11)");
   app.add_option("--retry-cnt", retry_text, "RC retry_cnt range (default 7-7)");
+  std::string rnr_text;
+  app.add_option("--rnr-retry", rnr_text, "RC rnr_retry range (default 7-7; 7 = forever)");
+  app.add_option("--errors-percent", cfg.errors_percent,
+                 "percent of RC pairs that get one injected error (bad rkey, out of range, no "
+                 "access, stale window, short receive, RNR, bad invalidate, MW misuse, dead "
+                 "peer); its exact outcome is checked")
+      ->check(CLI::Range(0, 100));
   app.add_option("--post-window-ns", cfg.post_window_ns, "sends are posted over [0, this]");
   app.add_option("--max-virtual-ms", max_virtual_ms, "livelock guard: virtual time per seed");
   app.add_flag("-v,--verbose", verbose, "one line per seed (twice: scenario and counters too)");
@@ -220,6 +227,11 @@ int main(int argc, char** argv) {
     if (!parse_range(retry_text, lo, hi) || hi > 7) return std::cerr << "bad --retry-cnt\n", 2;
     cfg.retry_cnt_min = static_cast<uint8_t>(lo);
     cfg.retry_cnt_max = static_cast<uint8_t>(hi);
+  }
+  if (!rnr_text.empty()) {
+    if (!parse_range(rnr_text, lo, hi) || hi > 7) return std::cerr << "bad --rnr-retry\n", 2;
+    cfg.rnr_retry_min = static_cast<uint8_t>(lo);
+    cfg.rnr_retry_max = static_cast<uint8_t>(hi);
   }
   if (!parse_size(max_size_text, cfg.max_size_bytes) ||
       !parse_size(budget_text, cfg.memory_budget_bytes)) {
