@@ -326,30 +326,30 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
     ++counters_.drop_qp_type;
     return;
   }
+  // rxe check_type_state, before check_addr: a QP that has no path yet (RESET, INIT) fails
+  // here, on its state.
+  const ibv_qp_state st = ctx->qp->state();
+  const bool request = pkt.info().is(wire::kRequest);
+  // IBA 10.3.1 (QP states): the receive side works in RTR, RTS, SQD and SQE; responses are
+  // for a requester, which exists in RTS and SQD.
+  const bool state_ok =
+      request ? st == IBV_QPS_RTR || st == IBV_QPS_RTS || st == IBV_QPS_SQD || st == IBV_QPS_SQE
+              : st == IBV_QPS_RTS || st == IBV_QPS_SQD;
+  if (!state_ok) {
+    ++counters_.drop_qp_state;
+    return;
+  }
   // rxe check_addr: a connected QP only accepts packets from its peer.
   if (ctx->type != IBV_QPT_UD && d.src.address != ctx->route.dst) {
     ++counters_.drop_address;
     return;
   }
-  const ibv_qp_state st = ctx->qp->state();
-  if (pkt.info().is(wire::kRequest)) {
-    // IBA 10.3.1 (QP states): the receive side works in RTR, RTS, SQD and SQE.
-    if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) {
-      ++counters_.drop_qp_state;
-      return;
-    }
-    if (ctx->type == IBV_QPT_UD)
-      handle_ud_request(*ctx, pkt, d);
-    else
-      handle_request(*ctx, pkt, d);
-  } else {
-    // Responses are for a requester, which exists in RTS and SQD.
-    if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) {
-      ++counters_.drop_qp_state;
-      return;
-    }
+  if (!request)
     handle_response(*ctx, pkt);
-  }
+  else if (ctx->type == IBV_QPT_UD)
+    handle_ud_request(*ctx, pkt, d);
+  else
+    handle_request(*ctx, pkt, d);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -107,7 +107,9 @@ TEST_F(PipelineTest, OversizedDatagramIsDropped) {
   expect_nothing_happened();
 }
 
-// IBA 10.3.1: a QP in INIT does not receive.
+// IBA 10.3.1: a QP in INIT does not receive. It has no path yet, so the state check must come
+// before the address check (rxe_recv.c: check_type_state, then check_addr) for the packet to be
+// dropped for its state — counted under drop_qp_state alone.
 TEST_F(ProtocolTest, QpNotYetRtrDropsRequests) {
   provider::QpInitAttr init;
   init.qp_type = IBV_QPT_RC;
@@ -122,7 +124,42 @@ TEST_F(ProtocolTest, QpNotYetRtrDropsRequests) {
   a.qp_access_flags = 0;
   ASSERT_EQ(qp_->modify(a, mask_for(IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPT_RC)).error(), 0);
   inject(op::kRcSendOnly, 0, std::vector<uint8_t>{1});
-  EXPECT_EQ(engine_.counters().drop_qp_state + engine_.counters().drop_address, 1u);
+  EXPECT_EQ(engine_.counters().drop_qp_state, 1u);
+  EXPECT_EQ(engine_.counters().drop_address, 0u);
+  EXPECT_EQ(engine_.counters().drops(), 1u);
+}
+
+// A response to a QP that is only RTR (no requester yet) is dropped for its state, although it
+// comes from the right peer.
+TEST_F(ProtocolTest, ResponseToRtrQpIsDroppedForItsState) {
+  provider::QpInitAttr init;
+  init.qp_type = IBV_QPT_RC;
+  init.pd = pd_;
+  init.send_cq = cq_;
+  init.recv_cq = cq_;
+  init.cap = {4, 4, 1, 1, 0};
+  qp_ = dev_.create_qp(init).value();
+  QpParams p;
+  ibv_qp_attr a = {};
+  a.port_num = 1;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.port_num = 1;
+  a.ah_attr.grh.dgid = gid_of(kPeer);
+  a.ah_attr.grh.hop_limit = 64;
+  a.path_mtu = p.mtu;
+  a.dest_qp_num = kPeerQpn;
+  a.rq_psn = p.rq_psn;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 1;
+  a.qp_state = IBV_QPS_INIT;
+  ASSERT_EQ(qp_->modify(a, mask_for(IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPT_RC)).error(), 0);
+  a.qp_state = IBV_QPS_RTR;
+  ASSERT_EQ(qp_->modify(a, mask_for(IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPT_RC)).error(), 0);
+  inject(op::kRcAck, 0, {}, [](const wire::PacketHeaders& h) {
+    h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+  });
+  EXPECT_EQ(engine_.counters().drop_qp_state, 1u);
+  EXPECT_EQ(engine_.counters().drops(), 1u);
 }
 
 }  // namespace
