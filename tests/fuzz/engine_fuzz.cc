@@ -57,6 +57,7 @@
 #include "net/packet_io.h"
 #include "provider/device.h"
 #include "support/datagram.h"
+#include "support/memory_host.h"
 #include "support/memory_io.h"
 #include "support/qp_setup.h"
 #include "wire/grh.h"
@@ -175,14 +176,12 @@ constexpr uint64_t recv_wr_id(uint32_t tag, uint32_t total) {
 // ---- the world -------------------------------------------------------------------------------
 class World {
  public:
-  World() : dev_(device_config(&relay_)), engine_(dev_, io_, clock_, engine::EngineConfig{}) {
+  World() : host_(device_config(), engine::EngineConfig{}, 1024) {
     // Every datagram is checked as it is sent (check_sent), not kept.
     io_.set_recording(false);
     io_.on_send = [this](const net::TxDatagram& d, std::span<const uint8_t> bytes) {
       check_sent(d, bytes);
     };
-    pd_ = dev_.alloc_pd().value();
-    cq_ = dev_.create_cq(1024).value();
     ud_cq_ = dev_.create_cq(kUdCqEntries).value();
     build_arena();
     ibv_srq_attr sa = {};
@@ -210,7 +209,7 @@ class World {
   }
 
  private:
-  static provider::DeviceConfig device_config(engine::DoorbellRelay* relay);
+  static provider::DeviceConfig device_config();
   void build_arena();
   provider::Qp* make_qp(ibv_qp_type type, provider::Srq* srq, uint32_t rq_psn);
   void post_requests();
@@ -236,13 +235,14 @@ class World {
   // Datagrams the engine has sent, as the I/O counted them.
   uint64_t io_sent() const { return io_.counters().tx_datagrams; }
 
-  net::VirtualClock clock_;
-  test::MemoryIo io_;
-  engine::DoorbellRelay relay_;
-  provider::Device dev_;
-  engine::Engine engine_;
-  provider::Pd* pd_ = nullptr;
-  provider::Cq* cq_ = nullptr;
+  // Host B: device, engine, the in-memory wire, the clock; a PD and the RC/UC QPs' CQ.
+  test::MemoryHost host_;
+  net::VirtualClock& clock_ = host_.clock;
+  test::MemoryIo& io_ = host_.io;
+  provider::Device& dev_ = host_.dev;
+  engine::Engine& engine_ = host_.engine;
+  provider::Pd* const pd_ = host_.pd;
+  provider::Cq* const cq_ = host_.cq;
   provider::Cq* ud_cq_ = nullptr;  // small: a flush of the UD QP's receive queue overruns it
   provider::Srq* srq_ = nullptr;
   provider::Qp* rc_ = nullptr;
@@ -264,8 +264,8 @@ class World {
   bool starve_ = false;  // this chunk: no receive WQEs re-posted (RNR, UD/UC drops)
 };
 
-provider::DeviceConfig World::device_config(engine::DoorbellRelay* relay) {
-  return test::device_config(relay, kHostB, IBV_MTU_1024);  // active MTU: the UD QP's
+provider::DeviceConfig World::device_config() {
+  return test::device_config(nullptr, kHostB, IBV_MTU_1024);  // active MTU: the UD QP's
 }
 
 void World::build_arena() {

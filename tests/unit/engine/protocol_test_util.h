@@ -12,6 +12,7 @@
 #include "engine_test_util.h"
 #include "net/clock.h"
 #include "support/datagram.h"
+#include "support/memory_host.h"
 #include "support/memory_io.h"
 #include "wire/icrc.h"
 #include "wire/packet.h"
@@ -28,11 +29,7 @@ class ProtocolTest : public ::testing::Test {
   static constexpr uint32_t kPeerQpn = 0x99;
   static constexpr uint16_t kPeerPort = 0xC123;
 
-  ProtocolTest()
-      : dev_(device_config(&relay_, kLocal, IBV_MTU_4096)), engine_(dev_, io_, clock_, {}) {
-    pd_ = dev_.alloc_pd().value();
-    cq_ = dev_.create_cq(256).value();
-  }
+  ProtocolTest() : host_(device_config(nullptr, kLocal, IBV_MTU_4096)) {}
 
   // An RC (or UC/UD) QP connected to the fictitious peer (kPeer, kPeerQpn).
   provider::Qp* make_qp(QpParams p = {}) {
@@ -104,13 +101,16 @@ class ProtocolTest : public ::testing::Test {
   static inline const net::Address kLocal = net::Address::from_v4(10, 0, 0, 1);
   static inline const net::Address kPeer = net::Address::from_v4(10, 0, 0, 2);
 
-  net::VirtualClock clock_;
-  FakeIo io_;
-  DoorbellRelay relay_;
-  provider::Device dev_;
-  Engine engine_;
-  provider::Pd* pd_ = nullptr;
-  provider::Cq* cq_ = nullptr;
+  // The engine on the in-memory wire (tests/support/memory_host.h), and its parts by the names
+  // the tests use.
+  test::MemoryHost host_;
+  net::VirtualClock& clock_ = host_.clock;
+  FakeIo& io_ = host_.io;
+  DoorbellRelay& relay_ = host_.relay;
+  provider::Device& dev_ = host_.dev;
+  Engine& engine_ = host_.engine;
+  provider::Pd* pd_ = host_.pd;
+  provider::Cq* cq_ = host_.cq;
   provider::Qp* qp_ = nullptr;
   QpParams params_;
   // make_qp's capacities: max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline.

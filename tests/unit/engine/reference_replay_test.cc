@@ -48,6 +48,7 @@
 #include "net/clock.h"
 #include "provider/device.h"
 #include "support/datagram.h"
+#include "support/memory_host.h"
 #include "support/memory_io.h"
 #include "support/qp_setup.h"
 #include "wire/headers.h"
@@ -207,18 +208,15 @@ std::optional<uint64_t> atomic_orig(const Conversation& c, uint32_t psn) {
 // One conversation's responder: a device and engine set up as the capture's responder was.
 class Responder {
  public:
-  explicit Responder(const Conversation& c)
-      : c_(c), dev_(config(c, &relay_)), engine_(dev_, io_, clock_, {}) {
-    pd_ = dev_.alloc_pd().value();
-    cq_ = dev_.create_cq(1024).value();
+  explicit Responder(const Conversation& c) : c_(c), h_(config(c), {}, 1024) {
     const wire::PacketView first = c.requests.front()->view();
     provider::QpInitAttr init;
     init.qp_type = c.transport == wire::Transport::kUd ? IBV_QPT_UD : IBV_QPT_RC;
-    init.pd = pd_;
-    init.send_cq = cq_;
-    init.recv_cq = cq_;
+    init.pd = h_.pd;
+    init.send_cq = h_.cq;
+    init.recv_cq = h_.cq;
     init.cap = {16, static_cast<uint32_t>(c.requests.size() + 1), 1, 1, 0};
-    qp_ = dev_.create_qp(init).value();
+    qp_ = h_.dev.create_qp(init).value();
     EXPECT_EQ(qp_->qp_num(), c.responder_qpn) << "the first QP of a device is qpn_base";
     test::QpParams p;
     p.type = init.qp_type;
@@ -277,7 +275,8 @@ class Responder {
   // Receive completions, as the SENDs above say they must be.
   void check_receives() {
     std::vector<ibv_wc> wc(1024);
-    wc.resize(static_cast<size_t>(std::max(cq_->poll(static_cast<int>(wc.size()), wc.data()), 0)));
+    wc.resize(
+        static_cast<size_t>(std::max(h_.cq->poll(static_cast<int>(wc.size()), wc.data()), 0)));
     ASSERT_EQ(wc.size(), expected_recv_.size());
     const bool ud = c_.transport == wire::Transport::kUd;
     for (size_t i = 0; i < wc.size(); ++i) {
@@ -301,7 +300,7 @@ class Responder {
   // What we sent, each checked for a correct ICRC on our flow.
   std::vector<wire::PacketView> responses() const {
     std::vector<wire::PacketView> out;
-    for (const test::MemoryIo::Sent& s : io_.sent) {
+    for (const test::MemoryIo::Sent& s : h_.io.sent) {
       EXPECT_TRUE(test::icrc_ok(s.bytes, {s.src, s.src_port}, s.dst));
       EXPECT_EQ(s.src, c_.responder);
       EXPECT_EQ(s.dst, (net::Endpoint{c_.requester, net::kRoceV2UdpPort}));
@@ -312,7 +311,7 @@ class Responder {
     return out;
   }
 
-  const EngineCounters& counters() const { return engine_.counters(); }
+  const EngineCounters& counters() const { return h_.engine.counters(); }
 
  private:
   struct Region {
@@ -327,8 +326,8 @@ class Responder {
     uint32_t src_qp = 0;  // UD
   };
 
-  static provider::DeviceConfig config(const Conversation& c, provider::Doorbell* doorbell) {
-    provider::DeviceConfig cfg = test::device_config(doorbell, c.responder, kCapturePathMtu);
+  static provider::DeviceConfig config(const Conversation& c) {
+    provider::DeviceConfig cfg = test::device_config(nullptr, c.responder, kCapturePathMtu);
     cfg.qpn_base = c.responder_qpn;
     return cfg;
   }
@@ -361,8 +360,8 @@ class Responder {
       r->capture_rkey = s.rkey;
       r->iova = s.lo & ~uint64_t{7};
       r->storage.assign((s.hi - r->iova + 7) / 8 + 1, 0);
-      auto mr = dev_.reg_mr(pd_, r->storage.data(), r->storage.size() * sizeof(uint64_t), r->iova,
-                            kRemoteAccess);
+      auto mr = h_.dev.reg_mr(h_.pd, r->storage.data(), r->storage.size() * sizeof(uint64_t),
+                              r->iova, kRemoteAccess);
       ASSERT_TRUE(mr.ok()) << mr.error();
       r->mr = mr.value();
       regions_.push_back(std::move(r));
@@ -378,9 +377,9 @@ class Responder {
                                }));
     for (size_t i = 0; i < n; ++i) {
       recv_bufs_.push_back(std::make_unique<uint8_t[]>(kRecvBufferBytes));
-      auto mr =
-          dev_.reg_mr(pd_, recv_bufs_.back().get(), kRecvBufferBytes,
-                      reinterpret_cast<uint64_t>(recv_bufs_.back().get()), IBV_ACCESS_LOCAL_WRITE);
+      auto mr = h_.dev.reg_mr(h_.pd, recv_bufs_.back().get(), kRecvBufferBytes,
+                              reinterpret_cast<uint64_t>(recv_bufs_.back().get()),
+                              IBV_ACCESS_LOCAL_WRITE);
       ASSERT_TRUE(mr.ok()) << mr.error();
       ibv_sge sge = {reinterpret_cast<uint64_t>(recv_bufs_.back().get()),
                      static_cast<uint32_t>(kRecvBufferBytes), mr.value()->lkey()};
@@ -455,18 +454,12 @@ class Responder {
       rewritten = true;
     }
     if (rewritten) test::seal_icrc(bytes, d.src, d.dst);
-    io_.deliver(bytes, d.src, d.dst);
-    engine_.poll();
+    h_.io.deliver(bytes, d.src, d.dst);
+    h_.engine.poll();
   }
 
   const Conversation& c_;
-  net::VirtualClock clock_;
-  test::MemoryIo io_;
-  DoorbellRelay relay_;
-  provider::Device dev_;
-  Engine engine_;
-  provider::Pd* pd_ = nullptr;
-  provider::Cq* cq_ = nullptr;
+  test::MemoryHost h_;
   provider::Qp* qp_ = nullptr;
   std::vector<std::unique_ptr<Region>> regions_;
   std::vector<std::unique_ptr<uint8_t[]>> recv_bufs_;
