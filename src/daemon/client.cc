@@ -183,7 +183,7 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
   return err;
 }
 
-int Client::call(MsgType request, std::vector<uint8_t>* reply, UniqueFd* passed) {
+int Client::call(MsgType request, std::vector<uint8_t>* reply, std::vector<UniqueFd>* passed) {
   if (!fd_.valid()) return ENOTCONN;
   const auto rec = encode_request(request);
   const int send_err = send_record(fd_.get(), rec);
@@ -203,13 +203,15 @@ int Client::call(MsgType request, std::vector<uint8_t>* reply, UniqueFd* passed)
 
 int Client::acquire_slot(Slot* slot) {
   std::vector<uint8_t> reply;
-  UniqueFd fd;
-  if (const int err = call(MsgType::kAcquireSlot, &reply, &fd)) return err;
+  std::vector<UniqueFd> fds;
+  if (const int err = call(MsgType::kAcquireSlot, &reply, &fds)) return err;
   SlotInfo info;
   if (const int err = decode_slot(reply, &info)) return err;
-  if (!fd.valid()) return EPROTO;
-  slot->fd = std::move(fd);
+  if (fds.size() != size_t{info.slot_count} + 1) return EPROTO;
+  slot->fd = std::move(fds.front());
   slot->info = info;
+  slot->group.clear();
+  for (size_t i = 1; i < fds.size(); ++i) slot->group.push_back(std::move(fds[i]));
   return 0;
 }
 

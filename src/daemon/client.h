@@ -37,6 +37,9 @@ struct ClientOptions {
 struct Slot {
   UniqueFd fd;  // the slot's UDP socket (bound, unconnected, non-blocking)
   SlotInfo info{};
+  // Copies of every socket of the group, held and never read: while they are open no socket of
+  // the group closes, so the steering of this slot survives the daemon's death (protocol.h).
+  std::vector<UniqueFd> group;
 };
 
 class Client {
@@ -54,7 +57,7 @@ class Client {
   bool connected() const { return fd_.valid(); }
 
  private:
-  int call(MsgType request, std::vector<uint8_t>* reply, UniqueFd* passed);
+  int call(MsgType request, std::vector<uint8_t>* reply, std::vector<UniqueFd>* passed);
 
   UniqueFd fd_;
 };

@@ -291,8 +291,8 @@ void Daemon::serve(uint64_t id) {
   if (it == clients_.end()) return;
   std::vector<uint8_t> buffer(kMaxMessageBytes);
   for (int i = 0; i < 16; ++i) {
-    UniqueFd ignored;  // clients pass no fds; any they do is closed
-    const ssize_t n = recv_record(it->second.fd.get(), buffer, &ignored, MSG_DONTWAIT);
+    // Clients pass no fds; any they do is closed.
+    const ssize_t n = recv_record(it->second.fd.get(), buffer, nullptr, MSG_DONTWAIT);
     if (n == -EAGAIN) return;
     if (n <= 0) {  // EOF (the process closed it or died) or an error
       drop_client(id);
@@ -307,7 +307,7 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
   MsgHeader h;
   int err = decode_header(rec, &h);
   std::vector<uint8_t> reply;
-  int pass_fd = -1;
+  std::vector<int> pass_fds;
   if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kAcquireSlot)) {
     if (c.slot) {
       err = EALREADY;
@@ -318,7 +318,9 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
       drain(lease->slot);
       c.slot = lease->slot;
       ++counters_.slots_leased;
-      pass_fd = group_.sockets[lease->slot].get();
+      // The slot's socket, then the whole group (see protocol.h: why every client holds it).
+      pass_fds.push_back(group_.sockets[lease->slot].get());
+      for (const auto& s : group_.sockets) pass_fds.push_back(s.get());
       reply = encode_slot(SlotInfo{.slot = lease->slot,
                                    .slot_count = slots_.slot_count(),
                                    .qpn_base = lease->qpn_base,
@@ -337,8 +339,11 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
   } else if (err == 0) {
     err = EPROTO;
   }
-  if (err) reply = encode_error(err);
-  if (send_record(c.fd.get(), reply, pass_fd) != 0) drop_client(id);
+  if (err) {
+    reply = encode_error(err);
+    pass_fds.clear();
+  }
+  if (send_record(c.fd.get(), reply, pass_fds) != 0) drop_client(id);
 }
 
 void Daemon::drop_client(uint64_t id) {

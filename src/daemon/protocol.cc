@@ -120,20 +120,21 @@ int decode_gids(std::span<const uint8_t> rec, std::vector<GidEntry>* gids) {
   return 0;
 }
 
-int send_record(int sock, std::span<const uint8_t> rec, int fd_to_pass) {
+int send_record(int sock, std::span<const uint8_t> rec, std::span<const int> fds) {
+  if (fds.size() > kMaxPassedFds) return EINVAL;
   iovec iov{const_cast<uint8_t*>(rec.data()), rec.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd_to_pass >= 0) {
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxPassedFds * sizeof(int))] = {};
+  if (!fds.empty()) {
     msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
+    msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd_to_pass, sizeof(int));
+    c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
   }
   for (;;) {
     const ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
@@ -143,12 +144,12 @@ int send_record(int sock, std::span<const uint8_t> rec, int fd_to_pass) {
   }
 }
 
-ssize_t recv_record(int sock, std::span<uint8_t> buffer, UniqueFd* fd, int flags) {
+ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* fds, int flags) {
   iovec iov{buffer.data(), buffer.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxPassedFds * sizeof(int))];
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
   ssize_t n;
@@ -162,8 +163,8 @@ ssize_t recv_record(int sock, std::span<uint8_t> buffer, UniqueFd* fd, int flags
     for (size_t i = 0; i < count; ++i) {
       int passed;
       std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof passed);
-      if (fd && !fd->valid()) {
-        fd->reset(passed);
+      if (fds) {
+        fds->emplace_back(passed);
       } else {
         ::close(passed);
       }

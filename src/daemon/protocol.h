@@ -5,13 +5,18 @@
 // Every record starts with a MsgHeader {magic, version, type, size, status}; `size` is the whole
 // record and must equal what one recv returned (SEQPACKET keeps record boundaries). Both ends
 // run on the same host, so fields are host-endian. A request:
-//   kAcquireSlot  -> kSlot (+ the slot's UDP socket as SCM_RIGHTS) or kError
+//   kAcquireSlot  -> kSlot (+ SCM_RIGHTS: the slot's UDP socket, then every socket of the group
+//                    in index order) or kError
 //   kQueryGids    -> kGids or kError
 // kError carries an errno in `status`: EACCES (the client's uid is not the daemon's; sent at
 // accept, then the daemon hangs up), EBUSY (every slot is leased), EALREADY (this connection
 // holds a slot already), EPROTONOSUPPORT (version), EPROTO (malformed), EMFILE (too many
 // clients). A slot belongs to its connection: when the connection closes (the process exited or
 // died) the daemon drains the slot's socket and frees it.
+// Why every client holds the whole group: the kernel compacts a reuseport group when a socket
+// closes (the last socket moves into the hole), so if the daemon died holding the only copies of
+// the free slots, every surviving process's socket could move to another index and its QPNs would
+// steer elsewhere. With copies in every client, no socket of the group closes while anyone uses it.
 // Growth: a new request type or a longer record with a higher version; the daemon answers a
 // version it does not know with EPROTONOSUPPORT and its own version in the header.
 #pragma once
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "daemon/gid_table.h"
+#include "daemon/steering.h"
 #include "daemon/unique_fd.h"
 
 namespace urdma::daemon {
@@ -99,11 +105,15 @@ int decode_header(std::span<const uint8_t> record, MsgHeader* header);
 int decode_slot(std::span<const uint8_t> record, SlotInfo* info);
 int decode_gids(std::span<const uint8_t> record, std::vector<GidEntry>* gids);
 
-// One record (and optionally one fd) on a SEQPACKET socket. send_record returns 0 or an errno
-// (never raises SIGPIPE). recv_record returns the record size, 0 at EOF, or -errno; a passed fd
-// lands in *fd (close-on-exec), any extra fds are closed.
-int send_record(int sock, std::span<const uint8_t> record, int fd_to_pass = -1);
-ssize_t recv_record(int sock, std::span<uint8_t> buffer, UniqueFd* fd, int flags = 0);
+// Most fds one record carries: a slot and its whole group.
+inline constexpr size_t kMaxPassedFds = kMaxSlots + 1;
+static_assert(kMaxPassedFds <= 253, "SCM_MAX_FD");
+
+// One record (and up to kMaxPassedFds fds) on a SEQPACKET socket. send_record returns 0 or an
+// errno (never raises SIGPIPE). recv_record returns the record size, 0 at EOF, or -errno; passed
+// fds are appended to *fds (close-on-exec), or closed when fds is null.
+int send_record(int sock, std::span<const uint8_t> record, std::span<const int> fds = {});
+ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* fds, int flags = 0);
 
 // The abstract address: sun_path = "\0" + name. Returns the sockaddr length.
 socklen_t abstract_address(const std::string& name, sockaddr_un* out);

@@ -19,7 +19,8 @@
 // The BPF program sees the UDP payload at offset 0 (the kernel pulls the UDP header before
 // running it), so DestQP is the big-endian 24 bits at payload bytes 5-7. The index it returns is
 // an index into the group's socket array in bind order; the kernel moves the last socket into a
-// hole when one closes, so the daemon keeps every socket open for its whole life.
+// hole when one closes, so the daemon keeps every socket open for its whole life and every client
+// holds copies of the whole group (protocol.h).
 #pragma once
 
 #include <linux/filter.h>
@@ -38,9 +39,10 @@ namespace urdma::daemon {
 inline constexpr unsigned kSlotShift = 12;
 inline constexpr uint32_t kQpnsPerRange = 1u << kSlotShift;
 inline constexpr uint32_t kRangeCount = (wire::kQpnMask + 1) >> kSlotShift;
-// Slot counts a group may have: slot 0 plus at least one client slot; at most 256 sockets.
+// Slot counts a group may have: slot 0 plus at least one client slot; at most 128 sockets (a
+// lease passes the whole group in one SCM_RIGHTS message, at most 253 fds: SCM_MAX_FD).
 inline constexpr unsigned kMinSlots = 2;
-inline constexpr unsigned kMaxSlots = 256;
+inline constexpr unsigned kMaxSlots = 128;
 inline constexpr unsigned kDefaultSlots = 64;
 // The BTH bytes the program reads: DestQP is bytes 5-7 (wire/headers.h); it loads the 32-bit
 // word at 4 and masks off byte 4 (FECN/BECN).

@@ -369,7 +369,10 @@ TEST_F(UrdmadProcess, MalformedRequestsGetErrorsAndTheDaemonCarriesOn) {
     const socklen_t len = daemon::abstract_address(daemon::kDefaultSocketName, &sun);
     ASSERT_EQ(connect(raw.get(), reinterpret_cast<sockaddr*>(&sun), len), 0);
     auto reply_errno = [&](std::vector<uint8_t> rec, int pass_fd = -1) {
-      EXPECT_EQ(daemon::send_record(raw.get(), rec, pass_fd), 0);
+      EXPECT_EQ(daemon::send_record(
+                    raw.get(), rec,
+                    pass_fd >= 0 ? std::span<const int>(&pass_fd, 1) : std::span<const int>()),
+                0);
       std::vector<uint8_t> buf(daemon::kMaxMessageBytes);
       pollfd p{raw.get(), POLLIN, 0};
       if (poll(&p, 1, 2000) != 1) return -1;
@@ -398,6 +401,35 @@ TEST_F(UrdmadProcess, MalformedRequestsGetErrorsAndTheDaemonCarriesOn) {
     EXPECT_EQ(c.acquire_slot(&slot), 0);
     EXPECT_TRUE(alive(d));
     EXPECT_TRUE(stop_daemon(d));
+  });
+}
+
+// If urdmad dies, established data paths keep working (DESIGN.md): the kernel compacts a
+// reuseport group when a socket closes (the last one moves into the hole), so the daemon's own
+// copies of free slots must not be the only ones.
+TEST_F(UrdmadProcess, SteeringSurvivesTheDaemonsDeath) {
+  in_fresh_netns([] {
+    setenv("URDMA_SLOTS", "8", 1);
+    constexpr int kClients = 3;
+    Client c[kClients];
+    Slot slot[kClients];
+    for (int i = 0; i < kClients; ++i) {
+      ASSERT_EQ(connect_client(&c[i]), 0);
+      ASSERT_EQ(c[i].acquire_slot(&slot[i]), 0);
+    }
+    const pid_t d = daemon_pid(c[0]);
+    ASSERT_EQ(kill(d, SIGKILL), 0);
+    ASSERT_TRUE(wait_exit(d, 2000));
+    // From several source ports (a hash fallback would scatter them) to every client.
+    for (int round = 0; round < 8; ++round) {
+      for (int i = 0; i < kClients; ++i) {
+        send_to_qpn("127.0.0.1", slot[i].info.qpn_base + round, static_cast<uint32_t>(i));
+        const auto got = receive(slot[i].fd.get(), 500);
+        ASSERT_TRUE(got) << "slot " << slot[i].info.slot << " lost its QPNs (round " << round
+                         << ")";
+        EXPECT_EQ(got->tag, static_cast<uint32_t>(i));
+      }
+    }
   });
 }
 

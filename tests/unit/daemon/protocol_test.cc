@@ -94,18 +94,28 @@ TEST(Protocol, RecordsAndFdsCrossASeqpacketSocket) {
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
   UniqueFd a(sv[0]), b(sv[1]);
-  UniqueFd passed_in(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  // As many fds as a lease carries: a slot and a full group.
+  std::vector<UniqueFd> in;
+  std::vector<int> raw;
+  for (size_t i = 0; i < kMaxPassedFds; ++i) {
+    in.emplace_back(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    raw.push_back(in.back().get());
+  }
   const auto rec = encode_slot(SlotInfo{.slot = 2});
-  ASSERT_EQ(send_record(a.get(), rec, passed_in.get()), 0);
+  ASSERT_EQ(send_record(a.get(), rec, raw), 0);
   std::vector<uint8_t> buf(kMaxMessageBytes);
-  UniqueFd passed_out;
-  const ssize_t n = recv_record(b.get(), buf, &passed_out);
+  std::vector<UniqueFd> out;
+  const ssize_t n = recv_record(b.get(), buf, &out);
   ASSERT_EQ(n, static_cast<ssize_t>(rec.size()));
-  ASSERT_TRUE(passed_out.valid());
-  struct stat s1, s2;
-  ASSERT_EQ(fstat(passed_in.get(), &s1), 0);
-  ASSERT_EQ(fstat(passed_out.get(), &s2), 0);
-  EXPECT_EQ(s1.st_ino, s2.st_ino) << "the same socket";
+  ASSERT_EQ(out.size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    struct stat s1, s2;
+    ASSERT_EQ(fstat(in[i].get(), &s1), 0);
+    ASSERT_EQ(fstat(out[i].get(), &s2), 0);
+    EXPECT_EQ(s1.st_ino, s2.st_ino) << "the same socket, in order";
+  }
+  raw.push_back(raw.front());
+  EXPECT_EQ(send_record(a.get(), rec, raw), EINVAL) << "more than kMaxPassedFds";
   // A record larger than the buffer is an error, not a silent truncation.
   ASSERT_EQ(send_record(a.get(), encode_gids(std::vector<GidEntry>(4))), 0);
   EXPECT_EQ(recv_record(b.get(), std::span(buf).first(20), nullptr), -EMSGSIZE);
