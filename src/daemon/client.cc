@@ -215,6 +215,12 @@ int Client::acquire_slot(Slot* slot) {
   return 0;
 }
 
+int Client::query_status(StatusInfo* status) {
+  std::vector<uint8_t> reply;
+  if (const int err = call(MsgType::kQueryStatus, &reply, nullptr)) return err;
+  return decode_status(reply, status);
+}
+
 int Client::query_gids(std::vector<GidEntry>* gids) {
   std::vector<uint8_t> reply;
   if (const int err = call(MsgType::kQueryGids, &reply, nullptr)) return err;

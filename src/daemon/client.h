@@ -52,6 +52,7 @@ class Client {
   // 0 or an errno: EBUSY (every slot leased), EALREADY, EACCES (another uid's daemon), ...
   int acquire_slot(Slot* slot);
   int query_gids(std::vector<GidEntry>* gids);
+  int query_status(StatusInfo* status);
 
   int fd() const { return fd_.get(); }
   bool connected() const { return fd_.valid(); }

@@ -336,6 +336,21 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
     }
   } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kQueryGids)) {
     reply = encode_gids(gids_.entries());
+  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kQueryStatus)) {
+    reply = encode_status(StatusInfo{.pid = static_cast<uint32_t>(getpid()),
+                                     .slot_count = slots_.slot_count(),
+                                     .slots_leased = slots_.slot_count() - 1 - slots_.free_count(),
+                                     .clients = static_cast<uint32_t>(clients_.size()),
+                                     .max_clients = options_.max_clients,
+                                     .gid_count = static_cast<uint32_t>(gids_.size()),
+                                     .clients_accepted = counters_.clients_accepted,
+                                     .clients_refused = counters_.clients_refused,
+                                     .leases = counters_.slots_leased,
+                                     .reclaims = counters_.slots_reclaimed,
+                                     .drained_datagrams = counters_.drained_datagrams,
+                                     .udp_port = group_.port,
+                                     .family = static_cast<uint16_t>(group_.family),
+                                     .idle_timeout_ms = options_.idle_timeout_ms});
   } else if (err == 0) {
     err = EPROTO;
   }

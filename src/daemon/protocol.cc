@@ -59,6 +59,18 @@ std::vector<uint8_t> encode_slot(const SlotInfo& info) {
   return record(MsgType::kSlot, info);
 }
 
+std::vector<uint8_t> encode_status(const StatusInfo& info) {
+  return record(MsgType::kStatus, info);
+}
+
+int decode_status(std::span<const uint8_t> rec, StatusInfo* info) {
+  MsgHeader h;
+  if (const int err = check_reply(rec, MsgType::kStatus, &h)) return err;
+  if (rec.size() != sizeof h + sizeof *info) return EPROTO;
+  std::memcpy(info, rec.data() + sizeof h, sizeof *info);
+  return 0;
+}
+
 std::vector<uint8_t> encode_gids(std::span<const GidEntry> gids) {
   const size_t n = std::min<size_t>(gids.size(), kMaxGids);
   std::vector<uint8_t> out(sizeof(MsgHeader) + sizeof(GidsBody) + n * sizeof(WireGid));

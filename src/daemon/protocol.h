@@ -8,6 +8,7 @@
 //   kAcquireSlot  -> kSlot (+ SCM_RIGHTS: the slot's UDP socket, then every socket of the group
 //                    in index order) or kError
 //   kQueryGids    -> kGids or kError
+//   kQueryStatus  -> kStatus (counters and occupancy, for `urdmad --status`) or kError
 // kError carries an errno in `status`: EACCES (the client's uid is not the daemon's; sent at
 // accept, then the daemon hangs up), EBUSY (every slot is leased), EALREADY (this connection
 // holds a slot already), EPROTONOSUPPORT (version), EPROTO (malformed), EMFILE (too many
@@ -47,6 +48,8 @@ enum class MsgType : uint16_t {
   kQueryGids = 3,
   kGids = 4,
   kError = 5,
+  kQueryStatus = 6,
+  kStatus = 7,
 };
 
 struct MsgHeader {
@@ -69,6 +72,25 @@ struct SlotInfo {
   uint16_t family;    // AF_INET6 (dual-stack) or AF_INET
 };
 static_assert(sizeof(SlotInfo) == 24);
+
+// The kStatus record's body.
+struct StatusInfo {
+  uint32_t pid;
+  uint32_t slot_count;
+  uint32_t slots_leased;  // now
+  uint32_t clients;       // connections now
+  uint32_t max_clients;
+  uint32_t gid_count;
+  uint64_t clients_accepted;
+  uint64_t clients_refused;
+  uint64_t leases;  // ever
+  uint64_t reclaims;
+  uint64_t drained_datagrams;
+  uint16_t udp_port;
+  uint16_t family;
+  uint32_t idle_timeout_ms;  // 0: no idle exit
+};
+static_assert(sizeof(StatusInfo) == 72);
 
 struct WireGid {
   uint8_t gid[16];
@@ -97,6 +119,7 @@ std::vector<uint8_t> encode_request(MsgType type);
 std::vector<uint8_t> encode_error(int err);
 std::vector<uint8_t> encode_slot(const SlotInfo& info);
 std::vector<uint8_t> encode_gids(std::span<const GidEntry> gids);
+std::vector<uint8_t> encode_status(const StatusInfo& info);
 
 // Validates a received record's header: 0, EPROTO (short, bad magic, size mismatch) or
 // EPROTONOSUPPORT (another version).
@@ -104,6 +127,7 @@ int decode_header(std::span<const uint8_t> record, MsgHeader* header);
 // Decode a whole reply: 0 with the body filled, the errno of a kError reply, or EPROTO.
 int decode_slot(std::span<const uint8_t> record, SlotInfo* info);
 int decode_gids(std::span<const uint8_t> record, std::vector<GidEntry>* gids);
+int decode_status(std::span<const uint8_t> record, StatusInfo* info);
 
 // Most fds one record carries: a slot and its whole group.
 inline constexpr size_t kMaxPassedFds = kMaxSlots + 1;

@@ -19,6 +19,9 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "daemon/client.h"
 #include "daemon/steering.h"
@@ -430,6 +433,43 @@ TEST_F(UrdmadProcess, SteeringSurvivesTheDaemonsDeath) {
         EXPECT_EQ(got->tag, static_cast<uint32_t>(i));
       }
     }
+  });
+}
+
+// Runs `urdmad ARGS...`, returns (exit status, stdout + stderr).
+std::pair<int, std::string> run_urdmad(std::vector<const char*> args) {
+  Pipe out;
+  const pid_t pid = fork_process([&] {
+    dup2(out.wr, 1);
+    dup2(out.wr, 2);
+    args.insert(args.begin(), "urdmad");
+    args.push_back(nullptr);
+    execv(URDMA_DAEMON_PATH, const_cast<char* const*>(args.data()));
+    return 127;
+  });
+  out.close_wr();
+  std::string text;
+  char ch;
+  while (out.get(&ch, 1, 3000)) text += ch;
+  const auto status = wait_exit(pid, 3000);
+  return {status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, text};
+}
+
+TEST_F(UrdmadProcess, StatusShowsLeasesAndTheGidTable) {
+  in_fresh_netns([] {
+    auto [rc, text] = run_urdmad({"--status"});
+    EXPECT_EQ(rc, 1);
+    EXPECT_NE(text.find("not running in this network namespace"), std::string::npos) << text;
+    Client c;
+    ASSERT_EQ(connect_client(&c), 0);
+    Slot slot;
+    ASSERT_EQ(c.acquire_slot(&slot), 0);
+    std::tie(rc, text) = run_urdmad({"--status"});
+    EXPECT_EQ(rc, 0) << text;
+    EXPECT_NE(text.find("slots: 1 of 63 leased"), std::string::npos) << text;
+    EXPECT_NE(text.find("UDP port 4791"), std::string::npos) << text;
+    EXPECT_NE(text.find("127.0.0.1/8  lo"), std::string::npos) << text;
+    EXPECT_TRUE(stop_daemon(daemon_pid(c)));
   });
 }
 

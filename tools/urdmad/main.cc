@@ -2,12 +2,15 @@
 // (and exits when idle), or as a service with --foreground. See src/daemon/daemon.h.
 #include <CLI/CLI.hpp>
 
+#include <net/if.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
 #include <iostream>
 
+#include "daemon/client.h"
 #include "daemon/daemon.h"
 
 namespace {
@@ -19,6 +22,51 @@ void report_status(int fd, int err, const std::string& reason) {
   std::strncpy(st.reason, reason.c_str(), sizeof st.reason - 1);
   (void)!write(fd, &st, sizeof st);
   close(fd);
+}
+
+// `urdmad --status`: what the namespace's daemon reports, without starting one.
+int print_status(const std::string& socket_name) {
+  using namespace urdma::daemon;
+  Client client;
+  std::string detail;
+  ClientOptions o;
+  o.socket_name = socket_name;
+  o.spawn = false;
+  if (const int err = Client::connect_or_spawn(o, &client, &detail)) {
+    std::cerr << "urdmad: "
+              << (err == ECONNREFUSED
+                      ? "not running in this network namespace (@" + socket_name + ")"
+                      : detail)
+              << '\n';
+    return 1;
+  }
+  StatusInfo st{};
+  std::vector<GidEntry> gids;
+  int err = client.query_status(&st);
+  if (err == 0) err = client.query_gids(&gids);
+  if (err != 0) {
+    std::cerr << "urdmad: " << std::strerror(err) << '\n';
+    return 1;
+  }
+  std::cout << "urdmad pid " << st.pid << " on @" << socket_name << ": UDP port " << st.udp_port
+            << (st.family == AF_INET6 ? " (IPv6 dual-stack)" : " (IPv4)") << ", "
+            << (st.idle_timeout_ms ? "idle exit after " + std::to_string(st.idle_timeout_ms) + " ms"
+                                   : std::string("no idle exit"))
+            << '\n'
+            << "slots: " << st.slots_leased << " of " << st.slot_count - 1 << " leased ("
+            << st.slot_count << " sockets, slot 0 is the daemon's); clients: " << st.clients
+            << " (at most " << st.max_clients << ")\n"
+            << "since start: " << st.clients_accepted << " clients accepted, " << st.clients_refused
+            << " refused, " << st.leases << " leases, " << st.reclaims << " reclaimed, "
+            << st.drained_datagrams << " datagrams drained\n"
+            << "GID table (" << gids.size() << "):\n";
+  for (const auto& g : gids) {
+    char name[IF_NAMESIZE] = "?";
+    if_indextoname(g.ifindex, name);
+    std::cout << "  " << g.index << "  " << g.gid.to_string() << "/"
+              << static_cast<int>(g.prefix_len) << "  " << name << '\n';
+  }
+  return 0;
 }
 
 }  // namespace
@@ -55,9 +103,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(urdma::daemon::kMinSlots, urdma::daemon::kMaxSlots));
   app.add_flag("--ipv4-only", ipv4_only, "bind 0.0.0.0 instead of dual-stack [::]");
   app.add_flag("-v,--verbose", options.verbose, "log clients and slots to stderr");
+  bool status = false;
+  app.add_flag("--status", status,
+               "print the running daemon's slots, counters and GID table (starts none)");
   app.add_option("--status-fd", status_fd, "write the start-up result here (used by the library)");
   CLI11_PARSE(app, argc, argv);
 
+  if (status) return print_status(options.socket_name);
   options.allow_ipv6 = !ipv4_only;
   options.idle_timeout_ms = foreground && idle->count() == 0 ? 0 : idle_timeout_ms;
   if (foreground) options.verbose = true;

@@ -48,6 +48,14 @@ TEST(Protocol, GidsRoundTrip) {
   EXPECT_LE(encode_gids(many).size(), kMaxMessageBytes);
 }
 
+TEST(Protocol, StatusRoundTrips) {
+  const StatusInfo in{.pid = 7, .slot_count = 64, .slots_leased = 3, .leases = 9, .udp_port = 4791};
+  StatusInfo out{};
+  ASSERT_EQ(decode_status(encode_status(in), &out), 0);
+  EXPECT_EQ(std::memcmp(&in, &out, sizeof in), 0);
+  EXPECT_EQ(decode_status(encode_slot(SlotInfo{}), &out), EPROTO);
+}
+
 TEST(Protocol, ErrorReplyCarriesItsErrno) {
   SlotInfo info;
   EXPECT_EQ(decode_slot(encode_error(EBUSY), &info), EBUSY);
