@@ -28,7 +28,8 @@
 // which differs), and the UDP source port (rxe hashes the QPN, we use 0xC000 | QPN; both are
 // flow entropy, IBA annex A17.4.1). Also checked: our ICRC is right for our flow, WRITEs and
 // atomics left the memory as the request says, SENDs and UD SENDs completed with the captured
-// bytes, and nothing was dropped.
+// bytes, a UD receive's GRH area holds the IPv4 header rxe's receiver would have put there (but
+// for the IPv4 ID and checksum, which a UDP socket never sees), and nothing was dropped.
 //
 // rxe-guest-to-host.pcap has requests but no responses (its peer never answered): there the
 // responses are checked against IBA instead (a retransmitted SEND is acknowledged again).
@@ -77,7 +78,8 @@ struct Datagram {
   uint64_t frame = 0;  // 1-based, as tshark and `urdma decode` number frames
   net::Endpoint src;
   net::Endpoint dst;
-  std::vector<uint8_t> bytes;  // the UDP payload: BTH .. ICRC
+  std::vector<uint8_t> bytes;      // the UDP payload: BTH .. ICRC
+  std::vector<uint8_t> ip_header;  // as captured
   wire::PacketView view() const { return *wire::parse_packet(bytes); }
 };
 
@@ -99,6 +101,7 @@ std::vector<Datagram> load(const std::string& file) {
         d.src = {ip_address(u, true), u.src_port};
         d.dst = {ip_address(u, false), u.dst_port};
         d.bytes.assign(u.payload.begin(), u.payload.end());
+        d.ip_header.assign(u.ip_header.begin(), u.ip_header.end());
         EXPECT_TRUE(wire::parse_packet(d.bytes).ok()) << file << " frame " << u.index;
         out.push_back(std::move(d));
       });
@@ -265,7 +268,8 @@ class Responder {
       if (p.info().is(wire::kSend)) {
         message.insert(message.end(), p.payload().begin(), p.payload().end());
         if (p.info().is(wire::kLast)) {
-          expected_recv_.push_back({std::move(message), p.deth() ? p.deth()->src_qp() : 0});
+          expected_recv_.push_back(
+              {std::move(message), p.deth() ? p.deth()->src_qp() : 0, d->ip_header});
           message.clear();
         }
       }
@@ -291,10 +295,26 @@ class Responder {
       if (ud) {
         EXPECT_EQ(wc[i].src_qp, expected_recv_[i].src_qp);
         EXPECT_TRUE(wc[i].wc_flags & IBV_WC_GRH);
+        expect_grh(recv_bufs_.at(wc[i].wr_id).get(), expected_recv_[i].ip_header);
       }
       const uint8_t* buf = recv_bufs_.at(wc[i].wr_id).get() + offset;
       EXPECT_EQ(std::vector<uint8_t>(buf, buf + data.size()), data);
     }
+  }
+
+  // The GRH area of a UD receive: for IPv4, 20 zero bytes and the IPv4 header the datagram came
+  // under (rdma-core's convention; rxe copies the skb's header). A UDP socket does not see the
+  // IPv4 ID, so the ID and, with it, the header checksum are not compared; every other byte is.
+  static void expect_grh(const uint8_t* area, const std::vector<uint8_t>& ip_header) {
+    if (ip_header.size() != 20) return;  // IPv6, or IPv4 with options: none in the captures
+    std::vector<uint8_t> want(kGrhBytes - ip_header.size(), 0);
+    want.insert(want.end(), ip_header.begin(), ip_header.end());
+    std::vector<uint8_t> got(area, area + kGrhBytes);
+    for (const size_t unseen : {4, 5, 10, 11}) {  // IPv4 identification, header checksum
+      want[kGrhBytes - 20 + unseen] = 0;
+      got[kGrhBytes - 20 + unseen] = 0;
+    }
+    EXPECT_EQ(got, want) << "GRH area (IPv4 ID and checksum masked)";
   }
 
   // What we sent, each checked for a correct ICRC on our flow.
@@ -323,7 +343,8 @@ class Responder {
   };
   struct ExpectedRecv {
     std::vector<uint8_t> data;
-    uint32_t src_qp = 0;  // UD
+    uint32_t src_qp = 0;             // UD
+    std::vector<uint8_t> ip_header;  // UD: what rxe's receiver puts in the GRH area
   };
 
   static provider::DeviceConfig config(const Conversation& c) {
