@@ -185,6 +185,7 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
 
 int Client::call(MsgType request, std::vector<uint8_t>* reply, std::vector<UniqueFd>* passed) {
   if (!fd_.valid()) return ENOTCONN;
+  if (watching_) return EBUSY;
   const auto rec = encode_request(request);
   const int send_err = send_record(fd_.get(), rec);
   // A refused client may find the connection closed already; the reason is still queued.
@@ -219,6 +220,24 @@ int Client::query_status(StatusInfo* status) {
   std::vector<uint8_t> reply;
   if (const int err = call(MsgType::kQueryStatus, &reply, nullptr)) return err;
   return decode_status(reply, status);
+}
+
+int Client::watch_gids(std::vector<GidEntry>* gids) {
+  std::vector<uint8_t> reply;
+  if (const int err = call(MsgType::kWatchGids, &reply, nullptr)) return err;
+  if (const int err = decode_gids(reply, gids)) return err;
+  watching_ = true;
+  return 0;
+}
+
+int Client::next_gid_update(std::vector<GidEntry>* gids) {
+  if (!watching_) return EINVAL;
+  std::vector<uint8_t> record(kMaxMessageBytes);
+  const ssize_t n = recv_record(fd_.get(), record, nullptr, MSG_DONTWAIT);
+  if (n < 0) return static_cast<int>(-n);
+  if (n == 0) return ECONNRESET;  // the daemon went away
+  record.resize(static_cast<size_t>(n));
+  return decode_gids(record, gids);
 }
 
 int Client::query_gids(std::vector<GidEntry>* gids) {

@@ -54,6 +54,13 @@ class Client {
   int query_gids(std::vector<GidEntry>* gids);
   int query_status(StatusInfo* status);
 
+  // Turns this connection into a GID watcher: *gids gets the table now, and fd() becomes
+  // readable whenever a new table is queued; next_gid_update() takes it without blocking
+  // (EAGAIN: none yet). A watching connection makes no other calls (EBUSY): use a Client of its
+  // own for it.
+  int watch_gids(std::vector<GidEntry>* gids);
+  int next_gid_update(std::vector<GidEntry>* gids);
+
   int fd() const { return fd_.get(); }
   bool connected() const { return fd_.valid(); }
 
@@ -61,6 +68,7 @@ class Client {
   int call(MsgType request, std::vector<uint8_t>* reply, std::vector<UniqueFd>* passed);
 
   UniqueFd fd_;
+  bool watching_ = false;
 };
 
 // Where connect_or_spawn looks for urdmad (exposed for tests and diagnostics).

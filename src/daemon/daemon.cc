@@ -216,11 +216,13 @@ int Daemon::run() {
         }
         case kNetlink: {
           std::string error;
-          if (!addresses_.handle_readable(&gids_, &error)) {
+          bool changed = false;
+          if (!addresses_.handle_readable(&gids_, &error, &changed)) {
             std::cerr << "urdmad: " << error << '\n';
             exit_code_ = 1;
             stop_ = true;
           }
+          if (changed) publish_gids();
           break;
         }
         case kSlotSocket:
@@ -334,8 +336,10 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
     } else {
       err = EBUSY;
     }
-  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kQueryGids)) {
+  } else if (err == 0 && (h.type == static_cast<uint16_t>(MsgType::kQueryGids) ||
+                          h.type == static_cast<uint16_t>(MsgType::kWatchGids))) {
     reply = encode_gids(gids_.entries());
+    if (h.type == static_cast<uint16_t>(MsgType::kWatchGids)) c.watches_gids = true;
   } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kQueryStatus)) {
     reply = encode_status(StatusInfo{.pid = static_cast<uint32_t>(getpid()),
                                      .slot_count = slots_.slot_count(),
@@ -359,6 +363,20 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
     pass_fds.clear();
   }
   if (send_record(c.fd.get(), reply, pass_fds) != 0) drop_client(id);
+}
+
+void Daemon::publish_gids() {
+  const auto record = encode_gids(gids_.entries());
+  std::vector<uint64_t> lagging;
+  for (auto& [id, c] : clients_) {
+    if (!c.watches_gids) continue;
+    // Non-blocking: a watcher whose buffer is full is not waited for.
+    if (send_record(c.fd.get(), record) != 0) lagging.push_back(id);
+  }
+  for (const uint64_t id : lagging) {
+    log("GID watcher " + std::to_string(id) + " is not reading: disconnected");
+    drop_client(id);
+  }
 }
 
 void Daemon::drop_client(uint64_t id) {

@@ -67,6 +67,7 @@ class Daemon {
     uid_t uid = 0;
     pid_t pid = 0;
     std::optional<unsigned> slot;
+    bool watches_gids = false;
   };
 
   explicit Daemon(const DaemonOptions& options);
@@ -78,6 +79,7 @@ class Daemon {
   void drop_client(uint64_t id);
   void handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec);
   void drain(unsigned slot);
+  void publish_gids();
   static void reset_socket(int fd);
   void update_idle_timer();
   void log(const std::string& line) const;

@@ -181,13 +181,20 @@ bool AddressMonitor::request_dump(std::string* error) {
   return true;
 }
 
-bool AddressMonitor::handle_readable(GidTable* table, std::string* error) {
+bool AddressMonitor::handle_readable(GidTable* table, std::string* error, bool* changed) {
+  bool any = false;
+  const auto report = [&] {
+    if (changed) *changed = any;
+  };
   // 32 KiB: the kernel fills dump messages up to the receive buffer size it expects (8 KiB+).
   alignas(nlmsghdr) static thread_local uint8_t buffer[32768];
   for (int i = 0; i < 64; ++i) {
     const ssize_t n = recv(fd_.get(), buffer, sizeof buffer, MSG_DONTWAIT);
     if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) return true;
+      if (errno == EAGAIN || errno == EINTR) {
+        report();
+        return true;
+      }
       if (errno == ENOBUFS) {  // events were lost: resync from a fresh dump
         table->mark_all_stale();
         resync_ = true;
@@ -197,14 +204,15 @@ bool AddressMonitor::handle_readable(GidTable* table, std::string* error) {
       *error = errno_text("netlink recv");
       return false;
     }
-    bool changed = false;
-    const bool done =
-        apply_netlink_addr_messages({buffer, static_cast<size_t>(n)}, table, &changed);
+    const bool done = apply_netlink_addr_messages({buffer, static_cast<size_t>(n)}, table, &any);
     if (done && resync_) {
+      const size_t before = table->size();
       table->sweep_stale();
+      any |= table->size() != before;
       resync_ = false;
     }
   }
+  report();
   return true;
 }
 

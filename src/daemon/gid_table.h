@@ -61,9 +61,10 @@ class AddressMonitor {
  public:
   bool open(std::string* error);
   int fd() const { return fd_.get(); }
-  // Reads every pending message into `table` (non-blocking). Returns false on a fatal socket
-  // error (reason in *error). A receive-buffer overflow (ENOBUFS) starts a resync dump.
-  bool handle_readable(GidTable* table, std::string* error);
+  // Reads every pending message into `table` (non-blocking); *changed is set if an entry
+  // changed. Returns false on a fatal socket error (reason in *error). A receive-buffer overflow
+  // (ENOBUFS) starts a resync dump.
+  bool handle_readable(GidTable* table, std::string* error, bool* changed = nullptr);
 
  private:
   bool request_dump(std::string* error);

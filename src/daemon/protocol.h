@@ -9,6 +9,9 @@
 //                    in index order) or kError
 //   kQueryGids    -> kGids or kError
 //   kQueryStatus  -> kStatus (counters and occupancy, for `urdmad --status`) or kError
+//   kWatchGids    -> kGids now, then an unsolicited kGids whenever the table changes (the
+//                    connection does nothing else; a watcher that stops reading until its
+//                    socket buffer is full is disconnected)
 // kError carries an errno in `status`: EACCES (the client's uid is not the daemon's; sent at
 // accept, then the daemon hangs up), EBUSY (every slot is leased), EALREADY (this connection
 // holds a slot already), EPROTONOSUPPORT (version), EPROTO (malformed), EMFILE (too many
@@ -50,6 +53,7 @@ enum class MsgType : uint16_t {
   kError = 5,
   kQueryStatus = 6,
   kStatus = 7,
+  kWatchGids = 8,
 };
 
 struct MsgHeader {

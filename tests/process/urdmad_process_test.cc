@@ -591,12 +591,33 @@ TEST_F(UrdmadProcess, GidTableFollowsAddressChanges) {
       return false;
     };
     ASSERT_FALSE(has("10.77.0.1"));
+    // A watcher (its own connection) is told of every change without asking.
+    Client watcher;
+    ASSERT_EQ(connect_client(&watcher), 0);
+    std::vector<daemon::GidEntry> watched;
+    ASSERT_EQ(watcher.watch_gids(&watched), 0);
+    EXPECT_FALSE(watched.empty());
+    EXPECT_EQ(watcher.next_gid_update(&watched), EAGAIN) << "no change yet";
+    Slot unused;
+    EXPECT_EQ(watcher.acquire_slot(&unused), EBUSY) << "a watching connection only watches";
+    auto watched_has = [&](const char* addr) {
+      // Updates arrive as the kernel reports each address; take them until `addr` shows.
+      for (int i = 0; i < 50; ++i) {
+        pollfd p{watcher.fd(), POLLIN, 0};
+        if (poll(&p, 1, 100) == 1 && watcher.next_gid_update(&watched) == 0) {
+          for (const auto& g : watched)
+            if (g.gid.to_string() == addr) return true;
+        }
+      }
+      return false;
+    };
     // A veth interface where the kernel has veth; loopback otherwise (same netlink messages).
     const std::string dev =
         std::system("ip link add va type veth peer name vb 2>/dev/null") == 0 ? "va" : "lo";
     ASSERT_TRUE(sh("ip addr add 10.77.0.1/24 dev " + dev));
     ASSERT_TRUE(sh("ip -6 addr add fd00:77::1/64 dev " + dev + " nodad"));
     EXPECT_TRUE(eventually("10.77.0.1", true));
+    EXPECT_TRUE(watched_has("10.77.0.1")) << "the watcher was told";
     EXPECT_TRUE(eventually("fd00:77::1", true));
     ASSERT_TRUE(sh("ip addr del 10.77.0.1/24 dev " + dev));
     EXPECT_TRUE(eventually("10.77.0.1", false));
