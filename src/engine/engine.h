@@ -33,8 +33,13 @@
 // uncontended.
 //
 // COST PER POLL. poll() serves only the QPs on its active list: those whose doorbell rang, that
-// received a packet, were modified, or still have requester work, a flush pending or a timer
-// armed. An idle QP costs nothing per poll.
+// received a packet, were modified, or still have requester work, READ responses to send (or
+// requests waiting behind them), a flush pending or a timer armed. An idle QP costs nothing per
+// poll; a busy one sends at most kMaxPacketsPerTurn packets from its requester and as many from
+// its responder per poll, so a 2 GiB READ or a deep send queue cannot starve the other QPs.
+//
+// RC FLOW CONTROL. At most EngineConfig::max_unacked_pkts request PSNs are unacknowledged per
+// QP (requester.cc window_open), so the PSN window always fits the 24-bit half window.
 //
 // TRANSMIT IS ZERO-COPY. A datagram goes to the PacketIo as iovecs: the headers from an engine
 // buffer, the payload straight from registered memory (one iovec per SGE piece, after the MR
