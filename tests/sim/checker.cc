@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "base/check.h"
@@ -382,12 +383,17 @@ class Checker {
     // from its first missing response's PSN).
     static constexpr uint32_t kMtu[] = {0, 256, 512, 1024, 2048, 4096};
     std::map<uint32_t, std::vector<uint64_t>> sent;
+    std::set<uint32_t> rd_atomic;  // PSNs of READs and ATOMICs: only their responses ack them
     for (const TracedDatagram& d : r_.datagrams) {
       if (d.sent_ns > t || !request_of(d, q)) continue;
       const uint32_t span =
           d.opcode == 0x0c ? std::max<uint32_t>(1, (d.dma_length + kMtu[qp.mtu] - 1) / kMtu[qp.mtu])
                            : 1;
-      for (uint32_t k = 0; k < span; ++k) sent[(d.psn + k) & 0xffffff].push_back(d.sent_ns);
+      for (uint32_t k = 0; k < span; ++k) {
+        sent[(d.psn + k) & 0xffffff].push_back(d.sent_ns);
+        if (d.opcode == 0x0c || d.opcode == 0x13 || d.opcode == 0x14)
+          rd_atomic.insert((d.psn + k) & 0xffffff);
+      }
     }
     size_t best = 0;
     for (auto& [psn, times] : sent) {
@@ -398,7 +404,10 @@ class Checker {
         if (d.psn != psn || !response_to(d, q)) continue;
         for (size_t k = 0; k < d.delivered_ns.size(); ++k) {
           if (d.delivered_ns[k] > t) continue;
-          if (positive(d)) acks.push_back(d.delivered_ns[k]);
+          // A plain ACK acknowledges no READ or ATOMIC (IBA 9.7.5.1.2: those end only with
+          // their responses), so it is progress only for a SEND/WRITE PSN.
+          if (positive(d) && !(d.opcode == 0x11 && rd_atomic.count(psn)))
+            acks.push_back(d.delivered_ns[k]);
           if (rnr_nak(d)) rnrs.push_back(d.delivered_ns[k]);
           if (seq_nak(d) && k > 0) ++dup_naks;  // a network copy of a NAK is a retry of its own
         }
@@ -415,11 +424,22 @@ class Checker {
       const size_t n = tries.size() + dup_naks;
       best = std::max(best, n);
       if (n < size_t{qp.retry_cnt} + 1 || tries.empty()) continue;
-      // The window: from the first of the last retry_cnt tries (the last one when retry_cnt
-      // is 0) to the failure; no response acknowledging the PSN reached q in it.
+      // The window: from the first of the last retry_cnt tries to the failure; no response
+      // acknowledging the PSN reached q in it. Those tries all follow the last progress (each
+      // retry resends the PSN), so nothing in the window was ignored for an older WR still
+      // unanswered. With retry_cnt 0 there is no retry to bound it: the window then starts
+      // at the last try or at the last response to an older PSN, whichever is later (the last
+      // progress was one of those responses).
       const size_t from =
           tries.size() > qp.retry_cnt ? tries.size() - std::max<size_t>(qp.retry_cnt, 1) : 0;
-      const uint64_t start = tries[from];
+      uint64_t start = tries[from];
+      if (qp.retry_cnt == 0)
+        for (const TracedDatagram& d : r_.datagrams) {
+          const uint32_t behind = (psn - d.psn) & 0xffffff;
+          if (behind == 0 || behind >= (1u << 23) || !response_to(d, q) || !positive(d)) continue;
+          for (uint64_t at : d.delivered_ns)
+            if (at <= t) start = std::max(start, at);
+        }
       const bool acked =
           std::any_of(acks.begin(), acks.end(), [&](uint64_t a) { return a >= start && a < t; });
       if (!acked) return "";
@@ -430,25 +450,24 @@ class Checker {
            std::to_string(best) + ")";
   }
 
-  // "" when the trace shows rnr_retry + 1 RNR NAKs of one PSN reaching QP q by time t with no
-  // acknowledgement of that PSN (the budget only resets on progress, which acknowledges it).
+  // "" when the trace shows rnr_retry + 1 RNR NAKs of one PSN reaching QP q by time t. The
+  // budget resets only on progress, and after the last progress every RNR NAK that counts names
+  // the oldest unacknowledged PSN. (An ACK of that PSN seen earlier need not have been progress:
+  // an ACK beyond an unanswered READ or ATOMIC acknowledges nothing past it, so a late RNR NAK
+  // may still count — as in rxe.)
   std::string rnr_evidence(uint32_t q, uint64_t t) const {
     const QpSpec& qp = s_.qps[q];
     if (qp.rnr_retry == 7) return "rnr_retry is 7 (retry forever)";
-    std::map<uint32_t, std::pair<size_t, bool>> by_psn;  // PSN → (RNR NAKs, acknowledged)
+    std::map<uint32_t, size_t> by_psn;  // PSN → RNR NAKs delivered
     for (const TracedDatagram& d : r_.datagrams) {
-      if (!response_to(d, q)) continue;
-      for (uint64_t at : d.delivered_ns) {
-        if (at > t) continue;
-        if (rnr_nak(d)) ++by_psn[d.psn].first;
-        if (positive(d)) by_psn[d.psn].second = true;
-      }
+      if (!response_to(d, q) || !rnr_nak(d)) continue;
+      for (uint64_t at : d.delivered_ns)
+        if (at <= t) ++by_psn[d.psn];
     }
     size_t best = 0;
-    for (const auto& [psn, v] : by_psn) {
-      if (v.second) continue;
-      best = std::max(best, v.first);
-      if (v.first >= size_t{qp.rnr_retry} + 1) return "";
+    for (const auto& [psn, n] : by_psn) {
+      best = std::max(best, n);
+      if (n >= size_t{qp.rnr_retry} + 1) return "";
     }
     return "no PSN of qp " + std::to_string(q) +
            " drew rnr_retry + 1 = " + std::to_string(qp.rnr_retry + 1) +
@@ -802,6 +821,8 @@ class Checker {
     const FaultProfile& f = s_.config.faults;
     enum class Mode { kStrict, kSubsequence, kAny } mode = Mode::kStrict;
     if (qp.type != IBV_QPT_RC && !f.clean()) mode = f.reorders() ? Mode::kAny : Mode::kSubsequence;
+    // A UD QP hears from many QPs: only each sender's own messages keep their order.
+    if (qp.type == IBV_QPT_UD && mode == Mode::kStrict) mode = Mode::kSubsequence;
     std::vector<bool> used(msgs.size(), false);
     size_t next = 0;
     std::map<uint32_t, size_t> next_of;  // sending QP → first message it may still deliver

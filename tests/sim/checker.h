@@ -3,9 +3,10 @@
 //
 // It sees only what an application could see — the completions it polled (with the virtual
 // time it polled them), when it posted each WR, and the final bytes of every buffer including
-// the guard bytes around them — plus the QP numbers and window rkeys the provider assigned. Its
-// expectations come from the scenario alone (scenario.h), so it can be tested on hand-made
-// histories (checker_test.cc) long before an engine exists.
+// the guard bytes around them — plus the QP numbers and window rkeys the provider assigned, and
+// the network's trace: every datagram's transport header (decoded by the runner from the bytes,
+// not by the engine) and the times its intact copies arrived. Its expectations come from the
+// scenario alone (scenario.h), so it can be tested on hand-made histories (checker_test.cc).
 //
 // Properties (each Violation names one):
 //   progress      the run finished: every posted signaled WR completed before the deadline
@@ -13,22 +14,54 @@
 //                 posted receive after the final drain) has exactly one completion; no
 //                 completion for an unknown or unposted WR; no success for an unsignaled WR
 //   order         per QP, send completions come in posting order; RC receives in posting order
-//   status        no failure without a partition; with one, only RETRY_EXC_ERR (RC) and, after
-//                 the first error of a QP, only WR_FLUSH_ERR for every later WR
+//   status        per QP, every WR succeeds until the QP's error; then every later WR flushes
+//                 (WR_FLUSH_ERR), in order. The error WR must be one of:
+//                  * an injected fault (Scenario Fault) with exactly fault_outcome()'s status;
+//                  * RETRY_EXC_ERR or RNR_RETRY_EXC_ERR that the trace shows was earned (below);
+//                 a QP may flush without an error of its own only when it is dead, the responder
+//                 of a fault that moves the responder to ERR, or at the final drain (partition,
+//                 or an unsignaled tail still retrying towards a failed peer). On a lossy network
+//                 WRs still unacknowledged when the error struck may flush just before it. A
+//                 fault's receive completes with its predicted status (LOC_LEN_ERR for a short
+//                 buffer, REM_INV_REQ_ERR for a bad SEND_WITH_INV) in receive order; a faulted
+//                 WR never succeeds silently; once the requester saw a responder-class fault,
+//                 nothing the responder posts later succeeds and none of its receives does.
 //   fields        opcode, byte_len, imm_data, qp_num, src_qp (UD), wc_flags, invalidated rkey
 //   delivery      what the receives got matches what was sent: RC exactly, in order, nothing
-//                 missing; UC/UD a subsequence (loss) or any sent message (reorder/duplicates),
-//                 everything when the network is clean
+//                 missing; UC/UD a subsequence per sender (loss) or any sent message
+//                 (reorder/duplicates), everything when the network is clean, and at least as
+//                 many as the trace shows whole messages delivered while receives were posted
 //   data          every byte of every buffer equals its expected final value (WRITE, READ and
-//                 receive targets), or for an operation that failed, its old or new value
+//                 receive targets, the 40-byte GRH of UD receives: ud_grh()), or for an
+//                 operation that failed, its old or new value; a failure blanks only buffers
+//                 of the QP pair it happened on
 //   guard         nothing changed outside the ranges WRs may touch: guard bytes around each
-//                 registration, gaps between buffers, source regions, unused counters
-//   atomic        FETCH_ADD results are a permutation of the prefix sums of a per-QP ordered
-//                 linearization, CMP_SWP results follow the counter's unique chain of values,
-//                 and each counter's final value is the end of that history
+//                 registration, gaps between buffers, source regions, unused counters, the
+//                 targets of faulted WRs
+//   atomic        FETCH_ADD: sorted by result the successful adds are a linearization whose
+//                 every jump (and the final value) is an exact sum of distinct adds whose
+//                 outcome is unknown; CMP_SWP results follow the counter's unique chain of
+//                 values; per QP in posting order; and in real time — an atomic that completed
+//                 before another was posted comes before it
 //   retry-bound   with a partition longer than the retry budget, each RC QP with work pending
 //                 across it fails with RETRY_EXC_ERR within
 //                 timeout * (retry_cnt + 1) + slack of the partition (or of the post)
+//
+// RETRY_EXC_ERR is earned (retry_evidence) when, for some PSN p of the QP's requests, the trace
+// holds at least retry_cnt + 1 tries of p (transmissions of a request with PSN p, or of an RDMA
+// READ request whose response range covers p; a resend that follows an RNR NAK of p is no try;
+// a network copy of a PSN-sequence NAK of p counts as one more), and no response acknowledging
+// p (an ACK with PSN p for a SEND/WRITE, a READ response or ATOMIC ACK with PSN p) reached the
+// QP intact between the first of the last retry_cnt tries and the failure. Why it is sound: the
+// budget is reset by progress only; after the last progress (when p became the oldest
+// unacknowledged PSN) every one of the retry_cnt retries resent p, so the last retry_cnt tries
+// follow it, and a response acknowledging p delivered after them would have been progress.
+// With retry_cnt 0 the window starts at the later of the last try and the last response to an
+// older PSN (the last progress was one of them). Why it is tight: a failure without retry_cnt+1
+// tries of one PSN, or while that PSN was being acknowledged, is reported — with or without a
+// partition, and whether or not the QP's path crosses one.
+// RNR_RETRY_EXC_ERR is earned (rnr_evidence) when rnr_retry < 7 and rnr_retry + 1 RNR NAKs of
+// one PSN reached the QP by the failure.
 #pragma once
 
 #include <infiniband/verbs.h>

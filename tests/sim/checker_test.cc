@@ -387,5 +387,409 @@ TEST_F(RetryBoundTest, TimelyFailureIsNotReported) {
     }
 }
 
+// ---- error scenarios, lossy networks, the network trace: each legal outcome accepted, each
+// injected bug (a hand-mutated RunRecord) caught ----
+
+TEST(CheckerOracle, PerfectRunsPassWithInjectedErrors) {
+  ScenarioConfig c;
+  c.errors_percent = 60;
+  size_t faults = 0;
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    const Scenario s = generate(c, seed);
+    for (const SendSpec& w : s.sends) faults += w.fault != Fault::kNone;
+    const std::vector<Violation> v = check(s, oracle_run(s));
+    ASSERT_TRUE(v.empty()) << "seed " << seed << "\n" << dump(v);
+  }
+  EXPECT_GT(faults, 300u);
+}
+
+TEST(CheckerOracle, PerfectRunsPassOnLossyNetworks) {
+  ScenarioConfig c;
+  c.errors_percent = 30;
+  c.faults.loss_ppm = 10'000;
+  c.faults.reorder_ppm = 10'000;
+  for (uint64_t seed = 1; seed <= 100; ++seed) {
+    const Scenario s = generate(c, seed);
+    const std::vector<Violation> v = check(s, oracle_run(s));
+    ASSERT_TRUE(v.empty()) << "seed " << seed << "\n" << dump(v);
+  }
+}
+
+class MutationTest : public CheckerTest {
+ protected:
+  // A scenario (first seed from `seed`) whose send `pred` picks was posted in the oracle's run.
+  size_t pick(ScenarioConfig c, const std::function<bool(const Scenario&, size_t)>& pred) {
+    for (uint64_t seed = 1; seed < 2000; ++seed) {
+      s_ = generate(c, seed);
+      run_ = oracle_run(s_);
+      for (size_t i = 0; i < s_.sends.size(); ++i)
+        if (run_.send_posted_ns[i] && pred(s_, i)) return i;
+    }
+    ADD_FAILURE() << "no scenario with such a send";
+    return 0;
+  }
+  size_t pick_fault(Fault f, const std::function<bool(const Scenario&, size_t)>& more = {}) {
+    ScenarioConfig c;
+    c.errors_percent = 100;
+    return pick(c, [&](const Scenario& s, size_t i) {
+      return s.sends[i].fault == f && (!more || more(s, i));
+    });
+  }
+  // Later posted sends of i's QP.
+  std::vector<size_t> later_on_qp(size_t i) const {
+    std::vector<size_t> out;
+    for (size_t j = i + 1; j < s_.sends.size(); ++j)
+      if (s_.sends[j].qp == s_.sends[i].qp && run_.send_posted_ns[j]) out.push_back(j);
+    return out;
+  }
+  // Turns send i into `status` at its completion time and flushes every later WR of its QP.
+  void fail_send(size_t i, ibv_wc_status status) {
+    ObservedCompletion* c = completion_of(kWrIdSend | i);
+    if (c == nullptr) {  // unsignaled: give it its error completion
+      ibv_wc wc = {};
+      wc.wr_id = kWrIdSend | i;
+      wc.qp_num = run_.qp_num[s_.sends[i].qp];
+      run_.completions.push_back({*run_.send_posted_ns[i], s_.qps[s_.sends[i].qp].host, false, wc});
+      c = &run_.completions.back();
+    }
+    c->wc.status = status;
+    for (size_t j : later_on_qp(i)) {
+      ObservedCompletion* l = completion_of(kWrIdSend | j);
+      if (l == nullptr) {
+        ibv_wc wc = {};
+        wc.wr_id = kWrIdSend | j;
+        wc.qp_num = run_.qp_num[s_.sends[j].qp];
+        run_.completions.push_back(
+            {*run_.send_posted_ns[j], s_.qps[s_.sends[j].qp].host, false, wc});
+        l = &run_.completions.back();
+      }
+      l->wc.status = IBV_WC_WR_FLUSH_ERR;
+    }
+  }
+  // What the trace shows of a request nobody answered: `tries` sends of one PSN of QP q.
+  void unanswered(uint32_t q, uint32_t psn, uint32_t tries, uint64_t t) {
+    for (uint32_t k = 0; k < tries; ++k) {
+      TracedDatagram d;
+      d.src_host = s_.qps[q].host;
+      d.dst_host = s_.qps[s_.qps[q].peer].host;
+      d.sent_ns = t;
+      d.opcode = 0x04;  // RC SEND Only
+      d.dest_qpn = run_.qp_num[s_.qps[q].peer];
+      d.psn = psn;
+      run_.datagrams.push_back(d);
+    }
+  }
+  uint64_t time_of(size_t i) { return completion_of(kWrIdSend | i)->time_ns; }
+};
+
+TEST_F(MutationTest, FaultWithTheWrongStatus) {
+  const size_t i = pick_fault(Fault::kBadRkey);
+  ASSERT_EQ(completion_of(kWrIdSend | i)->wc.status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(dump(check_run()), "");
+  completion_of(kWrIdSend | i)->wc.status = IBV_WC_REM_OP_ERR;
+  EXPECT_TRUE(reports(check_run(), "status"));
+}
+
+TEST_F(MutationTest, FaultThatSucceeds) {
+  const size_t i = pick_fault(Fault::kOutOfRange);
+  completion_of(kWrIdSend | i)->wc.status = IBV_WC_SUCCESS;
+  EXPECT_TRUE(reports(check_run(), "status"));
+}
+
+TEST_F(MutationTest, NoFlushAfterTheFaultOnTheRequester) {
+  const size_t i = pick_fault(Fault::kNoAccess, [](const Scenario& s, size_t k) {
+    for (size_t j = k + 1; j < s.sends.size(); ++j)
+      if (s.sends[j].qp == s.sends[k].qp && s.sends[j].signaled) return true;
+    return false;
+  });
+  const std::vector<size_t> later = later_on_qp(i);
+  ASSERT_FALSE(later.empty());
+  completion_of(kWrIdSend | later.back())->wc.status = IBV_WC_SUCCESS;
+  EXPECT_TRUE(reports(check_run(), "status"));
+}
+
+TEST_F(MutationTest, NoFlushOnTheResponderAfterItsError) {
+  // The responder of a fault enters ERR: a send it posts afterwards must not succeed.
+  size_t b_send = 0;
+  const size_t i = pick_fault(Fault::kShortRecv, [&](const Scenario& s, size_t k) {
+    const uint32_t b = s.qps[s.sends[k].qp].peer;
+    for (size_t j = 0; j < s.sends.size(); ++j)
+      if (s.sends[j].qp == b && s.sends[j].post_ns > s.sends[k].post_ns + 1000 &&
+          !op_info(s.sends[j].op).local) {
+        b_send = j;
+        return true;
+      }
+    return false;
+  });
+  ASSERT_EQ(dump(check_run()), "");
+  ObservedCompletion* c = completion_of(kWrIdSend | b_send);
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->wc.status, IBV_WC_WR_FLUSH_ERR);
+  (void)i;
+  c->wc.status = IBV_WC_SUCCESS;
+  c->wc.opcode = op_info(s_.sends[b_send].op).wc;
+  EXPECT_TRUE(reports(check_run(), "status"));
+}
+
+TEST_F(MutationTest, ShortReceiveWithoutItsLengthError) {
+  const size_t i = pick_fault(Fault::kShortRecv);
+  ObservedCompletion* r = nullptr;
+  for (ObservedCompletion& c : run_.completions)
+    if (c.recv_cq && c.wc.status == IBV_WC_LOC_LEN_ERR) r = &c;
+  ASSERT_NE(r, nullptr);
+  r->wc.status = IBV_WC_LOC_PROT_ERR;  // the wrong error
+  EXPECT_TRUE(reports(check_run(), "status"));
+  r->wc.status = IBV_WC_WR_FLUSH_ERR;  // no error at all, though the requester got its NAK
+  EXPECT_TRUE(reports(check_run(), "status"));
+  (void)i;
+}
+
+TEST_F(MutationTest, BadInvalidateSucceedsAtTheRequesterOnly) {
+  const size_t i = pick_fault(Fault::kBadInvalidate);
+  EXPECT_EQ(dump(check_run()), "");  // rxe class J: the SEND succeeds, the receive fails
+  for (ObservedCompletion& c : run_.completions)
+    if (c.recv_cq && c.wc.status == IBV_WC_REM_INV_REQ_ERR) c.wc.status = IBV_WC_SUCCESS;
+  EXPECT_FALSE(check_run().empty());
+  (void)i;
+}
+
+TEST_F(MutationTest, RetryExceededNeedsEvidence) {
+  // A clean RC send turned into RETRY_EXC_ERR: without a trace it was not earned; with
+  // retry_cnt + 1 unanswered tries of its PSN it was; an ACK of that PSN delivered in the
+  // window takes the evidence away again, and so do too few tries.
+  ScenarioConfig c;
+  const size_t i = pick(c, [](const Scenario& s, size_t k) {
+    const SendSpec& w = s.sends[k];
+    return s.qps[w.qp].type == IBV_QPT_RC && w.signaled && w.op == Op::kWrite;
+  });
+  fail_send(i, IBV_WC_RETRY_EXC_ERR);
+  const uint32_t q = s_.sends[i].qp;
+  EXPECT_TRUE(reports(check_run(), "status")) << "no evidence";
+  const uint64_t t = time_of(i);
+  unanswered(q, 0x1234, s_.qps[q].retry_cnt, t - 1);
+  EXPECT_TRUE(reports(check_run(), "status")) << "one try short";
+  unanswered(q, 0x1234, 1, t - 1);
+  EXPECT_FALSE(reports(check_run(), "status")) << dump(check_run());
+  TracedDatagram ack;
+  ack.src_host = s_.qps[s_.qps[q].peer].host;
+  ack.dst_host = s_.qps[q].host;
+  ack.opcode = 0x11;
+  ack.has_aeth = true;
+  ack.syndrome = 0x1f;  // ACK
+  ack.dest_qpn = run_.qp_num[q];
+  ack.psn = 0x1234;
+  ack.delivered_ns = {t - 1};
+  run_.datagrams.push_back(ack);
+  EXPECT_TRUE(reports(check_run(), "status")) << "acknowledged in the window";
+}
+
+TEST_F(MutationTest, RetryExceededOnAnotherQpsTraceIsNoEvidence) {
+  ScenarioConfig c;
+  const size_t i = pick(c, [](const Scenario& s, size_t k) {
+    const SendSpec& w = s.sends[k];
+    return s.qps[w.qp].type == IBV_QPT_RC && w.signaled && !op_info(w.op).local;
+  });
+  fail_send(i, IBV_WC_RETRY_EXC_ERR);
+  const uint32_t q = s_.sends[i].qp;
+  unanswered(s_.qps[q].peer, 0x77, 8, time_of(i) - 1);  // the peer's tries, not q's
+  EXPECT_TRUE(reports(check_run(), "status"));
+}
+
+TEST_F(MutationTest, RnrRetryExceededNeedsRnrNaks) {
+  const size_t i = pick_fault(Fault::kRnr);
+  ASSERT_EQ(completion_of(kWrIdSend | i)->wc.status, IBV_WC_RNR_RETRY_EXC_ERR);
+  EXPECT_EQ(dump(check_run()), "");
+  // One RNR NAK fewer than rnr_retry + 1.
+  for (size_t k = 0; k < run_.datagrams.size(); ++k)
+    if (run_.datagrams[k].has_aeth && (run_.datagrams[k].syndrome >> 5) == 1) {
+      run_.datagrams.erase(run_.datagrams.begin() + static_cast<ptrdiff_t>(k));
+      break;
+    }
+  EXPECT_TRUE(reports(check_run(), "status"));
+}
+
+TEST_F(MutationTest, DeadPeerFailsWithEvidence) {
+  const size_t i = pick_fault(Fault::kDeadPeer);
+  ASSERT_EQ(completion_of(kWrIdSend | i)->wc.status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_EQ(dump(check_run()), "");
+  run_.datagrams.clear();
+  EXPECT_TRUE(reports(check_run(), "status"));
+}
+
+// Turns a successful receive of QP type `type` into a flush (the message lost), and says
+// whether the checker objects; `trace` adds the datagrams the network delivered to it.
+class DeliveryBoundTest : public MutationTest {
+ protected:
+  bool lose_one(ibv_qp_type type, bool trace) {
+    ScenarioConfig c;
+    c.faults.loss_ppm = 10'000;
+    const size_t m = pick(c, [&](const Scenario& s, size_t k) {
+      const SendSpec& w = s.sends[k];
+      return s.qps[w.qp].type == type && op_info(w.op).consumes_recv && w.op != Op::kWriteImm;
+    });
+    const SendSpec& w = s_.sends[m];
+    const uint32_t dst = type == IBV_QPT_UD ? w.ud_dest : s_.qps[w.qp].peer;
+    if (trace) {
+      // Every message to dst as one intact datagram (the test's messages fit one packet).
+      uint64_t t = 1000;
+      for (size_t k = 0; k < s_.sends.size(); ++k) {
+        const SendSpec& x = s_.sends[k];
+        const bool to_dst = type == IBV_QPT_UD ? x.ud_dest == dst : s_.qps[x.qp].peer == dst;
+        if (!to_dst || !op_info(x.op).consumes_recv || s_.qps[x.qp].type != type) continue;
+        TracedDatagram d;
+        d.src_host = s_.qps[x.qp].host;
+        d.dst_host = s_.qps[dst].host;
+        d.opcode = type == IBV_QPT_UD ? 0x64 : 0x24;  // UD SEND Only, UC SEND Only
+        d.dest_qpn = run_.qp_num[dst];
+        d.psn = static_cast<uint32_t>(k);
+        d.delivered_ns = {t += 1000};
+        run_.datagrams.push_back(d);
+      }
+    }
+    for (ObservedCompletion& r : run_.completions)
+      if (r.recv_cq && r.wc.status == IBV_WC_SUCCESS && r.wc.qp_num == run_.qp_num[dst] &&
+          r.host == s_.qps[dst].host) {
+        r.wc.status = IBV_WC_WR_FLUSH_ERR;
+        r.time_ns = run_.drain_ns;
+        break;
+      }
+    return reports(check_run(), "delivery");
+  }
+};
+
+TEST_F(DeliveryBoundTest, UcLossIsLegalWithoutEvidence) {
+  EXPECT_FALSE(lose_one(IBV_QPT_UC, false)) << dump(check_run());
+}
+TEST_F(DeliveryBoundTest, UcMessageDroppedThoughDelivered) {
+  EXPECT_TRUE(lose_one(IBV_QPT_UC, true));
+}
+TEST_F(DeliveryBoundTest, UdLossIsLegalWithoutEvidence) {
+  EXPECT_FALSE(lose_one(IBV_QPT_UD, false)) << dump(check_run());
+}
+TEST_F(DeliveryBoundTest, UdMessageDroppedThoughDelivered) {
+  EXPECT_TRUE(lose_one(IBV_QPT_UD, true));
+}
+
+TEST_F(MutationTest, UdGrhBytes) {
+  for (const ObservedCompletion& c : run_.completions) {
+    if (!c.recv_cq || !(c.wc.wc_flags & IBV_WC_GRH)) continue;
+    const RecvSpec& v = s_.recvs[c.wc.wr_id & ~kWrIdKindMask];
+    const Sge& g = v.sges.front();
+    if (g.length < 30) continue;
+    byte(g.region, g.offset + 29) ^= 1;  // the IPv4 TTL
+    const std::vector<Violation> vs = check_run();
+    EXPECT_TRUE(reports(vs, "data") || reports(vs, "delivery")) << dump(vs);
+    return;
+  }
+  GTEST_SKIP() << "no UD receive with a long first SGE";
+}
+
+// A FETCH_ADD whose outcome is unknown (flushed at the drain) may or may not have added: the
+// counter's jumps must be sums of such adds, each at most once.
+class FetchAddUncertainTest : public MutationTest {
+ protected:
+  void SetUp() override {
+    ScenarioConfig c;
+    c.faults.partitions = {{10'000'000'000, 1'000}};  // after the run: drain flushes are legal
+    x_ = pick(c, [](const Scenario& s, size_t k) {
+      const SendSpec& w = s.sends[k];
+      if (w.op != Op::kFetchAdd || !w.signaled) return false;
+      for (size_t j = k + 1; j < s.sends.size(); ++j)
+        if (s.sends[j].qp == w.qp) return false;  // the last WR of its QP
+      return true;
+    });
+    ObservedCompletion* done = completion_of(kWrIdSend | x_);
+    done->wc.status = IBV_WC_WR_FLUSH_ERR;
+    done->time_ns = run_.drain_ns;
+  }
+  uint64_t& counter() {
+    const SendSpec& w = s_.sends[x_];
+    return *reinterpret_cast<uint64_t*>(&byte(w.remote_region, w.remote_offset));
+  }
+  size_t x_ = 0;
+};
+
+TEST_F(FetchAddUncertainTest, AnAddThatMayHaveHappenedIsAccepted) {
+  EXPECT_FALSE(reports(check_run(), "atomic")) << dump(check_run());
+  counter() -= s_.sends[x_].compare_add;  // ... or not happened
+  EXPECT_FALSE(reports(check_run(), "atomic")) << dump(check_run());
+}
+
+TEST_F(FetchAddUncertainTest, AJumpThatIsNoSubsetSumIsReported) {
+  counter() += 1;  // within the old slack of "plus failed adds", but no sum of them
+  EXPECT_TRUE(reports(check_run(), "atomic"));
+}
+
+TEST_F(FetchAddUncertainTest, AnUncertainAddUsedTwiceIsReported) {
+  counter() += s_.sends[x_].compare_add;
+  EXPECT_TRUE(reports(check_run(), "atomic"));
+}
+
+TEST_F(MutationTest, AtomicsRespectRealTimeAcrossQps) {
+  // a precedes b in the run; b is made to complete before a was posted: b must then be first.
+  ScenarioConfig c;
+  size_t b = 0;
+  const size_t a = pick(c, [&](const Scenario& s, size_t k) {
+    const SendSpec& w = s.sends[k];
+    if (w.op != Op::kFetchAdd) return false;
+    for (size_t j = k + 1; j < s.sends.size(); ++j) {
+      const SendSpec& x = s.sends[j];
+      if (x.op == Op::kFetchAdd && x.qp != w.qp && x.signaled &&
+          x.remote_region == w.remote_region && x.remote_offset == w.remote_offset) {
+        b = j;
+        return true;
+      }
+    }
+    return false;
+  });
+  EXPECT_EQ(dump(check_run()), "");
+  run_.send_posted_ns[a] = completion_of(kWrIdSend | b)->time_ns + 1;
+  EXPECT_TRUE(reports(check_run(), "atomic"));
+}
+
+TEST_F(MutationTest, AFailureElsewhereLeavesOtherBuffersChecked) {
+  // A faulted pair in the run; a spare receive buffer of a QP of another, healthy RC pair (never
+  // consumed, flushed at the drain) is written: still reported.
+  ScenarioConfig c;
+  c.errors_percent = 50;
+  size_t recv = 0;
+  pick(c, [&](const Scenario& s, size_t k) {
+    if (s.sends[k].fault == Fault::kNone) return false;
+    const uint32_t fq = s.sends[k].qp, fp = s.qps[fq].peer;
+    for (size_t r = 0; r < s.recvs.size(); ++r) {
+      const uint32_t q = s.recvs[r].qp;
+      if (q == kNone || q == fq || q == fp || s.qps[q].type != IBV_QPT_RC) continue;
+      if (s.qps[q].dead || s.qps[s.qps[q].peer].dead) continue;
+      bool faulted = false;
+      for (const SendSpec& w : s.sends)
+        faulted |= w.fault != Fault::kNone && (w.qp == q || w.qp == s.qps[q].peer);
+      if (faulted || s.recvs[r].length() == 0) continue;
+      recv = r;
+      // A spare: the last receive of q, beyond the messages sent to it.
+      size_t msgs = 0, posted = 0;
+      for (const SendSpec& w : s.sends)
+        msgs += w.qp == s.qps[q].peer && op_info(w.op).consumes_recv;
+      for (const RecvSpec& v : s.recvs) posted += v.qp == q;
+      if (posted > msgs) {
+        for (size_t r2 = s.recvs.size(); r2-- > 0;)
+          if (s.recvs[r2].qp == q && s.recvs[r2].length() > 0) {
+            recv = r2;
+            return true;
+          }
+      }
+    }
+    return false;
+  });
+  ASSERT_EQ(dump(check_run()), "");
+  ASSERT_EQ(completion_of(kWrIdRecv | recv)->wc.status, IBV_WC_WR_FLUSH_ERR);
+  for (const Sge& g : s_.recvs[recv].sges)
+    if (g.length) {
+      byte(g.region, g.offset) ^= 0x10;
+      break;
+    }
+  const std::vector<Violation> v = check_run();
+  EXPECT_TRUE(reports(v, "data") || reports(v, "guard")) << dump(v);
+}
+
 }  // namespace
 }  // namespace urdma::sim

@@ -1,6 +1,9 @@
 # Runs one lossy seed of urdma-sim twice in separate processes and requires the same trace hash
 # (the "hash" field of its -v line): a failure printed by CI replays bit-identically anywhere.
-set(args --seeds 4242 --loss-ppm 20000 --reorder-ppm 20000 --dup-ppm 10000 --corrupt-ppm 5000 -v)
+# The hash covers every datagram's bytes (so every rkey: keys come from a seeded source) and
+# every completion; the injected errors put bad, stale and invalidated keys on the wire too.
+set(args --seeds 4242 --loss-ppm 20000 --reorder-ppm 20000 --dup-ppm 10000 --corrupt-ppm 5000
+         --errors-percent 50 -v)
 foreach(run 1 2)
   execute_process(COMMAND ${SIM} ${args} OUTPUT_VARIABLE out${run} RESULT_VARIABLE rc${run})
   string(REGEX MATCH "hash [0-9a-f]+" hash${run} "${out${run}}")
