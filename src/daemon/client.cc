@@ -123,20 +123,11 @@ std::string find_daemon_binary(const ClientOptions& options) {
   return "";
 }
 
-int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::string* detail) {
-  const std::string name =
-      options.socket_name.empty() ? socket_name_from_env() : options.socket_name;
-  int err = try_connect(name, options.timeout_ms, &out->fd_);
-  if (err == 0) return 0;
-  if (err != ECONNREFUSED || !options.spawn) {
-    *detail = errno_text(("connect to urdmad at @" + name).c_str(), err);
-    return err;
-  }
-  const std::string path = find_daemon_binary(options);
-  if (!executable(path)) {
-    *detail = "urdmad is not running and no urdmad binary was found (set URDMA_DAEMON)";
-    return ENOENT;
-  }
+namespace {
+
+// Starts urdmad and waits for its verdict: 0 (serving), EADDRINUSE (another daemon won the
+// race to serve the namespace) or why it could not start.
+int spawn_and_wait(const std::string& path, int64_t deadline, int timeout_ms, std::string* detail) {
   const char* log = std::getenv("URDMA_DAEMON_LOG");
   const int status_fd = spawn_detached(path, log ? log : "");
   if (status_fd < 0) {
@@ -144,8 +135,6 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
     return -status_fd;
   }
   UniqueFd status(status_fd);
-  const int64_t deadline = now_ms() + options.timeout_ms;
-  // Wait for the daemon's verdict: serving, lost the race (another daemon serves), or failed.
   SpawnStatus st{};
   for (;;) {
     const int64_t left = deadline - now_ms();
@@ -153,7 +142,7 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
     const int r = poll(&p, 1, static_cast<int>(std::max<int64_t>(left, 0)));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) {
-      *detail = path + " did not report within " + std::to_string(options.timeout_ms) + " ms";
+      *detail = path + " did not report within " + std::to_string(timeout_ms) + " ms";
       return ETIMEDOUT;
     }
     const ssize_t n = read(status.get(), &st, sizeof st);
@@ -167,20 +156,67 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
     *detail = errno_text(("exec " + path).c_str(), st.err);
     return st.err;
   }
-  if (st.err != 0 && st.err != EADDRINUSE) {
+  if (st.err != 0 && st.err != EADDRINUSE)
     *detail = path + " failed to start: " + (st.reason[0] ? st.reason : std::strerror(st.err));
-    return st.err;
-  }
-  // Serving (ours or the winner of a race): connect, retrying briefly while a winner that has
-  // bound but not yet listened comes up.
+  return st.err;
+}
+
+}  // namespace
+
+int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::string* detail) {
+  const std::string name =
+      options.socket_name.empty() ? socket_name_from_env() : options.socket_name;
+  const int64_t deadline = now_ms() + options.timeout_ms;
+  std::string path;
+  // Each round: connect and greet; else start a daemon. A round repeats when the daemon we
+  // reached was exiting (idle) as we connected, or when another daemon won the start-up race
+  // and is not listening yet, until the deadline.
   for (;;) {
-    err = try_connect(name, options.timeout_ms, &out->fd_);
-    if (err == 0) return 0;
-    if (err != ECONNREFUSED || now_ms() >= deadline) break;
-    usleep(5000);
+    UniqueFd fd;
+    int err = try_connect(name, options.timeout_ms, &fd);
+    if (err == 0) {
+      out->fd_ = std::move(fd);
+      out->watching_ = false;
+      std::vector<uint8_t> reply;
+      err = out->call(MsgType::kHello, &reply, nullptr);
+      MsgHeader h;
+      if (err == 0) err = decode_header(reply, &h);
+      if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kError))
+        err = h.status > 0 ? h.status : EPROTO;
+      else if (err == 0 && h.type != static_cast<uint16_t>(MsgType::kHello))
+        err = EPROTO;
+      if (err == 0) return 0;
+      out->fd_.reset();
+      if (err != ECONNRESET && err != EPIPE) {
+        *detail = errno_text(("urdmad at @" + name).c_str(), err) +
+                  (err == EACCES ? " (it runs as another user)" : "");
+        return err;
+      }
+      err = ECONNREFUSED;  // it was going away: as if nobody listened
+    }
+    if (err != ECONNREFUSED || !options.spawn) {
+      *detail = errno_text(("connect to urdmad at @" + name).c_str(), err);
+      return err;
+    }
+    if (now_ms() >= deadline) {
+      *detail = "urdmad at @" + name + " did not come up within " +
+                std::to_string(options.timeout_ms) + " ms";
+      return ETIMEDOUT;
+    }
+    if (path.empty()) {
+      path = find_daemon_binary(options);
+      if (!executable(path)) {
+        *detail = "urdmad is not running and no urdmad binary was found (set URDMA_DAEMON)";
+        return ENOENT;
+      }
+    }
+    err = spawn_and_wait(path, deadline, options.timeout_ms, detail);
+    if (err == EADDRINUSE) {
+      usleep(5000);  // the winner has bound its socket; let it listen
+    } else if (err != 0) {
+      return err;
+    }
   }
-  *detail = errno_text(("connect to urdmad at @" + name + " after starting it").c_str(), err);
-  return err;
 }
 
 int Client::call(MsgType request, std::vector<uint8_t>* reply, std::vector<UniqueFd>* passed) {

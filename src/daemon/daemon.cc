@@ -208,7 +208,11 @@ int Daemon::run() {
         }
         case kTimer: {
           uint64_t expirations;
-          if (read(timer_fd_.get(), &expirations, sizeof expirations) > 0 && clients_.empty()) {
+          // A client still in the listen backlog is a client: take it before deciding. (One
+          // that connects after this and before exit sees its hello fail and starts a daemon.)
+          if (read(timer_fd_.get(), &expirations, sizeof expirations) <= 0) break;  // re-armed
+          accept_clients();
+          if (clients_.empty()) {
             log("idle for " + std::to_string(options_.idle_timeout_ms) + " ms, exiting");
             stop_ = true;
           }
@@ -340,6 +344,8 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
                           h.type == static_cast<uint16_t>(MsgType::kWatchGids))) {
     reply = encode_gids(gids_.entries());
     if (h.type == static_cast<uint16_t>(MsgType::kWatchGids)) c.watches_gids = true;
+  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kHello)) {
+    reply = encode_request(MsgType::kHello);
   } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kQueryStatus)) {
     reply = encode_status(StatusInfo{.pid = static_cast<uint32_t>(getpid()),
                                      .slot_count = slots_.slot_count(),

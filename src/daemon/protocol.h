@@ -9,6 +9,8 @@
 //                    in index order) or kError
 //   kQueryGids    -> kGids or kError
 //   kQueryStatus  -> kStatus (counters and occupancy, for `urdmad --status`) or kError
+//   kHello        -> kHello (the client library's first request: proves the daemon accepted the
+//                    connection; a refused client learns why at connect time)
 //   kWatchGids    -> kGids now, then an unsolicited kGids whenever the table changes (the
 //                    connection does nothing else; a watcher that stops reading until its
 //                    socket buffer is full is disconnected)
@@ -54,6 +56,7 @@ enum class MsgType : uint16_t {
   kQueryStatus = 6,
   kStatus = 7,
   kWatchGids = 8,
+  kHello = 9,
 };
 
 struct MsgHeader {

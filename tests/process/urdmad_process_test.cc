@@ -529,18 +529,15 @@ TEST_F(UrdmadProcess, ClientOfAnotherUidIsRefused) {
     const pid_t d = daemon_pid(c);
     const pid_t other = fork_process([] {
       if (setgid(65534) != 0 || setuid(65534) != 0) return 10;
+      // Refused at connect time, with the reason; the daemon exists, so nothing is spawned.
       Client n;
-      if (connect_client(&n) != 0) return 11;  // the daemon exists: a connect, not a spawn
-      Slot slot;
-      const int err = n.acquire_slot(&slot);
+      std::string detail;
+      const int err = Client::connect_or_spawn({}, &n, &detail);
       if (err != EACCES) {
-        std::fprintf(stderr, "acquire_slot as nobody: %s\n", std::strerror(err));
+        std::fprintf(stderr, "connect as nobody: %s\n", std::strerror(err));
         return 12;
       }
-      std::vector<daemon::GidEntry> gids;
-      Client n2;
-      if (connect_client(&n2) != 0) return 13;
-      return n2.query_gids(&gids) == EACCES ? 0 : 14;
+      return detail.find("another user") != std::string::npos ? 0 : 13;
     });
     const auto status = wait_exit(other, 5000);
     ASSERT_TRUE(status) << "the refused client hung";
@@ -568,6 +565,26 @@ TEST_F(UrdmadProcess, DaemonExitsWhenIdle) {
     Client c;
     ASSERT_EQ(connect_client(&c), 0);
     EXPECT_NE(daemon_pid(c), d);
+  });
+}
+
+// Clients that arrive just as the daemon idles out: each one still ends up with a daemon (the
+// exiting one, or a new one it starts), never with an error.
+TEST_F(UrdmadProcess, ClientsArrivingAsTheDaemonIdlesOutAlwaysGetOne) {
+  in_fresh_netns([] {
+    setenv("URDMA_IDLE_TIMEOUT_MS", "20", 1);
+    std::set<pid_t> daemons;
+    for (int i = 0; i < 40; ++i) {
+      {
+        Client c;
+        ASSERT_EQ(connect_client(&c), 0) << "round " << i;
+        Slot slot;
+        ASSERT_EQ(c.acquire_slot(&slot), 0) << "round " << i;
+        daemons.insert(daemon_pid(c));
+      }
+      usleep(static_cast<useconds_t>(15000 + (i * 7919) % 10000));  // 15-25 ms: around 20
+    }
+    EXPECT_GT(daemons.size(), 1u) << "the daemon idled out at least once";
   });
 }
 
