@@ -44,9 +44,10 @@ struct Slot {
 
 class Client {
  public:
-  // 0 or an errno: ECONNREFUSED (no daemon and spawn off), ENOENT (no urdmad to start),
-  // ETIMEDOUT (it did not come up in time), or the daemon's own start-up error. *detail says
-  // what happened in a sentence.
+  // 0 or an errno: ECONNREFUSED (no daemon and spawn off), EACCES (the namespace's daemon runs
+  // as another user), ENOENT (no urdmad to start), ETIMEDOUT (none came up in time), or the
+  // daemon's own start-up error. *detail says what happened in a sentence. Connected means
+  // greeted: the daemon has accepted this process.
   static int connect_or_spawn(const ClientOptions& options, Client* out, std::string* detail);
 
   // 0 or an errno: EBUSY (every slot leased), EALREADY, EACCES (another uid's daemon), ...
