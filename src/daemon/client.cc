@@ -120,6 +120,9 @@ std::string find_daemon_binary(const ClientOptions& options) {
       start = end + 1;
     }
   }
+#ifdef URDMA_BUILT_DAEMON
+  if (executable(URDMA_BUILT_DAEMON)) return URDMA_BUILT_DAEMON;
+#endif
   return "";
 }
 

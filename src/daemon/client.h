@@ -27,7 +27,8 @@ struct ClientOptions {
   // Empty: $URDMA_SOCKET, else kDefaultSocketName.
   std::string socket_name;
   // The urdmad to start. Empty: $URDMA_DAEMON, else "urdmad" next to the running executable,
-  // else next to the library holding this code, else $PATH.
+  // else next to the library holding this code, else $PATH, else the urdmad built with this
+  // library (running from the build tree).
   std::string daemon_path;
   bool spawn = true;
   // How long to wait for a spawned daemon, and for any reply.
