@@ -473,5 +473,34 @@ TEST_F(PacedReadTest, DuplicateOfTheReadInProgressRestartsIt) {
   EXPECT_EQ(engine_.counters().duplicate_request, 1u);
 }
 
+// One large READ does not starve another QP: while QP A's response is generated, QP B's send
+// goes out in the very next poll, each QP served within its per-turn budget.
+TEST_F(PacedReadTest, AnotherQpIsServedWhileAReadIsAnswered) {
+  provider::QpInitAttr init;
+  init.qp_type = IBV_QPT_RC;
+  init.pd = pd_;
+  init.send_cq = cq_;
+  init.recv_cq = cq_;
+  init.cap = cap_;
+  provider::Qp* b = dev_.create_qp(init).value();
+  connect(b, kPeer, kPeerQpn + 1, params_);
+  read_all();
+  ASSERT_EQ(sent_count(), kTurn);
+  ibv_sge s = sge(mem_.data(), 16, mem_mr_);
+  ASSERT_EQ(post_send(b, send_wr(1, IBV_WR_SEND, &s)), 0);
+  engine_.poll();
+  ASSERT_EQ(sent_count(), 2 * kTurn + 1);
+  size_t sends = 0;
+  for (size_t i = kTurn; i < sent_count(); ++i) {
+    const wire::PacketView pkt = sent(i);
+    if (pkt.opcode() == op::kRcSendOnly) {
+      ++sends;
+      EXPECT_EQ(pkt.bth().dest_qp(), kPeerQpn + 1);
+    }
+  }
+  EXPECT_EQ(sends, 1u);
+  EXPECT_LE(engine_.next_deadline_ns(), clock_.now_ns());  // A is not finished
+}
+
 }  // namespace
 }  // namespace urdma::engine::testing
