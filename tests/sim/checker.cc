@@ -603,6 +603,7 @@ class Checker {
     for (size_t i = 0; i < s_.sends.size(); ++i) {
       const SendSpec& w = s_.sends[i];
       if (outcome_[i] == Outcome::kNotPosted || !op_info(w.op).consumes_recv) continue;
+      if (w.fault == Fault::kUdTooLong) continue;  // dropped by design: delivered nowhere
       if (qp.type == IBV_QPT_UD ? w.ud_dest == q : w.qp == qp.peer) out.push_back(i);
     }
     return out;
@@ -927,7 +928,17 @@ class Checker {
     std::sort(arrivals.begin(), arrivals.end(), [](const Arrival& a, const Arrival& b) {
       return a.at != b.at ? a.at < b.at : a.index < b.index;
     });
-    if (qp.type == IBV_QPT_UD) return std::min(arrivals.size(), posted);
+    if (qp.type == IBV_QPT_UD) {
+      // A datagram longer than the smallest receive buffer may be dropped (IBA 9.8.4).
+      uint64_t smallest = ~uint64_t{0};
+      for (size_t i = 0; i < s_.recvs.size(); ++i)
+        if (s_.recvs[i].qp == q && r_.recv_posted_ns[i])
+          smallest = std::min(smallest, s_.recvs[i].length());
+      const size_t fit = std::count_if(arrivals.begin(), arrivals.end(), [&](const Arrival& a) {
+        return r_.datagrams[a.index].ud_payload + kGrhBytes <= smallest;
+      });
+      return std::min(fit, posted);
+    }
     // UC opcodes (IBA 9.2 table 35): SEND First 0x20 Middle 0x21 Last 0x22/0x23 Only
     // 0x24/0x25; WRITE First 0x26 Middle 0x27 Last 0x28/0x29 Only 0x2a/0x2b.
     size_t whole = 0, abandoned = 0;
@@ -1377,6 +1388,12 @@ bool decode_datagram(const uint8_t* p, size_t length, TracedDatagram& out) {
   if (out.has_aeth) {
     if (length < kBth + 4) return false;
     out.syndrome = p[kBth];
+  }
+  if (op == 0x64 || op == 0x65) {  // UD SEND Only (with immediate): BTH, DETH[8], ImmDt[4]
+    const size_t headers = kBth + 8 + (op == 0x65 ? 4 : 0) + 4;  // + ICRC
+    const size_t pad = (p[1] >> 4) & 3;
+    if (length < headers + pad) return false;
+    out.ud_payload = static_cast<uint32_t>(length - headers - pad);
   }
   if (op == 0x0c) {  // RDMA READ request: RETH (IBA 9.3.3) = VA[8], R_Key[4], DMA length[4]
     if (length < kBth + 16) return false;

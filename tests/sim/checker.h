@@ -96,6 +96,7 @@ struct TracedDatagram {
   bool has_aeth = false;    // ACK, ATOMIC ACK, READ response First/Last/Only
   uint8_t syndrome = 0;     // AETH syndrome: ACK, RNR NAK or NAK and its code
   uint32_t dma_length = 0;  // RETH DMA length of an RDMA READ request (its responses' span)
+  uint32_t ud_payload = 0;  // UD SEND: the message's length (BTH pad count applied)
   // Virtual times at which an intact copy became readable at dst_host. Copies the network
   // corrupted are left out (the receiver's ICRC check drops them), as are lost ones.
   std::vector<uint64_t> delivered_ns;

@@ -670,6 +670,34 @@ TEST_F(DeliveryBoundTest, UdMessageDroppedThoughDelivered) {
   EXPECT_TRUE(lose_one(IBV_QPT_UD, true));
 }
 
+TEST_F(MutationTest, UdTooLongIsDroppedAndTheQpGoesOn) {
+  const size_t i = pick_fault(Fault::kUdTooLong, [](const Scenario& s, size_t k) {
+    for (size_t j = k + 1; j < s.sends.size(); ++j)
+      if (s.sends[j].ud_dest == s.sends[k].ud_dest && s.sends[j].fault == Fault::kNone) return true;
+    return false;
+  });
+  const SendSpec& w = s_.sends[i];
+  // The datagram arrived, intact: still no receive may take it, and the bound does not count it.
+  TracedDatagram d;
+  d.src_host = s_.qps[w.qp].host;
+  d.dst_host = s_.qps[w.ud_dest].host;
+  d.opcode = 0x64;
+  d.dest_qpn = run_.qp_num[w.ud_dest];
+  d.ud_payload = static_cast<uint32_t>(w.length());
+  d.delivered_ns = {1};
+  run_.datagrams.push_back(d);
+  EXPECT_EQ(dump(check_run()), "");
+  // A device that moved the QP to ERR instead: its later receives flush.
+  for (ObservedCompletion& c : run_.completions)
+    if (c.recv_cq && c.wc.qp_num == run_.qp_num[w.ud_dest] && c.host == s_.qps[w.ud_dest].host &&
+        c.wc.status == IBV_WC_SUCCESS && c.time_ns >= *run_.send_posted_ns[i]) {
+      c.wc.status = IBV_WC_WR_FLUSH_ERR;
+      EXPECT_TRUE(reports(check_run(), "delivery"));
+      return;
+    }
+  GTEST_SKIP() << "nothing received after the long datagram";
+}
+
 TEST_F(MutationTest, UdGrhBytes) {
   for (const ObservedCompletion& c : run_.completions) {
     if (!c.recv_cq || !(c.wc.wc_flags & IBV_WC_GRH)) continue;

@@ -231,6 +231,7 @@ class Generator {
       fault_of_[qi] = f;
       if (f == Fault::kDeadPeer) s_.qps[s_.qps[qi].peer].dead = true;
     }
+    ud_fault_percent_ = c.errors_percent;
     for (uint32_t i = 0; i < c.uc_pairs; ++i) {
       auto [a, b] = two_hosts();
       add_pair(IBV_QPT_UC, a, b);
@@ -242,6 +243,8 @@ class Generator {
         q.type = IBV_QPT_UD;
         q.sq_sig_all = chance(10);
         q.sq_psn = static_cast<uint32_t>(rng_.below(1u << 24));
+        if (enabled(Op::kSend) && ud_fault_percent_ && chance(ud_fault_percent_ / 2))
+          fault_of_[s_.qps.size()] = Fault::kUdTooLong;
         s_.qps.push_back(q);
       }
     }
@@ -313,7 +316,7 @@ class Generator {
     const QpSpec& q = s_.qps[qi];
     const uint64_t mtu = kMtuBytes[q.mtu];
     const uint32_t host = q.host;
-    const uint32_t peer_host = s_.qps[q.peer].host;
+    const uint32_t peer_host = q.peer != kNone ? s_.qps[q.peer].host : host;
     auto source_sges = [&](uint64_t len, uint32_t h) {
       return split(len, [&](uint64_t n) { return source_piece(h, n); });
     };
@@ -414,6 +417,19 @@ class Generator {
         w.window = win;
         w.fault = f;
         after_previous(w);
+        return;
+      }
+      case Fault::kUdTooLong: {
+        // Longer than any receive buffer (at most kUdMaxPayloadBytes + GRH + 64 of slack), within
+        // the UD path MTU (the port's 4096).
+        std::vector<uint32_t> dests;
+        for (uint32_t i = 0; i < s_.qps.size(); ++i)
+          if (s_.qps[i].type == IBV_QPT_UD && i != qi) dests.push_back(i);
+        const uint64_t len = pick(kUdMaxPayloadBytes + kGrhBytes + 64 + 1, 4096);
+        SendSpec& w = push_send(qi, Op::kSend);
+        w.sges = source_sges(len, host);
+        w.ud_dest = dests[rng_.below(dests.size())];
+        w.fault = f;
         return;
       }
       case Fault::kNone:
@@ -693,16 +709,17 @@ class Generator {
   std::vector<uint64_t> cas_model_;
   std::vector<std::vector<uint64_t>> consumers_;  // per QP: lengths of messages it receives
   std::vector<Fault> fault_of_;                   // per QP: the fault it will inject
-  std::vector<std::set<size_t>> exact_;           // per QP: consumers whose buffer gets no slack
-  std::vector<size_t> rnr_cut_;  // per QP: receives from this consumer on are never posted
+  uint32_t ud_fault_percent_ = 0;
+  std::vector<std::set<size_t>> exact_;  // per QP: consumers whose buffer gets no slack
+  std::vector<size_t> rnr_cut_;          // per QP: receives from this consumer on are never posted
 };
 
 }  // namespace
 
 const char* fault_name(Fault f) {
   static constexpr const char* kNames[kFaultCount] = {
-      "none",       "bad-rkey", "out-of-range",   "no-access",   "stale-window",
-      "short-recv", "rnr",      "bad-invalidate", "unbound-inv", "dead-peer"};
+      "none", "bad-rkey",       "out-of-range", "no-access", "stale-window", "short-recv",
+      "rnr",  "bad-invalidate", "unbound-inv",  "dead-peer", "ud-too-long"};
   return kNames[static_cast<size_t>(f)];
 }
 
@@ -734,6 +751,10 @@ FaultOutcome fault_outcome(Fault f) {
     case Fault::kDeadPeer:
       // IBA 9.7.6.1.1: no ACK within retry_cnt + 1 local ACK timeouts.
       return {IBV_WC_RETRY_EXC_ERR, std::nullopt, false};
+    case Fault::kUdTooLong:
+      // IBA 9.8.4 / 11.4.2, rxe class D: the datagram is dropped; no receive is consumed and
+      // the QP goes on. The send completed when it left (IBA 9.8).
+      return {IBV_WC_SUCCESS, std::nullopt, false};
     case Fault::kNone:
       break;
   }

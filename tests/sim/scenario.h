@@ -73,8 +73,9 @@ enum class Fault : uint8_t {
   kBadInvalidate,  // SEND_WITH_INV of an rkey that is no bound window (an MR's rkey)
   kUnboundInv,     // LOCAL_INV of a window that was never bound (MW misuse, local)
   kDeadPeer,       // the first packet WR of a QP whose peer QP was moved to ERR at t=0
+  kUdTooLong,      // UD SEND longer than every receive buffer of its destination
 };
-inline constexpr size_t kFaultCount = 10;
+inline constexpr size_t kFaultCount = 11;
 const char* fault_name(Fault f);
 
 struct FaultOutcome {
@@ -136,7 +137,7 @@ struct ScenarioConfig {
   // rnr_retry range for RC QPs (7 = retry forever).
   uint8_t rnr_retry_min = 7;
   uint8_t rnr_retry_max = 7;
-  // Percent of RC pairs that get one injected error (Fault), chosen by the seed.
+  // Percent of RC pairs (and of UD QPs) that get one injected error (Fault), chosen by the seed.
   uint32_t errors_percent = 0;
   FaultProfile faults;
 };

@@ -169,7 +169,8 @@ int main(int argc, char** argv) {
   app.add_option("--errors-percent", cfg.errors_percent,
                  "percent of RC pairs that get one injected error (bad rkey, out of range, no "
                  "access, stale window, short receive, RNR, bad invalidate, MW misuse, dead "
-                 "peer); its exact outcome is checked")
+                 "peer; half as many UD QPs send one datagram too long for its receiver); its "
+                 "exact outcome is checked")
       ->check(CLI::Range(0, 100));
   app.add_option("--post-window-ns", cfg.post_window_ns, "sends are posted over [0, this]");
   app.add_option("--max-virtual-ms", max_virtual_ms, "livelock guard: virtual time per seed");
