@@ -456,6 +456,10 @@ struct ResponderSteps {
       // (rxe_resp.c duplicate_request: "Replay the RDMA read reply" from the duplicate's PSN).
       start_read_reply(reth, r.npkts);
       resp.read_reply.res_first_psn = r.first_psn;
+      // A replay from inside the original response continues its opcode sequence (Middle ...
+      // Last), as rxe's read_reply does for rdatm_res_state_replay: an rxe requester that has
+      // taken the First refuses another First at a later PSN (rxe_comp.c check_ack).
+      resp.read_reply.first_sent = psn != r.first_psn;
       return RespState::kDone;
     }
     return RespState::kDrop;  // too old: no longer in the resources

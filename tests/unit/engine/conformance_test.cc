@@ -466,6 +466,7 @@ TEST_F(PacedReadTest, DuplicateOfTheReadInProgressRestartsIt) {
          reth(mem_va(kFrom * 1024), mem_mr_->rkey(), (kPkts - kFrom) * 1024));
   ASSERT_EQ(sent_count(), kTurn);
   EXPECT_EQ(sent(0).bth().psn(), kRqPsn + kFrom);
+  EXPECT_EQ(sent(0).opcode(), op::kRcReadResponseMiddle);  // continues the original's sequence
   EXPECT_EQ(0, std::memcmp(sent(0).payload().data(), mem_.data() + kFrom * 1024, 1024));
   drain();
   ASSERT_EQ(sent_count(), kPkts - kFrom);

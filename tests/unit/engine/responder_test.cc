@@ -260,13 +260,13 @@ TEST_F(ResponderTest, ReadIsAnsweredWithSegmentedResponses) {
 }
 
 // IBA 9.7.5.2.2: a duplicate READ (retransmitted from its second packet) is answered again
-// from that PSN.
+// from that PSN, continuing the original's opcode sequence (rxe: Middle/Last for a replay).
 TEST_F(ResponderTest, DuplicateReadIsReplayedFromItsPsn) {
   inject(op::kRcReadRequest, kRqPsn, {}, reth(mem_va(), mem_mr_->rkey(), 2048));
   clear_sent();
   inject(op::kRcReadRequest, kRqPsn + 1, {}, reth(mem_va(1024), mem_mr_->rkey(), 1024));
   ASSERT_EQ(sent_count(), 1u);
-  EXPECT_EQ(sent(0).opcode(), op::kRcReadResponseOnly);
+  EXPECT_EQ(sent(0).opcode(), op::kRcReadResponseLast);
   EXPECT_EQ(sent(0).bth().psn(), kRqPsn + 1);
   EXPECT_EQ(engine_.counters().duplicate_request, 1u);
 }
