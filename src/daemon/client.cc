@@ -179,7 +179,7 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
     int err = try_connect(name, options.timeout_ms, &fd);
     if (err == 0) {
       out->fd_ = std::move(fd);
-      out->watching_ = false;
+      out->push_only_ = false;
       std::vector<uint8_t> reply;
       err = out->call(MsgType::kHello, &reply, nullptr);
       MsgHeader h;
@@ -223,9 +223,13 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
 }
 
 int Client::call(MsgType request, std::vector<uint8_t>* reply, std::vector<UniqueFd>* passed) {
+  return call_record(encode_request(request), reply, passed);
+}
+
+int Client::call_record(std::span<const uint8_t> rec, std::vector<uint8_t>* reply,
+                        std::vector<UniqueFd>* passed) {
   if (!fd_.valid()) return ENOTCONN;
-  if (watching_) return EBUSY;
-  const auto rec = encode_request(request);
+  if (push_only_) return EBUSY;
   const int send_err = send_record(fd_.get(), rec);
   // A refused client may find the connection closed already; the reason is still queued.
   if (send_err != 0 && send_err != EPIPE && send_err != ECONNRESET) return send_err;
@@ -265,18 +269,54 @@ int Client::watch_gids(std::vector<GidEntry>* gids) {
   std::vector<uint8_t> reply;
   if (const int err = call(MsgType::kWatchGids, &reply, nullptr)) return err;
   if (const int err = decode_gids(reply, gids)) return err;
-  watching_ = true;
+  push_only_ = true;
+  return 0;
+}
+
+int Client::next_push(std::vector<uint8_t>* record) {
+  if (!push_only_) return EINVAL;
+  record->resize(kMaxMessageBytes);
+  const ssize_t n = recv_record(fd_.get(), *record, nullptr, MSG_DONTWAIT);
+  if (n < 0) return static_cast<int>(-n);
+  if (n == 0) return ECONNRESET;  // the daemon went away
+  record->resize(static_cast<size_t>(n));
   return 0;
 }
 
 int Client::next_gid_update(std::vector<GidEntry>* gids) {
-  if (!watching_) return EINVAL;
-  std::vector<uint8_t> record(kMaxMessageBytes);
-  const ssize_t n = recv_record(fd_.get(), record, nullptr, MSG_DONTWAIT);
-  if (n < 0) return static_cast<int>(-n);
-  if (n == 0) return ECONNRESET;  // the daemon went away
-  record.resize(static_cast<size_t>(n));
+  std::vector<uint8_t> record;
+  if (const int err = next_push(&record)) return err;
   return decode_gids(record, gids);
+}
+
+int Client::listen(uint64_t service_id) {
+  std::vector<uint8_t> reply;
+  if (const int err =
+          call_record(encode_service_request(MsgType::kListen, service_id), &reply, nullptr))
+    return err;
+  return decode_ok(reply);
+}
+
+int Client::unlisten(uint64_t service_id) {
+  std::vector<uint8_t> reply;
+  if (const int err =
+          call_record(encode_service_request(MsgType::kUnlisten, service_id), &reply, nullptr))
+    return err;
+  return decode_ok(reply);
+}
+
+int Client::open_mad_channel(unsigned slot) {
+  std::vector<uint8_t> reply;
+  if (const int err = call_record(encode_mad_channel(slot), &reply, nullptr)) return err;
+  if (const int err = decode_ok(reply)) return err;
+  push_only_ = true;
+  return 0;
+}
+
+int Client::next_mad(MadDelivery* info, std::vector<uint8_t>* datagram) {
+  std::vector<uint8_t> record;
+  if (const int err = next_push(&record)) return err;
+  return decode_mad(record, info, datagram);
 }
 
 int Client::query_gids(std::vector<GidEntry>* gids) {

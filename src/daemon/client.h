@@ -63,14 +63,28 @@ class Client {
   int watch_gids(std::vector<GidEntry>* gids);
   int next_gid_update(std::vector<GidEntry>* gids);
 
+  // CM MADs (mad_router.h). On the connection holding the slot: listen on a service ID (REQ and
+  // SIDR_REQ for it come to this process), or stop. EADDRINUSE: another process listens.
+  int listen(uint64_t service_id);
+  int unlisten(uint64_t service_id);
+  // On a second connection of the same process: turns it into the slot's MAD channel; fd() is
+  // readable when a MAD is queued and next_mad() takes it without blocking (EAGAIN: none).
+  // Every MAD routed to the slot comes here: REQs for its services, and messages whose
+  // communication ID carries the slot (comm_id_for_slot).
+  int open_mad_channel(unsigned slot);
+  int next_mad(MadDelivery* info, std::vector<uint8_t>* datagram);
+
   int fd() const { return fd_.get(); }
   bool connected() const { return fd_.valid(); }
 
  private:
   int call(MsgType request, std::vector<uint8_t>* reply, std::vector<UniqueFd>* passed);
+  int call_record(std::span<const uint8_t> request, std::vector<uint8_t>* reply,
+                  std::vector<UniqueFd>* passed);
+  int next_push(std::vector<uint8_t>* record);
 
   UniqueFd fd_;
-  bool watching_ = false;
+  bool push_only_ = false;
 };
 
 // Where connect_or_spawn looks for urdmad (exposed for tests and diagnostics).

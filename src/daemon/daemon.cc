@@ -9,8 +9,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <numeric>
 
 #include "base/check.h"
 
@@ -52,7 +56,9 @@ Daemon::Daemon(const DaemonOptions& options)
     : options_(options), uid_(geteuid()), slots_(options.slot_count) {}
 
 Daemon::~Daemon() {
-  // UDP sockets first (the group dissolves), then the listener (the namespace is free).
+  // UDP sockets first, every copy of them (the group dissolves), then the listener (the
+  // namespace is free): a daemon started meanwhile must find no socket of ours on the port.
+  gsi_io_.reset();
   group_.sockets.clear();
   clients_.clear();
   listener_.reset();
@@ -124,6 +130,13 @@ bool Daemon::setup(int* err, std::string* error) {
     return false;
   }
   if (skipped) log("loopback unusable: steering not verified");
+  const int gsi_fd = fcntl(group_.sockets[0].get(), F_DUPFD_CLOEXEC, 0);
+  if (gsi_fd < 0) return fail("dup slot 0");
+  gsi_io_ = net::UdpSocketIo::adopt(gsi_fd, error);
+  if (!gsi_io_) {
+    *err = EIO;
+    return false;
+  }
 
   // 3. Addresses, signals, idle timer, epoll.
   errno = 0;
@@ -230,7 +243,11 @@ int Daemon::run() {
           break;
         }
         case kSlotSocket:
-          drain(static_cast<unsigned>(id_of(t)));
+          if (id_of(t) == 0) {
+            route_mads();
+          } else {
+            drain(static_cast<unsigned>(id_of(t)));
+          }
           break;
         case kClient:
           serve(id_of(t));
@@ -251,6 +268,85 @@ void Daemon::drain(unsigned slot) {
     if (n < 0) break;  // EAGAIN: empty
     ++counters_.drained_datagrams;
   }
+}
+
+void Daemon::route_mads() {
+  constexpr size_t kBatch = 16;
+  static std::array<std::array<uint8_t, kMaxMadDatagramBytes>, kBatch> buffers;
+  std::array<net::RxDatagram, kBatch> rx{};
+  for (int round = 0; round < 64; ++round) {  // bounded: the loop comes back when epoll says so
+    for (size_t i = 0; i < kBatch; ++i) rx[i] = net::RxDatagram{.buffer = buffers[i]};
+    const size_t n = gsi_io_->recv_batch(rx);
+    if (n == 0) return;
+    for (size_t i = 0; i < n; ++i) {
+      const std::span<const uint8_t> datagram(buffers[i].data(), rx[i].length);
+      const MadRoute route =
+          rx[i].truncated ? MadRoute{.drop = MadDrop::kTruncated} : route_mad(datagram);
+      MadDrop drop = route.drop;
+      unsigned slot = route.slot;
+      if (route.by == MadRoute::By::kServiceId) {
+        const auto l = listeners_.find(route.service_id);
+        if (l == listeners_.end()) {
+          drop = MadDrop::kNoListener;
+        } else {
+          slot = l->second;
+        }
+      } else if (route.by == MadRoute::By::kSlot &&
+                 (slot == 0 || slot >= slots_.slot_count() || !slots_.leased(slot))) {
+        drop = MadDrop::kNoSlot;
+      }
+      if (drop == MadDrop::kNone) {
+        const auto ch = channels_.find(slot);
+        if (ch == channels_.end()) {
+          drop = MadDrop::kNoChannel;
+        } else {
+          MadDelivery d{};
+          std::memcpy(d.src_address, rx[i].src.address.bytes().data(), 16);
+          std::memcpy(d.dst_address, rx[i].dst.address.bytes().data(), 16);
+          d.src_port = rx[i].src.port;
+          d.dst_port = rx[i].dst.port;
+          // Non-blocking: a process that does not read its channel loses MADs (the CM retries).
+          if (send_record(clients_.at(ch->second).fd.get(), encode_mad(d, datagram)) != 0)
+            drop = MadDrop::kChannelFull;
+        }
+      }
+      if (drop == MadDrop::kNone) {
+        ++counters_.mads_forwarded;
+      } else {
+        ++counters_.mads_dropped[static_cast<size_t>(drop)];
+      }
+    }
+  }
+}
+
+int Daemon::listen_request(Client& c, MsgType type, std::span<const uint8_t> rec) {
+  ServiceIdBody body;
+  if (const int err = decode_request_body(rec, &body)) return err;
+  if (!c.slot) return EINVAL;  // MADs are delivered per slot
+  const auto it = listeners_.find(body.service_id);
+  if (type == MsgType::kListen) {
+    if (it != listeners_.end()) return it->second == *c.slot ? 0 : EADDRINUSE;
+    listeners_[body.service_id] = *c.slot;
+    return 0;
+  }
+  if (it == listeners_.end() || it->second != *c.slot) return ENOENT;
+  listeners_.erase(it);
+  return 0;
+}
+
+int Daemon::channel_request(uint64_t id, Client& c, std::span<const uint8_t> rec) {
+  SlotBody body;
+  if (const int err = decode_request_body(rec, &body)) return err;
+  if (c.slot || c.channel_slot) return EINVAL;  // a channel is a connection of its own
+  // The slot must belong to this very process (another connection of the same pid).
+  bool owner = false;
+  for (const auto& [other_id, other] : clients_)
+    owner |= other_id != id && other.slot == body.slot && other.pid == c.pid;
+  if (!owner) return EPERM;
+  if (channels_.contains(body.slot)) return EBUSY;
+  channels_[body.slot] = id;
+  c.channel_slot = body.slot;
+  return 0;
 }
 
 void Daemon::reset_socket(int fd) {
@@ -344,23 +440,34 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
                           h.type == static_cast<uint16_t>(MsgType::kWatchGids))) {
     reply = encode_gids(gids_.entries());
     if (h.type == static_cast<uint16_t>(MsgType::kWatchGids)) c.watches_gids = true;
+  } else if (err == 0 && (h.type == static_cast<uint16_t>(MsgType::kListen) ||
+                          h.type == static_cast<uint16_t>(MsgType::kUnlisten))) {
+    err = listen_request(c, static_cast<MsgType>(h.type), rec);
+    if (err == 0) reply = encode_request(MsgType::kOk);
+  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kMadChannel)) {
+    err = channel_request(id, c, rec);
+    if (err == 0) reply = encode_request(MsgType::kOk);
   } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kHello)) {
     reply = encode_request(MsgType::kHello);
   } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kQueryStatus)) {
-    reply = encode_status(StatusInfo{.pid = static_cast<uint32_t>(getpid()),
-                                     .slot_count = slots_.slot_count(),
-                                     .slots_leased = slots_.slot_count() - 1 - slots_.free_count(),
-                                     .clients = static_cast<uint32_t>(clients_.size()),
-                                     .max_clients = options_.max_clients,
-                                     .gid_count = static_cast<uint32_t>(gids_.size()),
-                                     .clients_accepted = counters_.clients_accepted,
-                                     .clients_refused = counters_.clients_refused,
-                                     .leases = counters_.slots_leased,
-                                     .reclaims = counters_.slots_reclaimed,
-                                     .drained_datagrams = counters_.drained_datagrams,
-                                     .udp_port = group_.port,
-                                     .family = static_cast<uint16_t>(group_.family),
-                                     .idle_timeout_ms = options_.idle_timeout_ms});
+    reply = encode_status(
+        StatusInfo{.pid = static_cast<uint32_t>(getpid()),
+                   .slot_count = slots_.slot_count(),
+                   .slots_leased = slots_.slot_count() - 1 - slots_.free_count(),
+                   .clients = static_cast<uint32_t>(clients_.size()),
+                   .max_clients = options_.max_clients,
+                   .gid_count = static_cast<uint32_t>(gids_.size()),
+                   .clients_accepted = counters_.clients_accepted,
+                   .clients_refused = counters_.clients_refused,
+                   .leases = counters_.slots_leased,
+                   .reclaims = counters_.slots_reclaimed,
+                   .drained_datagrams = counters_.drained_datagrams,
+                   .udp_port = group_.port,
+                   .family = static_cast<uint16_t>(group_.family),
+                   .idle_timeout_ms = options_.idle_timeout_ms,
+                   .mads_forwarded = counters_.mads_forwarded,
+                   .mads_dropped = std::accumulate(counters_.mads_dropped.begin(),
+                                                   counters_.mads_dropped.end(), uint64_t{0})});
   } else if (err == 0) {
     err = EPROTO;
   }
@@ -390,7 +497,14 @@ void Daemon::drop_client(uint64_t id) {
   if (it == clients_.end()) return;
   Client& c = it->second;
   unwatch(c.fd.get());
+  if (c.channel_slot) {
+    const auto ch = channels_.find(*c.channel_slot);
+    if (ch != channels_.end() && ch->second == id) channels_.erase(ch);
+  }
   if (c.slot) {
+    // The slot's service IDs and MAD channel go with it.
+    std::erase_if(listeners_, [&](const auto& l) { return l.second == *c.slot; });
+    channels_.erase(*c.slot);
     // Reclaim: whatever the dead process left queued is read and dropped, then the slot waits
     // at the back of the free list and will hand out its next QPN range.
     const unsigned s = *c.slot;

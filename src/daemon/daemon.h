@@ -20,10 +20,12 @@
 #include <vector>
 
 #include "daemon/gid_table.h"
+#include "daemon/mad_router.h"
 #include "daemon/protocol.h"
 #include "daemon/slot_table.h"
 #include "daemon/steering.h"
 #include "daemon/unique_fd.h"
+#include "net/udp_socket_io.h"
 
 namespace urdma::daemon {
 
@@ -45,7 +47,9 @@ struct DaemonCounters {
   uint64_t clients_refused = 0;  // another uid, or too many
   uint64_t slots_leased = 0;
   uint64_t slots_reclaimed = 0;
-  uint64_t drained_datagrams = 0;  // read from free slots and slot 0
+  uint64_t drained_datagrams = 0;  // read from free slots
+  uint64_t mads_forwarded = 0;
+  std::array<uint64_t, kMadDropCount> mads_dropped{};
 };
 
 class Daemon {
@@ -68,6 +72,7 @@ class Daemon {
     pid_t pid = 0;
     std::optional<unsigned> slot;
     bool watches_gids = false;
+    std::optional<unsigned> channel_slot;  // a MAD channel for this slot
   };
 
   explicit Daemon(const DaemonOptions& options);
@@ -80,6 +85,9 @@ class Daemon {
   void handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec);
   void drain(unsigned slot);
   void publish_gids();
+  void route_mads();
+  int listen_request(Client& c, MsgType type, std::span<const uint8_t> rec);
+  int channel_request(uint64_t id, Client& c, std::span<const uint8_t> rec);
   static void reset_socket(int fd);
   void update_idle_timer();
   void log(const std::string& line) const;
@@ -96,6 +104,10 @@ class Daemon {
   SlotGroup group_;
   SlotTable slots_;
   std::map<uint64_t, Client> clients_;
+  // Slot 0 through the engine's own UDP I/O (batches, IP_PKTINFO for the destination address).
+  std::unique_ptr<net::UdpSocketIo> gsi_io_;
+  std::map<uint64_t, unsigned> listeners_;  // service ID -> slot
+  std::map<unsigned, uint64_t> channels_;   // slot -> the client id of its MAD channel
   uint64_t next_client_id_ = 1;
   DaemonCounters counters_;
   bool stop_ = false;

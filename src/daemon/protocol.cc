@@ -59,6 +59,54 @@ std::vector<uint8_t> encode_slot(const SlotInfo& info) {
   return record(MsgType::kSlot, info);
 }
 
+std::vector<uint8_t> encode_service_request(MsgType type, uint64_t service_id) {
+  return record(type, ServiceIdBody{service_id});
+}
+
+std::vector<uint8_t> encode_mad_channel(unsigned slot) {
+  return record(MsgType::kMadChannel, SlotBody{slot, 0});
+}
+
+std::vector<uint8_t> encode_mad(const MadDelivery& info, std::span<const uint8_t> datagram) {
+  std::vector<uint8_t> out(sizeof(MsgHeader) + sizeof info + datagram.size());
+  const MsgHeader h = header_for(MsgType::kMad, out.size());
+  MadDelivery d = info;
+  d.length = static_cast<uint32_t>(datagram.size());
+  std::memcpy(out.data(), &h, sizeof h);
+  std::memcpy(out.data() + sizeof h, &d, sizeof d);
+  if (!datagram.empty())
+    std::memcpy(out.data() + sizeof h + sizeof d, datagram.data(), datagram.size());
+  return out;
+}
+
+template <class Body>
+int decode_request_body(std::span<const uint8_t> rec, Body* body) {
+  MsgHeader h;
+  if (const int err = decode_header(rec, &h)) return err;
+  if (rec.size() != sizeof h + sizeof *body) return EPROTO;
+  std::memcpy(body, rec.data() + sizeof h, sizeof *body);
+  return 0;
+}
+template int decode_request_body(std::span<const uint8_t>, ServiceIdBody*);
+template int decode_request_body(std::span<const uint8_t>, SlotBody*);
+
+int decode_ok(std::span<const uint8_t> rec) {
+  MsgHeader h;
+  if (const int err = check_reply(rec, MsgType::kOk, &h)) return err;
+  return rec.size() == sizeof h ? 0 : EPROTO;
+}
+
+int decode_mad(std::span<const uint8_t> rec, MadDelivery* info, std::vector<uint8_t>* datagram) {
+  MsgHeader h;
+  if (const int err = check_reply(rec, MsgType::kMad, &h)) return err;
+  if (rec.size() < sizeof h + sizeof *info) return EPROTO;
+  std::memcpy(info, rec.data() + sizeof h, sizeof *info);
+  if (info->length > kMaxMadDatagramBytes || rec.size() != sizeof h + sizeof *info + info->length)
+    return EPROTO;
+  datagram->assign(rec.begin() + sizeof h + sizeof *info, rec.end());
+  return 0;
+}
+
 std::vector<uint8_t> encode_status(const StatusInfo& info) {
   return record(MsgType::kStatus, info);
 }

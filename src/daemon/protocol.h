@@ -9,6 +9,11 @@
 //                    in index order) or kError
 //   kQueryGids    -> kGids or kError
 //   kQueryStatus  -> kStatus (counters and occupancy, for `urdmad --status`) or kError
+//   kListen{service ID}    -> kOk, or EADDRINUSE (another process listens), EINVAL (no slot)
+//   kUnlisten{service ID}  -> kOk, or ENOENT
+//   kMadChannel{slot}      -> kOk, or EPERM (the slot is not this process's); from then on the
+//                    connection carries only kMad pushes: every CM MAD routed to the slot
+//                    (mad_router.h), the datagram with its source and destination endpoints
 //   kHello        -> kHello (the client library's first request: proves the daemon accepted the
 //                    connection; a refused client learns why at connect time)
 //   kWatchGids    -> kGids now, then an unsolicited kGids whenever the table changes (the
@@ -57,7 +62,32 @@ enum class MsgType : uint16_t {
   kStatus = 7,
   kWatchGids = 8,
   kHello = 9,
+  kOk = 10,
+  kListen = 11,
+  kUnlisten = 12,
+  kMadChannel = 13,
+  kMad = 14,
 };
+
+// The body of kListen / kUnlisten and of kMadChannel.
+struct ServiceIdBody {
+  uint64_t service_id;
+};
+struct SlotBody {
+  uint32_t slot;
+  uint32_t reserved;
+};
+
+// A kMad push: this header, then the UDP payload (BTH through ICRC) exactly as received.
+struct MadDelivery {
+  uint8_t src_address[16];  // IPv6 or IPv4-mapped, as net::Address
+  uint8_t dst_address[16];  // the local address it was sent to (IP_PKTINFO)
+  uint16_t src_port;
+  uint16_t dst_port;
+  uint32_t length;
+};
+static_assert(sizeof(MadDelivery) == 40);
+inline constexpr size_t kMaxMadDatagramBytes = 1024;
 
 struct MsgHeader {
   uint32_t magic;
@@ -96,8 +126,10 @@ struct StatusInfo {
   uint16_t udp_port;
   uint16_t family;
   uint32_t idle_timeout_ms;  // 0: no idle exit
+  uint64_t mads_forwarded;
+  uint64_t mads_dropped;  // by reason: `urdmad --verbose` logs them
 };
-static_assert(sizeof(StatusInfo) == 72);
+static_assert(sizeof(StatusInfo) == 88);
 
 struct WireGid {
   uint8_t gid[16];
@@ -127,6 +159,12 @@ std::vector<uint8_t> encode_error(int err);
 std::vector<uint8_t> encode_slot(const SlotInfo& info);
 std::vector<uint8_t> encode_gids(std::span<const GidEntry> gids);
 std::vector<uint8_t> encode_status(const StatusInfo& info);
+std::vector<uint8_t> encode_service_request(MsgType type, uint64_t service_id);
+std::vector<uint8_t> encode_mad_channel(unsigned slot);
+std::vector<uint8_t> encode_mad(const MadDelivery& info, std::span<const uint8_t> datagram);
+// A request's fixed body (kListen, kUnlisten: ServiceIdBody; kMadChannel: SlotBody): 0 or EPROTO.
+template <class Body>
+int decode_request_body(std::span<const uint8_t> record, Body* body);
 
 // Validates a received record's header: 0, EPROTO (short, bad magic, size mismatch) or
 // EPROTONOSUPPORT (another version).
@@ -135,6 +173,9 @@ int decode_header(std::span<const uint8_t> record, MsgHeader* header);
 int decode_slot(std::span<const uint8_t> record, SlotInfo* info);
 int decode_gids(std::span<const uint8_t> record, std::vector<GidEntry>* gids);
 int decode_status(std::span<const uint8_t> record, StatusInfo* info);
+// kOk: 0; kError: its errno; anything else EPROTO.
+int decode_ok(std::span<const uint8_t> record);
+int decode_mad(std::span<const uint8_t> record, MadDelivery* info, std::vector<uint8_t>* datagram);
 
 // Most fds one record carries: a slot and its whole group.
 inline constexpr size_t kMaxPassedFds = kMaxSlots + 1;

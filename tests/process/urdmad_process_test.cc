@@ -24,9 +24,14 @@
 #include <vector>
 
 #include "daemon/client.h"
+#include "daemon/mad_router.h"
 #include "daemon/steering.h"
 #include "net/udp_socket_io.h"
 #include "netns_harness.h"
+#include "wire/cm.h"
+#include "wire/headers.h"
+#include "wire/mad.h"
+#include "wire/opcode.h"
 
 namespace urdma::process_test {
 namespace {
@@ -585,6 +590,107 @@ TEST_F(UrdmadProcess, ClientsArrivingAsTheDaemonIdlesOutAlwaysGetOne) {
       usleep(static_cast<useconds_t>(15000 + (i * 7919) % 10000));  // 15-25 ms: around 20
     }
     EXPECT_GT(daemons.size(), 1u) << "the daemon idled out at least once";
+  });
+}
+
+// A UD SEND Only to QP1 with one CM MAD (ICRC zero: the router does not check it).
+template <class View, class Fill>
+std::vector<uint8_t> cm_datagram(Fill fill) {
+  std::vector<uint8_t> d(wire::Bth::kSize + wire::Deth::kSize + wire::kMadSize + 4);
+  wire::Bth bth(d.data());
+  bth.set_opcode(wire::op::kUdSendOnly);
+  bth.set_pkey(wire::kDefaultPkey);
+  bth.set_dest_qp(wire::kMadGsiQpn);
+  wire::Deth deth(d.data() + wire::Bth::kSize);
+  deth.set_qkey(wire::kMadGsiQKey);
+  deth.set_src_qp(wire::kMadGsiQpn);
+  std::span<uint8_t, wire::kMadSize> mad(d.data() + wire::Bth::kSize + wire::Deth::kSize,
+                                         wire::kMadSize);
+  fill(wire::init_cm_message<View>(mad, 0x77));
+  return d;
+}
+
+void send_datagram(const char* addr, std::span<const uint8_t> d) {
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(kPort);
+  ASSERT_EQ(inet_pton(AF_INET, addr, &sin.sin_addr), 1);
+  UniqueFd fd(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  ASSERT_EQ(sendto(fd.get(), d.data(), d.size(), 0, reinterpret_cast<sockaddr*>(&sin), sizeof sin),
+            static_cast<ssize_t>(d.size()));
+}
+
+std::optional<std::vector<uint8_t>> next_mad_within(Client& channel, daemon::MadDelivery* info,
+                                                    int timeout_ms) {
+  pollfd p{channel.fd(), POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) != 1) return std::nullopt;
+  std::vector<uint8_t> d;
+  if (channel.next_mad(info, &d) != 0) return std::nullopt;
+  return d;
+}
+
+// Slot 0 receives every datagram to QP1; the daemon hands each CM MAD to its process.
+TEST_F(UrdmadProcess, CmMadsReachTheProcessTheyBelongTo) {
+  in_fresh_netns([] {
+    Client c, channel;
+    ASSERT_EQ(connect_client(&c), 0);
+    Slot slot;
+    ASSERT_EQ(c.acquire_slot(&slot), 0);
+    ASSERT_EQ(connect_client(&channel), 0);
+    EXPECT_EQ(channel.open_mad_channel(slot.info.slot), 0);
+    EXPECT_EQ(c.listen(0x1234), 0);
+    // Another process can neither take the service nor our channel.
+    const unsigned ours = slot.info.slot;
+    const pid_t other = fork_process([ours] {
+      Client o, ch;
+      Slot s;
+      if (connect_client(&o) != 0 || o.acquire_slot(&s) != 0) return 1;
+      if (o.listen(0x1234) != EADDRINUSE) return 2;
+      if (connect_client(&ch) != 0 || ch.open_mad_channel(ours) != EPERM) return 3;
+      return 0;
+    });
+    const auto status = wait_exit(other, 5000);
+    ASSERT_TRUE(status);
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << WEXITSTATUS(*status);
+
+    daemon::MadDelivery info;
+    const auto req = cm_datagram<wire::CmReq>([](wire::CmReq m) {
+      m.set_service_id(0x1234);
+      m.set_local_comm_id(0xAB000001);
+    });
+    send_datagram("127.0.0.1", req);
+    auto got = next_mad_within(channel, &info, 2000);
+    ASSERT_TRUE(got) << "the REQ for our service";
+    EXPECT_EQ(*got, req);
+    EXPECT_EQ(info.dst_port, kPort);
+    EXPECT_EQ(net::Address(std::to_array(info.dst_address)), net::Address::from_v4(127, 0, 0, 1));
+
+    const auto rep = cm_datagram<wire::CmRep>([&](wire::CmRep m) {
+      m.set_local_comm_id(0xAB000002);
+      m.set_remote_comm_id(daemon::comm_id_for_slot(slot.info.slot, 5));
+    });
+    send_datagram("127.0.0.1", rep);
+    got = next_mad_within(channel, &info, 2000);
+    ASSERT_TRUE(got) << "the REP to our communication ID";
+    EXPECT_EQ(*got, rep);
+
+    // Nobody's: an unknown service, a slot nobody holds. Dropped and counted.
+    send_datagram("127.0.0.1",
+                  cm_datagram<wire::CmReq>([](wire::CmReq m) { m.set_service_id(0x9999); }));
+    send_datagram("127.0.0.1", cm_datagram<wire::CmRtu>([](wire::CmRtu m) {
+                    m.set_remote_comm_id(daemon::comm_id_for_slot(60, 1));
+                  }));
+    EXPECT_FALSE(next_mad_within(channel, &info, 100));
+    Client q;
+    ASSERT_EQ(connect_client(&q), 0);
+    daemon::StatusInfo st;
+    ASSERT_EQ(q.query_status(&st), 0);
+    EXPECT_EQ(st.mads_forwarded, 2u);
+    EXPECT_GE(st.mads_dropped, 2u);
+    // Unlisten frees the service (so does the end of the process's connection).
+    EXPECT_EQ(c.unlisten(0x1234), 0);
+    EXPECT_EQ(c.unlisten(0x1234), ENOENT);
+    EXPECT_TRUE(stop_daemon(daemon_pid(c)));
   });
 }
 

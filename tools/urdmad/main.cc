@@ -58,7 +58,8 @@ int print_status(const std::string& socket_name) {
             << " (at most " << st.max_clients << ")\n"
             << "since start: " << st.clients_accepted << " clients accepted, " << st.clients_refused
             << " refused, " << st.leases << " leases, " << st.reclaims << " reclaimed, "
-            << st.drained_datagrams << " datagrams drained\n"
+            << st.drained_datagrams << " datagrams drained, " << st.mads_forwarded
+            << " CM MADs forwarded, " << st.mads_dropped << " dropped\n"
             << "GID table (" << gids.size() << "):\n";
   for (const auto& g : gids) {
     char name[IF_NAMESIZE] = "?";

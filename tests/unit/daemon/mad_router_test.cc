@@ -1,0 +1,92 @@
+#include "daemon/mad_router.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "wire/cm.h"
+#include "wire/headers.h"
+#include "wire/mad.h"
+#include "wire/opcode.h"
+
+namespace urdma::daemon {
+namespace {
+
+// A UD SEND Only to QP1 carrying one CM MAD, as a peer's CM sends it (ICRC left zero: the
+// router does not check it, the receiving process does).
+template <class View, class Fill>
+std::vector<uint8_t> cm_datagram(Fill fill, uint32_t dest_qp = wire::kMadGsiQpn) {
+  std::vector<uint8_t> d(wire::Bth::kSize + wire::Deth::kSize + wire::kMadSize + 4);
+  wire::Bth bth(d.data());
+  bth.set_opcode(wire::op::kUdSendOnly);
+  bth.set_pkey(wire::kDefaultPkey);
+  bth.set_dest_qp(dest_qp);
+  wire::Deth deth(d.data() + wire::Bth::kSize);
+  deth.set_qkey(wire::kMadGsiQKey);
+  deth.set_src_qp(wire::kMadGsiQpn);
+  std::span<uint8_t, wire::kMadSize> mad(d.data() + wire::Bth::kSize + wire::Deth::kSize,
+                                         wire::kMadSize);
+  fill(wire::init_cm_message<View>(mad, /*transaction_id=*/0x1234));
+  return d;
+}
+
+TEST(MadRouter, CommIdsCarryTheSlot) {
+  EXPECT_EQ(comm_id_for_slot(5, 0x123456), 0x05123456u);
+  EXPECT_EQ(comm_id_for_slot(5, 0xFF123456), 0x05123456u) << "the low bits cannot change the slot";
+  EXPECT_EQ(slot_of_comm_id(comm_id_for_slot(127, 9)), 127u);
+}
+
+TEST(MadRouter, RequestsGoByServiceId) {
+  const auto req = cm_datagram<wire::CmReq>([](wire::CmReq m) {
+    m.set_service_id(0x0106000000001234ull);
+    m.set_local_comm_id(0xAABBCCDD);  // the peer's: says nothing about us
+  });
+  auto r = route_mad(req);
+  EXPECT_EQ(r.by, MadRoute::By::kServiceId);
+  EXPECT_EQ(r.service_id, 0x0106000000001234ull);
+  const auto sidr = cm_datagram<wire::CmSidrReq>([](wire::CmSidrReq m) {
+    m.set_service_id(77);
+    m.set_request_id(0xAABBCCDD);
+  });
+  r = route_mad(sidr);
+  EXPECT_EQ(r.by, MadRoute::By::kServiceId);
+  EXPECT_EQ(r.service_id, 77u);
+}
+
+TEST(MadRouter, EverythingElseGoesByTheReceiversId) {
+  const uint32_t ours = comm_id_for_slot(9, 42);
+  auto expect_slot9 = [](const std::vector<uint8_t>& d) {
+    const auto r = route_mad(d);
+    EXPECT_EQ(r.by, MadRoute::By::kSlot);
+    EXPECT_EQ(r.slot, 9u);
+  };
+  expect_slot9(cm_datagram<wire::CmRep>([&](wire::CmRep m) {
+    m.set_local_comm_id(0x11000001);
+    m.set_remote_comm_id(ours);
+  }));
+  expect_slot9(cm_datagram<wire::CmRtu>([&](wire::CmRtu m) { m.set_remote_comm_id(ours); }));
+  expect_slot9(cm_datagram<wire::CmRej>([&](wire::CmRej m) { m.set_remote_comm_id(ours); }));
+  expect_slot9(cm_datagram<wire::CmMra>([&](wire::CmMra m) { m.set_remote_comm_id(ours); }));
+  expect_slot9(cm_datagram<wire::CmDreq>([&](wire::CmDreq m) { m.set_remote_comm_id(ours); }));
+  expect_slot9(cm_datagram<wire::CmDrep>([&](wire::CmDrep m) { m.set_remote_comm_id(ours); }));
+  expect_slot9(cm_datagram<wire::CmSidrRep>([&](wire::CmSidrRep m) { m.set_request_id(ours); }));
+}
+
+TEST(MadRouter, DropsWhatIsNotACmMadForQp1) {
+  EXPECT_EQ(route_mad(std::vector<uint8_t>(7)).drop, MadDrop::kNotRoce);
+  const auto rtu = cm_datagram<wire::CmRtu>([](wire::CmRtu) {}, /*dest_qp=*/2);
+  EXPECT_EQ(route_mad(rtu).drop, MadDrop::kNotQp1);
+  auto not_cm = cm_datagram<wire::CmRtu>([](wire::CmRtu) {});
+  not_cm[wire::Bth::kSize + wire::Deth::kSize + 1] = 0x04;  // management class: not the CM
+  EXPECT_EQ(route_mad(not_cm).drop, MadDrop::kNotCm);
+  auto rc = cm_datagram<wire::CmRtu>([](wire::CmRtu) {});
+  rc[0] = wire::op::kRcSendOnly;  // an RC SEND to QP1
+  EXPECT_NE(route_mad(rc).by, MadRoute::By::kSlot);
+  const auto cpi = cm_datagram<wire::CmClassPortInfo>([](wire::CmClassPortInfo) {});
+  EXPECT_EQ(route_mad(cpi).drop, MadDrop::kClassPortInfo);
+  for (size_t i = 0; i < kMadDropCount; ++i)
+    EXPECT_STRNE(mad_drop_name(static_cast<MadDrop>(i)), "?");
+}
+
+}  // namespace
+}  // namespace urdma::daemon
