@@ -63,6 +63,7 @@ class Checker {
     apply_sends();
     check_receives();
     check_responder_err();
+    check_rq_flushed_at_error();
     check_atomics();
     check_retry_bound();
     compare_images();
@@ -786,6 +787,37 @@ class Checker {
         add("status", describe_send(i) + " completed with " + ibv_wc_status_str(o.requester) +
                           " but no receive of qp " + std::to_string(q) + " completed with " +
                           ibv_wc_status_str(*o.receive));
+    }
+  }
+
+  // An RC QP that entered ERR before the final drain — its own error, a dead QP, or the
+  // responder of a fault the requester saw — flushed its receive queue then, not at the drain.
+  void check_rq_flushed_at_error() {
+    std::vector<uint64_t> err_at(s_.qps.size(), ~uint64_t{0});
+    for (uint32_t q = 0; q < s_.qps.size(); ++q) {
+      if (s_.qps[q].dead) err_at[q] = 0;
+      const auto it = first_error_.find(q);
+      if (it != first_error_.end() && it->second->time_ns < r_.drain_ns)
+        err_at[q] = std::min(err_at[q], it->second->time_ns);
+    }
+    for (size_t i = 0; i < s_.sends.size(); ++i) {
+      const SendSpec& w = s_.sends[i];
+      if (w.fault == Fault::kNone || send_cqe_[i].empty()) continue;
+      const ObservedCompletion& c = *send_cqe_[i][0];
+      if (fault_outcome(w.fault).responder_err && c.wc.status == fault_outcome(w.fault).requester &&
+          c.time_ns < r_.drain_ns)
+        err_at[s_.qps[w.qp].peer] = std::min(err_at[s_.qps[w.qp].peer], c.time_ns);
+    }
+    for (size_t r = 0; r < s_.recvs.size(); ++r) {
+      const uint32_t q = s_.recvs[r].qp;
+      if (q == kNone || s_.qps[q].type != IBV_QPT_RC || err_at[q] == ~uint64_t{0}) continue;
+      // (One posted only at the drain flushes then, whatever the QP's state.)
+      if (!r_.recv_posted_ns[r] || *r_.recv_posted_ns[r] >= r_.drain_ns) continue;
+      for (const ObservedCompletion* c : recv_cqe_[r])
+        if (c->wc.status == IBV_WC_WR_FLUSH_ERR && c->time_ns >= r_.drain_ns)
+          add("status", describe_recv(r) + " was flushed only at the final drain " +
+                            describe_wc(*c) + ", though qp " + std::to_string(q) +
+                            " entered ERR at t=" + std::to_string(err_at[q]));
     }
   }
 

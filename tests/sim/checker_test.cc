@@ -453,6 +453,7 @@ class MutationTest : public CheckerTest {
       c = &run_.completions.back();
     }
     c->wc.status = status;
+    const uint64_t failed_ns = c->time_ns;  // (c dangles once completions grow below)
     for (size_t j : later_on_qp(i)) {
       ObservedCompletion* l = completion_of(kWrIdSend | j);
       if (l == nullptr) {
@@ -465,6 +466,12 @@ class MutationTest : public CheckerTest {
       }
       l->wc.status = IBV_WC_WR_FLUSH_ERR;
     }
+    // The QP is in ERR from then on: its receives left over flush at once, not at the drain.
+    const uint32_t q = s_.sends[i].qp;
+    for (ObservedCompletion& r : run_.completions)
+      if (r.recv_cq && r.wc.status == IBV_WC_WR_FLUSH_ERR && r.wc.qp_num == run_.qp_num[q] &&
+          r.host == s_.qps[q].host)
+        r.time_ns = failed_ns;
   }
   // What the trace shows of a request nobody answered: `tries` sends of one PSN of QP q.
   void unanswered(uint32_t q, uint32_t psn, uint32_t tries, uint64_t t) {
@@ -528,6 +535,26 @@ TEST_F(MutationTest, NoFlushOnTheResponderAfterItsError) {
   (void)i;
   c->wc.status = IBV_WC_SUCCESS;
   c->wc.opcode = op_info(s_.sends[b_send].op).wc;
+  EXPECT_TRUE(reports(check_run(), "status"));
+}
+
+TEST_F(MutationTest, ResponderReceivesFlushWhenItEntersErr) {
+  // The responder of a bad-rkey WRITE enters ERR: its pending receives flush then. A device
+  // that kept the QP alive flushes them only at the final drain.
+  const size_t i = pick_fault(Fault::kBadRkey, [](const Scenario& s, size_t k) {
+    const uint32_t b = s.qps[s.sends[k].qp].peer;
+    if (s.qps[b].use_srq) return false;
+    size_t msgs = 0, recvs = 0;
+    for (const SendSpec& w : s.sends) msgs += w.qp == s.qps[b].peer && op_info(w.op).consumes_recv;
+    for (const RecvSpec& v : s.recvs) recvs += v.qp == b;
+    return recvs > msgs;  // some receive is left to flush
+  });
+  EXPECT_EQ(dump(check_run()), "");
+  const uint32_t b = s_.qps[s_.sends[i].qp].peer;
+  for (ObservedCompletion& c : run_.completions)
+    if (c.recv_cq && c.wc.status == IBV_WC_WR_FLUSH_ERR && c.wc.qp_num == run_.qp_num[b] &&
+        c.host == s_.qps[b].host)
+      c.time_ns = run_.drain_ns;
   EXPECT_TRUE(reports(check_run(), "status"));
 }
 

@@ -38,9 +38,9 @@ class Oracle {
     blocked_.assign(s_.qps.size(), false);
     ok_.assign(s_.sends.size(), false);
     next_psn_.clear();
-    for (const QpSpec& q : s_.qps) {
-      next_psn_.push_back(q.sq_psn);
-      qp_err_[&q - s_.qps.data()] = q.dead;  // moved to ERR before anything was posted
+    for (uint32_t q = 0; q < s_.qps.size(); ++q) {
+      next_psn_.push_back(s_.qps[q].sq_psn);
+      if (s_.qps[q].dead) enter_err(q, 0);  // moved to ERR before anything was posted
     }
     uint64_t now = 0;
     for (size_t i = 0; i < s_.sends.size(); ++i) {
@@ -54,6 +54,7 @@ class Oracle {
       execute(i, now);
     }
     run_.finished = true;
+    for (const RecvSpec& v : s_.recvs) now = std::max(now, v.post_ns);
     run_.drain_ns = now + 1;
     for (uint32_t q = 0; q < s_.qps.size(); ++q) flush(own_rq_[q], s_.qps[q].host, q);
     // SRQ WQEs stay posted: they belong to the SRQ, not to any QP that failed.
@@ -94,7 +95,21 @@ class Oracle {
     wc.status = status;
     wc.qp_num = run_.qp_num[w.qp];
     complete(now, s_.qps[w.qp].host, false, wc);
-    qp_err_[w.qp] = true;
+    enter_err(w.qp, now);
+  }
+
+  // An RC QP in ERR flushes its receive queue at once (IBA 10.3.1.6).
+  void enter_err(uint32_t q, uint64_t now) {
+    qp_err_[q] = true;
+    if (s_.qps[q].type != IBV_QPT_RC) return;
+    for (size_t r : own_rq_[q]) {
+      ibv_wc wc = {};
+      wc.wr_id = kWrIdRecv | r;
+      wc.status = IBV_WC_WR_FLUSH_ERR;
+      wc.qp_num = run_.qp_num[q];
+      complete(std::max(now, s_.recvs[r].post_ns), s_.qps[q].host, true, wc);
+    }
+    own_rq_[q].clear();
   }
 
   // The trace a perfect network shows for a request nobody answers: retry_cnt + 1
@@ -164,7 +179,7 @@ class Oracle {
         queue.pop_front();
         complete(now, dst.host, true, wc);
       }
-      if (o.responder_err) qp_err_[q.peer] = true;
+      if (o.responder_err) enter_err(q.peer, now);
       if (o.requester != IBV_WC_SUCCESS) {
         fail(i, now, o.requester);
         return;
