@@ -56,6 +56,39 @@ TEST(Protocol, StatusRoundTrips) {
   EXPECT_EQ(decode_status(encode_slot(SlotInfo{}), &out), EPROTO);
 }
 
+TEST(Protocol, MadPushAndServiceRequestsRoundTrip) {
+  MadDelivery in{};
+  in.src_port = 4791;
+  in.dst_port = 4791;
+  in.src_address[15] = 1;
+  const std::vector<uint8_t> datagram(280, 0xAB);
+  MadDelivery out{};
+  std::vector<uint8_t> got;
+  ASSERT_EQ(decode_mad(encode_mad(in, datagram), &out, &got), 0);
+  EXPECT_EQ(got, datagram);
+  EXPECT_EQ(out.length, datagram.size());
+  EXPECT_EQ(out.src_address[15], 1);
+  // A length that disagrees with the record, or beyond the limit.
+  auto rec = encode_mad(in, datagram);
+  rec.pop_back();
+  uint32_t size = static_cast<uint32_t>(rec.size());
+  std::memcpy(rec.data() + 8, &size, sizeof size);
+  EXPECT_EQ(decode_mad(rec, &out, &got), EPROTO);
+  EXPECT_EQ(decode_mad(encode_mad(in, std::vector<uint8_t>(kMaxMadDatagramBytes + 4)), &out, &got),
+            EPROTO);
+
+  ServiceIdBody service{};
+  ASSERT_EQ(decode_request_body(encode_service_request(MsgType::kListen, 0x1234), &service), 0);
+  EXPECT_EQ(service.service_id, 0x1234u);
+  SlotBody slot{};
+  ASSERT_EQ(decode_request_body(encode_mad_channel(7), &slot), 0);
+  EXPECT_EQ(slot.slot, 7u);
+  EXPECT_EQ(decode_request_body(encode_request(MsgType::kListen), &service), EPROTO);
+  EXPECT_EQ(decode_ok(encode_request(MsgType::kOk)), 0);
+  EXPECT_EQ(decode_ok(encode_error(EADDRINUSE)), EADDRINUSE);
+  EXPECT_EQ(decode_ok(encode_request(MsgType::kHello)), EPROTO);
+}
+
 TEST(Protocol, ErrorReplyCarriesItsErrno) {
   SlotInfo info;
   EXPECT_EQ(decode_slot(encode_error(EBUSY), &info), EBUSY);
