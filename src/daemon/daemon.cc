@@ -46,10 +46,11 @@ std::string socket_name_from_env() {
 
 uint16_t udp_port_from_env() {
   const char* v = std::getenv("URDMA_UDP_PORT");
-  if (!v || !*v) return 4791;
+  if (!v || !*v) return wire::kRoceV2UdpPort;
   char* end = nullptr;
   const unsigned long port = std::strtoul(v, &end, 10);
-  return (*end == 0 && port > 0 && port < 65536) ? static_cast<uint16_t>(port) : 4791;
+  return (*end == 0 && port > 0 && port < 65536) ? static_cast<uint16_t>(port)
+                                                 : wire::kRoceV2UdpPort;
 }
 
 Daemon::Daemon(const DaemonOptions& options)

@@ -2,8 +2,9 @@
 //
 // One thread, one epoll loop over: the abstract unix listener and its client connections, the
 // rtnetlink address socket (GID table), a signalfd (SIGTERM/SIGINT/SIGHUP: clean exit), a
-// timerfd (idle exit), and the free slot sockets (drained: their datagrams name QPNs nobody
-// owns). Nothing polls; an idle daemon sleeps in epoll_wait.
+// timerfd (idle exit), slot 0 (CM MADs, routed to their process: mad_router.h) and the free slot
+// sockets (drained: their datagrams name QPNs nobody owns). Nothing polls; an idle daemon sleeps
+// in epoll_wait.
 //
 // Start-up order matters: the unix socket is bound first, so a second daemon in the namespace
 // fails there (EADDRINUSE) before it could join the first one's SO_REUSEPORT group and shift
@@ -12,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,7 +33,7 @@ namespace urdma::daemon {
 
 struct DaemonOptions {
   std::string socket_name = kDefaultSocketName;
-  uint16_t udp_port = 4791;
+  uint16_t udp_port = wire::kRoceV2UdpPort;
   unsigned slot_count = kDefaultSlots;
   bool allow_ipv6 = true;
   // Exit after this long without clients; 0 = never.

@@ -33,6 +33,7 @@
 #include "daemon/unique_fd.h"
 #include "net/address.h"
 #include "wire/headers.h"
+#include "wire/icrc.h"
 
 namespace urdma::daemon {
 
@@ -79,7 +80,7 @@ struct SlotGroup {
 struct SlotGroupOptions {
   unsigned slot_count = kDefaultSlots;
   // 0 = an ephemeral port (tests): the first socket picks it, the others join it.
-  uint16_t port = 4791;
+  uint16_t port = wire::kRoceV2UdpPort;
   // Bind to [::] with IPV6_V6ONLY=0 if the host has IPv6, else 0.0.0.0. Tests may force IPv4.
   bool allow_ipv6 = true;
 };
