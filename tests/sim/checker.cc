@@ -397,6 +397,7 @@ class Checker {
       }
     }
     size_t best = 0;
+    bool early = false;  // a PSN with the tries, but they came too fast
     for (auto& [psn, times] : sent) {
       // Responses for this PSN reaching q, by kind.
       std::vector<uint64_t> acks, rnrs;
@@ -443,8 +444,29 @@ class Checker {
         }
       const bool acked =
           std::any_of(acks.begin(), acks.end(), [&](uint64_t a) { return a >= start && a < t; });
-      if (!acked) return "";
+      if (acked) continue;
+      // Time: each retry a timeout waits one local ACK timeout from a send or progress at or
+      // after the previous one, and the first timer started no earlier than the PSN's first
+      // try. Unless a PSN-sequence NAK of p (a retry that does not wait) came in, the failure
+      // is at least retry_cnt + 1 timeouts after that first try.
+      const uint64_t first = times.front();
+      const bool nak = std::any_of(r_.datagrams.begin(), r_.datagrams.end(), [&](const auto& d) {
+        return d.psn == psn && seq_nak(d) && response_to(d, q) &&
+               std::any_of(d.delivered_ns.begin(), d.delivered_ns.end(),
+                           [&](uint64_t a) { return a >= first && a <= t; });
+      });
+      const uint64_t wait = (uint64_t{qp.retry_cnt} + 1) * ack_timeout_ns(qp.timeout);
+      if (!nak && t - first < wait) {
+        early = true;
+        continue;
+      }
+      return "";
     }
+    if (early)
+      return "the tries of qp " + std::to_string(q) +
+             " did not span retry_cnt + 1 = " + std::to_string(qp.retry_cnt + 1) +
+             " local ACK timeouts of " + std::to_string(ack_timeout_ns(qp.timeout)) +
+             " ns (and no sequence NAK came)";
     return "no PSN of qp " + std::to_string(q) +
            " was sent retry_cnt + 1 = " + std::to_string(qp.retry_cnt + 1) +
            " times without a response acknowledging it (most tries of one PSN: " +

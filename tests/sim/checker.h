@@ -57,11 +57,14 @@
 // unacknowledged PSN) every one of the retry_cnt retries resent p, so the last retry_cnt tries
 // follow it, and a response acknowledging p delivered after them would have been progress.
 // With retry_cnt 0 the window starts at the later of the last try and the last response to an
-// older PSN (the last progress was one of them). Why it is tight: a failure without retry_cnt+1
-// tries of one PSN, or while that PSN was being acknowledged, is reported — with or without a
-// partition, and whether or not the QP's path crosses one.
-// RNR_RETRY_EXC_ERR is earned (rnr_evidence) when rnr_retry < 7 and rnr_retry + 1 RNR NAKs of
-// one PSN reached the QP by the failure.
+// older PSN (the last progress was one of them). And unless a PSN-sequence NAK of p (a retry
+// that does not wait) reached the QP, the failure comes at least retry_cnt + 1 local ACK
+// timeouts after p's first try: every timer runs a full timeout from a send or progress no
+// earlier than that try, each after the previous retry. Why it is tight: a failure without
+// retry_cnt+1 tries of one PSN, or while that PSN was being acknowledged, is reported — with or
+// without a partition, and whether or not the QP's path crosses one. RNR_RETRY_EXC_ERR is earned
+// (rnr_evidence) when rnr_retry < 7 and rnr_retry + 1 RNR NAKs of one PSN reached the QP by the
+// failure.
 #pragma once
 
 #include <infiniband/verbs.h>

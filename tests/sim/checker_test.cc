@@ -592,10 +592,17 @@ TEST_F(MutationTest, RetryExceededNeedsEvidence) {
   fail_send(i, IBV_WC_RETRY_EXC_ERR);
   const uint32_t q = s_.sends[i].qp;
   EXPECT_TRUE(reports(check_run(), "status")) << "no evidence";
-  const uint64_t t = time_of(i);
-  unanswered(q, 0x1234, s_.qps[q].retry_cnt, t - 1);
+  const uint64_t timeout = ack_timeout_ns(s_.qps[q].timeout);
+  // Late enough for the tries below to fit before it.
+  const uint64_t t = completion_of(kWrIdSend | i)->time_ns += (s_.qps[q].retry_cnt + 2u) * timeout;
+  // All the tries at once, just before the failure: too fast for retry_cnt + 1 timeouts.
+  unanswered(q, 0x1234, s_.qps[q].retry_cnt + 1u, t - 1);
+  EXPECT_TRUE(reports(check_run(), "status")) << "too early";
+  run_.datagrams.clear();
+  for (uint32_t k = 0; k < s_.qps[q].retry_cnt; ++k)
+    unanswered(q, 0x1234, 1, t - (s_.qps[q].retry_cnt + 1u - k) * timeout);
   EXPECT_TRUE(reports(check_run(), "status")) << "one try short";
-  unanswered(q, 0x1234, 1, t - 1);
+  unanswered(q, 0x1234, 1, t - timeout);
   EXPECT_FALSE(reports(check_run(), "status")) << dump(check_run());
   TracedDatagram ack;
   ack.src_host = s_.qps[s_.qps[q].peer].host;

@@ -55,7 +55,7 @@ class Oracle {
     }
     run_.finished = true;
     for (const RecvSpec& v : s_.recvs) now = std::max(now, v.post_ns);
-    run_.drain_ns = now + 1;
+    run_.drain_ns = std::max(now, latest_ns_) + 1;
     for (uint32_t q = 0; q < s_.qps.size(); ++q) flush(own_rq_[q], s_.qps[q].host, q);
     // SRQ WQEs stay posted: they belong to the SRQ, not to any QP that failed.
     return std::move(run_);
@@ -85,6 +85,7 @@ class Oracle {
 
   void complete(uint64_t time, uint32_t host, bool recv, ibv_wc wc) {
     run_.completions.push_back(ObservedCompletion{time, host, recv, wc});
+    latest_ns_ = std::max(latest_ns_, time);
   }
 
   // A send completion with an error status: the QP enters ERR and flushes from now on.
@@ -181,7 +182,11 @@ class Oracle {
       }
       if (o.responder_err) enter_err(q.peer, now);
       if (o.requester != IBV_WC_SUCCESS) {
-        fail(i, now, o.requester);
+        // Retries take their time: retry_cnt + 1 local ACK timeouts after the first try.
+        const uint64_t t = o.requester == IBV_WC_RETRY_EXC_ERR
+                               ? now + (uint64_t{q.retry_cnt} + 1) * ack_timeout_ns(q.timeout)
+                               : now;
+        fail(i, t, o.requester);
         return;
       }
       if (w.fault != Fault::kNone) {  // succeeds at the requester, delivered nowhere
@@ -296,6 +301,7 @@ class Oracle {
   std::vector<bool> blocked_;  // per QP: a dependency failed; nothing more is posted
   std::vector<bool> ok_;       // per send: completed successfully
   std::vector<uint32_t> next_psn_;
+  uint64_t latest_ns_ = 0;  // the latest completion so far
   std::vector<std::deque<size_t>> own_rq_;
   std::vector<std::deque<size_t>> srq_;
 };
