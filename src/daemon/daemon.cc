@@ -118,9 +118,8 @@ bool Daemon::setup(int* err, std::string* error) {
   SlotGroupOptions g{.slot_count = options_.slot_count,
                      .port = options_.udp_port,
                      .allow_ipv6 = options_.allow_ipv6};
-  errno = 0;
-  if (!open_slot_group(g, &group_, error)) {
-    *err = errno ? errno : EIO;
+  if (const int e = open_slot_group(g, &group_, error)) {
+    *err = e;
     return false;
   }
 

@@ -34,16 +34,17 @@ std::vector<sock_filter> steering_program(unsigned slot_count) {
 
 namespace {
 
-bool bind_one(int family, uint16_t port, UniqueFd* out, uint16_t* bound_port, std::string* error) {
+int bind_one(int family, uint16_t port, bool reuseport, UniqueFd* out, uint16_t* bound_port,
+             std::string* error) {
   UniqueFd fd(socket(family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, IPPROTO_UDP));
   if (!fd.valid()) {
     *error = errno_text("socket");
-    return false;
+    return errno;
   }
   const int one = 1;
-  if (setsockopt(fd.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+  if (reuseport && setsockopt(fd.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
     *error = errno_text("SO_REUSEPORT");
-    return false;
+    return errno;
   }
   sockaddr_storage ss{};
   socklen_t len;
@@ -51,7 +52,7 @@ bool bind_one(int family, uint16_t port, UniqueFd* out, uint16_t* bound_port, st
     const int zero = 0;
     if (setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero) != 0) {
       *error = errno_text("IPV6_V6ONLY=0");
-      return false;
+      return errno;
     }
     auto* sin6 = reinterpret_cast<sockaddr_in6*>(&ss);
     sin6->sin6_family = AF_INET6;
@@ -66,27 +67,28 @@ bool bind_one(int family, uint16_t port, UniqueFd* out, uint16_t* bound_port, st
     len = sizeof *sin;
   }
   if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&ss), len) != 0) {
-    *error = errno_text(("bind UDP port " + std::to_string(port)).c_str());
-    return false;
+    const int err = errno;
+    *error = errno_text(("bind UDP port " + std::to_string(port)).c_str(), err);
+    return err;
   }
   len = sizeof ss;
   if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
     *error = errno_text("getsockname");
-    return false;
+    return errno;
   }
   *bound_port = ntohs(family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
                                          : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
   *out = std::move(fd);
-  return true;
+  return 0;
 }
 
 }  // namespace
 
-bool open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::string* error) {
+int open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::string* error) {
   if (options.slot_count < kMinSlots || options.slot_count > kMaxSlots) {
     *error = "slot count must be in [" + std::to_string(kMinSlots) + ", " +
              std::to_string(kMaxSlots) + "]";
-    return false;
+    return EINVAL;
   }
   SlotGroup g;
   g.family = AF_INET;
@@ -95,10 +97,26 @@ bool open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::str
     if (probe.valid()) g.family = AF_INET6;
   }
   g.port = options.port;
+  if (options.require_free_port && g.port != 0) {
+    // Anything already on the port would share it with the group: an SO_REUSEPORT socket of
+    // ours left from an earlier daemon (held by running processes) would even join the group and
+    // shift every index. A plain bind finds any of them.
+    UniqueFd probe;
+    uint16_t bound = 0;
+    const int err = bind_one(g.family, g.port, /*reuseport=*/false, &probe, &bound, error);
+    if (err == EADDRINUSE) {
+      *error = "UDP port " + std::to_string(g.port) +
+               " is already bound: sockets of an earlier group (a previous urdmad's, still held "
+               "by running processes) or another program";
+      return EADDRNOTAVAIL;
+    }
+    if (err != 0) return err;
+  }
   for (unsigned i = 0; i < options.slot_count; ++i) {
     UniqueFd fd;
     uint16_t bound = 0;
-    if (!bind_one(g.family, g.port, &fd, &bound, error)) return false;
+    if (const int err = bind_one(g.family, g.port, /*reuseport=*/true, &fd, &bound, error))
+      return err;
     g.port = bound;
     g.sockets.push_back(std::move(fd));
   }
@@ -107,10 +125,10 @@ bool open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::str
   if (setsockopt(g.sockets[0].get(), SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &fprog, sizeof fprog) !=
       0) {
     *error = errno_text("SO_ATTACH_REUSEPORT_CBPF");
-    return false;
+    return errno;
   }
   *group = std::move(g);
-  return true;
+  return 0;
 }
 
 bool verify_steering(const SlotGroup& group, std::string* error, bool* skipped) {

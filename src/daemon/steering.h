@@ -83,11 +83,15 @@ struct SlotGroupOptions {
   uint16_t port = wire::kRoceV2UdpPort;
   // Bind to [::] with IPV6_V6ONLY=0 if the host has IPv6, else 0.0.0.0. Tests may force IPv4.
   bool allow_ipv6 = true;
+  // Refuse a port something is bound to already (EADDRNOTAVAIL). Tests turn it off to make an
+  // earlier group that verify_steering must catch.
+  bool require_free_port = true;
 };
 
-// Creates, binds and steers the group. On failure returns false with the reason in *error
-// (EADDRINUSE from bind means another socket without our uid or SO_REUSEPORT owns the port).
-bool open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::string* error);
+// Creates, binds and steers the group. Returns 0, or an errno with the reason in *error:
+// EADDRNOTAVAIL when the port is bound already (require_free_port), EADDRINUSE when another
+// socket without our uid or SO_REUSEPORT gets there first, EINVAL for a bad slot count.
+int open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::string* error);
 
 // Checks, with one probe datagram per slot over loopback, that socket i of the group receives
 // what the program steers to index i. This fails when sockets from an earlier group still sit in

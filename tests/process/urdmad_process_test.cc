@@ -438,6 +438,12 @@ TEST_F(UrdmadProcess, SteeringSurvivesTheDaemonsDeath) {
         EXPECT_EQ(got->tag, static_cast<uint32_t>(i));
       }
     }
+    // Not done yet: a restarted daemon taking the group over from the running processes. Until
+    // then a new daemon refuses, clearly, while they hold it.
+    Client late;
+    std::string detail;
+    EXPECT_EQ(Client::connect_or_spawn({}, &late, &detail), EADDRNOTAVAIL);
+    EXPECT_NE(detail.find("earlier group"), std::string::npos) << detail;
   });
 }
 

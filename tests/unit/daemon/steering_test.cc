@@ -99,7 +99,7 @@ std::vector<int> deliver(const SlotGroup& group, int family,
 void check_group_steers(const SlotGroupOptions& options, int tx_family) {
   SlotGroup group;
   std::string error;
-  ASSERT_TRUE(open_slot_group(options, &group, &error)) << error;
+  ASSERT_EQ(open_slot_group(options, &group, &error), 0) << error;
   ASSERT_EQ(group.sockets.size(), options.slot_count);
   ASSERT_NE(group.port, 0);
   const unsigned n = options.slot_count;
@@ -128,7 +128,7 @@ TEST(Steering, DualStackGroupSteersIpv4) {
 TEST(Steering, DualStackGroupSteersIpv6) {
   SlotGroup probe;
   std::string error;
-  ASSERT_TRUE(open_slot_group({.slot_count = 2, .port = 0, .allow_ipv6 = true}, &probe, &error));
+  ASSERT_EQ(open_slot_group({.slot_count = 2, .port = 0, .allow_ipv6 = true}, &probe, &error), 0);
   if (probe.family != AF_INET6) GTEST_SKIP() << "no IPv6 on this host";
   check_group_steers({.slot_count = 8, .port = 0, .allow_ipv6 = true}, AF_INET6);
 }
@@ -140,7 +140,7 @@ TEST(Steering, Ipv4OnlyGroupSteers) {
 TEST(Steering, VerifiesAFreshGroup) {
   SlotGroup group;
   std::string error;
-  ASSERT_TRUE(open_slot_group({.slot_count = 16, .port = 0}, &group, &error)) << error;
+  ASSERT_EQ(open_slot_group({.slot_count = 16, .port = 0}, &group, &error), 0) << error;
   bool skipped = true;
   EXPECT_TRUE(verify_steering(group, &error, &skipped)) << error;
   EXPECT_FALSE(skipped) << "loopback is up here";
@@ -150,10 +150,17 @@ TEST(Steering, DetectsAStaleSocketInTheGroup) {
   // A socket of an "earlier daemon", still open, on the port: the new group joins its group.
   SlotGroup earlier;
   std::string error;
-  ASSERT_TRUE(open_slot_group({.slot_count = 2, .port = 0}, &earlier, &error)) << error;
+  ASSERT_EQ(open_slot_group({.slot_count = 2, .port = 0}, &earlier, &error), 0) << error;
   earlier.sockets.pop_back();  // only socket 0 stays open
   SlotGroup group;
-  ASSERT_TRUE(open_slot_group({.slot_count = 4, .port = earlier.port}, &group, &error)) << error;
+  EXPECT_EQ(open_slot_group({.slot_count = 4, .port = earlier.port}, &group, &error), EADDRNOTAVAIL)
+      << "the port is taken: refused before binding";
+  EXPECT_NE(error.find("already bound"), std::string::npos) << error;
+  // Bound anyway (as a kernel without the check would), the probes catch it.
+  ASSERT_EQ(open_slot_group({.slot_count = 4, .port = earlier.port, .require_free_port = false},
+                            &group, &error),
+            0)
+      << error;
   bool skipped = false;
   EXPECT_FALSE(verify_steering(group, &error, &skipped));
   EXPECT_FALSE(skipped);
@@ -163,8 +170,8 @@ TEST(Steering, DetectsAStaleSocketInTheGroup) {
 TEST(Steering, RejectsBadSlotCounts) {
   SlotGroup group;
   std::string error;
-  EXPECT_FALSE(open_slot_group({.slot_count = 1, .port = 0}, &group, &error));
-  EXPECT_FALSE(open_slot_group({.slot_count = kMaxSlots + 1, .port = 0}, &group, &error));
+  EXPECT_EQ(open_slot_group({.slot_count = 1, .port = 0}, &group, &error), EINVAL);
+  EXPECT_EQ(open_slot_group({.slot_count = kMaxSlots + 1, .port = 0}, &group, &error), EINVAL);
 }
 
 }  // namespace
