@@ -77,7 +77,11 @@ int spawn_detached(const std::string& path, const std::string& log_path) {
       dup2(log_fd, 1);
       dup2(log_fd, 2);
     }
-    dup2(wr.get(), kStatusFd);  // dup2 clears close-on-exec on the copy
+    if (wr.get() == kStatusFd) {
+      fcntl(kStatusFd, F_SETFD, 0);  // already there: only keep it open across exec
+    } else {
+      dup2(wr.get(), kStatusFd);  // dup2 clears close-on-exec on the copy
+    }
     close_range(kStatusFd + 1, ~0U, 0);
     sigset_t none;
     sigemptyset(&none);
