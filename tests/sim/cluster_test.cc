@@ -71,6 +71,30 @@ TEST(Cluster, InjectedErrorsPassOnRealEngines) {
   EXPECT_GT(failed, faults / 2);
 }
 
+// The UC/UD delivery bound on a real trace: on a lossy network a device that dropped every UC
+// and UD message would be allowed by "a subsequence", but the trace shows what arrived whole.
+TEST(Cluster, DroppingEveryUnreliableMessageIsCaught) {
+  ScenarioConfig c;
+  c.faults.loss_ppm = 10'000;
+  c.uc_pairs = 2;
+  c.ud_per_host = 2;
+  const Scenario s = generate(c, 11);
+  RunResult r = run_scenario(s);
+  ASSERT_EQ(dump(r.violations), "");
+  size_t dropped = 0;
+  for (ObservedCompletion& o : r.record.completions) {
+    if (!o.recv_cq || o.wc.status != IBV_WC_SUCCESS) continue;
+    const RecvSpec& v = s.recvs[o.wc.wr_id & ~kWrIdKindMask];
+    if (v.qp == kNone || s.qps[v.qp].type == IBV_QPT_RC) continue;
+    o.wc.status = IBV_WC_WR_FLUSH_ERR;  // as if never received, flushed at the drain
+    o.time_ns = r.record.drain_ns;
+    ++dropped;
+  }
+  ASSERT_GT(dropped, 0u);
+  const std::vector<Violation> v = check(s, r.record);
+  EXPECT_NE(dump(v).find("delivery: "), std::string::npos) << dump(v);
+}
+
 TEST(Cluster, ConnectsAndRunsASmallCleanScenario) {
   ScenarioConfig c;
   c.ops = *parse_ops("send,write,read");

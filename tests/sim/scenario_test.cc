@@ -127,6 +127,37 @@ TEST(Scenario, DependenciesPointBackwards) {
   }
 }
 
+TEST(Scenario, InjectsEveryFaultAsAMinority) {
+  ScenarioConfig c;
+  c.errors_percent = 30;
+  std::set<Fault> seen;
+  size_t faulted_pairs = 0, pairs = 0;
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    const Scenario s = generate(c, seed);
+    std::set<uint32_t> qps;
+    for (const SendSpec& w : s.sends)
+      if (w.fault != Fault::kNone) {
+        seen.insert(w.fault);
+        if (s.qps[w.qp].type == IBV_QPT_RC) qps.insert(std::min(w.qp, s.qps[w.qp].peer));
+        const bool consumes = w.fault == Fault::kShortRecv || w.fault == Fault::kRnr ||
+                              w.fault == Fault::kBadInvalidate;
+        if (consumes) {
+          EXPECT_FALSE(s.qps[s.qps[w.qp].peer].use_srq) << "faulted receives come from an RQ";
+        }
+      }
+    for (const QpSpec& q : s.qps) seen.insert(q.dead ? Fault::kDeadPeer : Fault::kNone);
+    faulted_pairs += qps.size();
+    pairs += c.rc_pairs;
+  }
+  EXPECT_EQ(seen.size(), kFaultCount) << "every fault, and kNone";
+  EXPECT_LT(faulted_pairs, pairs / 2) << "a minority of the pairs";
+  EXPECT_GT(faulted_pairs, pairs / 10);
+  // Without --errors-percent there are none.
+  for (uint64_t seed = 1; seed <= 50; ++seed)
+    for (const SendSpec& w : generate(ScenarioConfig{}, seed).sends)
+      EXPECT_EQ(w.fault, Fault::kNone);
+}
+
 TEST(Scenario, ParseOps) {
   EXPECT_EQ(parse_ops("all"), all_ops());
   const std::optional<OpSet> s = parse_ops("send,fetch_add");
