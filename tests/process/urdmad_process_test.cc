@@ -4,6 +4,7 @@
 // DestQP names the receiving process's QPN range.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -741,16 +742,38 @@ TEST_F(UrdmadProcess, GidTableFollowsAddressChanges) {
       return false;
     };
     // A veth interface where the kernel has veth; loopback otherwise (same netlink messages).
-    const std::string dev =
-        std::system("ip link add va type veth peer name vb 2>/dev/null") == 0 ? "va" : "lo";
+    const bool veth = std::system("ip link add va type veth peer name vb 2>/dev/null") == 0;
+    const std::string dev = veth ? "va" : "lo";
     ASSERT_TRUE(sh("ip addr add 10.77.0.1/24 dev " + dev));
-    ASSERT_TRUE(sh("ip -6 addr add fd00:77::1/64 dev " + dev + " nodad"));
     EXPECT_TRUE(eventually("10.77.0.1", true));
     EXPECT_TRUE(watched_has("10.77.0.1")) << "the watcher was told";
-    EXPECT_TRUE(eventually("fd00:77::1", true));
     ASSERT_TRUE(sh("ip addr del 10.77.0.1/24 dev " + dev));
     EXPECT_TRUE(eventually("10.77.0.1", false));
-    EXPECT_TRUE(has("fd00:77::1"));
+    // IPv6 without choosing an address (the tests use 10.x only): the link-local address the
+    // kernel gives va when it comes up (DAD off, so it is usable at once), gone with the link.
+    if (veth && std::ofstream("/proc/sys/net/ipv6/conf/va/accept_dad") << "0") {
+      const unsigned va = if_nametoindex("va");
+      auto link_local_on_va = [&] {
+        std::vector<daemon::GidEntry> gids;
+        EXPECT_EQ(c.query_gids(&gids), 0);
+        for (const auto& g : gids)
+          if (g.ifindex == va && g.gid.to_string().starts_with("fe80:")) return true;
+        return false;
+      };
+      auto eventually_ll = [&](bool present) {
+        for (int i = 0; i < 200; ++i) {
+          if (link_local_on_va() == present) return true;
+          usleep(10000);
+        }
+        return false;
+      };
+      ASSERT_TRUE(sh("ip link set vb up && ip link set va up"));
+      EXPECT_TRUE(eventually_ll(true)) << "va's IPv6 link-local GID appears";
+      ASSERT_TRUE(sh("ip link del va"));
+      EXPECT_TRUE(eventually_ll(false)) << "and goes with the interface";
+    } else {
+      std::printf("no veth or no IPv6 here: IPv6 GID updates not exercised\n");
+    }
     EXPECT_TRUE(has("127.0.0.1"));
     EXPECT_TRUE(stop_daemon(d));
   });
@@ -765,12 +788,8 @@ struct SeenAtB {
 TEST_F(UrdmadProcess, TwoNamespacesOverAVethPair) {
   in_fresh_netns([] {
     // Host A is this namespace; host B is a child in a namespace of its own. A sends to a QPN of
-    // B's process over IPv4 (10.88.0.0/24) and, where the kernel has IPv6, over IPv6
-    // (fd00:88::/64); B answers each from its slot socket to the QPN A named in the tag.
-    struct BSlot {
-      SlotInfo info;
-      bool v6;
-    };
+    // B's process over 10.88.0.0/24 (IPv6 across namespaces is left out: the tests use 10.x
+    // addresses only); B answers from its slot socket to the QPN A named in the tag.
     Pipe b_ready, veth_made, b_slot, b_got;
     const pid_t b = fork_process([&] {
       veth_made.close_wr();  // only A's copy: its closing means A is done
@@ -780,19 +799,16 @@ TEST_F(UrdmadProcess, TwoNamespacesOverAVethPair) {
       char ch;
       if (!veth_made.get(&ch, 5000)) return 11;
       if (std::system("ip addr add 10.88.0.2/24 dev vb && ip link set vb up") != 0) return 12;
-      const bool v6 = std::system("ip -6 addr add fd00:88::2/64 dev vb nodad 2>/dev/null") == 0;
       Client c;
       Slot slot;
       if (connect_client(&c) != 0 || c.acquire_slot(&slot) != 0) return 13;
-      b_slot.put(BSlot{slot.info, v6 && slot.info.family == AF_INET6});
-      for (int k = 0; k < (v6 ? 2 : 1); ++k) {
-        const auto r = receive(slot.fd.get(), 5000);
-        if (!r) return 14;
-        SeenAtB seen{r->qpn, r->tag, {}};
-        std::strncpy(seen.from, r->from.c_str(), sizeof seen.from - 1);
-        b_got.put(seen);
-        send_to_qpn(r->from.c_str(), r->tag, 0xB0B, slot.fd.get());
-      }
+      b_slot.put(slot.info);
+      const auto r = receive(slot.fd.get(), 5000);
+      if (!r) return 14;
+      SeenAtB seen{r->qpn, r->tag, {}};
+      std::strncpy(seen.from, r->from.c_str(), sizeof seen.from - 1);
+      b_got.put(seen);
+      send_to_qpn(r->from.c_str(), r->tag, 0xB0B, slot.fd.get());
       char end;
       veth_made.get(&end, 5000);  // until A is done
       return ::testing::Test::HasFailure() ? 15 : 0;
@@ -804,37 +820,24 @@ TEST_F(UrdmadProcess, TwoNamespacesOverAVethPair) {
                 .c_str()) != 0)
       skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
     ASSERT_TRUE(sh("ip addr add 10.88.0.1/24 dev va && ip link set va up"));
-    const bool v6_here = std::system("ip -6 addr add fd00:88::1/64 dev va nodad 2>/dev/null") == 0;
     veth_made.put('x');
     Client c;
     Slot slot;
     ASSERT_EQ(connect_client(&c), 0);
     ASSERT_EQ(c.acquire_slot(&slot), 0);
-    BSlot b_info;
+    SlotInfo b_info;
     ASSERT_TRUE(b_slot.get(&b_info));
-    struct Path {
-      const char* to;
-      const char* from_a;
-      const char* from_b;
-    };
-    std::vector<Path> paths{{"10.88.0.2", "::ffff:10.88.0.1", "::ffff:10.88.0.2"}};
-    if (b_info.v6 && v6_here) paths.push_back({"fd00:88::2", "fd00:88::1", "fd00:88::2"});
-    for (size_t k = 0; k < paths.size(); ++k) {
-      const uint32_t a_qpn = slot.info.qpn_base + 3 + static_cast<uint32_t>(k);
-      const uint32_t b_qpn = b_info.info.qpn_base + 9 + static_cast<uint32_t>(k);
-      // The first packet may wait for ARP / neighbour discovery; the veth is up on both ends.
-      send_to_qpn(paths[k].to, b_qpn, a_qpn, slot.fd.get());
-      SeenAtB at_b;
-      ASSERT_TRUE(b_got.get(&at_b)) << "B received nothing from " << paths[k].from_a;
-      EXPECT_EQ(at_b.qpn, b_qpn);
-      EXPECT_STREQ(at_b.from, paths[k].from_a);
-      const auto at_a = receive(slot.fd.get(), 3000);
-      ASSERT_TRUE(at_a) << "A received nothing back from " << paths[k].from_b;
-      EXPECT_EQ(at_a->qpn, a_qpn);
-      EXPECT_EQ(at_a->tag, 0xB0Bu);
-      EXPECT_EQ(at_a->from, paths[k].from_b);
-    }
-    if (paths.size() < 2) std::printf("no IPv6 on this kernel: IPv4 only\n");
+    // The first packet may wait for ARP; the veth is up on both ends.
+    send_to_qpn("10.88.0.2", b_info.qpn_base + 9, slot.info.qpn_base + 3, slot.fd.get());
+    SeenAtB at_b;
+    ASSERT_TRUE(b_got.get(&at_b)) << "B received nothing";
+    EXPECT_EQ(at_b.qpn, b_info.qpn_base + 9);
+    EXPECT_STREQ(at_b.from, "::ffff:10.88.0.1");
+    const auto at_a = receive(slot.fd.get(), 3000);
+    ASSERT_TRUE(at_a) << "A received nothing back";
+    EXPECT_EQ(at_a->qpn, slot.info.qpn_base + 3);
+    EXPECT_EQ(at_a->tag, 0xB0Bu);
+    EXPECT_EQ(at_a->from, "::ffff:10.88.0.2");
     veth_made.close_wr();
     const auto status = wait_exit(b, 3000);
     ASSERT_TRUE(status);
