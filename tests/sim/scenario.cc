@@ -230,6 +230,7 @@ class Generator {
       const Fault f = kinds[rng_.below(kinds.size())];
       fault_of_[qi] = f;
       if (f == Fault::kDeadPeer) s_.qps[s_.qps[qi].peer].dead = true;
+      if (f == Fault::kNoRdAtomic) s_.qps[s_.qps[qi].peer].max_dest_rd_atomic = 0;
     }
     ud_fault_percent_ = c.errors_percent;
     for (uint32_t i = 0; i < c.uc_pairs; ++i) {
@@ -290,6 +291,8 @@ class Generator {
     const QpSpec& q = s_.qps[qi];
     const bool own_rq = !s_.qps[q.peer].use_srq;
     std::vector<Fault> out = {Fault::kDeadPeer};
+    if (enabled(Op::kRead) || enabled(Op::kCmpSwp) || enabled(Op::kFetchAdd))
+      out.push_back(Fault::kNoRdAtomic);
     if (enabled(Op::kWrite)) out.insert(out.end(), {Fault::kBadRkey, Fault::kNoAccess});
     if (enabled(Op::kRead)) out.push_back(Fault::kOutOfRange);
     if (enabled(Op::kWrite) && enabled(Op::kBindMw) && enabled(Op::kLocalInv))
@@ -434,6 +437,7 @@ class Generator {
       }
       case Fault::kNone:
       case Fault::kDeadPeer:
+      case Fault::kNoRdAtomic:
         break;
     }
   }
@@ -585,7 +589,8 @@ class Generator {
     // The position in its QP's sequence at which each fault is emitted.
     std::vector<uint32_t> fault_at(s_.qps.size(), kNone);
     for (uint32_t i = 0; i < s_.qps.size(); ++i)
-      if (fault_of_[i] != Fault::kNone && fault_of_[i] != Fault::kDeadPeer && budget[i] > 0)
+      if (fault_of_[i] != Fault::kNone && fault_of_[i] != Fault::kDeadPeer &&
+          fault_of_[i] != Fault::kNoRdAtomic && budget[i] > 0)
         fault_at[i] = static_cast<uint32_t>(rng_.below(budget[i]));
     exact_.assign(s_.qps.size(), {});
     rnr_cut_.assign(s_.qps.size(), ~size_t{0});
@@ -607,12 +612,15 @@ class Generator {
         gen_one(qi, ops[qi]);
       now_ns_ = std::min(c.post_window_ns, now_ns_ + pick(0, step_max));
     }
-    // A dead peer: the first WR that sends a packet fails with RETRY_EXC_ERR.
+    // A dead peer: the first WR that sends a packet fails with RETRY_EXC_ERR. A responder
+    // without READ/ATOMIC resources: the first READ or ATOMIC is refused.
     for (uint32_t qi = 0; qi < s_.qps.size(); ++qi) {
-      if (fault_of_[qi] != Fault::kDeadPeer) continue;
+      const Fault f = fault_of_[qi];
+      if (f != Fault::kDeadPeer && f != Fault::kNoRdAtomic) continue;
       for (SendSpec& w : s_.sends)
-        if (w.qp == qi && !op_info(w.op).local) {
-          w.fault = Fault::kDeadPeer;
+        if (w.qp == qi && !op_info(w.op).local &&
+            (f == Fault::kDeadPeer || w.op == Op::kRead || op_info(w.op).atomic)) {
+          w.fault = f;
           break;
         }
     }
@@ -719,7 +727,7 @@ class Generator {
 const char* fault_name(Fault f) {
   static constexpr const char* kNames[kFaultCount] = {
       "none", "bad-rkey",       "out-of-range", "no-access", "stale-window", "short-recv",
-      "rnr",  "bad-invalidate", "unbound-inv",  "dead-peer", "ud-too-long"};
+      "rnr",  "bad-invalidate", "unbound-inv",  "dead-peer", "ud-too-long",  "no-rd-atomic"};
   return kNames[static_cast<size_t>(f)];
 }
 
@@ -751,6 +759,11 @@ FaultOutcome fault_outcome(Fault f) {
     case Fault::kDeadPeer:
       // IBA 9.7.6.1.1: no ACK within retry_cnt + 1 local ACK timeouts.
       return {IBV_WC_RETRY_EXC_ERR, std::nullopt, false};
+    case Fault::kNoRdAtomic:
+      // IBA 9.7.5.2.x / rxe RESPST_ERR_TOO_MANY_RDMA_ATM_REQ (class C): a READ or ATOMIC beyond
+      // the responder's resources (none at all) is NAKed Invalid Request; the responder QP
+      // enters ERR.
+      return {IBV_WC_REM_INV_REQ_ERR, std::nullopt, true};
     case Fault::kUdTooLong:
       // IBA 9.8.4 / 11.4.2, rxe class D: the datagram is dropped; no receive is consumed and
       // the QP goes on. The send completed when it left (IBA 9.8).

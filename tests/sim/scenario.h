@@ -74,8 +74,9 @@ enum class Fault : uint8_t {
   kUnboundInv,     // LOCAL_INV of a window that was never bound (MW misuse, local)
   kDeadPeer,       // the first packet WR of a QP whose peer QP was moved to ERR at t=0
   kUdTooLong,      // UD SEND longer than every receive buffer of its destination
+  kNoRdAtomic,     // the first READ/ATOMIC to a responder whose max_dest_rd_atomic is 0
 };
-inline constexpr size_t kFaultCount = 11;
+inline constexpr size_t kFaultCount = 12;
 const char* fault_name(Fault f);
 
 struct FaultOutcome {

@@ -168,7 +168,8 @@ int main(int argc, char** argv) {
   app.add_option("--rnr-retry", rnr_text, "RC rnr_retry range (default 7-7; 7 = forever)");
   app.add_option("--errors-percent", cfg.errors_percent,
                  "percent of RC pairs that get one injected error (bad rkey, out of range, no "
-                 "access, stale window, short receive, RNR, bad invalidate, MW misuse, dead "
+                 "access, stale window, short receive, RNR, bad invalidate, MW misuse, no "
+                 "READ/ATOMIC resources, dead "
                  "peer; half as many UD QPs send one datagram too long for its receiver); its "
                  "exact outcome is checked")
       ->check(CLI::Range(0, 100));
