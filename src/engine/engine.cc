@@ -434,19 +434,22 @@ bool Engine::send_packet(const Route& route) {
     icrc_slot_owner = trailer;
   }
   const std::span<const std::span<const uint8_t>> gather(pieces.data(), npieces);
+  // The ICRC covers the UDP source port the datagram really leaves from, which the I/O decides
+  // (a socket sends only from ports it is bound to: net/udp_socket_io.h).
+  const uint16_t src_port = io_.source_port(route.src_port);
   uint32_t icrc;
   if (route.src.is_v4() && route.dst.is_v4()) {
     wire::IcrcIpv4 h;
     h.flow.src_addr = address_bytes<4>(route.src);
     h.flow.dst_addr = address_bytes<4>(route.dst);
-    h.flow.udp_src_port = route.src_port;
+    h.flow.udp_src_port = src_port;
     h.flow.udp_dst_port = net::kRoceV2UdpPort;
     icrc = wire::compute_icrc_gather(h, gather);
   } else {
     wire::IcrcIpv6 h;
     h.src_addr = address_bytes<16>(route.src);
     h.dst_addr = address_bytes<16>(route.dst);
-    h.udp_src_port = route.src_port;
+    h.udp_src_port = src_port;
     h.udp_dst_port = net::kRoceV2UdpPort;
     icrc = wire::compute_icrc_gather(h, gather);
   }
@@ -454,7 +457,7 @@ bool Engine::send_packet(const Route& route) {
   net::TxDatagram tx;
   tx.iov = {tx_iov_.data(), niov};
   tx.dst = net::Endpoint{route.dst, net::kRoceV2UdpPort};
-  tx.src_port = route.src_port;
+  tx.src_port = src_port;
   tx.src = route.src;
   tx.traffic_class = route.traffic_class;
   tx.hop_limit = route.hop_limit;

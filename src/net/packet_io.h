@@ -43,8 +43,9 @@ struct TxDatagram {
   std::span<const iovec> iov;  // the UDP payload, gathered in order; at most kMaxTxIov entries
   Endpoint dst;                // destination address; port is kRoceV2UdpPort for RoCEv2
   // UDP source port. RoCEv2 uses it as flow entropy (e.g. per QP) so ECMP spreads flows
-  // (IBA Annex A17). Honoured by the simulated network; a kernel UDP socket bound to 4791 always
-  // sends from its bound port and ignores it.
+  // (IBA Annex A17). The ICRC covers it, so it must be the port the datagram really leaves from:
+  // a sender asks PacketIo::source_port() first and seals with the answer. An I/O that cannot
+  // send from this port rejects the datagram (kRejected) rather than send a wrong ICRC.
   uint16_t src_port = kRoceV2UdpPort;
   // Local source address; unspecified = let the I/O choose (the host's address in the simulation,
   // the kernel's route choice on a socket). Set from the AH / path's source GID.
@@ -91,6 +92,13 @@ struct IoCounters {
 class PacketIo {
  public:
   virtual ~PacketIo() = default;
+
+  // The UDP source port a datagram that asks for `wanted` will leave from: `wanted` itself when
+  // the I/O can send from any port (the simulation), else one of the ports it has (a socket's
+  // bound port, a pool of per-flow ports: udp_socket_io.h). Stable for a given `wanted`, and
+  // source_port(source_port(p)) == source_port(p). A TxDatagram whose src_port is a port this
+  // returns is never rejected for its port.
+  virtual uint16_t source_port(uint16_t wanted) const { return wanted; }
 
   // Transmits one datagram. kRejected datagrams are dropped and counted, like a lost packet.
   virtual TxStatus send(const TxDatagram& d) = 0;

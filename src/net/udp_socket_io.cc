@@ -2,9 +2,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
 #include <unistd.h>
+
+#include <bit>
 
 #include <cstring>
 
@@ -29,6 +32,9 @@ cmsghdr* add_cmsg(msghdr& m, cmsghdr* c, int level, int type, const void* data, 
   return reinterpret_cast<cmsghdr*>(reinterpret_cast<uint8_t*>(c) + CMSG_SPACE(len));
 }
 
+// Candidate ports tried per pool slot before the slot falls back to the main socket's port.
+constexpr size_t kPoolPortProbes = 16;
+
 }  // namespace
 
 int UdpSocketIo::bind_udp(const Endpoint& local, std::string* error) {
@@ -48,7 +54,8 @@ int UdpSocketIo::bind_udp(const Endpoint& local, std::string* error) {
   return fd;
 }
 
-std::unique_ptr<UdpSocketIo> UdpSocketIo::adopt(int fd, std::string* error) {
+std::unique_ptr<UdpSocketIo> UdpSocketIo::adopt(int fd, std::string* error,
+                                                const UdpSocketIoOptions& options) {
   auto fail = [&](const char* what) {
     *error = errno_text(what);
     close(fd);
@@ -83,14 +90,90 @@ std::unique_ptr<UdpSocketIo> UdpSocketIo::adopt(int fd, std::string* error) {
     // Also reports IPv4 destinations (as mapped addresses) on a dual-stack socket.
     if (!set_int(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)) return fail("IPV6_RECVPKTINFO");
   }
-  return std::unique_ptr<UdpSocketIo>(new UdpSocketIo(fd, family, *local));
+  if (options.source_ports > kMaxSourcePorts ||
+      (options.source_ports != 0 && !std::has_single_bit(options.source_ports))) {
+    errno = EINVAL;
+    return fail("source_ports must be 0 or a power of two <= 64");
+  }
+  auto io = std::unique_ptr<UdpSocketIo>(new UdpSocketIo(fd, family, *local));
+  if (options.source_ports > 0 && !io->open_pool(options.source_ports, error)) return nullptr;
+  return io;
 }
 
 UdpSocketIo::UdpSocketIo(int fd, int family, const Endpoint& local)
     : fd_(fd), family_(family), local_(local) {}
 
 UdpSocketIo::~UdpSocketIo() {
+  for (int fd : pool_fds_)
+    if (fd != fd_) close(fd);
   close(fd_);
+}
+
+bool UdpSocketIo::open_pool(size_t count, std::string* error) {
+  int v6only = 0;
+  socklen_t len = sizeof v6only;
+  if (family_ == AF_INET6 && getsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &len) != 0) {
+    *error = errno_text("IPV6_V6ONLY");
+    return false;
+  }
+  // Whatever reaches a pool socket is dropped before it is queued: BPF "ret #0".
+  static sock_filter drop_all[] = {{BPF_RET | BPF_K, 0, 0, 0}};
+  const sock_fprog prog{1, drop_all};
+  for (size_t slot = 0; slot < count; ++slot) {
+    int bound = -1;
+    uint16_t port = 0;
+    for (size_t probe = 0; probe < kPoolPortProbes && bound < 0; ++probe) {
+      port = static_cast<uint16_t>(kFlowPortBase + slot + count * probe);
+      const int s = socket(family_, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, IPPROTO_UDP);
+      if (s < 0) {
+        *error = errno_text("source-port socket");
+        return false;
+      }
+      const char* what = nullptr;
+      if (!set_int(s, SOL_SOCKET, SO_REUSEPORT, 1)) what = "SO_REUSEPORT";
+      if (!what && family_ == AF_INET6 && !set_int(s, IPPROTO_IPV6, IPV6_V6ONLY, v6only))
+        what = "IPV6_V6ONLY";
+      if (!what && !set_int(s, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO))
+        what = "IP_MTU_DISCOVER";
+      if (!what && family_ == AF_INET6 &&
+          !set_int(s, IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO))
+        what = "IPV6_MTU_DISCOVER";
+      if (!what && !set_int(s, SOL_SOCKET, SO_RCVBUF, 1)) what = "SO_RCVBUF";
+      if (!what && setsockopt(s, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog) != 0)
+        what = "SO_ATTACH_FILTER";
+      if (what) {
+        *error = errno_text(what);
+        close(s);
+        return false;
+      }
+      sockaddr_storage ss;
+      const socklen_t n = Endpoint{local_.address, port}.to_sockaddr(family_, ss);
+      if (bind(s, reinterpret_cast<const sockaddr*>(&ss), n) == 0) {
+        bound = s;
+      } else if (errno == EADDRINUSE || errno == EACCES) {
+        close(s);  // held by another user or without SO_REUSEPORT: the next candidate
+      } else {
+        *error = errno_text("bind source port");
+        close(s);
+        return false;
+      }
+    }
+    pool_ports_.push_back(bound >= 0 ? port : local_.port);
+    pool_fds_.push_back(bound >= 0 ? bound : fd_);
+  }
+  return true;
+}
+
+uint16_t UdpSocketIo::source_port(uint16_t wanted) const {
+  if (pool_ports_.empty() || wanted == local_.port) return local_.port;
+  return pool_ports_[(wanted & kFlowPortMask) & (pool_ports_.size() - 1)];
+}
+
+int UdpSocketIo::fd_for_port(uint16_t port) const {
+  if (port == local_.port) return fd_;
+  if (pool_ports_.empty() || (port & ~kFlowPortMask) != kFlowPortBase) return -1;
+  const size_t slot = (port & kFlowPortMask) & (pool_ports_.size() - 1);
+  return pool_ports_[slot] == port ? pool_fds_[slot] : -1;
 }
 
 bool UdpSocketIo::prepare_tx(size_t i, const TxDatagram& d) {
@@ -144,15 +227,22 @@ size_t UdpSocketIo::send_batch(std::span<const TxDatagram> batch) {
   base::check(batch.size() <= kMaxBatch, "send_batch larger than kMaxBatch");
   size_t done = 0;
   while (done < batch.size()) {
-    // Prepare a run of valid datagrams; an invalid one is rejected without a syscall.
+    // Prepare a run of valid datagrams from one source port (one socket); an invalid one — or
+    // one asking for a port this I/O has no socket for, whose ICRC would be wrong — is rejected
+    // without a syscall.
+    const int fd = fd_for_port(batch[done].src_port);
     size_t n = 0;
-    while (done + n < batch.size() && prepare_tx(n, batch[done + n])) ++n;
+    if (fd >= 0) {
+      while (done + n < batch.size() && fd_for_port(batch[done + n].src_port) == fd &&
+             prepare_tx(n, batch[done + n]))
+        ++n;
+    }
     if (n == 0) {
       io_.tx_rejected++;
       ++done;
       continue;
     }
-    const int r = sendmmsg(fd_, msgs_.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
+    const int r = sendmmsg(fd, msgs_.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
     if (r > 0) {
       for (int i = 0; i < r; ++i) {
         io_.tx_datagrams++;

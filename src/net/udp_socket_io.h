@@ -10,7 +10,20 @@
 //    ICRC covers it; a socket bound to the wildcard address would not know it otherwise), and a
 //    send may pick its source address (the path's source GID);
 //  * O_NONBLOCK: no call ever blocks; readable_fd() is for the engine's poll/epoll when idle.
-// UDP source ports: a socket sends from its bound port, so TxDatagram::src_port is ignored.
+//
+// UDP source ports. The ICRC covers the UDP source port, and a socket sends only from the port it
+// is bound to (the slot socket: 4791). For per-QP ECMP entropy (RoCEv2 annex A17.4.1; rxe hashes
+// the QPN into 0xC000..0xFFFF) the I/O may own a small pool of send-only sockets bound, with
+// SO_REUSEPORT, to ports P in 0xC000..0xFFFF; pool slot i holds a port with (P & 0x3FFF) % K == i
+// (K, the pool size, a power of two). source_port(wanted) names the port a datagram asking for
+// `wanted` leaves from — the pool slot (wanted & 0x3FFF) % K, so consecutive QPNs spread over the
+// pool — and send() picks the socket by TxDatagram::src_port, rejecting a port it does not have
+// (never a datagram sealed for another port). The pool sockets are never connect()ed (IP ID 0 with
+// DF, as the main socket), take the same IP_PMTUDISC_DO and IP_PKTINFO source choice, and drop
+// whatever arrives at them in the kernel (a drop-all socket filter, a minimal receive buffer):
+// RoCEv2 traffic always goes to 4791. A slot whose port cannot be bound (another user holds every
+// candidate) falls back to the main socket's port. Cost: K extra fds (docs/ARCHITECTURE.md,
+// "Decisions").
 #pragma once
 
 #include <netinet/in.h>
@@ -18,18 +31,35 @@
 
 #include <array>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "base/check.h"
 #include "net/packet_io.h"
 
 namespace urdma::net {
 
+// RoCEv2's UDP source-port range for flow entropy (annex A17.4.1; rxe's RXE_ROCE_V2_SPORT).
+inline constexpr uint16_t kFlowPortBase = 0xC000;
+inline constexpr uint16_t kFlowPortMask = 0x3FFF;  // 14 bits: 0xC000..0xFFFF
+// Largest source-port pool; the default the runtime uses (make_packet_io_from_env).
+inline constexpr size_t kMaxSourcePorts = 64;
+inline constexpr size_t kDefaultSourcePorts = 16;
+
+struct UdpSocketIoOptions {
+  // Send-only sockets on ports in 0xC000..0xFFFF (above): 0 = send only from the bound port, or a
+  // power of two <= kMaxSourcePorts.
+  size_t source_ports = 0;
+};
+
 class UdpSocketIo final : public PacketIo {
  public:
-  // Takes ownership of `fd`, a bound AF_INET or AF_INET6 SOCK_DGRAM socket, and configures it as
-  // above. On failure returns null with the reason in *error, and the fd is closed.
-  static std::unique_ptr<UdpSocketIo> adopt(int fd, std::string* error);
+  // Takes ownership of `fd`, a bound AF_INET or AF_INET6 SOCK_DGRAM socket, configures it as
+  // above and opens the source-port pool. On failure returns null with the reason in *error, and
+  // the fd is closed.
+  static std::unique_ptr<UdpSocketIo> adopt(int fd, std::string* error,
+                                            const UdpSocketIoOptions& options = {});
   // Creates and binds a UDP socket (port 0 = an ephemeral port), for tests and the daemon.
   // Returns the fd, or -1 with the reason in *error.
   static int bind_udp(const Endpoint& local, std::string* error);
@@ -43,9 +73,12 @@ class UdpSocketIo final : public PacketIo {
   size_t recv_batch(std::span<RxDatagram> batch) override;
   int readable_fd() const override { return fd_; }
   IoCounters counters() const override { return io_; }
+  uint16_t source_port(uint16_t wanted) const override;
 
   // The address and port the socket is bound to (the address may be the wildcard).
   const Endpoint& local() const { return local_; }
+  // The pool's ports by slot (empty without a pool); a slot that fell back holds local().port.
+  std::span<const uint16_t> source_ports() const { return pool_ports_; }
 
  private:
   // Room for one IP_PKTINFO/IPV6_PKTINFO plus one traffic-class and one hop-limit cmsg.
@@ -56,12 +89,19 @@ class UdpSocketIo final : public PacketIo {
   };
 
   UdpSocketIo(int fd, int family, const Endpoint& local);
-  // Fills tx_msgs_[i] for `d`; false if the datagram cannot be sent on this socket.
+  // Opens the pool's sockets; false with the reason in *error on a failure other than a port
+  // taken by someone else.
+  bool open_pool(size_t count, std::string* error);
+  // The socket that sends from `port`, or -1 if there is none.
+  int fd_for_port(uint16_t port) const;
+  // Fills msgs_[i] for `d`; false if the datagram cannot be sent on `fd`.
   bool prepare_tx(size_t i, const TxDatagram& d);
 
   int fd_;
   int family_;
   Endpoint local_;
+  std::vector<uint16_t> pool_ports_;  // by slot
+  std::vector<int> pool_fds_;         // by slot; fd_ for a slot that fell back (not owned)
   IoCounters io_;
   std::array<mmsghdr, kMaxBatch> msgs_{};
   std::array<sockaddr_storage, kMaxBatch> names_{};

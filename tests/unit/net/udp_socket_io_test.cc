@@ -9,8 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,12 +21,12 @@ namespace {
 
 constexpr int kWaitMs = 5'000;
 
-std::unique_ptr<UdpSocketIo> open_io(const char* endpoint) {
+std::unique_ptr<UdpSocketIo> open_io(const char* endpoint, size_t source_ports = 0) {
   std::string error;
   const int fd = UdpSocketIo::bind_udp(*Endpoint::parse(endpoint), &error);
   EXPECT_GE(fd, 0) << error;
   if (fd < 0) return nullptr;
-  auto io = UdpSocketIo::adopt(fd, &error);
+  auto io = UdpSocketIo::adopt(fd, &error, UdpSocketIoOptions{source_ports});
   EXPECT_TRUE(io) << error;
   return io;
 }
@@ -56,9 +58,11 @@ std::vector<Received> receive(UdpSocketIo& io, size_t count, size_t buffer_bytes
   return out;
 }
 
-TxDatagram to(const UdpSocketIo& peer, std::span<const iovec> iov) {
+// A datagram from `self`'s bound port (the port its ICRC would cover) to `peer`.
+TxDatagram to(const UdpSocketIo& self, const UdpSocketIo& peer, std::span<const iovec> iov) {
   TxDatagram d;
   d.iov = iov;
+  d.src_port = self.local().port;
   d.dst = Endpoint{Address::from_v4(127, 0, 0, 1), peer.local().port};
   return d;
 }
@@ -80,7 +84,7 @@ TEST(UdpSocketIoTest, SendsGatheredDatagramAcrossLoopback) {
   RxDatagram slot{buf};
   EXPECT_EQ(b->recv_batch(std::span<RxDatagram>(&slot, 1)), 0u);
 
-  ASSERT_EQ(a->send(to(*b, iov)), TxStatus::kSent);
+  ASSERT_EQ(a->send(to(*a, *b, iov)), TxStatus::kSent);
   const auto got = receive(*b, 1);
   ASSERT_EQ(got.size(), 1u);
   ASSERT_EQ(got[0].bytes.size(), 1016u);
@@ -105,7 +109,7 @@ TEST(UdpSocketIoTest, BatchesBothWays) {
   for (size_t i = 0; i < kCount; ++i) {
     seq[i] = static_cast<uint32_t>(i);
     iov[i] = iovec{&seq[i], sizeof seq[i]};
-    batch.push_back(to(*b, std::span<const iovec>(&iov[i], 1)));
+    batch.push_back(to(*a, *b, std::span<const iovec>(&iov[i], 1)));
   }
   ASSERT_EQ(a->send_batch(batch), kCount);
   const auto got = receive(*b, kCount);
@@ -123,7 +127,7 @@ TEST(UdpSocketIoTest, ReportsTruncation) {
   ASSERT_TRUE(a && b);
   std::vector<uint8_t> big(300, 7);
   const iovec v{big.data(), big.size()};
-  ASSERT_EQ(a->send(to(*b, std::span<const iovec>(&v, 1))), TxStatus::kSent);
+  ASSERT_EQ(a->send(to(*a, *b, std::span<const iovec>(&v, 1))), TxStatus::kSent);
   const auto got = receive(*b, 1, 100);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_TRUE(got[0].truncated);
@@ -139,13 +143,14 @@ TEST(UdpSocketIoTest, PktinfoGivesDestinationAndChoosesSource) {
   ASSERT_TRUE(a && b);
   uint8_t byte = 1;
   const iovec v{&byte, 1};
-  TxDatagram d = to(*b, std::span<const iovec>(&v, 1));
+  TxDatagram d = to(*a, *b, std::span<const iovec>(&v, 1));
   d.dst.address = Address::from_v4(127, 0, 0, 2);
   ASSERT_EQ(a->send(d), TxStatus::kSent);
   auto c = open_io("0.0.0.0:0");
   ASSERT_TRUE(c);
   TxDatagram e = d;
   e.src = Address::from_v4(127, 0, 0, 3);
+  e.src_port = c->local().port;
   ASSERT_EQ(c->send(e), TxStatus::kSent);
   const auto got = receive(*b, 2);
   ASSERT_EQ(got.size(), 2u);
@@ -159,14 +164,14 @@ TEST(UdpSocketIoTest, RejectsWhatItCannotSend) {
   ASSERT_TRUE(a);
   uint8_t byte = 0;
   const iovec v{&byte, 1};
-  TxDatagram d = to(*a, std::span<const iovec>(&v, 1));
+  TxDatagram d = to(*a, *a, std::span<const iovec>(&v, 1));
   d.dst.address = *Address::parse("::1");  // IPv6 on an AF_INET socket
   EXPECT_EQ(a->send(d), TxStatus::kRejected);
   std::vector<iovec> many(kMaxTxIov + 1, v);
-  d = to(*a, many);
+  d = to(*a, *a, many);
   EXPECT_EQ(a->send(d), TxStatus::kRejected);
   // A rejected datagram in the middle of a batch is skipped; the rest go out.
-  TxDatagram good = to(*a, std::span<const iovec>(&v, 1));
+  TxDatagram good = to(*a, *a, std::span<const iovec>(&v, 1));
   const TxDatagram batch[3] = {good, d, good};
   EXPECT_EQ(a->send_batch(batch), 3u);
   EXPECT_EQ(a->counters().tx_rejected, 3u);
@@ -197,6 +202,7 @@ TEST(UdpSocketIoTest, Ipv6Loopback) {
   TxDatagram d;
   d.iov = std::span<const iovec>(&v, 1);
   d.dst = b->local();
+  d.src_port = a->local().port;
   ASSERT_EQ(a->send(d), TxStatus::kSent);
   const auto got = receive(*b, 1);
   ASSERT_EQ(got.size(), 1u);
@@ -205,18 +211,136 @@ TEST(UdpSocketIoTest, Ipv6Loopback) {
   EXPECT_EQ(got[0].dst, b->local());
 }
 
+// Without a pool every datagram leaves from the bound port, whatever it asks for; a datagram
+// sealed for another port is refused, not sent with an ICRC the receiver cannot check.
+TEST(UdpSocketIoTest, WithoutAPoolOnlyTheBoundPortIsHonoured) {
+  auto a = open_io("127.0.0.1:0");
+  auto b = open_io("127.0.0.1:0");
+  ASSERT_TRUE(a && b);
+  EXPECT_TRUE(a->source_ports().empty());
+  EXPECT_EQ(a->source_port(0xC123), a->local().port);
+  EXPECT_EQ(a->source_port(a->local().port), a->local().port);
+  uint8_t byte = 1;
+  const iovec v{&byte, 1};
+  TxDatagram d = to(*a, *b, std::span<const iovec>(&v, 1));
+  d.src_port = 0xC123;
+  EXPECT_EQ(a->send(d), TxStatus::kRejected);
+  d.src_port = a->source_port(0xC123);
+  EXPECT_EQ(a->send(d), TxStatus::kSent);
+  const auto got = receive(*b, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].src.port, a->local().port);
+  EXPECT_EQ(a->counters().tx_rejected, 1u);
+}
+
+// Per-flow source ports: consecutive QPNs spread over the pool, every datagram leaves from the
+// port source_port() named (the port its ICRC covers), and only those ports are honoured.
+TEST(UdpSocketIoTest, SourcePortPoolSendsFromPerFlowPorts) {
+  constexpr size_t kPool = 16;
+  auto a = open_io("127.0.0.1:0", kPool);
+  auto b = open_io("127.0.0.1:0");
+  ASSERT_TRUE(a && b);
+  ASSERT_EQ(a->source_ports().size(), kPool);
+  for (size_t slot = 0; slot < kPool; ++slot) {
+    const uint16_t p = a->source_ports()[slot];
+    if (p == a->local().port) continue;  // fell back: every candidate taken by someone else
+    EXPECT_EQ(p & 0xC000, 0xC000);
+    EXPECT_EQ((p & kFlowPortMask) % kPool, slot);
+  }
+  std::set<uint16_t> distinct;
+  std::vector<uint32_t> qpns(2 * kPool);
+  std::vector<iovec> iov(qpns.size());
+  std::vector<TxDatagram> batch;
+  for (uint32_t i = 0; i < qpns.size(); ++i) {
+    qpns[i] = 0x123400 + i;
+    const uint16_t wanted = static_cast<uint16_t>(kFlowPortBase | (qpns[i] & kFlowPortMask));
+    const uint16_t p = a->source_port(wanted);
+    EXPECT_EQ(a->source_port(p), p) << "idempotent";
+    distinct.insert(p);
+    iov[i] = iovec{&qpns[i], sizeof qpns[i]};
+    TxDatagram d = to(*a, *b, std::span<const iovec>(&iov[i], 1));
+    d.src_port = p;
+    batch.push_back(d);
+  }
+  EXPECT_EQ(distinct.size(), kPool);
+  ASSERT_EQ(a->send_batch(batch), batch.size());  // runs split per socket
+  EXPECT_EQ(a->counters().tx_datagrams, batch.size());
+  const auto got = receive(*b, batch.size());
+  ASSERT_EQ(got.size(), batch.size());
+  for (const Received& r : got) {
+    uint32_t qpn;
+    std::memcpy(&qpn, r.bytes.data(), 4);
+    const uint16_t wanted = static_cast<uint16_t>(kFlowPortBase | (qpn & kFlowPortMask));
+    EXPECT_EQ(r.src.port, a->source_port(wanted)) << "qpn " << qpn;
+    EXPECT_EQ(r.src.address, Address::from_v4(127, 0, 0, 1));
+  }
+  // A port of a slot's residue that the slot does not hold, a port outside the range: refused.
+  uint8_t byte = 0;
+  const iovec v{&byte, 1};
+  TxDatagram d = to(*a, *b, std::span<const iovec>(&v, 1));
+  const uint16_t p0 = a->source_ports()[0];
+  d.src_port = static_cast<uint16_t>(p0 == 0xFFF0 ? 0xC000 : p0 + kPool);
+  if (p0 == a->local().port) d.src_port = 0xC000;
+  EXPECT_EQ(a->send(d), TxStatus::kRejected);
+  d.src_port = 1234;
+  EXPECT_EQ(a->send(d), TxStatus::kRejected);
+  EXPECT_EQ(a->counters().tx_rejected, 2u);
+  // The bound port is still honoured.
+  d.src_port = a->local().port;
+  EXPECT_EQ(a->send(d), TxStatus::kSent);
+  ASSERT_EQ(receive(*b, 1).size(), 1u);
+}
+
+// Two I/Os of one user share the pool's ports (SO_REUSEPORT), and datagrams sent to a pool port
+// are dropped by the kernel rather than queued on a socket nobody reads.
+TEST(UdpSocketIoTest, PoolPortsAreSharedAndDropWhatArrives) {
+  auto a = open_io("127.0.0.1:0", 4);
+  auto c = open_io("127.0.0.1:0", 4);
+  auto b = open_io("127.0.0.1:0");
+  ASSERT_TRUE(a && b && c);
+  EXPECT_TRUE(std::equal(a->source_ports().begin(), a->source_ports().end(),
+                         c->source_ports().begin(), c->source_ports().end()));
+  uint8_t byte = 0;
+  const iovec v{&byte, 1};
+  TxDatagram d;
+  d.iov = std::span<const iovec>(&v, 1);
+  d.dst = Endpoint{Address::from_v4(127, 0, 0, 1), a->source_ports()[1]};
+  d.src_port = b->local().port;
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(b->send(d), TxStatus::kSent);
+  std::vector<uint8_t> buf(16);
+  RxDatagram slot{buf};
+  EXPECT_EQ(a->recv_batch(std::span<RxDatagram>(&slot, 1)), 0u);
+  EXPECT_EQ(c->recv_batch(std::span<RxDatagram>(&slot, 1)), 0u);
+}
+
+TEST(UdpSocketIoTest, PoolSizeMustBeAPowerOfTwo) {
+  std::string error;
+  const int fd = UdpSocketIo::bind_udp(*Endpoint::parse("127.0.0.1:0"), &error);
+  ASSERT_GE(fd, 0) << error;
+  EXPECT_FALSE(UdpSocketIo::adopt(fd, &error, UdpSocketIoOptions{3}));
+  EXPECT_NE(error.find("power of two"), std::string::npos) << error;
+  const int fd2 = UdpSocketIo::bind_udp(*Endpoint::parse("127.0.0.1:0"), &error);
+  ASSERT_GE(fd2, 0) << error;
+  EXPECT_FALSE(UdpSocketIo::adopt(fd2, &error, UdpSocketIoOptions{kMaxSourcePorts * 2}));
+}
+
 // What the kernel puts on the wire: DF set and IP ID 0, the IPv4 header the receiver assumes
 // when it checks the ICRC. Seen through a raw socket, which needs CAP_NET_RAW.
 TEST(UdpSocketIoTest, KernelSendsDontFragmentAndIpIdZero) {
   const int raw = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_UDP);
   if (raw < 0) GTEST_SKIP() << "raw socket not permitted: " << std::strerror(errno);
-  auto a = open_io("127.0.0.1:0");
+  auto a = open_io("127.0.0.1:0", 2);  // from the bound port and from the pool's sockets
   auto b = open_io("127.0.0.1:0");
   ASSERT_TRUE(a && b);
   uint8_t data[32] = {};
   const iovec v{data, sizeof data};
-  for (int i = 0; i < 3; ++i)
-    ASSERT_EQ(a->send(to(*b, std::span<const iovec>(&v, 1))), TxStatus::kSent);
+  std::set<uint16_t> ports;
+  for (const uint16_t p : {a->local().port, a->source_ports()[0], a->source_ports()[1]}) {
+    TxDatagram d = to(*a, *b, std::span<const iovec>(&v, 1));
+    d.src_port = p;
+    ASSERT_EQ(a->send(d), TxStatus::kSent);
+    ports.insert(p);
+  }
   int seen = 0;
   uint8_t pkt[2048];
   while (seen < 3 && wait_readable(raw)) {
@@ -226,7 +350,7 @@ TEST(UdpSocketIoTest, KernelSendsDontFragmentAndIpIdZero) {
     std::memcpy(&ip, pkt, sizeof ip);
     udphdr udp;
     std::memcpy(&udp, pkt + ip.ihl * 4, sizeof udp);
-    if (ntohs(udp.dest) != b->local().port || ntohs(udp.source) != a->local().port) continue;
+    if (ntohs(udp.dest) != b->local().port || !ports.contains(ntohs(udp.source))) continue;
     EXPECT_EQ(ntohs(ip.frag_off), IP_DF);  // DF, offset 0
     EXPECT_EQ(ip.id, 0);
     ++seen;
