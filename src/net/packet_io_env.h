@@ -1,0 +1,31 @@
+// The PacketIo a real process runs its engine on, as the environment configures it: the runtime
+// layer calls make_packet_io_from_env with its slot socket.
+//
+//   URDMA_FAULTS  unset or empty: no faults (no decorator, the fast path as is). Otherwise a
+//                 fault profile (faulty_packet_io.h: "seed=1,loss=10000,dup=1000,reorder=10000,
+//                 delay_us=0-200,corrupt=100", probabilities in ppm) applied to every datagram
+//                 this process sends. A malformed value is an error, never ignored.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "net/clock.h"
+#include "net/packet_io.h"
+
+namespace urdma::net {
+
+inline constexpr const char* kFaultsEnvVar = "URDMA_FAULTS";
+
+// Wraps `io` in a FaultyPacketIo for the profile `faults` (the variable's value; null or empty =
+// none: `io` is returned as is). A malformed profile: null, with the reason in *error (`io` is
+// released). `clock` must outlive the result.
+std::unique_ptr<PacketIo> wrap_with_faults(std::unique_ptr<PacketIo> io, const Clock& clock,
+                                           const char* faults, std::string* error);
+
+// Adopts the bound UDP socket `fd` (a urdmad slot socket) as a UdpSocketIo with
+// kDefaultSourcePorts per-flow source ports, wrapped per URDMA_FAULTS from the environment.
+// Null with the reason in *error when either fails (the fd is closed).
+std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, std::string* error);
+
+}  // namespace urdma::net
