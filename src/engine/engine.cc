@@ -97,8 +97,29 @@ void Engine::forget(uint32_t qp_num) {
 // ---------------------------------------------------------------------------------------------
 // Poll loop.
 
+namespace {
+// The engine whose poll() turn the calling thread is inside (memory_released from inside a
+// turn — a CQ notify hook, a test callback — must not wait for itself).
+thread_local const Engine* tls_turn_engine = nullptr;
+}  // namespace
+
 void Engine::poll() {
   std::lock_guard lock(mutex_);
+  // Odd: a turn runs. seq_cst against memory_released's load (a Dekker pair with the MR
+  // table's lock in between: a lookup in this turn precedes any table change that could have
+  // invalidated it, so the changer's load sees this odd value or a later one).
+  turn_epoch_.fetch_add(1, std::memory_order_seq_cst);
+  const Engine* const outer = tls_turn_engine;
+  tls_turn_engine = this;
+  struct TurnEnd {
+    Engine* e;
+    const Engine* outer;
+    ~TurnEnd() {
+      tls_turn_engine = outer;
+      e->turn_epoch_.fetch_add(1, std::memory_order_seq_cst);
+      if (e->epoch_waiters_.load(std::memory_order_seq_cst) != 0) e->turn_epoch_.notify_all();
+    }
+  } turn_end{this, outer};
   if (doorbell_rung_.exchange(false, std::memory_order_acq_rel)) {
     rung_.drain([this](uint32_t handle) {
       if (QpContext* ctx = by_handle_[handle]) activate(*ctx);
@@ -235,6 +256,27 @@ void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
 void Engine::qp_destroyed(provider::Qp& qp) {
   std::lock_guard lock(mutex_);
   forget(qp.qp_num());
+}
+
+void Engine::memory_released() {
+  if (tls_turn_engine == this) return;
+  epoch_waiters_.fetch_add(1, std::memory_order_seq_cst);
+  const uint32_t seen = turn_epoch_.load(std::memory_order_seq_cst);
+  if (seen % 2 == 1) {
+    // The turn `seen` may hold a pointer from before the caller's table change: wait until
+    // the epoch moves (that turn ended; later turns look the table up afresh).
+    uint32_t now = seen;
+    while (now == seen) {
+      turn_epoch_.wait(seen, std::memory_order_seq_cst);
+      now = turn_epoch_.load(std::memory_order_seq_cst);
+    }
+  }
+  epoch_waiters_.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+EngineCounters Engine::counters_snapshot() const {
+  std::lock_guard lock(mutex_);
+  return counters_;
 }
 
 void Engine::refresh(QpContext& ctx) {

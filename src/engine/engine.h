@@ -100,28 +100,50 @@ struct EngineConfig {
 
 class Engine;
 
-// Forwards the provider's doorbell calls to the Engine attached to it (nothing before that).
+// Told after every doorbell call has reached the engine: the runtime's engine thread wakes up
+// (src/runtime/runtime.h) when it sleeps. Called from application threads; must be cheap.
+class Waker {
+ public:
+  virtual ~Waker() = default;
+  virtual void wake() = 0;
+};
+
+// Forwards the provider's doorbell calls to the Engine attached to it (nothing before that),
+// then tells the Waker, if one is set (none in the simulation and the one-thread tests).
 class DoorbellRelay final : public provider::Doorbell {
  public:
   void attach(provider::Doorbell* target) { target_ = target; }
+  void set_waker(Waker* waker) { waker_ = waker; }
   void ring_sq(provider::Qp& qp) override {
     if (target_) target_->ring_sq(qp);
+    wake();
   }
   void ring_rq(provider::Qp& qp) override {
     if (target_) target_->ring_rq(qp);
+    wake();
   }
   void ring_srq(provider::Srq& srq) override {
     if (target_) target_->ring_srq(srq);
+    wake();
   }
   void qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) override {
     if (target_) target_->qp_modified(qp, from, to);
+    wake();
   }
   void qp_destroyed(provider::Qp& qp) override {
     if (target_) target_->qp_destroyed(qp);
   }
+  void memory_released() override {
+    if (target_) target_->memory_released();
+  }
 
  private:
+  void wake() {
+    if (waker_) waker_->wake();
+  }
+
   provider::Doorbell* target_ = nullptr;
+  Waker* waker_ = nullptr;
 };
 
 // Largest packet the engine builds or accepts: 4096-byte path MTU + the longest header set
@@ -145,7 +167,10 @@ class Engine final : public provider::Doorbell {
   void poll();
   // Earliest time poll() must run without new traffic; <= now when work is waiting.
   uint64_t next_deadline_ns() const;
+  // The engine thread's counters (poll()'s thread). Other threads: counters_snapshot().
   const EngineCounters& counters() const { return counters_; }
+  // A copy made between two turns: safe from any thread.
+  EngineCounters counters_snapshot() const;
 
   // provider::Doorbell.
   void ring_sq(provider::Qp& qp) override;
@@ -153,6 +178,11 @@ class Engine final : public provider::Doorbell {
   void ring_srq(provider::Srq& srq) override;
   void qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) override;
   void qp_destroyed(provider::Qp& qp) override;
+  // Waits until every poll() turn that was running when it was called has ended (the turn
+  // epoch moved past it): no pointer a turn took from the MR table before the caller changed
+  // the table is used after this returns. Returns at once between turns and inside a turn of
+  // the calling thread.
+  void memory_released() override;
 
   // Test and tool access: the engine's view of a QP (nullptr if it has none).
   const QpContext* context(uint32_t qp_num) const;
@@ -244,6 +274,11 @@ class Engine final : public provider::Doorbell {
   std::atomic<bool> doorbell_rung_{false};
   RungQps rung_;                        // which QPs' doorbells rang (by handle)
   mutable std::recursive_mutex mutex_;  // poll() vs qp_modified / qp_destroyed from other threads
+  // Memory lifetime (memory_released): odd while a poll() turn runs, even between turns; bumped
+  // (seq_cst) as a turn starts and ends. waiters_ counts threads inside memory_released, so a
+  // turn's end makes a futex wake only when somebody waits.
+  std::atomic<uint32_t> turn_epoch_{0};
+  std::atomic<uint32_t> epoch_waiters_{0};
   std::map<uint32_t, std::unique_ptr<QpContext>> contexts_;
   std::vector<QpContext*> by_handle_;  // provider::Qp::handle() → context (kLimits.max_qp)
   // QPs poll() serves, in QPN order while it serves them (deterministic, as the simulation's

@@ -35,11 +35,19 @@ int Cq::poll(int max_entries, ibv_wc* out) {
 void Cq::req_notify(bool solicited_only) {
   // An existing "next completion" arming is not narrowed by a later solicited-only request
   // (IBA 11.4.2.2: the CQ fires on the least restrictive pending request).
-  uint8_t expected = kDisarmed;
-  const uint8_t want = solicited_only ? kArmedSolicited : kArmedNext;
-  if (!arm_.compare_exchange_strong(expected, want, std::memory_order_acq_rel) &&
-      want == kArmedNext) {
-    arm_.store(kArmedNext, std::memory_order_release);
+  //
+  // Always a successful read-modify-write of arm_ (a CAS that writes, even the same value):
+  // push_st reads arm_ with a read-modify-write too, after its ring write, so the two RMWs are
+  // ordered in arm_'s modification order. Either the producer's comes later and sees the
+  // arming (it notifies), or it comes first and this RMW reads from it (acquire), so the
+  // caller's next poll() sees the completion. Without that, a completion pushed just as the CQ
+  // is armed could be neither polled nor notified (ibv_req_notify_cq(3): arm, then poll to
+  // catch what arrived before the arming).
+  uint8_t cur = arm_.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint8_t want = (!solicited_only || cur == kArmedNext) ? kArmedNext : kArmedSolicited;
+    if (arm_.compare_exchange_weak(cur, want, std::memory_order_acq_rel, std::memory_order_relaxed))
+      break;
   }
 }
 
@@ -75,7 +83,9 @@ bool Cq::push_st(const ibv_wc& wc, bool solicited) {
   }
   // IBA 11.4.2.2: solicited-only arming fires on solicited and on unsuccessful completions.
   const bool matches_solicited = solicited || wc.status != IBV_WC_SUCCESS;
-  uint8_t arm = arm_.load(std::memory_order_acquire);
+  // A read-modify-write, not a load: ordered after the ring write against req_notify's RMW
+  // (see there).
+  uint8_t arm = arm_.fetch_add(0, std::memory_order_acq_rel);
   while (arm != kDisarmed && (arm == kArmedNext || matches_solicited)) {
     if (arm_.compare_exchange_weak(arm, kDisarmed, std::memory_order_acq_rel)) {
       std::lock_guard lock(notify_mutex_);

@@ -82,11 +82,11 @@ class Device {
   }
   Status rereg_mr(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, uint64_t iova,
                   int access) {
-    return mr_table_.rereg(mr, flags, pd, addr, length, iova, access);
+    return released(mr_table_.rereg(mr, flags, pd, addr, length, iova, access));
   }
-  Status dereg_mr(Mr* mr) { return mr_table_.dereg(mr); }
+  Status dereg_mr(Mr* mr) { return released(mr_table_.dereg(mr)); }
   Result<Mw*> alloc_mw(Pd* pd, ibv_mw_type type) { return mr_table_.alloc_mw(pd, type); }
-  Status dealloc_mw(Mw* mw) { return mr_table_.dealloc_mw(mw); }
+  Status dealloc_mw(Mw* mw) { return released(mr_table_.dealloc_mw(mw)); }
 
   // ---- CQ ----
   // EINVAL for cqe < 1 or above max_cqe (ibv_create_cq(3)), ENOMEM when the table is full.
@@ -121,6 +121,13 @@ class Device {
   }
 
  private:
+  // After a successful dereg/rereg/dealloc: the verb returns only once the engine can no longer
+  // touch the memory the old entry named (Doorbell::memory_released).
+  Status released(Status s) {
+    if (s.ok()) doorbell_->memory_released();
+    return s;
+  }
+
   DeviceConfig config_;
   ibv_device_attr attr_ = {};
   Doorbell default_doorbell_;

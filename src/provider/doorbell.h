@@ -30,6 +30,11 @@ class Doorbell {
   // Entering IBV_QPS_ERR is the engine's cue to flush every posted WR with IBV_WC_WR_FLUSH_ERR.
   virtual void qp_modified(Qp& /*qp*/, ibv_qp_state /*from*/, ibv_qp_state /*to*/) {}
   virtual void qp_destroyed(Qp& /*qp*/) {}
+  // dereg_mr, rereg_mr or dealloc_mw changed the MR table: the application may free or reuse
+  // the memory the old entry named as soon as the verb returns. An engine that looked the entry
+  // up earlier may still hold a pointer into that memory (the copy or the sendmsg comes after
+  // the lookup), so this must not return while such an access can still happen.
+  virtual void memory_released() {}
 };
 
 }  // namespace urdma::provider

@@ -1,0 +1,113 @@
+// Completion channels and the async event fd; see completion_channel.h.
+#include "runtime/completion_channel.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "base/check.h"
+
+namespace urdma::runtime {
+namespace {
+
+int semaphore_eventfd(unsigned initial) {
+  const int fd = eventfd(initial, EFD_SEMAPHORE | EFD_CLOEXEC);
+  base::check(fd >= 0, "eventfd");
+  return fd;
+}
+
+void add_one(int fd) {
+  const uint64_t one = 1;
+  ssize_t n;
+  do {
+    n = write(fd, &one, sizeof one);
+  } while (n < 0 && errno == EINTR);
+}
+
+// Takes one from the semaphore; 0 or an errno (EAGAIN on a non-blocking fd).
+int take_one(int fd) {
+  uint64_t value;
+  for (;;) {
+    if (read(fd, &value, sizeof value) == sizeof value) return 0;
+    if (errno != EINTR) return errno;
+  }
+}
+
+}  // namespace
+
+CompletionChannel::CompletionChannel() : fd_(semaphore_eventfd(0)) {}
+
+CompletionChannel::~CompletionChannel() {
+  close(fd_);
+}
+
+void CompletionChannel::attach(provider::Cq& cq) {
+  cq.set_notify([this](provider::Cq& fired) { notify(fired); });
+}
+
+void CompletionChannel::detach(provider::Cq& cq) {
+  // Cq::set_notify takes the CQ's notify lock, which the hook runs under: no notify() of this
+  // CQ is running or will run after it.
+  cq.set_notify(nullptr);
+  std::lock_guard lock(mutex_);
+  unacked_.erase(&cq);
+  // Queued events for the CQ stay counted in the eventfd; get_event skips them.
+  for (provider::Cq*& e : events_)
+    if (e == &cq) e = nullptr;
+}
+
+void CompletionChannel::notify(provider::Cq& cq) {
+  {
+    std::lock_guard lock(mutex_);
+    events_.push_back(&cq);
+  }
+  add_one(fd_);
+}
+
+provider::Result<provider::Cq*> CompletionChannel::get_event() {
+  for (;;) {
+    if (int err = take_one(fd_)) return provider::Status(err);
+    std::lock_guard lock(mutex_);
+    base::check(!events_.empty(), "completion channel counter ahead of its events");
+    provider::Cq* cq = events_.front();
+    events_.pop_front();
+    if (cq == nullptr) continue;  // its CQ was detached
+    ++unacked_[cq];
+    return cq;
+  }
+}
+
+void CompletionChannel::ack_events(provider::Cq& cq, unsigned n) {
+  std::lock_guard lock(mutex_);
+  uint64_t& u = unacked_[&cq];
+  u -= std::min<uint64_t>(u, n);
+}
+
+uint64_t CompletionChannel::unacked(const provider::Cq& cq) const {
+  std::lock_guard lock(mutex_);
+  auto it = unacked_.find(&cq);
+  return it == unacked_.end() ? 0 : it->second;
+}
+
+AsyncEventFd::AsyncEventFd(provider::AsyncEventQueue& queue) : queue_(queue) {
+  // Events queued before the fd existed count too; set_notify then makes every later push
+  // add one (outside the queue's lock, after the event is queued). Counted first: an event
+  // pushed in between is counted late (at the next push), never twice.
+  fd_ = semaphore_eventfd(static_cast<unsigned>(queue_.size()));
+  queue_.set_notify([fd = fd_] { add_one(fd); });
+}
+
+AsyncEventFd::~AsyncEventFd() {
+  queue_.set_notify(nullptr);
+  close(fd_);
+}
+
+provider::Result<provider::AsyncEvent> AsyncEventFd::get_event() {
+  if (int err = take_one(fd_)) return provider::Status(err);
+  std::optional<provider::AsyncEvent> e = queue_.try_pop();
+  base::check(e.has_value(), "async event fd counter ahead of its events");
+  return *e;
+}
+
+}  // namespace urdma::runtime

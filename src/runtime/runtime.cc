@@ -1,0 +1,205 @@
+// The runtime; see runtime.h for the threading design.
+#include "runtime/runtime.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+#include "base/check.h"
+#include "net/udp_socket_io.h"
+
+namespace urdma::runtime {
+namespace {
+
+provider::DeviceConfig with_doorbell(provider::DeviceConfig c, provider::Doorbell* doorbell) {
+  c.doorbell = doorbell;
+  return c;
+}
+
+void add_to_epoll(int epoll_fd, int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  base::check(epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0, "epoll_ctl(ADD)");
+}
+
+// Reads an eventfd/timerfd counter to zero (EAGAIN when it was not readable: fine).
+void drain_fd(int fd) {
+  uint64_t value;
+  while (read(fd, &value, sizeof value) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
+    : io_(std::move(io)),
+      device_(with_doorbell(std::move(config.device), &relay_)),
+      engine_(device_, *io_, clock_, config.engine),
+      has_thread_(config.engine_thread),
+      busy_poll_ns_(config.busy_poll_ns) {
+  relay_.set_waker(this);
+  if (!has_thread_) return;
+  base::check(io_->readable_fd() >= 0, "the engine thread needs a PacketIo with a readable fd");
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  base::check(epoll_fd_ >= 0 && event_fd_ >= 0 && timer_fd_ >= 0, "epoll/eventfd/timerfd");
+  add_to_epoll(epoll_fd_, io_->readable_fd());
+  add_to_epoll(epoll_fd_, event_fd_);
+  add_to_epoll(epoll_fd_, timer_fd_);
+  thread_ = std::thread([this] { run(); });
+}
+
+Runtime::~Runtime() {
+  if (thread_.joinable()) {
+    stop_.store(true, std::memory_order_seq_cst);
+    const uint64_t one = 1;
+    ssize_t n = write(event_fd_, &one, sizeof one);
+    (void)n;
+    token_.notify_all();
+    thread_.join();
+  }
+  relay_.set_waker(nullptr);
+  for (int fd : {timer_fd_, event_fd_, epoll_fd_})
+    if (fd >= 0) close(fd);
+}
+
+std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, RuntimeConfig config,
+                                       int* err, std::string* detail) {
+  auto client = std::make_unique<daemon::Client>();
+  if (int e = daemon::Client::connect_or_spawn(options, client.get(), detail)) {
+    *err = e;
+    return nullptr;
+  }
+  auto slot = std::make_unique<daemon::Slot>();
+  if (int e = client->acquire_slot(slot.get())) {
+    *err = e;
+    *detail = "urdmad leased no slot";
+    return nullptr;
+  }
+  // The slot's QPNs steer to its socket; QP0/QP1 are the daemon's (range 0 is never leased).
+  config.device.qpn_base = slot->info.qpn_base;
+  // The socket stays the daemon's too (its copy keeps the group's order); ours is a dup.
+  const int fd = dup(slot->fd.get());
+  if (fd < 0) {
+    *err = errno;
+    *detail = "dup of the slot socket failed";
+    return nullptr;
+  }
+  std::unique_ptr<net::UdpSocketIo> io = net::UdpSocketIo::adopt(fd, detail);
+  if (!io) {
+    *err = EIO;
+    return nullptr;
+  }
+  auto rt = std::make_unique<Runtime>(std::move(io), std::move(config));
+  rt->client_ = std::move(client);
+  rt->slot_ = std::move(slot);
+  *err = 0;
+  return rt;
+}
+
+// Poster side of the need-wakeup handshake (runtime.h).
+void Runtime::wake() {
+  if (!has_thread_) return;
+  doorbell_.store(true, std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_seq_cst)) {
+    wakeups_.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t one = 1;
+    ssize_t n = write(event_fd_, &one, sizeof one);
+    (void)n;  // EAGAIN only if the counter is near 2^64: it is readable anyway
+  }
+}
+
+void Runtime::release_token() {
+  token_.store(kFree, std::memory_order_seq_cst);
+  // Pairs with the engine thread's store of engine_waits_token_ before its re-check.
+  if (engine_waits_token_.load(std::memory_order_seq_cst)) token_.notify_all();
+}
+
+bool Runtime::try_progress() {
+  uint32_t expected = kFree;
+  if (!token_.compare_exchange_strong(expected, kApplication, std::memory_order_acquire,
+                                      std::memory_order_relaxed))
+    return false;
+  engine_.poll();
+  const uint64_t deadline = engine_.next_deadline_ns();
+  release_token();
+  inline_turns_.fetch_add(1, std::memory_order_relaxed);
+  // The engine thread may sleep on a later deadline than this turn left (a timer it armed):
+  // wake it so that it re-arms.
+  if (deadline < armed_deadline_ns_.load(std::memory_order_seq_cst)) wake();
+  return true;
+}
+
+void Runtime::run() {
+  engine_tid_.store(gettid(), std::memory_order_release);
+  while (!stop_.load(std::memory_order_acquire)) {
+    uint32_t expected = kFree;
+    if (!token_.compare_exchange_strong(expected, kEngineThread, std::memory_order_acquire,
+                                        std::memory_order_relaxed)) {
+      // An application thread drives the engine: sleep until it lets go of the token.
+      engine_waits_token_.store(true, std::memory_order_seq_cst);
+      if (token_.load(std::memory_order_seq_cst) == kApplication &&
+          !stop_.load(std::memory_order_seq_cst))
+        token_.wait(kApplication, std::memory_order_seq_cst);
+      engine_waits_token_.store(false, std::memory_order_relaxed);
+      continue;
+    }
+    // Everything rung before this point is seen by this turn (poll() reads the engine's own
+    // doorbell flags after this store).
+    doorbell_.store(false, std::memory_order_seq_cst);
+    engine_.poll();
+    uint64_t deadline = engine_.next_deadline_ns();
+    release_token();
+    turns_.fetch_add(1, std::memory_order_relaxed);
+    uint64_t now = clock_.now_ns();
+    if (deadline <= now) continue;
+    if (busy_poll_ns_ != 0) {
+      // Busy-poll window: keep taking turns while work may come soon.
+      const uint64_t until = now + busy_poll_ns_;
+      bool more = false;
+      while (!more && clock_.now_ns() < until && !stop_.load(std::memory_order_relaxed))
+        more = doorbell_.load(std::memory_order_seq_cst) || clock_.now_ns() >= deadline;
+      if (more) continue;
+    }
+    sleep_until(deadline);
+  }
+}
+
+// Engine-thread side of the need-wakeup handshake (runtime.h).
+void Runtime::sleep_until(uint64_t deadline_ns) {
+  armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
+  sleeping_.store(true, std::memory_order_seq_cst);
+  if (doorbell_.load(std::memory_order_seq_cst) || stop_.load(std::memory_order_seq_cst)) {
+    sleeping_.store(false, std::memory_order_seq_cst);
+    armed_deadline_ns_.store(0, std::memory_order_seq_cst);
+    return;
+  }
+  itimerspec its{};
+  if (deadline_ns != net::kNever) {
+    constexpr uint64_t kNsPerSecond = 1'000'000'000;
+    its.it_value.tv_sec = static_cast<time_t>(deadline_ns / kNsPerSecond);
+    its.it_value.tv_nsec = static_cast<long>(deadline_ns % kNsPerSecond);
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
+  }
+  // MonotonicClock is CLOCK_MONOTONIC, the timerfd's clock: the deadline is absolute.
+  base::check(timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr) == 0, "timerfd_settime");
+  epoll_event events[3];
+  int n;
+  do {
+    n = epoll_wait(epoll_fd_, events, 3, -1);
+  } while (n < 0 && errno == EINTR);
+  sleeping_.store(false, std::memory_order_seq_cst);
+  armed_deadline_ns_.store(0, std::memory_order_seq_cst);
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.fd == event_fd_ || events[i].data.fd == timer_fd_)
+      drain_fd(events[i].data.fd);
+  }
+}
+
+}  // namespace urdma::runtime

@@ -1,0 +1,129 @@
+// The runtime: one per process. It owns the engine, its packet I/O, the clock and the engine
+// thread, and makes the provider safe to use from any application thread.
+//
+//   runtime::RuntimeConfig cfg;  cfg.device = ...;  cfg.engine = ...;
+//   auto rt = runtime::Runtime::open({}, cfg, &err, &why);         // urdmad's slot socket
+//   auto rt = std::make_unique<runtime::Runtime>(std::move(io), cfg);  // any PacketIo (tests)
+//   provider::Device& dev = rt->device();   // post/poll from any thread
+//   rt->try_progress();                     // from ibv_poll_cq: drive the engine inline
+//
+// THREADS AND WHO OWNS WHAT
+// * The engine (engine::Engine and everything it reaches through `_st` methods) is run by
+//   whoever holds the progress token (`token_`, one atomic): the engine thread, or an
+//   application thread inside try_progress() (DESIGN.md: "whoever polls drives the engine").
+//   One holder at a time; taking and releasing it is one CAS and one store, never a lock held
+//   across a syscall. A holder runs engine.poll() turns; the engine thread does not poll while
+//   an application thread holds the token — it waits on the token (futex) and takes a turn when
+//   it is released.
+// * Application threads post through the provider (SQ/RQ rings, their own locks) and ring the
+//   doorbell: atomic stores (engine/rung_qps.h) then Runtime::wake().
+// * WAKE-UP (liburing's need-wakeup handshake, src/queue.c sq_ring_needs_enter): the engine
+//   thread, about to sleep, stores sleeping_ = true (seq_cst) and re-reads doorbell_; a poster
+//   stores doorbell_ = true (seq_cst) and writes the eventfd only if it reads sleeping_ == true.
+//   Both sides are seq_cst, so at least one of them sees the other: a post is never missed and
+//   a busy engine costs the poster no syscall. The engine thread sleeps in epoll_wait on the
+//   socket, the doorbell eventfd and a timerfd armed at engine.next_deadline_ns(); an idle
+//   process costs no CPU. RuntimeConfig::busy_poll_ns spins that long before sleeping.
+// * MEMORY LIFETIME: dereg_mr / rereg_mr / dealloc_mw call Doorbell::memory_released after the
+//   MR table changed; the engine waits until its turn epoch has moved past every turn that was
+//   running (engine.h), so no pointer looked up before the change is used after the verb
+//   returns. destroy_qp and modify to RESET take the engine's turn lock (qp_destroyed /
+//   qp_modified), so the QP's rings are not touched after they return.
+// * COUNTERS for other threads: counters() is a copy the engine makes between turns.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "daemon/client.h"
+#include "engine/engine.h"
+#include "net/clock.h"
+#include "net/packet_io.h"
+#include "provider/device.h"
+
+namespace urdma::runtime {
+
+struct RuntimeConfig {
+  provider::DeviceConfig device;  // its doorbell is the runtime's (overwritten)
+  engine::EngineConfig engine;
+  // Start the engine thread. Without it nothing runs the engine but try_progress() (tests).
+  bool engine_thread = true;
+  // How long the engine thread keeps polling after its last work before it sleeps.
+  uint64_t busy_poll_ns = 0;
+};
+
+class Runtime final : public engine::Waker {
+ public:
+  // Over any PacketIo; with the engine thread, io->readable_fd() must be a pollable fd.
+  Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config);
+  // The process's runtime over urdmad: connects (or starts it), leases a slot and runs the
+  // engine over the slot's socket, with the slot's QPN range as the device's qpn_base. Null
+  // with an errno in *err and a sentence in *detail on failure.
+  static std::unique_ptr<Runtime> open(const daemon::ClientOptions& options, RuntimeConfig config,
+                                       int* err, std::string* detail);
+  ~Runtime() override;
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  provider::Device& device() { return device_; }
+
+  // Any thread (ibv_poll_cq finding its CQ empty): runs one engine turn on this thread if
+  // nobody holds the progress token; false if somebody does (the engine is being driven).
+  bool try_progress();
+
+  // engine::Waker: a doorbell rang (any thread).
+  void wake() override;
+
+  // ---- observation (any thread) ----
+  engine::EngineCounters counters() const { return engine_.counters_snapshot(); }
+  uint64_t engine_thread_turns() const { return turns_.load(std::memory_order_relaxed); }
+  uint64_t eventfd_wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
+  uint64_t inline_turns() const { return inline_turns_.load(std::memory_order_relaxed); }
+  // The engine thread's kernel thread id (0 before it started or without one).
+  pid_t engine_tid() const { return engine_tid_.load(std::memory_order_acquire); }
+
+ private:
+  enum Token : uint32_t { kFree = 0, kEngineThread = 1, kApplication = 2 };
+
+  void run();
+  void release_token();
+  void sleep_until(uint64_t deadline_ns);
+
+  // The slot, when open() made the runtime (kept open: closing it returns the slot).
+  std::unique_ptr<daemon::Client> client_;
+  std::unique_ptr<daemon::Slot> slot_;
+
+  net::MonotonicClock clock_;
+  std::unique_ptr<net::PacketIo> io_;
+  engine::DoorbellRelay relay_;
+  provider::Device device_;
+  engine::Engine engine_;
+  const bool has_thread_;
+  const uint64_t busy_poll_ns_;
+
+  int epoll_fd_ = -1;
+  int event_fd_ = -1;  // the doorbell: written only when sleeping_
+  int timer_fd_ = -1;  // armed at the engine's next deadline
+
+  std::atomic<uint32_t> token_{kFree};
+  std::atomic<bool> engine_waits_token_{false};
+  std::atomic<bool> doorbell_{false};
+  std::atomic<bool> sleeping_{false};
+  // The deadline the sleeping engine thread armed (kNever: none): a turn on an application
+  // thread that leaves an earlier one wakes it.
+  std::atomic<uint64_t> armed_deadline_ns_{net::kNever};
+  std::atomic<bool> stop_{false};
+
+  std::atomic<uint64_t> turns_{0};
+  std::atomic<uint64_t> inline_turns_{0};
+  std::atomic<uint64_t> wakeups_{0};
+  std::atomic<pid_t> engine_tid_{0};
+  std::thread thread_;
+};
+
+}  // namespace urdma::runtime

@@ -1,0 +1,145 @@
+// Completion channels and the async event fd as ibv_get_cq_event(3) / ibv_get_async_event(3)
+// describe them: real fds for poll(2) and blocking reads; no event lost across the arm/poll
+// race while the engine thread completes work concurrently.
+#include "runtime/completion_channel.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <atomic>
+#include <thread>
+
+#include "runtime_test_util.h"
+
+namespace urdma::runtime::testing {
+namespace {
+
+// Waits (bounded by the hang guard) until fd is readable.
+bool wait_readable(int fd) {
+  pollfd pfd{fd, POLLIN, 0};
+  const int n = ::poll(&pfd, 1, static_cast<int>(kHangGuard / std::chrono::milliseconds(1)));
+  return n == 1 && (pfd.revents & POLLIN);
+}
+
+// One thread posts WRITEs in bursts; another consumes their completions only through the
+// channel, in the loop ibv_get_cq_event(3) prescribes (get event, ack, re-arm, then poll until
+// empty). A completion that lands between its last poll and its re-arming must still produce
+// an event, or the consumer would sleep forever (caught by the hang guard).
+TEST(CompletionChannel, NoEventLostAcrossArmAndPoll) {
+  auto [a, b] = make_hosts();
+  CompletionChannel channel;
+  provider::Cq* cqa = a.make_cq();
+  channel.attach(*cqa);
+  RcPair p = connect_rc(a, cqa, b, b.make_cq());
+  std::vector<uint8_t> src(64), dst(64 * 1024);
+  provider::Mr* ms = a.reg(src.data(), src.size());
+  provider::Mr* md = b.reg(dst.data(), dst.size());
+
+  constexpr uint64_t kWrites = 3000;
+  constexpr uint64_t kWindow = 64;
+  std::atomic<uint64_t> completed{0};
+  std::atomic<bool> hung{false};
+  std::thread consumer([&] {
+    // Arm, then poll until empty: what completed before the arming is polled, what completes
+    // after it fires the channel.
+    cqa->req_notify(false);
+    uint64_t events = 0;
+    for (;;) {
+      ibv_wc wc[16];
+      for (int n; (n = cqa->poll(16, wc)) > 0;) {
+        for (int i = 0; i < n; ++i) EXPECT_EQ(wc[i].status, IBV_WC_SUCCESS);
+        completed.fetch_add(static_cast<uint64_t>(n));
+      }
+      if (completed.load() >= kWrites) break;
+      if (!wait_readable(channel.fd())) {
+        hung.store(true);
+        return;
+      }
+      auto cq = channel.get_event();
+      ASSERT_TRUE(cq.ok());
+      ASSERT_EQ(cq.value(), cqa);
+      ++events;
+      channel.ack_events(*cqa, 1);
+      cqa->req_notify(false);
+    }
+    EXPECT_GT(events, 0u);
+    EXPECT_EQ(channel.unacked(*cqa), 0u);
+  });
+  uint64_t posted = 0;
+  const auto deadline = std::chrono::steady_clock::now() + kHangGuard;
+  while (posted < kWrites && !hung.load() && std::chrono::steady_clock::now() < deadline) {
+    if (posted - completed.load() >= kWindow) {
+      std::this_thread::yield();
+      continue;
+    }
+    ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), 64, ms->lkey()};
+    ibv_send_wr wr =
+        rdma_wr(IBV_WR_RDMA_WRITE, &sge,
+                reinterpret_cast<uintptr_t>(dst.data()) + (posted % 1024) * 64, md->rkey(), posted);
+    ibv_send_wr* bad = nullptr;
+    ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+    ++posted;
+    if (posted % 7 == 0) std::this_thread::yield();  // vary the bursts
+  }
+  consumer.join();
+  EXPECT_FALSE(hung.load()) << "an event was lost: " << completed.load() << " of " << kWrites;
+  EXPECT_EQ(completed.load(), kWrites);
+  channel.detach(*cqa);
+}
+
+TEST(CompletionChannel, NonBlockingFdSaysEagainWhenEmpty) {
+  CompletionChannel channel;
+  const int flags = fcntl(channel.fd(), F_GETFL);
+  ASSERT_EQ(fcntl(channel.fd(), F_SETFL, flags | O_NONBLOCK), 0);
+  auto e = channel.get_event();
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().error(), EAGAIN);
+}
+
+// A CQ too small for what arrives overflows on the engine thread: IBV_EVENT_CQ_ERR and the
+// QP's IBV_EVENT_QP_FATAL (IBA 11.4.2.1) reach the async fd, which poll(2) sees readable.
+TEST(AsyncEventFd, ReportsCqOverflowFromTheEngineThread) {
+  auto [a, b] = make_hosts();
+  AsyncEventFd async_fd(b.dev().async_events());
+  provider::Cq* small = b.make_cq(1);
+  RcPair p = connect_rc(a, a.make_cq(), b, small);
+  std::vector<uint8_t> buf(64 * 16);
+  provider::Mr* ma = a.reg(buf.data(), buf.size());
+  std::vector<uint8_t> rbuf(64 * 16);
+  provider::Mr* mb = b.reg(rbuf.data(), rbuf.size());
+  const uint32_t capacity = small->cqe();
+  const uint32_t sends = capacity + 2;
+  for (uint32_t i = 0; i < sends; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(rbuf.data() + i * 64 % rbuf.size()), 64, mb->lkey()};
+    ibv_recv_wr wr{};
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_TRUE(p.qb->post_recv(&wr, &bad).ok());
+  }
+  for (uint32_t i = 0; i < sends; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 64, ma->lkey()};
+    ibv_send_wr wr = rdma_wr(IBV_WR_SEND, &sge, 0, 0, i);
+    ibv_send_wr* bad = nullptr;
+    ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+  }
+  bool cq_err = false, qp_fatal = false;
+  while (!(cq_err && qp_fatal)) {
+    ASSERT_TRUE(wait_readable(async_fd.fd())) << "no async event";
+    auto e = async_fd.get_event();
+    ASSERT_TRUE(e.ok());
+    if (e.value().type == IBV_EVENT_CQ_ERR) {
+      EXPECT_EQ(e.value().cq, small);
+      cq_err = true;
+    }
+    if (e.value().type == IBV_EVENT_QP_FATAL) {
+      EXPECT_EQ(e.value().qp, p.qb);
+      qp_fatal = true;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace urdma::runtime::testing

@@ -1,0 +1,256 @@
+// Two runtimes, each with its engine thread, over real UDP sockets on loopback: RC SEND, WRITE,
+// READ and atomics with whole transfers checked by checksums; an idle engine thread costs no
+// CPU; posting from several application threads; the progress token.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "runtime_test_util.h"
+
+namespace urdma::runtime::testing {
+namespace {
+
+constexpr size_t kMiB = 1 << 20;
+
+void expect_success(const std::vector<ibv_wc>& wcs) {
+  for (const ibv_wc& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "wr_id " << wc.wr_id;
+}
+
+class RuntimeTest : public ::testing::TestWithParam<bool> {};  // param: drive from poll_cq
+
+TEST_P(RuntimeTest, RcSendWriteReadAtomicsArriveWhole) {
+  const bool drive = GetParam();
+  auto [a, b] = make_hosts();
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  RcPair p = connect_rc(a, cqa, b, cqb);
+
+  constexpr size_t kBytes = 4 * kMiB;
+  constexpr size_t kChunk = 256 * 1024;
+  constexpr size_t kChunks = kBytes / kChunk;
+  std::vector<uint8_t> src(kBytes), dst(kBytes, 0), back(kBytes, 0);
+  fill_pattern(src, 7);
+  alignas(8) uint64_t counter = 0;
+  alignas(8) uint64_t result[2] = {};
+  provider::Mr* msrc = a.reg(src.data(), kBytes);
+  provider::Mr* mback = a.reg(back.data(), kBytes);
+  provider::Mr* mres = a.reg(result, sizeof result);
+  provider::Mr* mdst = b.reg(dst.data(), kBytes);
+  provider::Mr* mctr = b.reg(&counter, sizeof counter);
+
+  // SEND: kChunks messages into kChunks receives.
+  for (size_t i = 0; i < kChunks; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(dst.data() + i * kChunk), kChunk, mdst->lkey()};
+    ibv_recv_wr wr{};
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_TRUE(p.qb->post_recv(&wr, &bad).ok());
+  }
+  for (size_t i = 0; i < kChunks; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(src.data() + i * kChunk), kChunk, msrc->lkey()};
+    ibv_send_wr wr = rdma_wr(IBV_WR_SEND, &sge, 0, 0, i);
+    ibv_send_wr* bad = nullptr;
+    ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+  }
+  expect_success(wait_cqes(*a.rt, cqa, kChunks, drive));
+  expect_success(wait_cqes(*b.rt, cqb, kChunks, drive));
+  EXPECT_EQ(fnv1a(dst.data(), kBytes), fnv1a(src.data(), kBytes));
+
+  // WRITE: the whole buffer again, a new pattern, into B.
+  fill_pattern(src, 8);
+  std::fill(dst.begin(), dst.end(), 0);
+  for (size_t i = 0; i < kChunks; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(src.data() + i * kChunk), kChunk, msrc->lkey()};
+    ibv_send_wr wr = rdma_wr(IBV_WR_RDMA_WRITE, &sge,
+                             reinterpret_cast<uintptr_t>(dst.data() + i * kChunk), mdst->rkey(), i);
+    ibv_send_wr* bad = nullptr;
+    ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+  }
+  expect_success(wait_cqes(*a.rt, cqa, kChunks, drive));
+  EXPECT_EQ(fnv1a(dst.data(), kBytes), fnv1a(src.data(), kBytes));
+
+  // READ it back from B.
+  for (size_t i = 0; i < kChunks; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(back.data() + i * kChunk), kChunk, mback->lkey()};
+    ibv_send_wr wr = rdma_wr(IBV_WR_RDMA_READ, &sge,
+                             reinterpret_cast<uintptr_t>(dst.data() + i * kChunk), mdst->rkey(), i);
+    ibv_send_wr* bad = nullptr;
+    ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+  }
+  expect_success(wait_cqes(*a.rt, cqa, kChunks, drive));
+  EXPECT_EQ(fnv1a(back.data(), kBytes), fnv1a(src.data(), kBytes));
+
+  // Atomics: 200 FETCH_ADDs of i, then a CMP_SWP of the known sum.
+  constexpr uint64_t kAdds = 200;
+  uint64_t sum = 0;
+  for (uint64_t i = 0; i < kAdds; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(&result[0]), 8, mres->lkey()};
+    ibv_send_wr wr{};
+    wr.wr_id = i;
+    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic.remote_addr = reinterpret_cast<uintptr_t>(&counter);
+    wr.wr.atomic.rkey = mctr->rkey();
+    wr.wr.atomic.compare_add = i;
+    sum += i;
+    ibv_send_wr* bad = nullptr;
+    ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+    if (i % 64 == 63) expect_success(wait_cqes(*a.rt, cqa, 64, drive));
+  }
+  expect_success(wait_cqes(*a.rt, cqa, kAdds % 64, drive));
+  {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(&result[1]), 8, mres->lkey()};
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.atomic.remote_addr = reinterpret_cast<uintptr_t>(&counter);
+    wr.wr.atomic.rkey = mctr->rkey();
+    wr.wr.atomic.compare_add = sum;
+    wr.wr.atomic.swap = 0xABCDEF;
+    ibv_send_wr* bad = nullptr;
+    ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+    expect_success(wait_cqes(*a.rt, cqa, 1, drive));
+  }
+  EXPECT_EQ(result[1], sum);
+  EXPECT_EQ(std::atomic_ref<uint64_t>(counter).load(), 0xABCDEFu);
+  const engine::EngineCounters ca = a.rt->counters();
+  EXPECT_GT(ca.sent_pkts, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(EngineThreadOnlyOrPollCqToo, RuntimeTest, ::testing::Bool());
+
+// utime + stime of one thread, in clock ticks (/proc/self/task/<tid>/stat fields 14 and 15).
+uint64_t thread_cpu_ticks(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  // The command name (field 2) may hold spaces: fields after it start after the last ')'.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return utime + stime;
+}
+
+TEST(RuntimeIdle, AnIdleEngineThreadSleeps) {
+  auto [a, b] = make_hosts();
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  RcPair p = connect_rc(a, cqa, b, cqb);
+  std::vector<uint8_t> src(64 * 1024), dst(64 * 1024);
+  fill_pattern(src, 1);
+  provider::Mr* ms = a.reg(src.data(), src.size());
+  provider::Mr* md = b.reg(dst.data(), dst.size());
+  ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), static_cast<uint32_t>(src.size()),
+              ms->lkey()};
+  ibv_send_wr wr =
+      rdma_wr(IBV_WR_RDMA_WRITE, &sge, reinterpret_cast<uintptr_t>(dst.data()), md->rkey(), 1);
+  ibv_send_wr* bad = nullptr;
+  ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+  expect_success(wait_cqes(*a.rt, cqa, 1, false));
+  // Let the last ACKs settle, then watch one idle second.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const pid_t tid = a.rt->engine_tid();
+  ASSERT_NE(tid, 0);
+  const uint64_t turns0 = a.rt->engine_thread_turns() + b.rt->engine_thread_turns();
+  const uint64_t ticks0 = thread_cpu_ticks(tid) + thread_cpu_ticks(b.rt->engine_tid());
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const uint64_t turns1 = a.rt->engine_thread_turns() + b.rt->engine_thread_turns();
+  const uint64_t ticks1 = thread_cpu_ticks(tid) + thread_cpu_ticks(b.rt->engine_tid());
+  // Idle: no traffic, no timer armed — the engine threads sleep in epoll_wait. Not a timing
+  // bound: a busy loop would take ~100 ticks per thread and thousands of turns.
+  EXPECT_LE(turns1 - turns0, 4u);
+  EXPECT_LE(ticks1 - ticks0, 10u);
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+}
+
+// Several application threads, each with its own QP pair and CQ on the same two runtimes,
+// post WRITEs concurrently (half of them also driving the engine from their poll loop);
+// every byte arrives.
+TEST(RuntimeThreads, PostingFromSeveralThreads) {
+  auto [a, b] = make_hosts();
+  constexpr int kThreads = 4;
+  constexpr size_t kSlice = 512 * 1024;
+  constexpr size_t kWrite = 8 * 1024;
+  std::vector<uint8_t> src(kThreads * kSlice), dst(kThreads * kSlice, 0);
+  fill_pattern(src, 3);
+  provider::Mr* ms = a.reg(src.data(), src.size());
+  provider::Mr* md = b.reg(dst.data(), dst.size());
+  std::vector<provider::Cq*> cqs;
+  std::vector<RcPair> pairs;
+  for (int t = 0; t < kThreads; ++t) {
+    cqs.push_back(a.make_cq());
+    pairs.push_back(connect_rc(a, cqs.back(), b, b.make_cq()));
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const size_t base = t * kSlice;
+      constexpr size_t kWindow = 32;
+      size_t posted = 0, done = 0;
+      while (done < kSlice / kWrite) {
+        while (posted < kSlice / kWrite && posted - done < kWindow) {
+          const size_t off = base + posted * kWrite;
+          ibv_sge sge{reinterpret_cast<uintptr_t>(src.data() + off), kWrite, ms->lkey()};
+          ibv_send_wr wr = rdma_wr(IBV_WR_RDMA_WRITE, &sge,
+                                   reinterpret_cast<uintptr_t>(dst.data() + off), md->rkey(), off);
+          ibv_send_wr* bad = nullptr;
+          ASSERT_TRUE(pairs[t].qa->post_send(&wr, &bad).ok());
+          ++posted;
+        }
+        const auto wcs = wait_cqes(*a.rt, cqs[t], 1, t % 2 == 0);
+        ASSERT_FALSE(wcs.empty());
+        expect_success(wcs);
+        done += wcs.size();
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+}
+
+// Without an engine thread nothing moves unless somebody polls: try_progress() is the engine.
+TEST(RuntimeProgress, PollCqDrivesTheEngineWithoutAThread) {
+  auto [a, b] = make_hosts({.engine_thread = false});
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  RcPair p = connect_rc(a, cqa, b, cqb);
+  std::vector<uint8_t> src(256 * 1024), dst(256 * 1024);
+  fill_pattern(src, 5);
+  provider::Mr* ms = a.reg(src.data(), src.size());
+  provider::Mr* md = b.reg(dst.data(), dst.size());
+  ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), static_cast<uint32_t>(src.size()),
+              ms->lkey()};
+  ibv_send_wr wr =
+      rdma_wr(IBV_WR_RDMA_WRITE, &sge, reinterpret_cast<uintptr_t>(dst.data()), md->rkey(), 1);
+  ibv_send_wr* bad = nullptr;
+  ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+  std::atomic<bool> done{false};
+  std::thread responder([&] {  // B's application polls too (it has no engine thread)
+    while (!done.load()) {
+      if (!b.rt->try_progress()) std::this_thread::yield();
+    }
+  });
+  expect_success(wait_cqes(*a.rt, cqa, 1, true));
+  done.store(true);
+  responder.join();
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+  EXPECT_GT(a.rt->inline_turns(), 0u);
+  EXPECT_EQ(a.rt->engine_thread_turns(), 0u);
+}
+
+}  // namespace
+}  // namespace urdma::runtime::testing
