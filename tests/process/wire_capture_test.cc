@@ -428,53 +428,66 @@ void skip_without_tools() {
   if (!have("tshark")) skip_test("no tshark (scripts/deps.sh installs it)");
 }
 
+// Where the two engines' sockets live: this namespace's `iface` carries their traffic.
+struct Topology {
+  std::string iface;
+  net::Address a, b;
+  // Opens b's socket (in another namespace for the veth form); null = open it here.
+  std::function<std::unique_ptr<net::PacketIo>(const net::Clock&)> open_b;
+};
+
+// Captures on t.iface while the engines exchange every operation, then checks the capture.
+void exchange_and_check(const Topology& t, const char* faults) {
+  if (faults) {
+    setenv(net::kFaultsEnvVar, faults, 1);
+  } else {
+    unsetenv(net::kFaultsEnvVar);
+  }
+  const std::string dir = scratch_dir();
+  const std::string pcap = dir + "/" + t.iface + ".pcap";
+  Capture cap(t.iface, pcap);
+  ASSERT_TRUE(cap.ready()) << slurp(pcap + ".log");
+  net::MonotonicClock clock;
+  auto a_io = open_io(t.a, clock);
+  auto b_io = t.open_b ? t.open_b(clock) : open_io(t.b, clock);
+  ASSERT_TRUE(a_io && b_io);
+  UdpHost a(t.a, std::move(a_io));
+  UdpHost b(t.b, std::move(b_io));
+  const std::vector<uint32_t> qpns = exchange_traffic(a, b);
+  const std::string log = cap.stop();
+  if (faults) {
+    // The profile really was at work, and RC went through it.
+    uint64_t faulted = 0, lost = 0;
+    for (UdpHost* h : {&a, &b}) {
+      auto* f = dynamic_cast<net::FaultyPacketIo*>(h->io.get());
+      ASSERT_NE(f, nullptr) << "URDMA_FAULTS was not applied";
+      const net::FaultCounters& c = f->fault_counters();
+      faulted += c.dropped_loss + c.duplicated + c.reordered + c.delayed;
+      lost += c.dropped_loss;
+      std::printf("%s: %lu datagrams, %lu lost, %lu duplicated, %lu reordered, %lu delayed\n",
+                  h->addr.to_string().c_str(), c.offered, c.dropped_loss, c.duplicated, c.reordered,
+                  c.delayed);
+    }
+    EXPECT_GT(faulted, 0u);
+    EXPECT_GT(lost, 0u) << "the seed loses a datagram among the first ones it sees";
+  }
+  check_capture(pcap, log, qpns, t.a.to_string(), t.b.to_string());
+  if (!::testing::Test::HasFailure()) {
+    std::remove(pcap.c_str());
+    std::remove((pcap + ".log").c_str());
+    rmdir(dir.c_str());
+  } else {
+    std::printf("capture kept: %s\n", pcap.c_str());
+  }
+}
+
 void loopback_exchange(const char* faults) {
   in_fresh_netns(
       [faults] {
         skip_without_tools();
-        if (faults) {
-          setenv(net::kFaultsEnvVar, faults, 1);
-        } else {
-          unsetenv(net::kFaultsEnvVar);
-        }
-        const std::string dir = scratch_dir();
-        const std::string pcap = dir + "/lo.pcap";
-        Capture cap("lo", pcap);
-        ASSERT_TRUE(cap.ready()) << slurp(pcap + ".log");
-        const net::Address a_addr = net::Address::from_v4(127, 0, 0, 1);
-        const net::Address b_addr = net::Address::from_v4(127, 0, 0, 2);
-        net::MonotonicClock clock;
-        auto a_io = open_io(a_addr, clock);
-        auto b_io = open_io(b_addr, clock);
-        ASSERT_TRUE(a_io && b_io);
-        UdpHost a(a_addr, std::move(a_io));
-        UdpHost b(b_addr, std::move(b_io));
-        const std::vector<uint32_t> qpns = exchange_traffic(a, b);
-        const std::string log = cap.stop();
-        if (faults) {
-          // The profile really was at work, and RC went through it.
-          uint64_t faulted = 0, lost = 0;
-          for (UdpHost* h : {&a, &b}) {
-            auto* f = dynamic_cast<net::FaultyPacketIo*>(h->io.get());
-            ASSERT_NE(f, nullptr) << "URDMA_FAULTS was not applied";
-            const net::FaultCounters& c = f->fault_counters();
-            faulted += c.dropped_loss + c.duplicated + c.reordered + c.delayed;
-            lost += c.dropped_loss;
-            std::printf("%s: %lu datagrams, %lu lost, %lu duplicated, %lu reordered, %lu delayed\n",
-                        h->addr.to_string().c_str(), c.offered, c.dropped_loss, c.duplicated,
-                        c.reordered, c.delayed);
-          }
-          EXPECT_GT(faulted, 0u);
-          EXPECT_GT(lost, 0u) << "the seed loses a datagram among the first ones it sees";
-        }
-        check_capture(pcap, log, qpns, "127.0.0.1", "127.0.0.2");
-        if (!::testing::Test::HasFailure()) {
-          std::remove(pcap.c_str());
-          std::remove((pcap + ".log").c_str());
-          rmdir(dir.c_str());
-        } else {
-          std::printf("capture kept: %s\n", pcap.c_str());
-        }
+        exchange_and_check(Topology{"lo", net::Address::from_v4(127, 0, 0, 1),
+                                    net::Address::from_v4(127, 0, 0, 2), nullptr},
+                           faults);
       },
       60);
 }
@@ -487,6 +500,58 @@ TEST(WireCapture, EveryPacketOnLoopbackPassesUrdmaDecodeAndTshark) {
 // the wire is still well-formed with correct ICRCs (no corruption in this profile).
 TEST(WireCapture, UnderAFaultProfileRcRecoversAndTheWireStaysClean) {
   loopback_exchange("seed=7,loss=50000,dup=20000,reorder=50000,delay_us=0-100");
+}
+
+}  // namespace
+}  // namespace urdma::process_test
+
+namespace urdma::process_test {
+namespace {
+
+// Two namespaces joined by a veth pair (10.89.0.1 here on va, 10.89.0.2 on vb in the other):
+// one process, b's sockets opened inside the other namespace (setns there and back), so one
+// thread still polls both engines; tcpdump captures on va.
+TEST(WireCapture, EveryPacketAcrossAVethPairPassesUrdmaDecodeAndTshark) {
+  in_fresh_netns(
+      [] {
+        skip_without_tools();
+        Pipe ready, done;
+        const pid_t holder = fork_process([&] {
+          done.close_wr();
+          if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
+          const pid_t me = getpid();
+          ready.put(me);
+          char end;
+          done.get(&end, 60'000);  // until the test is done with the namespace
+          return 0;
+        });
+        done.close_rd();
+        pid_t other;
+        ASSERT_TRUE(ready.get(&other));
+        ASSERT_TRUE(sh("ip link add va type veth peer name vb netns " + std::to_string(other) +
+                       " && ip addr add 10.89.0.1/24 dev va && ip link set va up"));
+        const int here = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+        const int there =
+            open(("/proc/" + std::to_string(other) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC);
+        ASSERT_GE(here, 0);
+        ASSERT_GE(there, 0);
+        Topology t{"va", net::Address::from_v4(10, 89, 0, 1), net::Address::from_v4(10, 89, 0, 2),
+                   [&](const net::Clock& clock) -> std::unique_ptr<net::PacketIo> {
+                     if (setns(there, CLONE_NEWNET) != 0) return nullptr;
+                     std::unique_ptr<net::PacketIo> io;
+                     if (sh("ip addr add 10.89.0.2/24 dev vb && ip link set vb up"))
+                       io = open_io(net::Address::from_v4(10, 89, 0, 2), clock);
+                     EXPECT_EQ(setns(here, CLONE_NEWNET), 0);
+                     return io;
+                   }};
+        exchange_and_check(t, nullptr);
+        close(here);
+        close(there);
+        done.close_wr();
+        const auto status = wait_exit(holder, 5000);
+        EXPECT_TRUE(status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+      },
+      60);
 }
 
 }  // namespace
