@@ -125,12 +125,15 @@ void Engine::poll() {
       if (QpContext* ctx = by_handle_[handle]) activate(*ctx);
     });
   }
+  flush_backlog();
   receive_batch();
   // QPN order, as a scan of every QP would have it: timers fire and QPs are served in a
   // deterministic order (completions of QPs sharing a CQ interleave the same way every run).
   std::sort(active_.begin(), active_.end(),
             [](const QpContext* a, const QpContext* b) { return a->qpn < b->qpn; });
-  fire_timers(clock_.now_ns());
+  // Blocked on transmit: packets still in our backlog have not left, so no timer may count
+  // them as lost; and nothing new is generated until the backlog drains.
+  if (!tx_blocked()) fire_timers(clock_.now_ns());
   for (size_t i = 0; i < active_.size(); ++i) serve(*active_[i]);
   std::erase_if(active_, [this](QpContext* ctx) {
     if (needs_service(*ctx)) return false;
@@ -148,12 +151,13 @@ void Engine::activate(QpContext& ctx) {
 void Engine::serve(QpContext& ctx) {
   // The receive side answers in RTR, RTS, SQD and SQE (IBA 10.3.1): paced READ responses and
   // the requests waiting behind them.
-  if (ctx.qp->state() != IBV_QPS_ERR) run_responder(ctx);
+  if (ctx.qp->state() != IBV_QPS_ERR && !tx_blocked()) run_responder(ctx);
   const ibv_qp_state st = ctx.qp->state();
   if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
     flush(ctx);  // SQE: the send queue only
     return;
   }
+  if (tx_blocked()) return;  // stays active; served once the backlog drained
   run_requester(ctx);
   // A completion lost to a full CQ moved the QP to ERR without flushing (cq_overflow).
   const ibv_qp_state now = ctx.qp->state();
@@ -183,6 +187,8 @@ uint64_t Engine::next_deadline_ns() const {
       if (needs_service(*ctx)) return 0;
       continue;
     }
+    // Blocked on transmit: sending waits for the I/O (EPOLLOUT), and timers wait with it.
+    if (tx_blocked()) continue;
     if (has_send_work(*ctx) || responder_busy(*ctx)) return 0;
     t = std::min({t, ctx->comp.retry_deadline_ns, ctx->comp.rnr_deadline_ns});
   }
@@ -504,11 +510,45 @@ bool Engine::send_packet(const Route& route) {
   tx.traffic_class = route.traffic_class;
   tx.hop_limit = route.hop_limit;
   ++counters_.sent_pkts;
-  if (io_.send(tx) != net::TxStatus::kSent) {
-    ++counters_.send_err;  // lost like a dropped packet; retransmission recovers (RC)
-    return false;
+  // Behind a backlog, or refused for now: keep a copy, in order (no retransmission, no UD loss
+  // because a local buffer was full — issue 7, back-pressure).
+  const net::TxStatus status = tx_backlog_.empty() ? io_.send(tx) : net::TxStatus::kWouldBlock;
+  if (status == net::TxStatus::kSent) return true;
+  if (status == net::TxStatus::kWouldBlock && tx_backlog_.size() < kMaxTxBacklog) {
+    ++counters_.tx_blocked;
+    Backlogged& b = tx_backlog_.emplace_back();
+    b.bytes.reserve(tx.size_bytes());
+    for (const iovec& v : tx.iov) {
+      const auto* p = static_cast<const uint8_t*>(v.iov_base);
+      b.bytes.insert(b.bytes.end(), p, p + v.iov_len);
+    }
+    b.dst = tx.dst;
+    b.src = tx.src;
+    b.src_port = tx.src_port;
+    b.traffic_class = tx.traffic_class;
+    b.hop_limit = tx.hop_limit;
+    return true;
   }
-  return true;
+  ++counters_.send_err;  // lost like a dropped packet; retransmission recovers (RC)
+  return false;
+}
+
+void Engine::flush_backlog() {
+  while (!tx_backlog_.empty()) {
+    const Backlogged& b = tx_backlog_.front();
+    const iovec iov{const_cast<uint8_t*>(b.bytes.data()), b.bytes.size()};
+    net::TxDatagram tx;
+    tx.iov = {&iov, 1};
+    tx.dst = b.dst;
+    tx.src = b.src;
+    tx.src_port = b.src_port;
+    tx.traffic_class = b.traffic_class;
+    tx.hop_limit = b.hop_limit;
+    const net::TxStatus status = io_.send(tx);
+    if (status == net::TxStatus::kWouldBlock) return;
+    if (status == net::TxStatus::kRejected) ++counters_.send_err;
+    tx_backlog_.pop_front();
+  }
 }
 
 void Engine::send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn) {

@@ -59,6 +59,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -184,6 +185,13 @@ class Engine final : public provider::Doorbell {
   // the calling thread.
   void memory_released() override;
 
+  // Back-pressure: datagrams the PacketIo refused with kWouldBlock (a full socket buffer) wait
+  // in a bounded backlog, in order, and go out first in the next poll(). While it is not empty
+  // the requesters and responders send nothing new and local ACK / RNR timers do not fire (a
+  // packet still in our own buffer is not lost: no retry_cnt is spent on it); the driver should
+  // poll again when the I/O becomes writable (EPOLLOUT), not at once. Engine thread.
+  bool tx_blocked() const { return !tx_backlog_.empty(); }
+
   // Test and tool access: the engine's view of a QP (nullptr if it has none).
   const QpContext* context(uint32_t qp_num) const;
 
@@ -212,6 +220,8 @@ class Engine final : public provider::Doorbell {
   // memory; false on an SGE that fails the local access check (LOC_PROT_ERR).
   bool tx_gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t offset, uint64_t length);
   bool send_packet(const Route& route);
+  // Sends what waits in tx_backlog_, oldest first, until the I/O blocks again.
+  void flush_backlog();
   void send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn);
   // Completions. False when the CQ overflowed: the completion is lost and the QP is in ERR.
   bool push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status);
@@ -297,6 +307,19 @@ class Engine final : public provider::Doorbell {
   size_t tx_payload_added_ = 0;     // payload bytes added so far
   bool tx_payload_copied_ = false;  // the payload is in tx_buf_ (the over-kMaxTxIov fallback)
   wire::PacketLayout tx_layout_;
+  // The transmit backlog (tx_blocked()): whole datagrams, copied, since their iovecs pointed
+  // into registered memory that must not be read after this turn (memory_released). Bounded:
+  // beyond kMaxTxBacklog a datagram is dropped and counted in send_err, as a loss.
+  struct Backlogged {
+    std::vector<uint8_t> bytes;
+    net::Endpoint dst;
+    net::Address src;
+    uint16_t src_port = 0;
+    uint8_t traffic_class = 0;
+    uint8_t hop_limit = 0;
+  };
+  static constexpr size_t kMaxTxBacklog = 4096;
+  std::deque<Backlogged> tx_backlog_;
   // Receive buffers and slots for one batch.
   std::vector<uint8_t> rx_storage_;
   std::vector<net::RxDatagram> rx_slots_;

@@ -26,7 +26,8 @@ struct EngineCounters {
   uint64_t retry_exceeded_err = 0;      // requester: retry_cnt exhausted
   uint64_t retry_rnr_exceeded_err = 0;  // requester: rnr_retry exhausted
   uint64_t completer_retry_err = 0;     // requester: retransmissions started (timeout or NAK)
-  uint64_t send_err = 0;                // PacketIo refused a datagram
+  uint64_t send_err = 0;                // PacketIo refused a datagram (kRejected), dropped
+  uint64_t tx_blocked = 0;              // kWouldBlock: kept in the transmit backlog, sent later
   uint64_t link_downed = 0;             // (no link state in user space; always 0)
   uint64_t rdma_sends = 0;              // request packets sent
   uint64_t rdma_recvs = 0;              // request packets accepted by the responder

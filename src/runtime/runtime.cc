@@ -128,11 +128,12 @@ bool Runtime::try_progress() {
     return false;
   engine_.poll();
   const uint64_t deadline = engine_.next_deadline_ns();
+  const bool blocked = engine_.tx_blocked();
   release_token();
   inline_turns_.fetch_add(1, std::memory_order_relaxed);
-  // The engine thread may sleep on a later deadline than this turn left (a timer it armed):
-  // wake it so that it re-arms.
-  if (deadline < armed_deadline_ns_.load(std::memory_order_seq_cst)) wake();
+  // The engine thread may sleep on a later deadline than this turn left (a timer it armed),
+  // or without EPOLLOUT while the engine is blocked on transmit: wake it so that it re-arms.
+  if (blocked || deadline < armed_deadline_ns_.load(std::memory_order_seq_cst)) wake();
   return true;
 }
 
@@ -155,6 +156,7 @@ void Runtime::run() {
     doorbell_.store(false, std::memory_order_seq_cst);
     engine_.poll();
     uint64_t deadline = engine_.next_deadline_ns();
+    want_writable(engine_.tx_blocked());
     release_token();
     turns_.fetch_add(1, std::memory_order_relaxed);
     uint64_t now = clock_.now_ns();
@@ -169,6 +171,15 @@ void Runtime::run() {
     }
     sleep_until(deadline);
   }
+}
+
+void Runtime::want_writable(bool on) {
+  if (on == epollout_) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
+  ev.data.fd = io_->readable_fd();
+  base::check(epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, io_->readable_fd(), &ev) == 0, "epoll_ctl(MOD)");
+  epollout_ = on;
 }
 
 // Engine-thread side of the need-wakeup handshake (runtime.h).

@@ -29,6 +29,8 @@
 //   running (engine.h), so no pointer looked up before the change is used after the verb
 //   returns. destroy_qp and modify to RESET take the engine's turn lock (qp_destroyed /
 //   qp_modified), so the QP's rings are not touched after they return.
+// * BACK-PRESSURE: a datagram the socket refuses with EAGAIN/ENOBUFS waits in the engine's
+//   transmit backlog (Engine::tx_blocked); the engine thread then also waits for EPOLLOUT.
 // * COUNTERS for other threads: counters() is a copy the engine makes between turns.
 #pragma once
 
@@ -93,6 +95,8 @@ class Runtime final : public engine::Waker {
   void run();
   void release_token();
   void sleep_until(uint64_t deadline_ns);
+  // EPOLLOUT on the socket while the engine is blocked on transmit (Engine::tx_blocked).
+  void want_writable(bool on);
 
   // The slot, when open() made the runtime (kept open: closing it returns the slot).
   std::unique_ptr<daemon::Client> client_;
@@ -107,8 +111,9 @@ class Runtime final : public engine::Waker {
   const uint64_t busy_poll_ns_;
 
   int epoll_fd_ = -1;
-  int event_fd_ = -1;  // the doorbell: written only when sleeping_
-  int timer_fd_ = -1;  // armed at the engine's next deadline
+  int event_fd_ = -1;      // the doorbell: written only when sleeping_
+  int timer_fd_ = -1;      // armed at the engine's next deadline
+  bool epollout_ = false;  // engine thread: the socket is registered for EPOLLOUT too
 
   std::atomic<uint32_t> token_{kFree};
   std::atomic<bool> engine_waits_token_{false};
