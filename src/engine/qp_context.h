@@ -39,7 +39,9 @@ inline constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 31;
 // IBA 9.7.5.2.8 / ibv_modify_qp(3): rnr_retry 7 means "retry forever".
 inline constexpr uint8_t kRnrRetryInfinite = 7;
 // RoCEv2 UDP source ports carry flow entropy (annex A17.4.1): 0xC000 | 14 bits of the QPN,
-// the range Linux rxe uses.
+// the range Linux rxe uses. This is the port a QP asks for; the packet I/O names the one it
+// really sends from (net::PacketIo::source_port: a socket's pool, udp_socket_io.h), and
+// Engine::send_packet seals the ICRC with that one.
 inline constexpr uint16_t kRoceSrcPortBase = 0xC000;
 inline constexpr uint16_t roce_src_port(uint32_t qpn) {
   return static_cast<uint16_t>(kRoceSrcPortBase | (qpn & 0x3FFF));

@@ -220,8 +220,8 @@ void FaultyPacketIo::release_due() {
   release(clock_.now_ns(), false);
 }
 
-uint64_t FaultyPacketIo::next_release_ns() const {
-  uint64_t t = kNever;
+uint64_t FaultyPacketIo::next_deadline_ns() const {
+  uint64_t t = inner_->next_deadline_ns();
   for (const Held& h : held_) t = std::min(t, h.release_ns);
   return t;
 }

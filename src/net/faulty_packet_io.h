@@ -13,11 +13,12 @@
 // side only; received datagrams pass untouched (run both peers with a profile for both ways).
 //
 // Held-back datagrams (delayed or reordered) are copies in a bounded queue (held_max; when it
-// is full the oldest is sent early and counted), sent by the next send/send_batch/recv_batch
-// call at or after their time — the engine polls regularly; a thread that sleeps should wake by
-// next_release_ns(). A datagram that passes with no fault goes to the inner I/O as it came
-// (its iovecs, no copy). With faults on, send_batch sends one datagram per inner send: this is a
-// testing tool, not the fast path (URDMA_FAULTS unset means no decorator at all).
+// is full the earliest due is sent early — lost if the inner I/O would block — and counted), sent
+// by the next send/send_batch/recv_batch call at or after their time — the engine polls regularly;
+// a thread that sleeps wakes by next_deadline_ns() (PacketIo's, so the runtime needs no cast). A
+// datagram that passes with no fault goes to the inner I/O as it came (its iovecs, no copy). With
+// faults on, send_batch sends one datagram per inner send: this is a testing tool, not the fast
+// path (URDMA_FAULTS unset means no decorator at all).
 #pragma once
 
 #include <cstddef>
@@ -101,8 +102,9 @@ class FaultyPacketIo final : public PacketIo {
 
   // Sends every held-back datagram whose time has come (also done by every call above).
   void release_due();
-  // When the earliest held-back datagram is due by time (kNever if none is held).
-  uint64_t next_release_ns() const;
+  // When the earliest held-back datagram is due by time (or the inner I/O's deadline; kNever if
+  // none).
+  uint64_t next_deadline_ns() const override;
   size_t held() const { return held_.size(); }
   const FaultCounters& fault_counters() const { return faults_; }
   const FaultProfile& profile() const { return profile_; }

@@ -19,6 +19,7 @@
 #include <span>
 
 #include "net/address.h"
+#include "net/clock.h"
 #include "wire/icrc.h"
 
 namespace urdma::net {
@@ -118,6 +119,11 @@ class PacketIo {
   virtual int readable_fd() const = 0;
 
   virtual IoCounters counters() const = 0;
+
+  // When this I/O next needs a call (send, send_batch or recv_batch) even if no datagram comes:
+  // a held-back datagram's time (FaultyPacketIo). kNever for I/Os that need none. An engine
+  // thread that sleeps bounds its sleep by it, as by its own timers.
+  virtual uint64_t next_deadline_ns() const { return kNever; }
 };
 
 }  // namespace urdma::net

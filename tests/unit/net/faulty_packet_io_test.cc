@@ -207,7 +207,7 @@ TEST(FaultyPacketIoTest, ReorderedCopyIsOvertakenByAtMostDepthDatagrams) {
   rig.send_number(0);
   EXPECT_EQ(rig.inner->sent.size(), 0u);
   EXPECT_EQ(rig.io->held(), 1u);
-  EXPECT_EQ(rig.io->next_release_ns(), p.reorder_max_ns);
+  EXPECT_EQ(rig.io->next_deadline_ns(), p.reorder_max_ns);
   rig.send_number(1);  // held too; its arrival releases #0 (one datagram overtook it)
   EXPECT_EQ(rig.numbers(), std::vector<uint32_t>{0});
   rig.clock.advance(p.reorder_max_ns);  // nothing more is sent: #1 goes by time
@@ -222,7 +222,7 @@ TEST(FaultyPacketIoTest, DelayHoldsUntilItsTime) {
   Rig rig(*p);
   rig.send_number(5);
   EXPECT_EQ(rig.inner->sent.size(), 0u);
-  EXPECT_EQ(rig.io->next_release_ns(), 100'000u);
+  EXPECT_EQ(rig.io->next_deadline_ns(), 100'000u);
   rig.clock.advance(99'999);
   std::vector<uint8_t> buf(8);
   RxDatagram slot{buf};
@@ -232,7 +232,7 @@ TEST(FaultyPacketIoTest, DelayHoldsUntilItsTime) {
   EXPECT_EQ(rig.io->recv_batch(std::span<RxDatagram>(&slot, 1)), 0u);
   EXPECT_EQ(rig.numbers(), std::vector<uint32_t>{5});
   EXPECT_EQ(rig.io->fault_counters().delayed, 1u);
-  EXPECT_EQ(rig.io->next_release_ns(), kNever);
+  EXPECT_EQ(rig.io->next_deadline_ns(), kNever);
 }
 
 TEST(FaultyPacketIoTest, HeldQueueIsBoundedAndWouldBlockIsRetried) {

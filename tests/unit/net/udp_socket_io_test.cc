@@ -313,6 +313,34 @@ TEST(UdpSocketIoTest, PoolPortsAreSharedAndDropWhatArrives) {
   EXPECT_EQ(c->recv_batch(std::span<RxDatagram>(&slot, 1)), 0u);
 }
 
+// A dual-stack slot socket ([::], as urdmad's) gets a dual-stack pool: IPv4 and IPv6 datagrams
+// both leave from the pool's ports.
+TEST(UdpSocketIoTest, DualStackPoolSendsBothFamilies) {
+  std::string error;
+  const int fd = UdpSocketIo::bind_udp(*Endpoint::parse("[::]:0"), &error);
+  if (fd < 0) GTEST_SKIP() << "no IPv6 here: " << error;
+  auto a = UdpSocketIo::adopt(fd, &error, UdpSocketIoOptions{4});
+  ASSERT_TRUE(a) << error;
+  const int f6 = UdpSocketIo::bind_udp(*Endpoint::parse("[::1]:0"), &error);
+  if (f6 < 0) GTEST_SKIP() << "no IPv6 loopback here: " << error;
+  auto b6 = UdpSocketIo::adopt(f6, &error);
+  auto b4 = open_io("127.0.0.1:0");
+  ASSERT_TRUE(b6 && b4);
+  uint8_t byte = 1;
+  const iovec v{&byte, 1};
+  for (UdpSocketIo* peer : {b4.get(), b6.get()}) {
+    TxDatagram d;
+    d.iov = std::span<const iovec>(&v, 1);
+    d.dst = peer->local();
+    d.src_port = a->source_port(0xC003);
+    ASSERT_NE(d.src_port, a->local().port);
+    ASSERT_EQ(a->send(d), TxStatus::kSent) << d.dst.to_string();
+    const auto got = receive(*peer, 1);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].src.port, d.src_port);
+  }
+}
+
 TEST(UdpSocketIoTest, PoolSizeMustBeAPowerOfTwo) {
   std::string error;
   const int fd = UdpSocketIo::bind_udp(*Endpoint::parse("127.0.0.1:0"), &error);
