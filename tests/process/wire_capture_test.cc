@@ -4,9 +4,10 @@
 // packet is checked by `urdma decode` (every ICRC correct, nothing malformed) and by tshark's
 // InfiniBand dissector (every packet decoded as InfiniBand, nothing malformed, no expert warning).
 //
-// On loopback (127.0.0.1 <-> 127.0.0.2, each engine's socket on its address's port 4791) and
-// across a veth pair between two namespaces (10.89.0.1 <-> 10.89.0.2: one process, the second
-// socket opened inside the second namespace with setns). One thread polls both engines in turn.
+// On loopback (127.0.0.1 <-> 127.0.0.2, each engine's socket on its address's port 4791), on two
+// urdmad slot sockets ([::]:4791, steered by DestQP, as the runtime runs) and across a veth pair
+// between two namespaces (10.89.0.1 <-> 10.89.0.2: one process, the second socket opened inside
+// the second namespace with setns). One thread polls both engines in turn.
 // Also under URDMA_FAULTS (loss, duplication, reordering, delay — no corruption, so the capture
 // must still be clean): RC recovers over real sockets and the data arrives intact.
 // Skipped, with the reason, without tcpdump, tshark or a network namespace.
@@ -33,6 +34,7 @@
 #include <tuple>
 #include <vector>
 
+#include "daemon/client.h"
 #include "engine/engine.h"
 #include "net/clock.h"
 #include "net/faulty_packet_io.h"
@@ -133,10 +135,10 @@ class Capture {
 
 // One engine on a real UDP socket bound to (address, 4791), with its device, PD and CQ.
 struct UdpHost {
-  UdpHost(const net::Address& address, std::unique_ptr<net::PacketIo> packet_io)
+  UdpHost(const net::Address& address, std::unique_ptr<net::PacketIo> packet_io, uint32_t qpn_base)
       : addr(address),
         io(std::move(packet_io)),
-        dev(test::device_config(&relay, address, IBV_MTU_4096)),
+        dev(with_qpn_base(test::device_config(&relay, address, IBV_MTU_4096), qpn_base)),
         engine(dev, *io, clock, engine::EngineConfig{}) {
     pd = dev.alloc_pd().value();
     cq = dev.create_cq(1024).value();
@@ -157,6 +159,11 @@ struct UdpHost {
     auto r = dev.reg_mr(pd, buf, len, reinterpret_cast<uint64_t>(buf), access);
     EXPECT_TRUE(r.ok()) << r.error();
     return r.ok() ? r.value() : nullptr;
+  }
+
+  static provider::DeviceConfig with_qpn_base(provider::DeviceConfig c, uint32_t qpn_base) {
+    c.qpn_base = qpn_base;
+    return c;
   }
 
   net::Address addr;
@@ -428,12 +435,20 @@ void skip_without_tools() {
   if (!have("tshark")) skip_test("no tshark (scripts/deps.sh installs it)");
 }
 
+// An engine's PacketIo and the QPNs that reach it.
+struct Opened {
+  std::unique_ptr<net::PacketIo> io;
+  uint32_t qpn_base = provider::DeviceConfig{}.qpn_base;
+};
+using Opener = std::function<Opened(const net::Clock&)>;
+
 // Where the two engines' sockets live: this namespace's `iface` carries their traffic.
 struct Topology {
   std::string iface;
   net::Address a, b;
-  // Opens b's socket (in another namespace for the veth form); null = open it here.
-  std::function<std::unique_ptr<net::PacketIo>(const net::Clock&)> open_b;
+  // Open a's and b's I/O (a urdmad slot, or in another namespace for the veth form); null =
+  // a socket bound to the address's port 4791 here.
+  Opener open_a, open_b;
 };
 
 // Captures on t.iface while the engines exchange every operation, then checks the capture.
@@ -448,11 +463,11 @@ void exchange_and_check(const Topology& t, const char* faults) {
   Capture cap(t.iface, pcap);
   ASSERT_TRUE(cap.ready()) << slurp(pcap + ".log");
   net::MonotonicClock clock;
-  auto a_io = open_io(t.a, clock);
-  auto b_io = t.open_b ? t.open_b(clock) : open_io(t.b, clock);
-  ASSERT_TRUE(a_io && b_io);
-  UdpHost a(t.a, std::move(a_io));
-  UdpHost b(t.b, std::move(b_io));
+  Opened a_io = t.open_a ? t.open_a(clock) : Opened{open_io(t.a, clock)};
+  Opened b_io = t.open_b ? t.open_b(clock) : Opened{open_io(t.b, clock)};
+  ASSERT_TRUE(a_io.io && b_io.io);
+  UdpHost a(t.a, std::move(a_io.io), a_io.qpn_base);
+  UdpHost b(t.b, std::move(b_io.io), b_io.qpn_base);
   const std::vector<uint32_t> qpns = exchange_traffic(a, b);
   const std::string log = cap.stop();
   if (faults) {
@@ -486,7 +501,7 @@ void loopback_exchange(const char* faults) {
       [faults] {
         skip_without_tools();
         exchange_and_check(Topology{"lo", net::Address::from_v4(127, 0, 0, 1),
-                                    net::Address::from_v4(127, 0, 0, 2), nullptr},
+                                    net::Address::from_v4(127, 0, 0, 2), nullptr, nullptr},
                            faults);
       },
       60);
@@ -536,13 +551,13 @@ TEST(WireCapture, EveryPacketAcrossAVethPairPassesUrdmaDecodeAndTshark) {
         ASSERT_GE(here, 0);
         ASSERT_GE(there, 0);
         Topology t{"va", net::Address::from_v4(10, 89, 0, 1), net::Address::from_v4(10, 89, 0, 2),
-                   [&](const net::Clock& clock) -> std::unique_ptr<net::PacketIo> {
-                     if (setns(there, CLONE_NEWNET) != 0) return nullptr;
-                     std::unique_ptr<net::PacketIo> io;
+                   nullptr, [&](const net::Clock& clock) {
+                     Opened o;
+                     if (setns(there, CLONE_NEWNET) != 0) return o;
                      if (sh("ip addr add 10.89.0.2/24 dev vb && ip link set vb up"))
-                       io = open_io(net::Address::from_v4(10, 89, 0, 2), clock);
+                       o.io = open_io(net::Address::from_v4(10, 89, 0, 2), clock);
                      EXPECT_EQ(setns(here, CLONE_NEWNET), 0);
-                     return io;
+                     return o;
                    }};
         exchange_and_check(t, nullptr);
         close(here);
@@ -550,6 +565,51 @@ TEST(WireCapture, EveryPacketAcrossAVethPairPassesUrdmaDecodeAndTshark) {
         done.close_wr();
         const auto status = wait_exit(holder, 5000);
         EXPECT_TRUE(status && WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+      },
+      60);
+}
+
+}  // namespace
+}  // namespace urdma::process_test
+
+namespace urdma::process_test {
+namespace {
+
+// As the runtime runs: each engine on a urdmad slot socket ([::]:4791, dual-stack, steered to
+// it by the BTH DestQP) with its slot's QPN range — two slots of one namespace's daemon, both
+// sending from their pools' ports.
+TEST(WireCapture, EveryPacketBetweenTwoUrdmadSlotsPassesUrdmaDecodeAndTshark) {
+  in_fresh_netns(
+      [] {
+        skip_without_tools();
+        setenv("URDMA_DAEMON", URDMA_DAEMON_PATH, 1);
+        setenv("URDMA_IDLE_TIMEOUT_MS", "10000", 1);
+        unsetenv("URDMA_SOCKET");
+        unsetenv("URDMA_UDP_PORT");
+        unsetenv("URDMA_SLOTS");
+        daemon::Client ca, cb;
+        daemon::ClientOptions o;
+        o.timeout_ms = 5000;
+        std::string detail;
+        ASSERT_EQ(daemon::Client::connect_or_spawn(o, &ca, &detail), 0) << detail;
+        ASSERT_EQ(daemon::Client::connect_or_spawn(o, &cb, &detail), 0) << detail;
+        daemon::Slot sa, sb;
+        ASSERT_EQ(ca.acquire_slot(&sa), 0);
+        ASSERT_EQ(cb.acquire_slot(&sb), 0);
+        ASSERT_NE(sa.info.qpn_base, sb.info.qpn_base);
+        const auto slot_io = [](daemon::Slot& slot) {
+          return [&slot](const net::Clock& clock) {
+            std::string error;
+            Opened op;
+            op.io = net::make_packet_io_from_env(dup(slot.fd.get()), clock, &error);
+            EXPECT_TRUE(op.io) << error;
+            op.qpn_base = slot.info.qpn_base;
+            return op;
+          };
+        };
+        exchange_and_check(Topology{"lo", net::Address::from_v4(127, 0, 0, 1),
+                                    net::Address::from_v4(127, 0, 0, 2), slot_io(sa), slot_io(sb)},
+                           nullptr);
       },
       60);
 }
