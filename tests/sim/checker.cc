@@ -742,6 +742,23 @@ class Checker {
                              describe_recv(recvs[k - 1].second));
       match_messages(q, recvs, matched);
     }
+    // A receive queue completes in order whatever the status: messages, the fault's error,
+    // then the flush (IBA 10.8.3.1: a work queue's completions are returned in order).
+    std::map<uint32_t, std::vector<std::pair<const ObservedCompletion*, size_t>>> all_of_rq;
+    for (size_t i = 0; i < s_.recvs.size(); ++i)
+      if (s_.recvs[i].qp != kNone && s_.qps[s_.recvs[i].qp].type == IBV_QPT_RC)
+        for (const ObservedCompletion* c : recv_cqe_[i])
+          all_of_rq[s_.recvs[i].qp].push_back({c, i});
+    for (auto& [q, list] : all_of_rq) {
+      std::sort(list.begin(), list.end(), [](auto& a, auto& b) { return a.first < b.first; });
+      for (size_t k = 1; k < list.size(); ++k)
+        if (list[k].second < list[k - 1].second) {
+          add("order", describe_recv(list[k].second) + " " + describe_wc(*list[k].first) +
+                           " completed after the later " + describe_recv(list[k - 1].second) + " " +
+                           describe_wc(*list[k - 1].first));
+          break;
+        }
+    }
 
     // Unmatched receive buffers: untouched, unless a message may have been cut short in them —
     // a message of a QP pair that failed (RC), or any message on a faulty network (UC).

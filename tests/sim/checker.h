@@ -13,7 +13,8 @@
 //   exactly-once  every posted signaled WR (and every WR that completed in error, and every
 //                 posted receive after the final drain) has exactly one completion; no
 //                 completion for an unknown or unposted WR; no success for an unsignaled WR
-//   order         per QP, send completions come in posting order; RC receives in posting order
+//   order         per QP, send completions come in posting order; an RC receive queue's
+//                 completions (messages, a fault's error, flushes) in posting order
 //   status        per QP, every WR succeeds until the QP's error; then every later WR flushes
 //                 (WR_FLUSH_ERR), in order. The error WR must be one of:
 //                  * an injected fault (Scenario Fault) with exactly fault_outcome()'s status;

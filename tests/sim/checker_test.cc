@@ -558,6 +558,28 @@ TEST_F(MutationTest, ResponderReceivesFlushWhenItEntersErr) {
   EXPECT_TRUE(reports(check_run(), "status"));
 }
 
+TEST_F(MutationTest, ReceiveQueueFlushesInOrder) {
+  // The responder's receive queue after its error: flushes in posting order.
+  const size_t i = pick_fault(Fault::kShortRecv, [](const Scenario& s, size_t k) {
+    const uint32_t b = s.qps[s.sends[k].qp].peer;
+    size_t n = 0;
+    for (const RecvSpec& v : s.recvs) n += v.qp == b;
+    return n >= 3;
+  });
+  const uint32_t b = s_.qps[s_.sends[i].qp].peer;
+  std::vector<size_t> flushed;
+  for (size_t k = 0; k < run_.completions.size(); ++k) {
+    const ObservedCompletion& c = run_.completions[k];
+    if (c.recv_cq && c.wc.status == IBV_WC_WR_FLUSH_ERR && c.wc.qp_num == run_.qp_num[b] &&
+        c.host == s_.qps[b].host)
+      flushed.push_back(k);
+  }
+  if (flushed.size() < 2) GTEST_SKIP() << "fewer than two flushed receives";
+  EXPECT_EQ(dump(check_run()), "");
+  std::swap(run_.completions[flushed[0]], run_.completions[flushed[1]]);
+  EXPECT_TRUE(reports(check_run(), "order"));
+}
+
 TEST_F(MutationTest, ShortReceiveWithoutItsLengthError) {
   const size_t i = pick_fault(Fault::kShortRecv);
   ObservedCompletion* r = nullptr;
