@@ -9,7 +9,9 @@
 // between two namespaces (10.89.0.1 <-> 10.89.0.2: one process, the second socket opened inside
 // the second namespace with setns). One thread polls both engines in turn.
 // Also under URDMA_FAULTS (loss, duplication, reordering, delay — no corruption, so the capture
-// must still be clean): RC recovers over real sockets and the data arrives intact.
+// must still be clean): RC recovers over real sockets and the data arrives intact; and with
+// corruption alone, where every flipped datagram must fail its ICRC at the engine and in
+// `urdma decode`.
 // Skipped, with the reason, without tcpdump, tshark or a network namespace.
 #include <fcntl.h>
 #include <gtest/gtest.h>
