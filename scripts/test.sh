@@ -2,7 +2,7 @@
 # Builds urdma and runs the whole test suite, the way CI does:
 #   1. plain build (RelWithDebInfo, -Werror): unit, simulation, cross-check and replay tests;
 #   2. ASan+UBSan build (-O2, assertions on): the same tests again;
-#   3. TSan build: the provider and engine unit tests;
+#   3. TSan build: the provider, engine and runtime unit tests;
 #   4. libFuzzer build (clang): every fuzz target for URDMA_FUZZ_SECONDS (default 60) each.
 # Ends with one line "urdma: N passed, M failed". Exit status is non-zero if anything failed.
 set -uo pipefail
@@ -57,9 +57,10 @@ echo "== ASan+UBSan build"
 build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_SANITIZE=address,undefined -DURDMA_BENCH=OFF &&
   run_ctest build-asan
 
-echo "== TSan build: the provider and engine tests (the rings shared between threads)"
+echo "== TSan build: the provider, engine and runtime tests (engine threads against application threads)"
 build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_SANITIZE=thread -DURDMA_BENCH=OFF \
-  -- urdma_provider_tests urdma_engine_tests && run_ctest build-tsan -R '^(provider|engine)[.]'
+  -- urdma_provider_tests urdma_engine_tests urdma_runtime_tests &&
+  run_ctest build-tsan -R '^(provider|engine|runtime)[.]'
 
 echo "== libFuzzer (${fuzz_seconds}s per target)"
 CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_FUZZ=ON \

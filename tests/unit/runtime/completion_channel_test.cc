@@ -100,13 +100,15 @@ TEST(CompletionChannel, NonBlockingFdSaysEagainWhenEmpty) {
 // A CQ too small for what arrives overflows on the engine thread: IBV_EVENT_CQ_ERR and the
 // QP's IBV_EVENT_QP_FATAL (IBA 11.4.2.1) reach the async fd, which poll(2) sees readable.
 TEST(AsyncEventFd, ReportsCqOverflowFromTheEngineThread) {
+  // The buffers outlive the runtimes: A's requester retransmits the SENDs a QP in ERR never
+  // acknowledges until its runtime stops.
+  std::vector<uint8_t> buf(64 * 16);
+  std::vector<uint8_t> rbuf(64 * 16);
   auto [a, b] = make_hosts();
   AsyncEventFd async_fd(b.dev().async_events());
   provider::Cq* small = b.make_cq(1);
   RcPair p = connect_rc(a, a.make_cq(), b, small);
-  std::vector<uint8_t> buf(64 * 16);
   provider::Mr* ma = a.reg(buf.data(), buf.size());
-  std::vector<uint8_t> rbuf(64 * 16);
   provider::Mr* mb = b.reg(rbuf.data(), rbuf.size());
   const uint32_t capacity = small->cqe();
   const uint32_t sends = capacity + 2;

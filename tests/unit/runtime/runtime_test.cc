@@ -59,7 +59,11 @@ TEST_P(RuntimeTest, RcSendWriteReadAtomicsArriveWhole) {
     ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
   }
   expect_success(wait_cqes(*a.rt, cqa, kChunks, drive));
-  expect_success(wait_cqes(*b.rt, cqb, kChunks, drive));
+  {
+    const auto wb = wait_cqes(*b.rt, cqb, kChunks, drive);
+    for (const ibv_wc& wc : wb)
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "B wr_id " << wc.wr_id << " op " << wc.opcode;
+  }
   EXPECT_EQ(fnv1a(dst.data(), kBytes), fnv1a(src.data(), kBytes));
 
   // WRITE: the whole buffer again, a new pattern, into B.

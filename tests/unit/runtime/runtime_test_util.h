@@ -104,6 +104,9 @@ inline RcPair connect_rc(Host& a, provider::Cq* cqa, Host& b, provider::Cq* cqb,
     return q.value();
   };
   p.mtu = IBV_MTU_4096;
+  // Local ACK timeout 4.096 us << 16 = 268 ms: retry_cnt + 1 tries span ~2 s, so an engine
+  // thread starved by a loaded 2-core machine (or by TSan) does not end in RETRY_EXC_ERR.
+  p.timeout = 16;
   RcPair r{make(a, cqa), make(b, cqb)};
   test::QpParams pb = p;
   std::swap(pb.sq_psn, pb.rq_psn);
