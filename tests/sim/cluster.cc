@@ -59,7 +59,7 @@ class TraceHash {
 
 // The engine's PacketIo, seen through: every datagram the engine transmits passes here on its
 // way into the network, so the runner has its bytes when the network reports the send (the
-// kSend trace event fires inside the inner send).
+// kSend trace event fires inside the inner send). Everything else is forwarded as is.
 class TracingIo final : public net::PacketIo {
  public:
   explicit TracingIo(net::PacketIo& inner) : inner_(inner) {}
@@ -78,6 +78,8 @@ class TracingIo final : public net::PacketIo {
   size_t recv_batch(std::span<net::RxDatagram> batch) override { return inner_.recv_batch(batch); }
   int readable_fd() const override { return inner_.readable_fd(); }
   net::IoCounters counters() const override { return inner_.counters(); }
+  uint16_t source_port(uint16_t wanted) const override { return inner_.source_port(wanted); }
+  uint64_t next_deadline_ns() const override { return inner_.next_deadline_ns(); }
   // The bytes of the datagram being sent right now.
   const std::vector<uint8_t>& current() const { return current_; }
 
