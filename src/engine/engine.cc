@@ -120,6 +120,7 @@ void Engine::poll() {
       if (e->epoch_waiters_.load(std::memory_order_seq_cst) != 0) e->turn_epoch_.notify_all();
     }
   } turn_end{this, outer};
+  run_commands();
   if (doorbell_rung_.exchange(false, std::memory_order_acq_rel)) {
     rung_.drain([this](uint32_t handle) {
       if (QpContext* ctx = by_handle_[handle]) activate(*ctx);
@@ -222,12 +223,39 @@ void Engine::ring_srq(provider::Srq&) {
   doorbell_rung_.store(true, std::memory_order_release);
 }
 
+// Control operations are commands the engine executes (issue 7): a modify is queued and runs
+// inline only when no turn is running (always so with one thread: the simulation and the
+// engine tests see exactly the old order); otherwise the turn holder runs it before it next
+// serves a doorbell or a received batch. Only RESET and destroy wait, because the provider
+// empties the QP's queues (or frees them) as soon as they return (provider/doorbell.h).
 void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
-  std::lock_guard lock(mutex_);
   if (to == IBV_QPS_RESET) {
+    std::lock_guard lock(mutex_);  // waits for the running turn
+    run_commands();
     forget(qp.qp_num());
     return;
   }
+  {
+    std::lock_guard lock(commands_mutex_);
+    commands_.push_back(Command{&qp, from, to});
+  }
+  commands_pending_.store(true, std::memory_order_release);
+  doorbell_rung_.store(true, std::memory_order_release);  // next_deadline_ns(): poll now
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (lock.owns_lock()) run_commands();
+}
+
+void Engine::run_commands() {
+  if (!commands_pending_.exchange(false, std::memory_order_acq_rel)) return;
+  {
+    std::lock_guard lock(commands_mutex_);
+    running_commands_.swap(commands_);
+  }
+  for (const Command& c : running_commands_) apply_modify(*c.qp, c.from, c.to);
+  running_commands_.clear();
+}
+
+void Engine::apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
   QpContext* ctx = find(qp.qp_num());
   if (ctx == nullptr) {
     auto owned = std::make_unique<QpContext>();
@@ -260,7 +288,8 @@ void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
 }
 
 void Engine::qp_destroyed(provider::Qp& qp) {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(mutex_);  // waits for the running turn
+  run_commands();                // none may name the QP after it is gone
   forget(qp.qp_num());
 }
 
@@ -309,6 +338,9 @@ void Engine::receive_batch() {
     slot.truncated = false;
   }
   const size_t n = io_.recv_batch(rx_slots_);
+  // A modify queued during this turn (INIT → RTR, say) precedes the packets its peer sent
+  // after learning of it: apply it before looking at them.
+  if (n > 0) run_commands();
   for (size_t i = 0; i < n; ++i) handle_datagram(rx_slots_[i]);
 }
 

@@ -27,10 +27,13 @@
 //
 // THREADING. poll(), next_deadline_ns(), counters() and context() are for the engine thread.
 // The Doorbell callbacks may come from application threads: ring_sq / ring_rq / ring_srq only
-// set atomic bits (rung_qps.h); qp_modified / qp_destroyed take the engine's (recursive) mutex,
-// which poll() holds, so they return only once the engine no longer touches the QP (the
-// contract of provider/doorbell.h). In the simulation there is one thread and the mutex is
-// uncontended.
+// set atomic bits (rung_qps.h). qp_modified queues a command (MPSC, a short lock) that the
+// engine executes — inline at once when no poll() turn runs, else by the running turn before
+// its next doorbell drain or received batch — so ibv_modify_qp never waits for a turn (the
+// flush of a modify to ERR completes later, as on hardware). A modify to RESET and
+// qp_destroyed take the engine's (recursive) mutex, which poll() holds, so they return only
+// once the engine no longer touches the QP (the contract of provider/doorbell.h). In the
+// simulation there is one thread: every command runs inline, in the old order.
 //
 // COST PER POLL. poll() serves only the QPs on its active list: those whose doorbell rang, that
 // received a packet, were modified, or still have requester work, READ responses to send (or
@@ -200,6 +203,10 @@ class Engine final : public provider::Doorbell {
   // left keeps next_deadline_ns() at "now", so one busy QP cannot starve the others.
   static constexpr int kMaxPacketsPerTurn = 256;
 
+  // ---- engine.cc: control commands ----
+  void run_commands();
+  void apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to);
+
   // ---- engine.cc: pipeline, transmission, completions ----
   void receive_batch();
   void handle_datagram(const net::RxDatagram& d);
@@ -283,7 +290,18 @@ class Engine final : public provider::Doorbell {
   DoorbellRelay* relay_ = nullptr;
   std::atomic<bool> doorbell_rung_{false};
   RungQps rung_;                        // which QPs' doorbells rang (by handle)
-  mutable std::recursive_mutex mutex_;  // poll() vs qp_modified / qp_destroyed from other threads
+  mutable std::recursive_mutex mutex_;  // poll() vs RESET / qp_destroyed from other threads
+  // Control commands (qp_modified): queued by any thread under commands_mutex_, executed under
+  // mutex_ by run_commands (the swap keeps the lock short).
+  struct Command {
+    provider::Qp* qp;
+    ibv_qp_state from;
+    ibv_qp_state to;
+  };
+  std::mutex commands_mutex_;
+  std::vector<Command> commands_;
+  std::vector<Command> running_commands_;  // under mutex_
+  std::atomic<bool> commands_pending_{false};
   // Memory lifetime (memory_released): odd while a poll() turn runs, even between turns; bumped
   // (seq_cst) as a turn starts and ends. waiters_ counts threads inside memory_released, so a
   // turn's end makes a futex wake only when somebody waits.
