@@ -1,0 +1,97 @@
+// One ibv_context as a view on the process's Device; see context.h.
+#include "runtime/context.h"
+
+#include <cerrno>
+#include <vector>
+
+namespace urdma::runtime {
+
+using provider::Status;
+
+Context::~Context() {
+  // Dependents first: QPs use PDs and CQs, MRs use PDs (the Device refuses EBUSY otherwise).
+  std::vector<provider::Qp*> qps(qps_.begin(), qps_.end());
+  for (provider::Qp* qp : qps) (void)destroy_qp(qp);
+  std::vector<provider::Mr*> mrs(mrs_.begin(), mrs_.end());
+  for (provider::Mr* mr : mrs) (void)dereg_mr(mr);
+  std::vector<provider::Cq*> cqs(cqs_.begin(), cqs_.end());
+  for (provider::Cq* cq : cqs) (void)destroy_cq(cq);
+  std::vector<provider::Pd*> pds(pds_.begin(), pds_.end());
+  for (provider::Pd* pd : pds) (void)dealloc_pd(pd);
+}
+
+size_t Context::objects() const {
+  std::lock_guard lock(mutex_);
+  return pds_.size() + cqs_.size() + qps_.size() + mrs_.size();
+}
+
+provider::Result<provider::Pd*> Context::alloc_pd() {
+  provider::Result<provider::Pd*> pd = dev().alloc_pd();
+  if (pd.ok()) {
+    std::lock_guard lock(mutex_);
+    pds_.insert(pd.value());
+  }
+  return pd;
+}
+
+Status Context::dealloc_pd(provider::Pd* pd) {
+  std::lock_guard lock(mutex_);
+  if (!pds_.contains(pd)) return Status(EINVAL);
+  Status s = dev().dealloc_pd(pd);
+  if (s.ok()) pds_.erase(pd);
+  return s;
+}
+
+provider::Result<provider::Cq*> Context::create_cq(int cqe) {
+  provider::Result<provider::Cq*> cq = dev().create_cq(cqe);
+  if (cq.ok()) {
+    std::lock_guard lock(mutex_);
+    cqs_.insert(cq.value());
+  }
+  return cq;
+}
+
+Status Context::destroy_cq(provider::Cq* cq) {
+  std::lock_guard lock(mutex_);
+  if (!cqs_.contains(cq)) return Status(EINVAL);
+  Status s = dev().destroy_cq(cq);
+  if (s.ok()) cqs_.erase(cq);
+  return s;
+}
+
+provider::Result<provider::Qp*> Context::create_qp(const provider::QpInitAttr& init) {
+  std::lock_guard lock(mutex_);
+  // Objects of another context are not this context's to use.
+  if (!pds_.contains(init.pd) || !cqs_.contains(init.send_cq) || !cqs_.contains(init.recv_cq))
+    return Status(EINVAL);
+  provider::Result<provider::Qp*> qp = dev().create_qp(init);
+  if (qp.ok()) qps_.insert(qp.value());
+  return qp;
+}
+
+Status Context::destroy_qp(provider::Qp* qp) {
+  std::lock_guard lock(mutex_);
+  if (!qps_.contains(qp)) return Status(EINVAL);
+  Status s = dev().destroy_qp(qp);
+  if (s.ok()) qps_.erase(qp);
+  return s;
+}
+
+provider::Result<provider::Mr*> Context::reg_mr(provider::Pd* pd, void* addr, uint64_t length,
+                                                uint64_t iova, int access) {
+  std::lock_guard lock(mutex_);
+  if (!pds_.contains(pd)) return Status(EINVAL);
+  provider::Result<provider::Mr*> mr = dev().reg_mr(pd, addr, length, iova, access);
+  if (mr.ok()) mrs_.insert(mr.value());
+  return mr;
+}
+
+Status Context::dereg_mr(provider::Mr* mr) {
+  std::lock_guard lock(mutex_);
+  if (!mrs_.contains(mr)) return Status(EINVAL);
+  Status s = dev().dereg_mr(mr);
+  if (s.ok()) mrs_.erase(mr);
+  return s;
+}
+
+}  // namespace urdma::runtime

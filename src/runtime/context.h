@@ -1,0 +1,53 @@
+// One ibv_context of the process: a view on the process's one Device.
+//
+// Why a view: a process has one slot socket (urdmad steers a QPN range to it) and one engine,
+// so the QPN range and the MR/MW key space belong to the process, not to an ibv_context. Two
+// contexts — librdmacm's and the application's, both from ibv_open_device — must never hand
+// out the same QPN or rkey on that socket. So the Runtime owns the one provider::Device (its
+// tables allocate QPNs from the slot's range and keys from one random key space), and each
+// Context only records which objects it created: verbs on a Context check that the objects
+// they are given belong to it (EINVAL otherwise, as a verbs object from another ibv_context
+// is), and closing the context (ibv_close_device) destroys what it still owns, QPs first.
+#pragma once
+
+#include <mutex>
+#include <set>
+
+#include "provider/device.h"
+#include "runtime/runtime.h"
+
+namespace urdma::runtime {
+
+class Context {
+ public:
+  explicit Context(Runtime& runtime) : runtime_(runtime) {}
+  ~Context();  // ibv_close_device: destroys every object still owned, dependents first
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Runtime& runtime() { return runtime_; }
+
+  provider::Result<provider::Pd*> alloc_pd();
+  provider::Status dealloc_pd(provider::Pd* pd);
+  provider::Result<provider::Cq*> create_cq(int cqe);
+  provider::Status destroy_cq(provider::Cq* cq);
+  provider::Result<provider::Qp*> create_qp(const provider::QpInitAttr& init);
+  provider::Status destroy_qp(provider::Qp* qp);
+  provider::Result<provider::Mr*> reg_mr(provider::Pd* pd, void* addr, uint64_t length,
+                                         uint64_t iova, int access);
+  provider::Status dereg_mr(provider::Mr* mr);
+
+  size_t objects() const;
+
+ private:
+  provider::Device& dev() { return runtime_.device(); }
+
+  Runtime& runtime_;
+  mutable std::mutex mutex_;
+  std::set<provider::Pd*> pds_;
+  std::set<provider::Cq*> cqs_;
+  std::set<provider::Qp*> qps_;
+  std::set<provider::Mr*> mrs_;
+};
+
+}  // namespace urdma::runtime
