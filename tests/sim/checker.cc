@@ -49,7 +49,9 @@ const char* type_name(ibv_qp_type t) {
 
 class Checker {
  public:
-  Checker(const Scenario& s, const RunRecord& r) : s_(s), r_(r) {}
+  Checker(const Scenario& s, const RunRecord& r) : s_(s), r_(r), faults_(s.config.faults) {
+    faults_.queue_overflow = r.overflow_drops > 0;
+  }
 
   std::vector<Violation> run() {
     base::check(r_.qp_num.size() == s_.qps.size(), "run record: qp_num size");
@@ -110,7 +112,7 @@ class Checker {
     const SendSpec& w = s_.sends[i];
     return w.signaled || s_.qps[w.qp].sq_sig_all;
   }
-  bool has_partition() const { return s_.config.faults.any_partition(); }
+  bool has_partition() const { return faults_.any_partition(); }
 
   // ---- completions by WR ----
   void index_completions() {
@@ -258,13 +260,13 @@ class Checker {
       }
       // A flush first: the QP went to ERR without an error of its own WRs (a responder error,
       // a dead QP, the final drain), or this WR was outstanding when a later one failed.
-      if (error_at && s_.config.faults.lossy()) continue;
+      if (error_at && faults_.lossy()) continue;
       if (may_enter_err(q, c.time_ns)) continue;
       if (c.time_ns >= r_.drain_ns && has_partition()) continue;
       // The run waits only for signaled WRs: an unsignaled tail (its QP blocked behind a failed
       // dependency) may still be retrying at the drain if its peer is gone or packets are lost.
       if (c.time_ns >= r_.drain_ns && unsignaled_tail(sends, k) &&
-          (s_.config.faults.lossy() ||
+          (faults_.lossy() ||
            (peer != kNone && (qp_failed_[peer] || may_enter_err(peer, c.time_ns)))))
         continue;
       if (c.time_ns >= r_.drain_ns)
@@ -595,7 +597,7 @@ class Checker {
       }
       const bool landed =
           outcome_[i] == Outcome::kSuccess &&
-          (q.type == IBV_QPT_RC || s_.config.faults.clean());  // UC: when sent; a gap drops it
+          (q.type == IBV_QPT_RC || faults_.clean());  // UC: when sent; a gap drops it
       if (info.atomic) {
         set_any(w.sges[0].region, w.sges[0].offset, 8);  // checked by check_atomics
         set_any(w.remote_region, w.remote_offset, 8);
@@ -765,8 +767,7 @@ class Checker {
     for (size_t i = 0; i < s_.recvs.size(); ++i) {
       if (matched[i]) continue;
       const RecvSpec& v = s_.recvs[i];
-      const bool uc_lossy =
-          v.qp != kNone && s_.qps[v.qp].type == IBV_QPT_UC && !s_.config.faults.clean();
+      const bool uc_lossy = v.qp != kNone && s_.qps[v.qp].type == IBV_QPT_UC && !faults_.clean();
       bool cut_short = uc_lossy;
       for (uint32_t q = 0; q < s_.qps.size() && !cut_short; ++q) {
         const QpSpec& qp = s_.qps[q];
@@ -890,7 +891,7 @@ class Checker {
                       std::vector<bool>& matched) {
     const QpSpec& qp = s_.qps[q];
     const std::vector<size_t> msgs = messages_to(q);
-    const FaultProfile& f = s_.config.faults;
+    const FaultProfile& f = faults_;
     enum class Mode { kStrict, kSubsequence, kAny } mode = Mode::kStrict;
     if (qp.type != IBV_QPT_RC && !f.clean()) mode = f.reorders() ? Mode::kAny : Mode::kSubsequence;
     // A UD QP hears from many QPs: only each sender's own messages keep their order.
@@ -1054,7 +1055,7 @@ class Checker {
     const SendSpec& w = s_.sends[m];
     const RecvSpec& v = s_.recvs[recv];
     const bool ud = s_.qps[w.qp].type == IBV_QPT_UD;
-    const bool uc_lossy = s_.qps[w.qp].type == IBV_QPT_UC && !s_.config.faults.clean();
+    const bool uc_lossy = s_.qps[w.qp].type == IBV_QPT_UC && !faults_.clean();
     if (uc_lossy)  // a message cut short earlier may have left bytes anywhere in the buffer
       for (const Sge& g : v.sges) set_any(g.region, g.offset, g.length);
     if (w.op == Op::kWriteImm) return;  // the data went to the RETH's address
@@ -1304,7 +1305,7 @@ class Checker {
 
   // ---- partitions: RETRY_EXC_ERR within the bound ----
   void check_retry_bound() {
-    for (const PartitionSpec& p : s_.config.faults.partitions) {
+    for (const PartitionSpec& p : faults_.partitions) {
       const uint64_t heal = p.start_ns + p.duration_ns;
       for (uint32_t q = 0; q < s_.qps.size(); ++q) {
         const QpSpec& qp = s_.qps[q];
@@ -1314,7 +1315,7 @@ class Checker {
         // A QP that failed before the cut failed for another reason (judged by "status").
         const auto early = first_error_.find(q);
         if (early != first_error_.end() && early->second->time_ns < p.start_ns) continue;
-        const uint64_t bound = retry_bound_ns(qp, s_.config.faults);
+        const uint64_t bound = retry_bound_ns(qp, faults_);
         // The first signaled send not known to have succeeded before the cut, posted in time
         // to fail before the partition heals.
         std::optional<size_t> pending;
@@ -1432,6 +1433,9 @@ class Checker {
 
   const Scenario& s_;
   const RunRecord& r_;
+  // The scenario's faults plus what the network's trace shows it did beyond them (queue
+  // overflow drops): what every expectation is judged against.
+  FaultProfile faults_;
   std::vector<Violation> out_;
   std::vector<std::vector<const ObservedCompletion*>> send_cqe_, recv_cqe_;
   std::vector<Outcome> outcome_;

@@ -129,6 +129,9 @@ struct RunRecord {
   uint64_t drain_ns = 0;
   // Every datagram the network accepted, in send order (empty for the oracle's run).
   std::vector<TracedDatagram> datagrams;
+  // Datagrams the network dropped because a queue was full (net::SimEventKind::kDropRxFull,
+  // kDropQueueFull): from the network's trace, so the checker knows a "clean" profile lost some.
+  uint64_t overflow_drops = 0;
 };
 
 struct Violation {

@@ -693,9 +693,10 @@ TEST_F(MutationTest, DeadPeerFailsWithEvidence) {
 // whether the checker objects; `trace` adds the datagrams the network delivered to it.
 class DeliveryBoundTest : public MutationTest {
  protected:
-  bool lose_one(ibv_qp_type type, bool trace) {
+  bool lose_one(ibv_qp_type type, bool trace, uint32_t loss_ppm = 10'000,
+                uint64_t overflow_drops = 0) {
     ScenarioConfig c;
-    c.faults.loss_ppm = 10'000;
+    c.faults.loss_ppm = loss_ppm;
     const size_t m = pick(c, [&](const Scenario& s, size_t k) {
       const SendSpec& w = s.sends[k];
       return s.qps[w.qp].type == type && op_info(w.op).consumes_recv && w.op != Op::kWriteImm;
@@ -719,6 +720,7 @@ class DeliveryBoundTest : public MutationTest {
         run_.datagrams.push_back(d);
       }
     }
+    run_.overflow_drops = overflow_drops;
     for (ObservedCompletion& r : run_.completions)
       if (r.recv_cq && r.wc.status == IBV_WC_SUCCESS && r.wc.qp_num == run_.qp_num[dst] &&
           r.host == s_.qps[dst].host) {
@@ -735,6 +737,15 @@ TEST_F(DeliveryBoundTest, UcLossIsLegalWithoutEvidence) {
 }
 TEST_F(DeliveryBoundTest, UcMessageDroppedThoughDelivered) {
   EXPECT_TRUE(lose_one(IBV_QPT_UC, true));
+}
+// A clean profile loses nothing — unless the network's trace shows queue-overflow drops (a
+// receiver's queue full under a UC flood, as a socket buffer overflows): then a lost UC
+// message is legal again.
+TEST_F(DeliveryBoundTest, UcLossOnACleanNetworkIsCaught) {
+  EXPECT_TRUE(lose_one(IBV_QPT_UC, false, 0));
+}
+TEST_F(DeliveryBoundTest, UcLossAfterQueueOverflowIsLegal) {
+  EXPECT_FALSE(lose_one(IBV_QPT_UC, false, 0, 1)) << dump(check_run());
 }
 TEST_F(DeliveryBoundTest, UdLossIsLegalWithoutEvidence) {
   EXPECT_FALSE(lose_one(IBV_QPT_UD, false)) << dump(check_run());

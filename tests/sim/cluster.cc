@@ -517,6 +517,10 @@ class Cluster {
       case net::SimEventKind::kCorrupt:
         corrupted_.insert({e.packet_id, e.copy});
         break;
+      case net::SimEventKind::kDropRxFull:
+      case net::SimEventKind::kDropQueueFull:
+        ++record_.overflow_drops;
+        break;
       case net::SimEventKind::kDeliver: {
         const auto it = datagram_of_.find(e.packet_id);
         if (it != datagram_of_.end() && !corrupted_.count({e.packet_id, e.copy}))

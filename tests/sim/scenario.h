@@ -103,10 +103,14 @@ struct FaultProfile {
   uint64_t delay_min_ns = 2'000;
   uint64_t delay_max_ns = 2'000;
   std::vector<PartitionSpec> partitions;
+  // Not an option: the checker sets it when the run's network dropped datagrams for a full
+  // queue (a receiver's queue overflowing, as a socket buffer does under a UC/UD flood, which
+  // has no flow control). Such a drop loses a message just as injected loss does.
+  bool queue_overflow = false;
 
   bool any_partition() const { return !partitions.empty(); }
   // Can a datagram be lost (so UC/UD messages may vanish)?
-  bool lossy() const { return loss_ppm || corrupt_ppm || any_partition(); }
+  bool lossy() const { return loss_ppm || corrupt_ppm || any_partition() || queue_overflow; }
   // Can datagrams arrive out of order or twice?
   bool reorders() const { return reorder_ppm || duplicate_ppm || delay_min_ns != delay_max_ns; }
   bool clean() const { return !lossy() && !reorders(); }
