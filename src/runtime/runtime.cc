@@ -6,11 +6,12 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <utility>
 
 #include "base/check.h"
-#include "net/udp_socket_io.h"
+#include "net/packet_io_env.h"
 
 namespace urdma::runtime {
 namespace {
@@ -91,7 +92,10 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
     *detail = "dup of the slot socket failed";
     return nullptr;
   }
-  std::unique_ptr<net::UdpSocketIo> io = net::UdpSocketIo::adopt(fd, detail);
+  // The slot socket as UdpSocketIo with per-flow source ports, wrapped per URDMA_FAULTS. The
+  // clock a fault wrapper keeps must outlive it: MonotonicClock is stateless, one static will do.
+  static const net::MonotonicClock kFaultClock;
+  std::unique_ptr<net::PacketIo> io = net::make_packet_io_from_env(fd, kFaultClock, detail);
   if (!io) {
     *err = EIO;
     return nullptr;
@@ -127,7 +131,7 @@ bool Runtime::try_progress() {
                                       std::memory_order_relaxed))
     return false;
   engine_.poll();
-  const uint64_t deadline = engine_.next_deadline_ns();
+  const uint64_t deadline = std::min(engine_.next_deadline_ns(), io_->next_deadline_ns());
   const bool blocked = engine_.tx_blocked();
   release_token();
   inline_turns_.fetch_add(1, std::memory_order_relaxed);
@@ -155,7 +159,8 @@ void Runtime::run() {
     // doorbell flags after this store).
     doorbell_.store(false, std::memory_order_seq_cst);
     engine_.poll();
-    uint64_t deadline = engine_.next_deadline_ns();
+    // The I/O's own timers too (a fault wrapper's held datagrams: net/packet_io.h).
+    uint64_t deadline = std::min(engine_.next_deadline_ns(), io_->next_deadline_ns());
     want_writable(engine_.tx_blocked());
     release_token();
     turns_.fetch_add(1, std::memory_order_relaxed);

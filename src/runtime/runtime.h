@@ -22,7 +22,8 @@
 //   stores doorbell_ = true (seq_cst) and writes the eventfd only if it reads sleeping_ == true.
 //   Both sides are seq_cst, so at least one of them sees the other: a post is never missed and
 //   a busy engine costs the poster no syscall. The engine thread sleeps in epoll_wait on the
-//   socket, the doorbell eventfd and a timerfd armed at engine.next_deadline_ns(); an idle
+//   socket, the doorbell eventfd and a timerfd armed at the earlier of engine.next_deadline_ns()
+//   and the PacketIo's next_deadline_ns() (a fault wrapper's held datagrams); an idle
 //   process costs no CPU. RuntimeConfig::busy_poll_ns spins that long before sleeping.
 // * MEMORY LIFETIME: dereg_mr / rereg_mr / dealloc_mw call Doorbell::memory_released after the
 //   MR table changed; the engine waits until its turn epoch has moved past every turn that was
@@ -64,7 +65,8 @@ class Runtime final : public engine::Waker {
   // Over any PacketIo; with the engine thread, io->readable_fd() must be a pollable fd.
   Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config);
   // The process's runtime over urdmad: connects (or starts it), leases a slot and runs the
-  // engine over the slot's socket, with the slot's QPN range as the device's qpn_base. Null
+  // engine over the slot's socket (net::make_packet_io_from_env: per-flow source ports, and
+  // URDMA_FAULTS), with the slot's QPN range as the device's qpn_base. Null
   // with an errno in *err and a sentence in *detail on failure.
   static std::unique_ptr<Runtime> open(const daemon::ClientOptions& options, RuntimeConfig config,
                                        int* err, std::string* detail);
