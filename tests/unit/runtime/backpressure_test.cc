@@ -40,6 +40,7 @@ TEST(RuntimeBackpressure, WouldBlockIsQueuedNotLost) {
   }
   for (const ibv_wc& wc : wait_cqes(*a.rt, cqa, kBytes / kChunk, true))
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  b.settle();
   EXPECT_EQ(fnv1a(dst.data(), kBytes), fnv1a(src.data(), kBytes));
   EXPECT_EQ(fnv1a(back.data(), kBytes), fnv1a(src.data(), kBytes));
   const engine::EngineCounters ca = a.rt->counters();

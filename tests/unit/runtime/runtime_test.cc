@@ -64,6 +64,7 @@ TEST_P(RuntimeTest, RcSendWriteReadAtomicsArriveWhole) {
     for (const ibv_wc& wc : wb)
       EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "B wr_id " << wc.wr_id << " op " << wc.opcode;
   }
+  b.settle();
   EXPECT_EQ(fnv1a(dst.data(), kBytes), fnv1a(src.data(), kBytes));
 
   // WRITE: the whole buffer again, a new pattern, into B.
@@ -77,6 +78,7 @@ TEST_P(RuntimeTest, RcSendWriteReadAtomicsArriveWhole) {
     ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
   }
   expect_success(wait_cqes(*a.rt, cqa, kChunks, drive));
+  b.settle();
   EXPECT_EQ(fnv1a(dst.data(), kBytes), fnv1a(src.data(), kBytes));
 
   // READ it back from B.
@@ -178,6 +180,7 @@ TEST(RuntimeIdle, AnIdleEngineThreadSleeps) {
   // bound: a busy loop would take ~100 ticks per thread and thousands of turns.
   EXPECT_LE(turns1 - turns0, 4u);
   EXPECT_LE(ticks1 - ticks0, 10u);
+  b.settle();
   EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
 }
 
@@ -223,6 +226,7 @@ TEST(RuntimeThreads, PostingFromSeveralThreads) {
     });
   }
   for (std::thread& th : threads) th.join();
+  b.settle();
   EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
 }
 
@@ -251,6 +255,7 @@ TEST(RuntimeProgress, PollCqDrivesTheEngineWithoutAThread) {
   expect_success(wait_cqes(*a.rt, cqa, 1, true));
   done.store(true);
   responder.join();
+  b.settle();
   EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
   EXPECT_GT(a.rt->inline_turns(), 0u);
   EXPECT_EQ(a.rt->engine_thread_turns(), 0u);

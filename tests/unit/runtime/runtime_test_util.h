@@ -40,6 +40,13 @@ struct Host {
   std::unique_ptr<Runtime> rt;
   provider::Pd* pd = nullptr;
 
+  // Before this thread reads memory this host's engine wrote for a peer (the target of the
+  // peer's WRITEs): the peer's completion proves the placement (the responder ACKs after it,
+  // IBA 9.7.5.1), but that order runs through the network, which TSan does not see. Taking the
+  // engine's turn lock (a counters snapshot) orders every write of its finished turns before
+  // the caller's reads.
+  void settle() { (void)rt->counters(); }
+
   provider::Device& dev() { return rt->device(); }
   provider::Cq* make_cq(int n = 4096) {
     auto c = dev().create_cq(n);
