@@ -4,6 +4,8 @@
 // no retry_cnt is spent because a local buffer was full, and no UD datagram is dropped silently.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "runtime_test_util.h"
 
 namespace urdma::runtime::testing {
@@ -49,6 +51,64 @@ TEST(RuntimeBackpressure, WouldBlockIsQueuedNotLost) {
   // Not one datagram refused and dropped: every kWouldBlock was kept and sent later. (The
   // retransmission counter is not asserted: the loopback socket itself may drop under load.)
   EXPECT_EQ(ca.send_err + cb.send_err, 0u);
+}
+
+// UD has no retransmission: a datagram the socket refuses for now must still leave, or it
+// would be lost silently. Every one of them arrives.
+TEST(RuntimeBackpressure, UdDatagramsAreNotDroppedWhenTheSocketIsFull) {
+  constexpr uint32_t kLen = 512;
+  constexpr int kBatches = 6;
+  constexpr int kBatch = 32;
+  std::vector<uint8_t> src(kLen), dst(kBatch * (40 + kLen));
+  fill_pattern(src, 31);
+  auto [a, b] = make_hosts({.would_block = 5});
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  test::QpParams params;
+  params.type = IBV_QPT_UD;
+  RcPair p = connect_rc(a, cqa, b, cqb, params);
+  provider::Mr* ms = a.reg(src.data(), src.size());
+  provider::Mr* md = b.reg(dst.data(), dst.size());
+  ibv_ah_attr ah_attr = {};
+  ah_attr.is_global = 1;
+  ah_attr.port_num = 1;
+  ah_attr.grh.dgid = test::gid_of(b.addr);
+  ah_attr.grh.hop_limit = 64;
+  provider::Ah* ah = a.dev().create_ah(a.pd, ah_attr).value();
+  ibv_ah verbs_ah = {};
+  verbs_ah.handle = ah->handle();
+  for (int batch = 0; batch < kBatches; ++batch) {
+    for (int i = 0; i < kBatch; ++i) {
+      ibv_sge sge{reinterpret_cast<uintptr_t>(dst.data() + i * (40 + kLen)), 40 + kLen, md->lkey()};
+      ibv_recv_wr wr{};
+      wr.wr_id = static_cast<uint64_t>(i);
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad = nullptr;
+      ASSERT_TRUE(p.qb->post_recv(&wr, &bad).ok());
+    }
+    for (int i = 0; i < kBatch; ++i) {
+      ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), kLen, ms->lkey()};
+      ibv_send_wr wr = rdma_wr(IBV_WR_SEND, &sge, 0, 0, static_cast<uint64_t>(i));
+      wr.wr.ud.ah = &verbs_ah;
+      wr.wr.ud.remote_qpn = p.qb->qp_num();
+      wr.wr.ud.remote_qkey = params.qkey;
+      ibv_send_wr* bad = nullptr;
+      ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+    }
+    for (const ibv_wc& wc : wait_cqes(*a.rt, cqa, kBatch, false))
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    const std::vector<ibv_wc> got = wait_cqes(*b.rt, cqb, kBatch, false);
+    ASSERT_EQ(got.size(), static_cast<size_t>(kBatch)) << "batch " << batch;
+    for (const ibv_wc& wc : got) {
+      EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+      EXPECT_EQ(wc.byte_len, 40 + kLen);
+      EXPECT_EQ(0, std::memcmp(dst.data() + wc.wr_id * (40 + kLen) + 40, src.data(), kLen));
+    }
+  }
+  const engine::EngineCounters ca = a.rt->counters();
+  EXPECT_GT(ca.tx_blocked, 0u);
+  EXPECT_EQ(ca.send_err, 0u);
 }
 
 }  // namespace
