@@ -151,8 +151,12 @@ uint64_t thread_cpu_ticks(pid_t tid) {
   return utime + stime;
 }
 
-TEST(RuntimeIdle, AnIdleEngineThreadSleeps) {
-  auto [a, b] = make_hosts();
+// Param: the busy-poll window (RuntimeConfig::busy_poll_ns): 0, or 1 ms of spinning after the
+// last work before the thread sleeps — either way an idle thread ends up asleep.
+class RuntimeIdle : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(RuntimeIdle, AnIdleEngineThreadSleeps) {
+  auto [a, b] = make_hosts({.busy_poll_ns = GetParam()});
   provider::Cq* cqa = a.make_cq();
   provider::Cq* cqb = b.make_cq();
   RcPair p = connect_rc(a, cqa, b, cqb);
@@ -183,6 +187,8 @@ TEST(RuntimeIdle, AnIdleEngineThreadSleeps) {
   b.settle();
   EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
 }
+
+INSTANTIATE_TEST_SUITE_P(BusyPollWindow, RuntimeIdle, ::testing::Values(0u, 1'000'000u));
 
 // Several application threads, each with its own QP pair and CQ on the same two runtimes,
 // post WRITEs concurrently (half of them also driving the engine from their poll loop);
