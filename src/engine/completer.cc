@@ -336,6 +336,14 @@ void Engine::request_sent(QpContext& ctx) {
   comp.retry_deadline_ns = now + std::min(ack_timeout_ns(ctx.attr.timeout), net::kNever - now);
 }
 
+void Engine::pause_timers(QpContext& ctx, uint64_t paused_ns) {
+  // The transmit backlog held the requests back for paused_ns: they left that much later than
+  // the timers assumed, so the timers move with them (a local buffer is no lost packet).
+  Completer& comp = ctx.comp;
+  for (uint64_t* t : {&comp.retry_deadline_ns, &comp.rnr_deadline_ns})
+    if (*t != net::kNever) *t += std::min(paused_ns, net::kNever - 1 - *t);
+}
+
 void Engine::fail_wqe_at(QpContext& ctx, uint32_t offset, ibv_wc_status status) {
   Requester& req = ctx.req;
   base::check(offset < req.started, "failing a WQE that was not started");

@@ -548,6 +548,7 @@ bool Engine::send_packet(const Route& route) {
   if (status == net::TxStatus::kSent) return true;
   if (status == net::TxStatus::kWouldBlock && tx_backlog_.size() < kMaxTxBacklog) {
     ++counters_.tx_blocked;
+    if (tx_backlog_.empty()) tx_blocked_since_ns_ = clock_.now_ns();
     Backlogged& b = tx_backlog_.emplace_back();
     b.bytes.reserve(tx.size_bytes());
     for (const iovec& v : tx.iov) {
@@ -566,6 +567,7 @@ bool Engine::send_packet(const Route& route) {
 }
 
 void Engine::flush_backlog() {
+  if (tx_backlog_.empty()) return;
   while (!tx_backlog_.empty()) {
     const Backlogged& b = tx_backlog_.front();
     const iovec iov{const_cast<uint8_t*>(b.bytes.data()), b.bytes.size()};
@@ -581,6 +583,11 @@ void Engine::flush_backlog() {
     if (status == net::TxStatus::kRejected) ++counters_.send_err;
     tx_backlog_.pop_front();
   }
+  // Drained: the timers did not run while packets waited here (poll() does not fire them then),
+  // and the packets left only now — move the deadlines by the time they waited.
+  const uint64_t now = clock_.now_ns();
+  const uint64_t paused = now > tx_blocked_since_ns_ ? now - tx_blocked_since_ns_ : 0;
+  for (QpContext* ctx : active_) pause_timers(*ctx, paused);
 }
 
 void Engine::send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn) {

@@ -267,6 +267,9 @@ class Engine final : public provider::Doorbell {
   void retry_timeout(QpContext& ctx, CompleterResult& r);
   // The requester sent a request packet: the local ACK timer runs (if it did not already).
   void request_sent(QpContext& ctx);
+  // The transmit backlog drained after holding packets back for paused_ns: the local ACK and
+  // RNR timers are pushed back by as much.
+  void pause_timers(QpContext& ctx, uint64_t paused_ns);
   void fail_wqe_at(QpContext& ctx, uint32_t offset, ibv_wc_status status);
   // The SQ offset of the oldest WQE that still waits for the network, or nullopt.
   std::optional<uint32_t> oldest_outstanding(const QpContext& ctx) const;
@@ -338,6 +341,7 @@ class Engine final : public provider::Doorbell {
   };
   static constexpr size_t kMaxTxBacklog = 4096;
   std::deque<Backlogged> tx_backlog_;
+  uint64_t tx_blocked_since_ns_ = 0;  // when the backlog last became non-empty
   // Receive buffers and slots for one batch.
   std::vector<uint8_t> rx_storage_;
   std::vector<net::RxDatagram> rx_slots_;

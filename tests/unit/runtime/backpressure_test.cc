@@ -53,6 +53,35 @@ TEST(RuntimeBackpressure, WouldBlockIsQueuedNotLost) {
   EXPECT_EQ(ca.send_err + cb.send_err, 0u);
 }
 
+// A socket that stays full for longer than the local ACK timeout (268 ms here) costs no retry:
+// the timers wait with the packets (Engine::pause_timers). With retry_cnt 0 a single timeout
+// would end the WRITE in RETRY_EXC_ERR.
+TEST(RuntimeBackpressure, BlockedLongerThanTheAckTimeoutCostsNoRetry) {
+  std::vector<uint8_t> src(64 * 1024), dst(64 * 1024);
+  fill_pattern(src, 41);
+  LinkIo* io_a = nullptr;
+  auto [a, b] = make_hosts({.io_a = &io_a});
+  provider::Cq* cqa = a.make_cq();
+  test::QpParams params;
+  params.retry_cnt = 0;
+  RcPair p = connect_rc(a, cqa, b, b.make_cq(), params);
+  provider::Mr* ms = a.reg(src.data(), src.size());
+  provider::Mr* md = b.reg(dst.data(), dst.size());
+  io_a->block_for(std::chrono::milliseconds(800));
+  ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), static_cast<uint32_t>(src.size()),
+              ms->lkey()};
+  ibv_send_wr wr =
+      rdma_wr(IBV_WR_RDMA_WRITE, &sge, reinterpret_cast<uintptr_t>(dst.data()), md->rkey(), 1);
+  ibv_send_wr* bad = nullptr;
+  ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+  const std::vector<ibv_wc> wcs = wait_cqes(*a.rt, cqa, 1, false);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(a.rt->counters().completer_retry_err, 0u);
+  b.settle();
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+}
+
 // UD has no retransmission: a datagram the socket refuses for now must still leave, or it
 // would be lost silently. Every one of them arrives.
 TEST(RuntimeBackpressure, UdDatagramsAreNotDroppedWhenTheSocketIsFull) {

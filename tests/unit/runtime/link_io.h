@@ -13,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -39,8 +40,14 @@ class LinkIo final : public net::PacketIo {
   // full socket buffer's EAGAIN would). Set before traffic starts.
   void set_would_block(uint32_t n) { would_block_.store(n, std::memory_order_relaxed); }
 
+  // Every send says kWouldBlock for the next `d` (a socket buffer that stays full that long).
+  void block_for(std::chrono::nanoseconds d) {
+    blocked_until_ns_.store(now_ns() + static_cast<uint64_t>(d.count()), std::memory_order_relaxed);
+  }
+
   net::TxStatus send(const net::TxDatagram& d) override {
-    if (attempts_++ % 16 < would_block_.load(std::memory_order_relaxed)) {
+    if (attempts_++ % 16 < would_block_.load(std::memory_order_relaxed) ||
+        now_ns() < blocked_until_ns_.load(std::memory_order_relaxed)) {
       ++counters_.tx_would_block;
       return net::TxStatus::kWouldBlock;
     }
@@ -105,6 +112,12 @@ class LinkIo final : public net::PacketIo {
   net::IoCounters counters() const override { return counters_; }
 
  private:
+  static uint64_t now_ns() {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+  }
+
   struct Header {
     uint8_t src[16];
     uint16_t src_port;
@@ -140,6 +153,7 @@ class LinkIo final : public net::PacketIo {
   net::IoCounters counters_;
   uint64_t attempts_ = 0;
   std::atomic<uint32_t> would_block_{0};
+  std::atomic<uint64_t> blocked_until_ns_{0};
 };
 
 }  // namespace urdma::runtime::testing

@@ -66,6 +66,7 @@ struct HostOptions {
   bool engine_thread = true;
   uint64_t busy_poll_ns = 0;
   uint32_t would_block = 0;  // LinkIo::set_would_block on both sides
+  LinkIo** io_a = nullptr;   // out: A's LinkIo (owned by A's runtime), to block it later
 };
 
 inline std::pair<Host, Host> make_hosts(HostOptions o = {}) {
@@ -74,6 +75,7 @@ inline std::pair<Host, Host> make_hosts(HostOptions o = {}) {
   auto [ia, ib] = LinkIo::pair(a.addr, b.addr);
   ia->set_would_block(o.would_block);
   ib->set_would_block(o.would_block);
+  if (o.io_a != nullptr) *o.io_a = ia.get();
   auto config = [&](const net::Address& addr) {
     RuntimeConfig c;
     c.device = test::device_config(nullptr, addr, IBV_MTU_4096);
