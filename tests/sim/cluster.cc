@@ -17,6 +17,7 @@
 #include "net/sim_world.h"
 #include "provider/device.h"
 #include "support/engine_participant.h"
+#include "support/qp_setup.h"
 
 namespace urdma::sim {
 namespace {
@@ -267,64 +268,44 @@ class Cluster {
     return a;
   }
 
-  void modify(uint32_t q, ibv_qp_attr& a, int mask, const char* step) {
-    if (qps_[q] == nullptr) return;
-    const provider::Status st = qps_[q]->modify(a, mask);
-    if (!st.ok())
-      fail_setup(std::string("modify_qp ") + step + " of qp " + std::to_string(q), st.error());
-  }
-
-  // RESET → INIT → RTR → RTS with exactly the masks ibv_modify_qp(3) lists per QP type.
+  // RESET → INIT → RTR → RTS with exactly the masks ibv_modify_qp(3) lists per QP type
+  // (test::bring_up, shared with the engine tests, the fuzz target and the benchmark).
   void connect_qps() {
     for (uint32_t q = 0; q < s_.qps.size(); ++q) {
+      if (qps_[q] == nullptr) continue;
       const QpSpec& spec = s_.qps[q];
-      const bool rc = spec.type == IBV_QPT_RC;
-      ibv_qp_attr a = {};
-      a.qp_state = IBV_QPS_INIT;
-      a.pkey_index = 0;
-      a.port_num = 1;
-      if (spec.type == IBV_QPT_UD) {
-        a.qkey = kQkey;
-        modify(q, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, "INIT");
-        a = {};
-        a.qp_state = IBV_QPS_RTR;
-        modify(q, a, IBV_QP_STATE, "RTR");
-        a = {};
-        a.qp_state = IBV_QPS_RTS;
-        a.sq_psn = spec.sq_psn;
-        modify(q, a, IBV_QP_STATE | IBV_QP_SQ_PSN, "RTS");
-        continue;
+      test::QpParams p;
+      p.type = spec.type;
+      p.mtu = spec.mtu;
+      p.sq_psn = spec.sq_psn;
+      p.timeout = spec.timeout;
+      p.retry_cnt = spec.retry_cnt;
+      p.rnr_retry = spec.rnr_retry;
+      p.min_rnr_timer = spec.min_rnr_timer;
+      p.max_rd_atomic = spec.max_rd_atomic;
+      p.max_dest_rd_atomic = spec.max_dest_rd_atomic;
+      p.access = spec.type == IBV_QPT_RC
+                     ? IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
+                     : IBV_ACCESS_REMOTE_WRITE;
+      p.qkey = kQkey;
+      p.hop_limit = kHopLimit;
+      p.sgid_index = 0;
+      net::Address peer_address = host_address(spec.host);  // UD: no peer
+      uint32_t peer_qpn = 0;
+      if (spec.type != IBV_QPT_UD) {
+        const QpSpec& peer = s_.qps[spec.peer];
+        p.rq_psn = peer.sq_psn;
+        peer_address = host_address(peer.host);
+        peer_qpn = record_.qp_num[spec.peer];
       }
-      const QpSpec& peer = s_.qps[spec.peer];
-      a.qp_access_flags =
-          rc ? IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
-             : IBV_ACCESS_REMOTE_WRITE;
-      modify(q, a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
-      a = {};
-      a.qp_state = IBV_QPS_RTR;
-      a.ah_attr = path_to(peer.host);
-      a.path_mtu = spec.mtu;
-      a.dest_qp_num = record_.qp_num[spec.peer];
-      a.rq_psn = peer.sq_psn;
-      int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-      if (rc) {
-        a.max_dest_rd_atomic = spec.max_dest_rd_atomic;
-        a.min_rnr_timer = spec.min_rnr_timer;
-        mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-      }
-      modify(q, a, mask, "RTR");
-      a = {};
-      a.qp_state = IBV_QPS_RTS;
-      a.sq_psn = spec.sq_psn;
-      mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
-      if (rc) {
-        a.timeout = spec.timeout;
-        a.retry_cnt = spec.retry_cnt;
-        a.rnr_retry = spec.rnr_retry;
-        a.max_rd_atomic = spec.max_rd_atomic;
-        mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-      }
-      modify(q, a, mask, "RTS");
+      const test::BringUp r = test::bring_up(*qps_[q], p, peer_address, peer_qpn);
+      if (!r.ok())
+        fail_setup(std::string("modify_qp to ") +
+                       (r.failed_to == IBV_QPS_INIT  ? "INIT"
+                        : r.failed_to == IBV_QPS_RTR ? "RTR"
+                                                     : "RTS") +
+                       " of qp " + std::to_string(q),
+                   r.status.error());
     }
   }
 
