@@ -32,13 +32,6 @@ class ConformanceTest : public ProtocolTest {
   void post_recv_buf(uint64_t wr_id, uint32_t len = 4096) {
     ASSERT_EQ(post_recv(qp_, wr_id, sge(recv_buf_.data(), len, recv_mr_)), 0);
   }
-  HeaderFill reth(uint64_t va, uint32_t rkey, uint32_t len) {
-    return [=](const wire::PacketHeaders& h) {
-      h.reth()->set_va(va);
-      h.reth()->set_rkey(rkey);
-      h.reth()->set_dma_length(len);
-    };
-  }
   HeaderFill fetch_add(uint64_t va, uint32_t rkey, uint64_t add) {
     return [=](const wire::PacketHeaders& h) {
       h.atomic_eth()->set_va(va);
@@ -66,13 +59,6 @@ class ConformanceTest : public ProtocolTest {
     inject(op::kRcAck, psn, {}, [](const wire::PacketHeaders& h) {
       h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
     });
-  }
-  void expect_nak(size_t i, wire::NakCode code, uint32_t psn) {
-    const wire::PacketView p = sent(i);
-    EXPECT_EQ(p.opcode(), op::kRcAck);
-    ASSERT_TRUE(p.aeth()->is_nak());
-    EXPECT_EQ(p.aeth()->nak_code(), static_cast<uint8_t>(code));
-    EXPECT_EQ(p.bth().psn(), psn);
   }
 
   std::vector<uint8_t> recv_buf_;

@@ -85,6 +85,23 @@ class ProtocolTest : public ::testing::Test {
   }
   size_t sent_count() const { return io_.sent.size(); }
   void clear_sent() { io_.sent.clear(); }
+  // The i-th packet sent is a NAK with `code` for `psn`, to the peer.
+  void expect_nak(size_t i, wire::NakCode code, uint32_t psn) {
+    const wire::PacketView p = sent(i);
+    EXPECT_EQ(p.opcode(), wire::op::kRcAck);
+    ASSERT_TRUE(p.aeth()->is_nak());
+    EXPECT_EQ(p.aeth()->nak_code(), static_cast<uint8_t>(code));
+    EXPECT_EQ(p.bth().psn(), psn);
+    EXPECT_EQ(p.bth().dest_qp(), kPeerQpn);
+  }
+  // A header fill for a RETH: VA, R_Key, DMA length.
+  static HeaderFill reth(uint64_t va, uint32_t rkey, uint32_t len) {
+    return [=](const wire::PacketHeaders& h) {
+      h.reth()->set_va(va);
+      h.reth()->set_rkey(rkey);
+      h.reth()->set_dma_length(len);
+    };
+  }
 
   std::vector<ibv_wc> cqes() {
     std::vector<ibv_wc> out(256);

@@ -29,22 +29,7 @@ class ResponderTest : public ProtocolTest {
   void post_recv_buf(uint64_t wr_id, uint32_t len = 4096) {
     ASSERT_EQ(post_recv(qp_, wr_id, sge(recv_buf_.data(), len, recv_mr_)), 0);
   }
-  HeaderFill reth(uint64_t va, uint32_t rkey, uint32_t len) {
-    return [=](const wire::PacketHeaders& h) {
-      h.reth()->set_va(va);
-      h.reth()->set_rkey(rkey);
-      h.reth()->set_dma_length(len);
-    };
-  }
   uint64_t mem_va(size_t off = 0) { return reinterpret_cast<uint64_t>(mem_.data()) + off; }
-  void expect_nak(size_t i, wire::NakCode code, uint32_t psn) {
-    const wire::PacketView p = sent(i);
-    EXPECT_EQ(p.opcode(), op::kRcAck);
-    EXPECT_TRUE(p.aeth()->is_nak());
-    EXPECT_EQ(p.aeth()->nak_code(), static_cast<uint8_t>(code));
-    EXPECT_EQ(p.bth().psn(), psn);
-    EXPECT_EQ(p.bth().dest_qp(), kPeerQpn);
-  }
 
   std::vector<uint8_t> recv_buf_;
   std::vector<uint8_t> mem_;
