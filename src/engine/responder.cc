@@ -446,6 +446,12 @@ struct ResponderSteps {
       const wire::RethView reth = *pkt.reth();
       const uint32_t left = (r.first_psn + r.npkts - psn) & wire::kPsnMask;
       if (packets(reth.dma_length()) > left) return RespState::kDrop;
+      // A replay from inside the original response continues with Middle ... Last, which carry
+      // at least one byte (IBA 9.5), and must end where the original ended: a duplicate asking
+      // for nothing, or for fewer packets than are left, is no resend a requester makes — it
+      // is dropped (found by engine_fuzz: a zero-length one built an empty READ Response Last).
+      if (psn != r.first_psn && (reth.dma_length() == 0 || packets(reth.dma_length()) != left))
+        return RespState::kDrop;
       if (reth.dma_length() > 0 &&
           !e.device_.mr_table()
                .lookup_remote(reth.rkey(), ctx.qp->pd(), ctx.qpn, IBV_ACCESS_REMOTE_READ, reth.va(),

@@ -460,6 +460,24 @@ TEST_F(PacedReadTest, DuplicateOfTheReadInProgressRestartsIt) {
   EXPECT_EQ(engine_.counters().duplicate_request, 1u);
 }
 
+// A duplicate READ from inside the original response that asks for nothing, or for fewer
+// packets than are left, is no requester's resend: dropped (counted as a duplicate), nothing
+// sent. (engine_fuzz found the zero-length one building an empty READ Response Last.)
+TEST_F(PacedReadTest, MidResponseDuplicateOfTheWrongLengthIsDropped) {
+  read_all();
+  drain();
+  ASSERT_EQ(sent_count(), kPkts);
+  clear_sent();
+  constexpr uint32_t kFrom = 100;
+  inject(op::kRcReadRequest, kRqPsn + kFrom, {}, reth(mem_va(kFrom * 1024), mem_mr_->rkey(), 0));
+  inject(op::kRcReadRequest, kRqPsn + kFrom, {},
+         reth(mem_va(kFrom * 1024), mem_mr_->rkey(), (kPkts - kFrom - 1) * 1024));
+  drain();
+  EXPECT_EQ(sent_count(), 0u);
+  EXPECT_EQ(engine_.counters().duplicate_request, 2u);
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
+}
+
 // One large READ does not starve another QP: while QP A's response is generated, QP B's send
 // goes out in the very next poll, each QP served within its per-turn budget.
 TEST_F(PacedReadTest, AnotherQpIsServedWhileAReadIsAnswered) {
