@@ -68,12 +68,7 @@ TEST(RuntimeBackpressure, BlockedLongerThanTheAckTimeoutCostsNoRetry) {
   provider::Mr* ms = a.reg(src.data(), src.size());
   provider::Mr* md = b.reg(dst.data(), dst.size());
   io_a->block_for(std::chrono::milliseconds(800));
-  ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), static_cast<uint32_t>(src.size()),
-              ms->lkey()};
-  ibv_send_wr wr =
-      rdma_wr(IBV_WR_RDMA_WRITE, &sge, reinterpret_cast<uintptr_t>(dst.data()), md->rkey(), 1);
-  ibv_send_wr* bad = nullptr;
-  ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+  ASSERT_TRUE(post_write_all(*p.qa, src, ms, dst, md).ok());
   const std::vector<ibv_wc> wcs = wait_cqes(*a.rt, cqa, 1, false);
   ASSERT_EQ(wcs.size(), 1u);
   EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);

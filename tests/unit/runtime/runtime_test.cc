@@ -164,12 +164,7 @@ TEST_P(RuntimeIdle, AnIdleEngineThreadSleeps) {
   fill_pattern(src, 1);
   provider::Mr* ms = a.reg(src.data(), src.size());
   provider::Mr* md = b.reg(dst.data(), dst.size());
-  ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), static_cast<uint32_t>(src.size()),
-              ms->lkey()};
-  ibv_send_wr wr =
-      rdma_wr(IBV_WR_RDMA_WRITE, &sge, reinterpret_cast<uintptr_t>(dst.data()), md->rkey(), 1);
-  ibv_send_wr* bad = nullptr;
-  ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+  ASSERT_TRUE(post_write_all(*p.qa, src, ms, dst, md).ok());
   expect_success(wait_cqes(*a.rt, cqa, 1, false));
   // Let the last ACKs settle, then watch one idle second.
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -246,12 +241,7 @@ TEST(RuntimeProgress, PollCqDrivesTheEngineWithoutAThread) {
   fill_pattern(src, 5);
   provider::Mr* ms = a.reg(src.data(), src.size());
   provider::Mr* md = b.reg(dst.data(), dst.size());
-  ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), static_cast<uint32_t>(src.size()),
-              ms->lkey()};
-  ibv_send_wr wr =
-      rdma_wr(IBV_WR_RDMA_WRITE, &sge, reinterpret_cast<uintptr_t>(dst.data()), md->rkey(), 1);
-  ibv_send_wr* bad = nullptr;
-  ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+  ASSERT_TRUE(post_write_all(*p.qa, src, ms, dst, md).ok());
   std::atomic<bool> done{false};
   std::thread responder([&] {  // B's application polls too (it has no engine thread)
     while (!done.load()) {

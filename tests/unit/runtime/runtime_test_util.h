@@ -156,4 +156,17 @@ inline ibv_send_wr rdma_wr(ibv_wr_opcode op, ibv_sge* sge, uint64_t remote, uint
   return wr;
 }
 
+// Posts one signaled RDMA WRITE (wr_id 1) of the whole of `src` (registered as `ms`) into `dst`
+// (registered as `md` on the peer).
+inline provider::Status post_write_all(provider::Qp& qp, std::vector<uint8_t>& src,
+                                       const provider::Mr* ms, std::vector<uint8_t>& dst,
+                                       const provider::Mr* md) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), static_cast<uint32_t>(src.size()),
+              ms->lkey()};
+  ibv_send_wr wr =
+      rdma_wr(IBV_WR_RDMA_WRITE, &sge, reinterpret_cast<uintptr_t>(dst.data()), md->rkey(), 1);
+  ibv_send_wr* bad = nullptr;
+  return qp.post_send(&wr, &bad);
+}
+
 }  // namespace urdma::runtime::testing
