@@ -9,11 +9,18 @@ namespace urdma::runtime {
 using provider::Status;
 
 Context::~Context() {
-  // Dependents first: QPs use PDs and CQs, MRs use PDs (the Device refuses EBUSY otherwise).
+  // Dependents first: QPs use PDs, CQs and SRQs; MWs use MRs; MRs, SRQs and AHs use PDs (the
+  // Device refuses EBUSY otherwise).
   std::vector<provider::Qp*> qps(qps_.begin(), qps_.end());
   for (provider::Qp* qp : qps) (void)destroy_qp(qp);
+  std::vector<provider::Mw*> mws(mws_.begin(), mws_.end());
+  for (provider::Mw* mw : mws) (void)dealloc_mw(mw);
   std::vector<provider::Mr*> mrs(mrs_.begin(), mrs_.end());
   for (provider::Mr* mr : mrs) (void)dereg_mr(mr);
+  std::vector<provider::Srq*> srqs(srqs_.begin(), srqs_.end());
+  for (provider::Srq* srq : srqs) (void)destroy_srq(srq);
+  std::vector<provider::Ah*> ahs(ahs_.begin(), ahs_.end());
+  for (provider::Ah* ah : ahs) (void)destroy_ah(ah);
   std::vector<provider::Cq*> cqs(cqs_.begin(), cqs_.end());
   for (provider::Cq* cq : cqs) (void)destroy_cq(cq);
   std::vector<provider::Pd*> pds(pds_.begin(), pds_.end());
@@ -22,7 +29,8 @@ Context::~Context() {
 
 size_t Context::objects() const {
   std::lock_guard lock(mutex_);
-  return pds_.size() + cqs_.size() + qps_.size() + mrs_.size();
+  return pds_.size() + cqs_.size() + qps_.size() + mrs_.size() + mws_.size() + srqs_.size() +
+         ahs_.size();
 }
 
 provider::Result<provider::Pd*> Context::alloc_pd() {
@@ -62,7 +70,8 @@ Status Context::destroy_cq(provider::Cq* cq) {
 provider::Result<provider::Qp*> Context::create_qp(const provider::QpInitAttr& init) {
   std::lock_guard lock(mutex_);
   // Objects of another context are not this context's to use.
-  if (!pds_.contains(init.pd) || !cqs_.contains(init.send_cq) || !cqs_.contains(init.recv_cq))
+  if (!pds_.contains(init.pd) || !cqs_.contains(init.send_cq) || !cqs_.contains(init.recv_cq) ||
+      (init.srq != nullptr && !srqs_.contains(init.srq)))
     return Status(EINVAL);
   provider::Result<provider::Qp*> qp = dev().create_qp(init);
   if (qp.ok()) qps_.insert(qp.value());
@@ -91,6 +100,54 @@ Status Context::dereg_mr(provider::Mr* mr) {
   if (!mrs_.contains(mr)) return Status(EINVAL);
   Status s = dev().dereg_mr(mr);
   if (s.ok()) mrs_.erase(mr);
+  return s;
+}
+
+provider::Result<provider::Mw*> Context::alloc_mw(provider::Pd* pd, ibv_mw_type type) {
+  std::lock_guard lock(mutex_);
+  if (!pds_.contains(pd)) return Status(EINVAL);
+  provider::Result<provider::Mw*> mw = dev().alloc_mw(pd, type);
+  if (mw.ok()) mws_.insert(mw.value());
+  return mw;
+}
+
+Status Context::dealloc_mw(provider::Mw* mw) {
+  std::lock_guard lock(mutex_);
+  if (!mws_.contains(mw)) return Status(EINVAL);
+  Status s = dev().dealloc_mw(mw);
+  if (s.ok()) mws_.erase(mw);
+  return s;
+}
+
+provider::Result<provider::Srq*> Context::create_srq(provider::Pd* pd, const ibv_srq_attr& attr) {
+  std::lock_guard lock(mutex_);
+  if (!pds_.contains(pd)) return Status(EINVAL);
+  provider::Result<provider::Srq*> srq = dev().create_srq(pd, attr);
+  if (srq.ok()) srqs_.insert(srq.value());
+  return srq;
+}
+
+Status Context::destroy_srq(provider::Srq* srq) {
+  std::lock_guard lock(mutex_);
+  if (!srqs_.contains(srq)) return Status(EINVAL);
+  Status s = dev().destroy_srq(srq);
+  if (s.ok()) srqs_.erase(srq);
+  return s;
+}
+
+provider::Result<provider::Ah*> Context::create_ah(provider::Pd* pd, const ibv_ah_attr& attr) {
+  std::lock_guard lock(mutex_);
+  if (!pds_.contains(pd)) return Status(EINVAL);
+  provider::Result<provider::Ah*> ah = dev().create_ah(pd, attr);
+  if (ah.ok()) ahs_.insert(ah.value());
+  return ah;
+}
+
+Status Context::destroy_ah(provider::Ah* ah) {
+  std::lock_guard lock(mutex_);
+  if (!ahs_.contains(ah)) return Status(EINVAL);
+  Status s = dev().destroy_ah(ah);
+  if (s.ok()) ahs_.erase(ah);
   return s;
 }
 

@@ -36,6 +36,12 @@ class Context {
   provider::Result<provider::Mr*> reg_mr(provider::Pd* pd, void* addr, uint64_t length,
                                          uint64_t iova, int access);
   provider::Status dereg_mr(provider::Mr* mr);
+  provider::Result<provider::Mw*> alloc_mw(provider::Pd* pd, ibv_mw_type type);
+  provider::Status dealloc_mw(provider::Mw* mw);
+  provider::Result<provider::Srq*> create_srq(provider::Pd* pd, const ibv_srq_attr& attr);
+  provider::Status destroy_srq(provider::Srq* srq);
+  provider::Result<provider::Ah*> create_ah(provider::Pd* pd, const ibv_ah_attr& attr);
+  provider::Status destroy_ah(provider::Ah* ah);
 
   size_t objects() const;
 
@@ -48,6 +54,9 @@ class Context {
   std::set<provider::Cq*> cqs_;
   std::set<provider::Qp*> qps_;
   std::set<provider::Mr*> mrs_;
+  std::set<provider::Mw*> mws_;
+  std::set<provider::Srq*> srqs_;
+  std::set<provider::Ah*> ahs_;
 };
 
 }  // namespace urdma::runtime

@@ -1,0 +1,579 @@
+// Device and context verbs: the device list, ibv_open_device/ibv_close_device over the
+// process's one runtime, device/port/GID queries, async events, and the library helpers
+// (ibv_*_str, rates, fork, sysfs).
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netpacket/packet.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/client.h"
+#include "provider/limits.h"
+#include "verbs/internal.h"
+#include "verbs/process.h"
+
+// verbs.h turns these names into inline wrappers; the library defines the real entry points.
+#undef ibv_query_port
+
+namespace urdma::verbs {
+namespace {
+
+// ---- the device ----
+
+// EUI-64 from a MAC (RFC 4291 appendix A), as rxe derives its node GUID from the netdev's MAC.
+uint64_t eui64_be(const uint8_t mac[6]) {
+  const uint8_t b[8] = {static_cast<uint8_t>(mac[0] ^ 2), mac[1], mac[2], 0xff, 0xfe,
+                        mac[3], mac[4], mac[5]};
+  uint64_t v;
+  std::memcpy(&v, b, sizeof v);
+  return v;  // already in network order in memory
+}
+
+// The node GUID "from the host": the EUI-64 of the namespace's first interface with a MAC
+// (lowest ifindex, loopback excluded); without one, a hash of the machine id and the network
+// namespace, so two namespaces of one host still differ.
+uint64_t host_node_guid_be() {
+  ifaddrs* list = nullptr;
+  uint64_t guid = 0;
+  unsigned best_index = ~0u;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* a = list; a; a = a->ifa_next) {
+      if (!a->ifa_addr || a->ifa_addr->sa_family != AF_PACKET || (a->ifa_flags & IFF_LOOPBACK))
+        continue;
+      const auto* ll = reinterpret_cast<const sockaddr_ll*>(a->ifa_addr);
+      if (ll->sll_halen != 6) continue;
+      static constexpr uint8_t kZero[6] = {};
+      if (std::memcmp(ll->sll_addr, kZero, 6) == 0) continue;
+      const unsigned index = static_cast<unsigned>(ll->sll_ifindex);
+      if (index < best_index) {
+        best_index = index;
+        guid = eui64_be(ll->sll_addr);
+      }
+    }
+    freeifaddrs(list);
+  }
+  if (guid != 0) return guid;
+  std::string seed;
+  if (FILE* f = std::fopen("/etc/machine-id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) seed = buf;
+    std::fclose(f);
+  }
+  struct stat st{};
+  if (stat("/proc/self/ns/net", &st) == 0) seed += std::to_string(st.st_ino);
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char c : seed) h = (h ^ c) * 0x100000001b3ull;
+  // A locally administered EUI-64 (U/L bit set in the first byte, RFC 4291 2.5.1).
+  uint8_t b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(h >> (56 - 8 * i));
+  b[0] = static_cast<uint8_t>((b[0] & ~1u) | 2u);
+  std::memcpy(&guid, b, sizeof guid);
+  return guid;
+}
+
+Device& the_device() {
+  static Device* dev = [] {
+    auto* d = new Device{};
+    d->device.node_type = IBV_NODE_CA;
+    d->device.transport_type = IBV_TRANSPORT_IB;
+    std::snprintf(d->device.name, sizeof d->device.name, "%s", kDeviceName);
+    std::snprintf(d->device.dev_name, sizeof d->device.dev_name, "uverbs0");
+    // No sysfs directory backs urdma0 (docs/COMPATIBILITY.md): the paths name none.
+    d->device.dev_path[0] = '\0';
+    d->device.ibdev_path[0] = '\0';
+    d->verbs_device_ops = nullptr;
+    return d;
+  }();
+  return *dev;
+}
+
+bool is_ours(ibv_device* device) { return device == &the_device().device; }
+
+// ibv_mtu for an interface MTU: the largest IB MTU whose packet (payload plus the IP/UDP/BTH/
+// extension headers and ICRC RoCEv2 adds, rxe's eth_mtu_int_to_enum) fits.
+ibv_mtu ib_mtu_for(unsigned if_mtu) {
+  constexpr unsigned kOverhead = 40 + 8 + 12 + 4 + 28 + 4;  // GRH/IPv6, UDP, BTH, XRC, AtomicETH, ICRC
+  const unsigned payload = if_mtu > kOverhead ? if_mtu - kOverhead : 0;
+  if (payload >= 4096) return IBV_MTU_4096;
+  if (payload >= 2048) return IBV_MTU_2048;
+  if (payload >= 1024) return IBV_MTU_1024;
+  if (payload >= 512) return IBV_MTU_512;
+  return IBV_MTU_256;
+}
+
+unsigned interface_mtu(unsigned ifindex) {
+  char name[IF_NAMESIZE] = {};
+  if (!if_indextoname(ifindex, name)) return 0;
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  ifreq ifr{};
+  std::memcpy(ifr.ifr_name, name, std::min(sizeof ifr.ifr_name - 1, std::strlen(name)));
+  const int rc = ioctl(fd, SIOCGIFMTU, &ifr);
+  close(fd);
+  return rc == 0 ? static_cast<unsigned>(ifr.ifr_mtu) : 0;
+}
+
+bool debug_enabled() {
+  const char* v = std::getenv("URDMA_DEBUG");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+// Opens the process's runtime: the GID table from urdmad (which it starts if absent), the active
+// MTU from the interfaces carrying those GIDs, then a slot. 0 or an errno (+ a sentence).
+int open_runtime(Process& p, std::string* why) {
+  daemon::Client query;
+  if (int err = daemon::Client::connect_or_spawn({}, &query, why)) return err;
+  std::vector<daemon::GidEntry> entries;
+  if (int err = query.query_gids(&entries)) {
+    *why = "urdmad did not answer the GID query";
+    return err;
+  }
+  runtime::RuntimeConfig cfg;
+  cfg.device.node_guid_be = the_device().node_guid_be;
+  cfg.device.max_mtu = IBV_MTU_4096;
+  p.gid_ifindex.assign(provider::kLimits.gid_table_len, 0);
+  cfg.device.gids.assign(provider::kLimits.gid_table_len, ibv_gid{});
+  unsigned min_mtu = 0, lo_mtu = 0;
+  for (const daemon::GidEntry& e : entries) {
+    if (e.index >= provider::kLimits.gid_table_len) continue;  // beyond the port's table
+    std::memcpy(cfg.device.gids[e.index].raw, e.gid.bytes().data(), 16);
+    p.gid_ifindex[e.index] = e.ifindex;
+    const unsigned mtu = interface_mtu(e.ifindex);
+    if (mtu == 0) continue;
+    if (e.gid.is_loopback()) {
+      lo_mtu = std::max(lo_mtu, mtu);
+    } else if (min_mtu == 0 || mtu < min_mtu) {
+      min_mtu = mtu;
+    }
+  }
+  // The port's MTU is the smallest of the interfaces it sends on; loopback only counts alone.
+  const unsigned if_mtu = min_mtu ? min_mtu : (lo_mtu ? lo_mtu : 1500);
+  cfg.device.active_mtu = ib_mtu_for(if_mtu);
+  p.runtime = runtime::Runtime::open({}, cfg, &p.open_errno, why);
+  if (!p.runtime) return p.open_errno ? p.open_errno : EIO;
+  p.async = std::make_unique<runtime::AsyncEventFd>(p.runtime->device().async_events());
+  return 0;
+}
+
+}  // namespace
+
+Process& process() {
+  // Never destroyed: a program may exit with contexts open (the daemon reclaims the slot when
+  // the process's connection closes).
+  static Process* p = new Process;
+  return *p;
+}
+
+}  // namespace urdma::verbs
+
+using namespace urdma;
+using verbs::fail;
+
+extern "C" {
+
+// ---- device list ----
+
+ibv_device** ibv_get_device_list(int* num_devices) {
+  // urdma0 is always listed, as a configured rxe device is: its daemon is started on demand by
+  // ibv_open_device, which is where a missing urdmad is reported.
+  verbs::Device& dev = verbs::the_device();
+  {
+    std::lock_guard lock(verbs::process().mutex);
+    if (dev.node_guid_be == 0) dev.node_guid_be = verbs::host_node_guid_be();
+  }
+  auto** list = static_cast<ibv_device**>(std::calloc(2, sizeof(ibv_device*)));
+  if (!list) return fail<ibv_device*>(ENOMEM);
+  list[0] = &dev.device;
+  if (num_devices) *num_devices = 1;
+  return list;
+}
+
+void ibv_free_device_list(ibv_device** list) { std::free(list); }
+
+const char* ibv_get_device_name(ibv_device* device) { return device ? device->name : nullptr; }
+
+__be64 ibv_get_device_guid(ibv_device* device) {
+  if (!device || !verbs::is_ours(device)) return 0;
+  verbs::Device& dev = verbs::the_device();
+  std::lock_guard lock(verbs::process().mutex);
+  if (dev.node_guid_be == 0) dev.node_guid_be = verbs::host_node_guid_be();
+  return dev.node_guid_be;
+}
+
+int ibv_get_device_index(ibv_device* device) { return device && verbs::is_ours(device) ? 0 : -1; }
+
+// ---- open / close ----
+
+ibv_context* ibv_open_device(ibv_device* device) {
+  if (!device || !verbs::is_ours(device)) return fail<ibv_context>(ENODEV);
+  verbs::Process& p = verbs::process();
+  std::lock_guard lock(p.mutex);
+  verbs::Device& dev = verbs::the_device();
+  if (dev.node_guid_be == 0) dev.node_guid_be = verbs::host_node_guid_be();
+  if (!p.runtime) {
+    std::string why;
+    if (int err = verbs::open_runtime(p, &why)) {
+      if (verbs::debug_enabled())
+        std::fprintf(stderr, "urdma: ibv_open_device(%s): %s (%s)\n", verbs::kDeviceName,
+                     std::strerror(err), why.c_str());
+      return fail<ibv_context>(err);
+    }
+  }
+  auto* c = new verbs::Context{};
+  c->rt = new runtime::Context(*p.runtime);
+  verbs::fill_context(*c, &dev.device, p.async->fd());
+  ++p.contexts;
+  return &c->vctx.context;
+}
+
+int ibv_close_device(ibv_context* context) {
+  verbs::Process& p = verbs::process();
+  verbs::Context* c = verbs::Context::from(context);
+  delete c->rt;  // destroys the objects the application left, dependents first
+  pthread_mutex_destroy(&context->mutex);
+  delete c;
+  std::lock_guard lock(p.mutex);
+  if (--p.contexts == 0) {
+    p.async.reset();
+    p.runtime.reset();  // the engine thread stops; the slot goes back to urdmad
+  }
+  return 0;
+}
+
+// ---- device and port ----
+
+int ibv_query_device(ibv_context* context, ibv_device_attr* attr) {
+  if (!context || !attr) return EINVAL;
+  *attr = verbs::Context::from(context)->dev().attr();
+  return 0;
+}
+
+// The ABI-compat entry: verbs.h's ___ibv_query_port calls the context's query_port op; this
+// symbol serves binaries that call it directly with the old, shorter struct, which ended before
+// port_cap_flags2 (rdma-core's struct _compat_ibv_port_attr, opaque in verbs.h).
+int ibv_query_port(ibv_context* context, uint8_t port_num, _compat_ibv_port_attr* attr) {
+  return verbs::query_port(context, port_num, reinterpret_cast<ibv_port_attr*>(attr),
+                           offsetof(ibv_port_attr, port_cap_flags2));
+}
+
+int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gid) {
+  if (!context || !gid) return -1;
+  provider::Status s = verbs::Context::from(context)->dev().query_gid(port_num, index, gid);
+  if (!s.ok()) {
+    errno = s.error();
+    return -1;  // ibv_query_gid(3): -1 on error
+  }
+  return 0;
+}
+
+int ibv_query_pkey(ibv_context* context, uint8_t port_num, int index, __be16* pkey) {
+  if (!context || !pkey) return -1;
+  uint16_t v = 0;
+  provider::Status s = verbs::Context::from(context)->dev().query_pkey(port_num, index, &v);
+  if (!s.ok()) {
+    errno = s.error();
+    return -1;
+  }
+  *pkey = htobe16(v);
+  return 0;
+}
+
+int ibv_get_pkey_index(ibv_context* context, uint8_t port_num, __be16 pkey) {
+  for (int i = 0; i < static_cast<int>(urdma::provider::kLimits.pkey_table_len); ++i) {
+    __be16 v;
+    if (ibv_query_pkey(context, port_num, i, &v) == 0 && v == pkey) return i;
+  }
+  errno = ENOENT;
+  return -1;
+}
+
+int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_index,
+                      ibv_gid_entry* entry, uint32_t flags, size_t entry_size) {
+  if (!context || !entry || flags != 0 || entry_size < sizeof(ibv_gid_entry)) return EINVAL;
+  if (port_num != urdma::provider::kPortNum) return EINVAL;
+  if (gid_index >= urdma::provider::kLimits.gid_table_len) return EINVAL;
+  ibv_gid gid;
+  verbs::Context* c = verbs::Context::from(context);
+  if (!c->dev().query_gid(static_cast<uint8_t>(port_num), static_cast<int>(gid_index), &gid).ok())
+    return EINVAL;
+  static constexpr ibv_gid kZero = {};
+  if (std::memcmp(&gid, &kZero, sizeof gid) == 0) return ENODATA;  // an empty table entry
+  *entry = {};
+  entry->gid = gid;
+  entry->gid_index = gid_index;
+  entry->port_num = port_num;
+  entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+  entry->ndev_ifindex = verbs::process().gid_ifindex_of(gid_index);
+  return 0;
+}
+
+ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_t max_entries,
+                             uint32_t flags, size_t entry_size) {
+  if (!context || (max_entries && !entries) || flags != 0 || entry_size < sizeof(ibv_gid_entry))
+    return -EINVAL;
+  size_t n = 0;
+  for (uint32_t i = 0; i < urdma::provider::kLimits.gid_table_len; ++i) {
+    ibv_gid_entry e;
+    const int rc = _ibv_query_gid_ex(context, urdma::provider::kPortNum, i, &e, 0, sizeof e);
+    if (rc == ENODATA) continue;
+    if (rc != 0) return -rc;
+    if (n == max_entries) return -EINVAL;  // ibv_query_gid_table(3): the array is too small
+    std::memcpy(reinterpret_cast<char*>(entries) + n * entry_size, &e, sizeof e);
+    ++n;
+  }
+  return static_cast<ssize_t>(n);
+}
+
+// rdma-core's private helper (driver.h): the GID type as sysfs names it; every urdma GID is
+// RoCE v2 (IBV_GID_TYPE_SYSFS_ROCE_V2 == 1).
+int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index,
+                       unsigned int* type) {
+  ibv_gid_entry e;
+  const int rc = _ibv_query_gid_ex(context, port_num, index, &e, 0, sizeof e);
+  if (rc != 0 && rc != ENODATA) {
+    errno = rc;
+    return -1;
+  }
+  *type = 1;
+  return 0;
+}
+
+// ---- async events ----
+
+int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
+  if (!context || !event) {
+    errno = EINVAL;
+    return -1;
+  }
+  verbs::Process& p = verbs::process();
+  provider::Result<provider::AsyncEvent> r = p.async->get_event();
+  if (!r.ok()) {
+    errno = r.error();
+    return -1;
+  }
+  const provider::AsyncEvent& e = r.value();
+  *event = {};
+  event->event_type = e.type;
+  if (e.qp) {
+    event->element.qp = static_cast<ibv_qp*>(e.qp->user_context);
+  } else if (e.cq) {
+    event->element.cq = static_cast<ibv_cq*>(e.cq->user_context);
+  } else if (e.srq) {
+    event->element.srq = static_cast<ibv_srq*>(e.srq->user_context);
+  } else {
+    event->element.port_num = e.port_num;
+  }
+  return 0;
+}
+
+void ibv_ack_async_event(ibv_async_event* event) {
+  // rdma-core counts acknowledged events on the object (destroy waits for them there; here the
+  // object never goes away under an unacknowledged event: the count is kept for the record).
+  auto bump = [](pthread_mutex_t* m, pthread_cond_t* cv, uint32_t* n) {
+    pthread_mutex_lock(m);
+    ++*n;
+    pthread_cond_signal(cv);
+    pthread_mutex_unlock(m);
+  };
+  switch (event->event_type) {
+    case IBV_EVENT_CQ_ERR:
+      if (ibv_cq* cq = event->element.cq)
+        bump(&cq->mutex, &cq->cond, &cq->async_events_completed);
+      break;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      if (ibv_srq* srq = event->element.srq) bump(&srq->mutex, &srq->cond, &srq->events_completed);
+      break;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      if (ibv_qp* qp = event->element.qp) bump(&qp->mutex, &qp->cond, &qp->events_completed);
+      break;
+    default:
+      break;
+  }
+}
+
+// ---- strings ----
+
+const char* ibv_node_type_str(ibv_node_type node_type) {
+  switch (node_type) {
+    case IBV_NODE_CA: return "InfiniBand channel adapter";
+    case IBV_NODE_SWITCH: return "InfiniBand switch";
+    case IBV_NODE_ROUTER: return "InfiniBand router";
+    case IBV_NODE_RNIC: return "iWARP NIC";
+    case IBV_NODE_USNIC: return "usNIC";
+    case IBV_NODE_USNIC_UDP: return "usNIC UDP";
+    case IBV_NODE_UNSPECIFIED: return "unspecified";
+    default: return "unknown";
+  }
+}
+
+const char* ibv_port_state_str(ibv_port_state port_state) {
+  switch (port_state) {
+    case IBV_PORT_NOP: return "PORT_NOP";
+    case IBV_PORT_DOWN: return "PORT_DOWN";
+    case IBV_PORT_INIT: return "PORT_INIT";
+    case IBV_PORT_ARMED: return "PORT_ARMED";
+    case IBV_PORT_ACTIVE: return "PORT_ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER: return "PORT_ACTIVE_DEFER";
+    default: return "invalid state";
+  }
+}
+
+const char* ibv_event_type_str(ibv_event_type event) {
+  switch (event) {
+    case IBV_EVENT_CQ_ERR: return "CQ error";
+    case IBV_EVENT_QP_FATAL: return "local work queue catastrophic error";
+    case IBV_EVENT_QP_REQ_ERR: return "invalid request local work queue error";
+    case IBV_EVENT_QP_ACCESS_ERR: return "local access violation work queue error";
+    case IBV_EVENT_COMM_EST: return "communication established";
+    case IBV_EVENT_SQ_DRAINED: return "send queue drained";
+    case IBV_EVENT_PATH_MIG: return "path migrated";
+    case IBV_EVENT_PATH_MIG_ERR: return "path migration request error";
+    case IBV_EVENT_DEVICE_FATAL: return "local catastrophic error";
+    case IBV_EVENT_PORT_ACTIVE: return "port active";
+    case IBV_EVENT_PORT_ERR: return "port error";
+    case IBV_EVENT_LID_CHANGE: return "LID change";
+    case IBV_EVENT_PKEY_CHANGE: return "P_Key change";
+    case IBV_EVENT_SM_CHANGE: return "SM change";
+    case IBV_EVENT_SRQ_ERR: return "SRQ catastrophic error";
+    case IBV_EVENT_SRQ_LIMIT_REACHED: return "SRQ limit reached";
+    case IBV_EVENT_QP_LAST_WQE_REACHED: return "last WQE reached";
+    case IBV_EVENT_CLIENT_REREGISTER: return "client reregistration";
+    case IBV_EVENT_GID_CHANGE: return "GID table change";
+    case IBV_EVENT_WQ_FATAL: return "WQ fatal";
+    default: return "unknown";
+  }
+}
+
+const char* ibv_wc_status_str(ibv_wc_status status) {
+  switch (status) {
+    case IBV_WC_SUCCESS: return "success";
+    case IBV_WC_LOC_LEN_ERR: return "local length error";
+    case IBV_WC_LOC_QP_OP_ERR: return "local QP operation error";
+    case IBV_WC_LOC_EEC_OP_ERR: return "local EE context operation error";
+    case IBV_WC_LOC_PROT_ERR: return "local protection error";
+    case IBV_WC_WR_FLUSH_ERR: return "Work Request Flushed Error";
+    case IBV_WC_MW_BIND_ERR: return "memory management operation error";
+    case IBV_WC_BAD_RESP_ERR: return "bad response error";
+    case IBV_WC_LOC_ACCESS_ERR: return "local access error";
+    case IBV_WC_REM_INV_REQ_ERR: return "remote invalid request error";
+    case IBV_WC_REM_ACCESS_ERR: return "remote access error";
+    case IBV_WC_REM_OP_ERR: return "remote operation error";
+    case IBV_WC_RETRY_EXC_ERR: return "transport retry counter exceeded";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR retry counter exceeded";
+    case IBV_WC_LOC_RDD_VIOL_ERR: return "local RDD violation error";
+    case IBV_WC_REM_INV_RD_REQ_ERR: return "remote invalid RD request";
+    case IBV_WC_REM_ABORT_ERR: return "aborted error";
+    case IBV_WC_INV_EECN_ERR: return "invalid EE context number";
+    case IBV_WC_INV_EEC_STATE_ERR: return "invalid EE context state";
+    case IBV_WC_FATAL_ERR: return "fatal error";
+    case IBV_WC_RESP_TIMEOUT_ERR: return "response timeout error";
+    case IBV_WC_GENERAL_ERR: return "general error";
+    case IBV_WC_TM_ERR: return "TM error";
+    case IBV_WC_TM_RNDV_INCOMPLETE: return "TM software rendezvous";
+    default: return "unknown";
+  }
+}
+
+// ---- rates (IBA 9.4.5 static rate encodings) ----
+
+namespace {
+struct RateRow {
+  ibv_rate rate;
+  int mult;  // of 2.5 Gb/s
+  int mbps;
+};
+constexpr RateRow kRates[] = {
+    {IBV_RATE_2_5_GBPS, 1, 2500},       {IBV_RATE_5_GBPS, 2, 5000},
+    {IBV_RATE_10_GBPS, 4, 10000},       {IBV_RATE_20_GBPS, 8, 20000},
+    {IBV_RATE_30_GBPS, 12, 30000},      {IBV_RATE_40_GBPS, 16, 40000},
+    {IBV_RATE_60_GBPS, 24, 60000},      {IBV_RATE_80_GBPS, 32, 80000},
+    {IBV_RATE_120_GBPS, 48, 120000},    {IBV_RATE_14_GBPS, 6, 14062},
+    {IBV_RATE_56_GBPS, 22, 56250},      {IBV_RATE_112_GBPS, 45, 112500},
+    {IBV_RATE_168_GBPS, 67, 168750},    {IBV_RATE_25_GBPS, 10, 25781},
+    {IBV_RATE_100_GBPS, 40, 103125},    {IBV_RATE_200_GBPS, 80, 206250},
+    {IBV_RATE_300_GBPS, 120, 309375},   {IBV_RATE_28_GBPS, 11, 28125},
+    {IBV_RATE_50_GBPS, 20, 53125},      {IBV_RATE_400_GBPS, 160, 425000},
+    {IBV_RATE_600_GBPS, 240, 637500},
+};
+}  // namespace
+
+int ibv_rate_to_mult(ibv_rate rate) {
+  for (const RateRow& r : kRates)
+    if (r.rate == rate) return r.mult;
+  return -1;
+}
+
+ibv_rate mult_to_ibv_rate(int mult) {
+  for (const RateRow& r : kRates)
+    if (r.mult == mult) return r.rate;
+  return IBV_RATE_MAX;
+}
+
+int ibv_rate_to_mbps(ibv_rate rate) {
+  for (const RateRow& r : kRates)
+    if (r.rate == rate) return r.mbps;
+  return -1;
+}
+
+ibv_rate mbps_to_ibv_rate(int mbps) {
+  for (const RateRow& r : kRates)
+    if (r.mbps == mbps) return r.rate;
+  return IBV_RATE_MAX;
+}
+
+// ---- fork ----
+
+// The engine reaches registered memory from inside the process, never by DMA, so fork(2) takes
+// nothing from the parent's registrations: fork support is "unneeded", as on a kernel with
+// copy-on-fork pinning. (A child cannot use the parent's verbs objects: no engine runs there.)
+int ibv_fork_init(void) { return 0; }
+ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
+int ibv_dontfork_range(void*, size_t) { return 0; }
+int ibv_dofork_range(void*, size_t) { return 0; }
+
+// ---- sysfs (rdma-core 1.0 helpers; nothing of urdma lives in sysfs) ----
+
+int ibv_get_sysfs_path(char* buf, size_t size) {
+  const char* env = std::getenv("SYSFS_PATH");
+  std::string path = env && *env ? env : "/sys";
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  if (path.size() + 1 > size) return -1;
+  std::memcpy(buf, path.c_str(), path.size() + 1);
+  return 0;
+}
+
+int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size) {
+  const std::string path = std::string(dir) + "/" + file;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const ssize_t n = read(fd, buf, size);
+  close(fd);
+  if (n <= 0) return -1;
+  size_t len = static_cast<size_t>(n);
+  if (len == size) --len;  // keep room for the terminator
+  if (len > 0 && buf[len - 1] == '\n') --len;
+  buf[len] = '\0';
+  return static_cast<int>(len);
+}
+
+}  // extern "C"

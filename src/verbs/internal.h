@@ -1,0 +1,183 @@
+// The libibverbs.so.1 ABI surface: how our objects wrap the ibv_* structs an application sees.
+//
+// Layout (what rdma-core's libibverbs does, so that the inline functions of <infiniband/verbs.h>
+// and Debian's binaries find what they expect):
+// * Every ibv_* object the application gets is the FIRST member of one of our structs below, so
+//   a pointer to it converts back with `from()` (a static_cast of the enclosing struct's address;
+//   the structs are standard-layout and the ibv_* member is at offset 0).
+// * An ibv_context is the last member of a `struct verbs_context` (ops ... sz, context), and
+//   context.abi_compat == __VERBS_ABI_IS_EXTENDED, so verbs_get_ctx() / verbs_get_ctx_op() reach
+//   the extended ops we fill (query_port, query_device_ex, create_cq_ex, create_qp_ex, ...).
+//   Context::from() open-codes container_of from the ibv_context.
+// * ibv_qp and ibv_qp_ex share storage (union, as rdma-core's struct verbs_qp): ibv_qp_ex begins
+//   with `struct ibv_qp qp_base`, so ibv_qp_to_qp_ex can hand out &qp_ex of the same object.
+//   Likewise ibv_cq and ibv_cq_ex (ibv_cq_ex starts with the same fields as ibv_cq; verbs_cq).
+// * Each wrapper points at its provider object (src/provider), and the provider object's
+//   `user_context` points back at the wrapper (async events and completion channels go from
+//   provider::Cq/Qp/Srq to the ibv_* the application knows).
+// * ibv_*.handle is the provider object's handle (ObjectTable slot); a WR names an AH or MW by
+//   its ibv_ah.handle / ibv_mw.handle, which the provider resolves (provider/qp.h).
+//
+// The process: ONE runtime::Runtime (one urdmad slot, one engine thread, one provider::Device)
+// shared by all contexts (runtime/context.h says why); opened at the first ibv_open_device and
+// closed when the last context closes. Each ibv_context is a runtime::Context view.
+//
+// For the extended API (src/verbs/cq_ex.cc, src/verbs/qp_ex.cc):
+// * Cq::ex / Qp::ex are owned by those files (CqExState / QpExState are defined there; null for
+//   objects created by the plain verbs). Cq::destroy_ex / Qp::destroy_ex, when set, are called
+//   by ibv_destroy_cq / ibv_destroy_qp before the wrapper is freed, to free that state.
+// * To create objects they call create_cq_common() / create_qp_common() below, which do
+//   everything ibv_create_cq / ibv_create_qp do (validation, the provider object, the channel,
+//   ownership by the context), then fill the ibv_cq_ex / ibv_qp_ex function pointers.
+// * A Cq's completions come from `cq->p->poll(n, wc)` (provider::Cq: ibv_wc records); when it
+//   is empty, `cq->ctx->rt->runtime().try_progress()` drives the engine on the polling thread.
+// * A Qp's WRs go through `qp->p->post_send(ibv_send_wr*, bad)` (provider::Qp), which validates
+//   and rings the doorbell; an ibv_wr_* builder can build ibv_send_wr lists and post them at
+//   ibv_wr_complete.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <type_traits>
+
+#include "provider/device.h"
+#include "runtime/completion_channel.h"
+#include "runtime/context.h"
+#include "runtime/runtime.h"
+
+namespace urdma::verbs {
+
+// The one device of a network namespace's urdmad.
+inline constexpr const char kDeviceName[] = "urdma0";
+
+// The ibv_device of urdma0. rdma-core lays out `struct verbs_device` as an ibv_device followed
+// by the provider's ops pointer; Debian's provider libraries compare that pointer with their own
+// (never equal here: it is null), so a urdma device is never mistaken for theirs.
+struct Device {
+  ibv_device device;  // first
+  const void* verbs_device_ops;
+  uint64_t node_guid_be;  // ibv_get_device_guid: the host's, derived at ibv_get_device_list
+};
+
+struct Context;
+
+struct Pd {
+  ibv_pd pd;  // first
+  provider::Pd* p;
+  Context* ctx;
+  static Pd* from(ibv_pd* x) { return reinterpret_cast<Pd*>(x); }
+};
+
+struct Mr {
+  ibv_mr mr;  // first
+  provider::Mr* p;
+  Context* ctx;
+  static Mr* from(ibv_mr* x) { return reinterpret_cast<Mr*>(x); }
+};
+
+struct Mw {
+  ibv_mw mw;  // first
+  provider::Mw* p;
+  Context* ctx;
+  static Mw* from(ibv_mw* x) { return reinterpret_cast<Mw*>(x); }
+};
+
+struct CompChannel {
+  ibv_comp_channel channel;  // first; channel.fd is impl->fd()
+  runtime::CompletionChannel* impl;
+  static CompChannel* from(ibv_comp_channel* x) { return reinterpret_cast<CompChannel*>(x); }
+};
+
+struct CqExState;  // defined in cq_ex.cc
+struct Cq {
+  union {
+    ibv_cq cq;  // first
+    ibv_cq_ex cq_ex;
+  };
+  provider::Cq* p;
+  Context* ctx;
+  CompChannel* channel;  // null without a completion channel
+  CqExState* ex;         // cq_ex.cc's, null for ibv_create_cq
+  void (*destroy_ex)(Cq*);
+  static Cq* from(ibv_cq* x) { return reinterpret_cast<Cq*>(x); }
+  static Cq* from(ibv_cq_ex* x) { return reinterpret_cast<Cq*>(x); }
+};
+
+struct Srq {
+  ibv_srq srq;  // first
+  provider::Srq* p;
+  Context* ctx;
+  static Srq* from(ibv_srq* x) { return reinterpret_cast<Srq*>(x); }
+};
+
+struct QpExState;  // defined in qp_ex.cc
+struct Qp {
+  union {
+    ibv_qp qp;  // first
+    ibv_qp_ex qp_ex;
+  };
+  // rdma-core's VERBS_QP_EX: set when qp_ex's function pointers are filled (ibv_qp_to_qp_ex
+  // returns &qp_ex only then).
+  bool has_qp_ex;
+  provider::Qp* p;
+  Context* ctx;
+  QpExState* ex;  // qp_ex.cc's, null for ibv_create_qp
+  void (*destroy_ex)(Qp*);
+  static Qp* from(ibv_qp* x) { return reinterpret_cast<Qp*>(x); }
+  static Qp* from(ibv_qp_ex* x) { return reinterpret_cast<Qp*>(x); }
+};
+
+struct Ah {
+  ibv_ah ah;  // first
+  provider::Ah* p;
+  Context* ctx;
+  static Ah* from(ibv_ah* x) { return reinterpret_cast<Ah*>(x); }
+};
+
+// One ibv_context: `vctx.context` is what the application holds.
+struct Context {
+  verbs_context vctx;  // first; its last member is the ibv_context
+  runtime::Context* rt;
+  static Context* from(ibv_context* c) {
+    return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) -
+                                      offsetof(verbs_context, context));
+  }
+  provider::Device& dev() { return rt->runtime().device(); }
+};
+
+static_assert(std::is_standard_layout_v<Pd> && std::is_standard_layout_v<Mr> &&
+              std::is_standard_layout_v<Mw> && std::is_standard_layout_v<Cq> &&
+              std::is_standard_layout_v<Srq> && std::is_standard_layout_v<Qp> &&
+              std::is_standard_layout_v<Ah> && std::is_standard_layout_v<Context> &&
+              std::is_standard_layout_v<CompChannel> && std::is_standard_layout_v<Device>);
+static_assert(offsetof(ibv_qp_ex, qp_base) == 0);
+static_assert(offsetof(ibv_cq_ex, context) == offsetof(ibv_cq, context) &&
+              offsetof(ibv_cq_ex, cqe) == offsetof(ibv_cq, cqe) &&
+              offsetof(ibv_cq_ex, async_events_completed) ==
+                  offsetof(ibv_cq, async_events_completed));
+
+// ---- shared by the plain and the extended verbs (verbs.cc) ----
+
+// ibv_create_cq's work: validates (EINVAL: cqe, comp_vector, a channel of another context),
+// creates the provider CQ, attaches the channel. errno set and null on failure.
+Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
+                     int comp_vector);
+// ibv_create_qp's work for `pd` and `attr` (attr->cap is updated to the rounded capacities).
+// errno set and null on failure.
+Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr);
+
+// ---- the extended entry points (cq_ex.cc / qp_ex.cc) ----
+ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr);
+ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
+
+// Errors at the ibv_* boundary: pointer verbs set errno and return null.
+template <class T>
+T* fail(int err) {
+  errno = err;
+  return nullptr;
+}
+
+}  // namespace urdma::verbs

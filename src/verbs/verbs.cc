@@ -1,0 +1,626 @@
+// The object verbs: PD, MR, MW, CQ and completion channels, SRQ, QP, AH, and the data path
+// (post_send / post_recv / post_srq_recv / poll_cq / req_notify_cq) reached through
+// ibv_context.ops by verbs.h's inline functions.
+//
+// Conventions (rdma-core, the man pages): int verbs return 0 or the errno; pointer verbs set
+// errno and return NULL; a failed post names the first WR not posted in *bad_wr. Every verb
+// validates its arguments before the provider sees them; the provider's Status is already
+// rdma-core's errno (provider/status.h).
+#include <pthread.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "provider/limits.h"
+#include "verbs/internal.h"
+#include "verbs/process.h"
+
+// verbs.h defines these names as macros over inline helpers; the library defines the symbols.
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+namespace urdma::verbs {
+namespace {
+
+void init_sync(pthread_mutex_t* m, pthread_cond_t* cv) {
+  pthread_mutex_init(m, nullptr);
+  pthread_cond_init(cv, nullptr);
+}
+void destroy_sync(pthread_mutex_t* m, pthread_cond_t* cv) {
+  pthread_cond_destroy(cv);
+  pthread_mutex_destroy(m);
+}
+
+// ---- the data path (ibv_context.ops) ----
+
+int op_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  ibv_send_wr* dummy = nullptr;
+  return Qp::from(qp)->p->post_send(wr, bad_wr ? bad_wr : &dummy).error();
+}
+
+int op_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  ibv_recv_wr* dummy = nullptr;
+  return Qp::from(qp)->p->post_recv(wr, bad_wr ? bad_wr : &dummy).error();
+}
+
+int op_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  ibv_recv_wr* dummy = nullptr;
+  return Srq::from(srq)->p->post_recv(wr, bad_wr ? bad_wr : &dummy).error();
+}
+
+int op_poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
+  if (num_entries < 0) return -1;  // ibv_poll_cq(3): negative on failure
+  if (num_entries == 0) return 0;
+  Cq* c = Cq::from(cq);
+  int n = c->p->poll(num_entries, wc);
+  // Whoever polls drives the engine (DESIGN.md): an empty CQ runs one engine turn here, unless
+  // the engine thread is in one already, and looks again.
+  if (n == 0 && c->ctx->rt->runtime().try_progress()) n = c->p->poll(num_entries, wc);
+  return n;
+}
+
+int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
+  Cq::from(cq)->p->req_notify(solicited_only != 0);
+  return 0;
+}
+
+ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type) {
+  if (!pd) return fail<ibv_mw>(EINVAL);
+  Pd* p = Pd::from(pd);
+  provider::Result<provider::Mw*> r = p->ctx->rt->alloc_mw(p->p, type);
+  if (!r.ok()) return fail<ibv_mw>(r.error());
+  auto* w = new Mw{};
+  w->p = r.value();
+  w->ctx = p->ctx;
+  w->mw.context = pd->context;
+  w->mw.pd = pd;
+  w->mw.rkey = w->p->rkey();
+  w->mw.handle = w->p->handle();
+  w->mw.type = type;
+  w->p->user_context = &w->mw;
+  return &w->mw;
+}
+
+int op_dealloc_mw(ibv_mw* mw) {
+  Mw* w = Mw::from(mw);
+  provider::Status s = w->ctx->rt->dealloc_mw(w->p);
+  if (!s.ok()) return s.error();
+  delete w;
+  return 0;
+}
+
+int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) {
+  if (!qp || !mw || !bind) return EINVAL;
+  Mw* w = Mw::from(mw);
+  Qp* q = Qp::from(qp);
+  if (w->ctx != q->ctx) return EINVAL;
+  uint32_t new_rkey = 0;
+  provider::Status s = q->p->bind_mw(w->p, *bind, &new_rkey);
+  if (!s.ok()) return s.error();
+  mw->rkey = new_rkey;  // ibv_bind_mw(3): the window's rkey once the bind completes
+  return 0;
+}
+
+// ---- the extended context ops ----
+
+int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input,
+                       ibv_device_attr_ex* attr, size_t attr_size) {
+  if (input && input->comp_mask) return EINVAL;
+  if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
+  ibv_device_attr_ex full{};
+  full.orig_attr = Context::from(context)->dev().attr();
+  full.device_cap_flags_ex = static_cast<uint64_t>(full.orig_attr.device_cap_flags);
+  full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
+  // No ODP, TSO, RSS, packet pacing, tag matching, DM or CQ moderation: zeros.
+  std::memcpy(attr, &full, std::min(attr_size, sizeof full));
+  if (attr_size > sizeof full)
+    std::memset(reinterpret_cast<char*>(attr) + sizeof full, 0, attr_size - sizeof full);
+  return 0;
+}
+
+int op_query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr, size_t size) {
+  return query_port(context, port_num, attr, size);
+}
+
+}  // namespace
+
+int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr, size_t attr_size) {
+  if (!context || !attr) return EINVAL;
+  ibv_port_attr full{};
+  provider::Status s = Context::from(context)->dev().query_port(port_num, &full);
+  if (!s.ok()) return s.error();
+  std::memcpy(attr, &full, std::min(attr_size, sizeof full));
+  if (attr_size > sizeof full)
+    std::memset(reinterpret_cast<char*>(attr) + sizeof full, 0, attr_size - sizeof full);
+  return 0;
+}
+
+void fill_context(Context& c, ibv_device* device, int async_fd) {
+  ibv_context& ctx = c.vctx.context;
+  ctx.device = device;
+  ctx.ops.poll_cq = op_poll_cq;
+  ctx.ops.req_notify_cq = op_req_notify_cq;
+  ctx.ops.post_send = op_post_send;
+  ctx.ops.post_recv = op_post_recv;
+  ctx.ops.post_srq_recv = op_post_srq_recv;
+  ctx.ops.alloc_mw = op_alloc_mw;
+  ctx.ops.dealloc_mw = op_dealloc_mw;
+  ctx.ops.bind_mw = op_bind_mw;
+  ctx.cmd_fd = -1;  // no kernel uverbs file behind urdma
+  ctx.async_fd = async_fd;
+  ctx.num_comp_vectors = 1;
+  pthread_mutex_init(&ctx.mutex, nullptr);
+  ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  // Extended ops; those left null make verbs.h's inlines fail with EOPNOTSUPP (XRC, WQ/RSS,
+  // flows, counters, DM, TD/parent domains, SRQ_ex beyond the basic SRQ, open_qp).
+  c.vctx.sz = sizeof(verbs_context);
+  c.vctx.query_port = op_query_port;
+  c.vctx.query_device_ex = op_query_device_ex;
+  c.vctx.create_cq_ex = create_cq_ex;
+  c.vctx.create_qp_ex = create_qp_ex;
+}
+
+// ---- CQ ----
+
+Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
+                     int comp_vector) {
+  if (!context) return fail<Cq>(EINVAL);
+  if (comp_vector < 0 || comp_vector >= context->num_comp_vectors) return fail<Cq>(EINVAL);
+  if (channel && channel->context != context) return fail<Cq>(EINVAL);
+  Context* c = Context::from(context);
+  provider::Result<provider::Cq*> r = c->rt->create_cq(cqe);
+  if (!r.ok()) return fail<Cq>(r.error());
+  auto* w = new Cq{};
+  w->p = r.value();
+  w->ctx = c;
+  w->cq.context = context;
+  w->cq.channel = channel;
+  w->cq.cq_context = cq_context;
+  w->cq.handle = w->p->handle();
+  w->cq.cqe = static_cast<int>(w->p->cqe());
+  init_sync(&w->cq.mutex, &w->cq.cond);
+  w->p->user_context = &w->cq;
+  if (channel) {
+    w->channel = CompChannel::from(channel);
+    w->channel->impl->attach(*w->p);
+    pthread_mutex_lock(&context->mutex);
+    ++channel->refcnt;
+    pthread_mutex_unlock(&context->mutex);
+  }
+  return w;
+}
+
+}  // namespace urdma::verbs
+
+using namespace urdma;
+using verbs::fail;
+
+extern "C" {
+
+// ---- PD ----
+
+ibv_pd* ibv_alloc_pd(ibv_context* context) {
+  if (!context) return fail<ibv_pd>(EINVAL);
+  verbs::Context* c = verbs::Context::from(context);
+  provider::Result<provider::Pd*> r = c->rt->alloc_pd();
+  if (!r.ok()) return fail<ibv_pd>(r.error());
+  auto* w = new verbs::Pd{};
+  w->p = r.value();
+  w->ctx = c;
+  w->pd.context = context;
+  w->pd.handle = w->p->handle();
+  w->p->user_context = &w->pd;
+  return &w->pd;
+}
+
+int ibv_dealloc_pd(ibv_pd* pd) {
+  if (!pd) return EINVAL;
+  verbs::Pd* w = verbs::Pd::from(pd);
+  provider::Status s = w->ctx->rt->dealloc_pd(w->p);
+  if (!s.ok()) return s.error();
+  delete w;
+  return 0;
+}
+
+// ---- MR ----
+
+ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
+                         unsigned int access) {
+  if (!pd) return fail<ibv_mr>(EINVAL);
+  // ibv_reg_mr(3): optional access flags a device does not support are ignored.
+  const int acc = static_cast<int>(access) & ~IBV_ACCESS_OPTIONAL_RANGE;
+  verbs::Pd* p = verbs::Pd::from(pd);
+  provider::Result<provider::Mr*> r = p->ctx->rt->reg_mr(p->p, addr, length, iova, acc);
+  if (!r.ok()) return fail<ibv_mr>(r.error());
+  auto* w = new verbs::Mr{};
+  w->p = r.value();
+  w->ctx = p->ctx;
+  w->mr.context = pd->context;
+  w->mr.pd = pd;
+  w->mr.addr = addr;
+  w->mr.length = length;
+  w->mr.handle = w->p->handle();
+  w->mr.lkey = w->p->lkey();
+  w->mr.rkey = w->p->rkey();
+  w->p->user_context = &w->mr;
+  return &w->mr;
+}
+
+ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, reinterpret_cast<uintptr_t>(addr),
+                          static_cast<unsigned>(access));
+}
+
+ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length, uint64_t iova, int access) {
+  return ibv_reg_mr_iova2(pd, addr, length, iova, static_cast<unsigned>(access));
+}
+
+ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
+  return fail<ibv_mr>(EOPNOTSUPP);  // no device memory behind a software device
+}
+
+int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  // ibv_rereg_mr(3): 0, or an ibv_rereg_mr_err_code with errno saying why.
+  if (!mr || flags <= 0 || (flags & ~(IBV_REREG_MR_FLAGS_SUPPORTED - 1))) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  verbs::Mr* w = verbs::Mr::from(mr);
+  verbs::Pd* new_pd = nullptr;
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    if (!pd || pd->context != mr->context) {
+      errno = EINVAL;
+      return IBV_REREG_MR_ERR_INPUT;
+    }
+    new_pd = verbs::Pd::from(pd);
+  }
+  const int acc = access & ~IBV_ACCESS_OPTIONAL_RANGE;
+  provider::Status s = w->ctx->dev().rereg_mr(w->p, flags, new_pd ? new_pd->p : nullptr, addr,
+                                              length, reinterpret_cast<uintptr_t>(addr), acc);
+  if (!s.ok()) {
+    errno = s.error();
+    return IBV_REREG_MR_ERR_CMD;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_PD) mr->pd = pd;
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    mr->addr = addr;
+    mr->length = length;
+  }
+  mr->lkey = w->p->lkey();
+  mr->rkey = w->p->rkey();
+  return 0;
+}
+
+int ibv_dereg_mr(ibv_mr* mr) {
+  if (!mr) return EINVAL;
+  verbs::Mr* w = verbs::Mr::from(mr);
+  provider::Status s = w->ctx->rt->dereg_mr(w->p);
+  if (!s.ok()) return s.error();
+  delete w;
+  return 0;
+}
+
+// ---- completion channels ----
+
+ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
+  if (!context) return fail<ibv_comp_channel>(EINVAL);
+  auto* ch = new verbs::CompChannel{};
+  ch->impl = new runtime::CompletionChannel();
+  ch->channel.context = context;
+  ch->channel.fd = ch->impl->fd();
+  ch->channel.refcnt = 0;
+  return &ch->channel;
+}
+
+int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  if (!channel) return EINVAL;
+  pthread_mutex_lock(&channel->context->mutex);
+  const int refs = channel->refcnt;
+  pthread_mutex_unlock(&channel->context->mutex);
+  if (refs) return EBUSY;  // CQs still use it (rdma-core's rule)
+  verbs::CompChannel* ch = verbs::CompChannel::from(channel);
+  delete ch->impl;
+  delete ch;
+  return 0;
+}
+
+int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  if (!channel || !cq || !cq_context) {
+    errno = EINVAL;
+    return -1;
+  }
+  provider::Result<provider::Cq*> r = verbs::CompChannel::from(channel)->impl->get_event();
+  if (!r.ok()) {
+    errno = r.error();
+    return -1;  // ibv_get_cq_event(3): -1 on error (EAGAIN on a non-blocking fd)
+  }
+  auto* c = static_cast<ibv_cq*>(r.value()->user_context);
+  *cq = c;
+  *cq_context = c->cq_context;
+  return 0;
+}
+
+void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  if (!cq) return;
+  verbs::Cq* w = verbs::Cq::from(cq);
+  if (w->channel) w->channel->impl->ack_events(*w->p, nevents);
+  pthread_mutex_lock(&cq->mutex);
+  cq->comp_events_completed += nevents;
+  pthread_cond_signal(&cq->cond);
+  pthread_mutex_unlock(&cq->mutex);
+}
+
+// ---- CQ ----
+
+ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
+                      int comp_vector) {
+  verbs::Cq* w = verbs::create_cq_common(context, cqe, cq_context, channel, comp_vector);
+  return w ? &w->cq : nullptr;
+}
+
+int ibv_resize_cq(ibv_cq* cq, int cqe) {
+  if (!cq) return EINVAL;
+  if (cqe < 1) return EINVAL;
+  verbs::Cq* w = verbs::Cq::from(cq);
+  provider::Status s = w->p->resize(static_cast<uint32_t>(cqe));
+  if (!s.ok()) return s.error();
+  cq->cqe = static_cast<int>(w->p->cqe());
+  return 0;
+}
+
+int ibv_destroy_cq(ibv_cq* cq) {
+  if (!cq) return EINVAL;
+  verbs::Cq* w = verbs::Cq::from(cq);
+  // A CQ with QPs is busy; checked before the channel lets go of it.
+  if (w->p->users() != 0) return EBUSY;
+  if (w->channel) w->channel->impl->detach(*w->p);
+  provider::Status s = w->ctx->rt->destroy_cq(w->p);
+  if (!s.ok()) {
+    if (w->channel) w->channel->impl->attach(*w->p);
+    return s.error();
+  }
+  if (w->channel) {
+    pthread_mutex_lock(&cq->context->mutex);
+    --w->channel->channel.refcnt;
+    pthread_mutex_unlock(&cq->context->mutex);
+  }
+  if (w->destroy_ex) w->destroy_ex(w);
+  verbs::destroy_sync(&cq->mutex, &cq->cond);
+  delete w;
+  return 0;
+}
+
+// ---- SRQ ----
+
+ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
+  if (!pd || !init) return fail<ibv_srq>(EINVAL);
+  verbs::Pd* p = verbs::Pd::from(pd);
+  provider::Result<provider::Srq*> r = p->ctx->rt->create_srq(p->p, init->attr);
+  if (!r.ok()) return fail<ibv_srq>(r.error());
+  auto* w = new verbs::Srq{};
+  w->p = r.value();
+  w->ctx = p->ctx;
+  w->srq.context = pd->context;
+  w->srq.srq_context = init->srq_context;
+  w->srq.pd = pd;
+  w->srq.handle = w->p->handle();
+  verbs::init_sync(&w->srq.mutex, &w->srq.cond);
+  w->p->user_context = &w->srq;
+  // ibv_create_srq(3): attr.max_wr and max_sge come back as created (at least as requested).
+  const ibv_srq_attr got = w->p->query();
+  init->attr.max_wr = got.max_wr;
+  init->attr.max_sge = got.max_sge;
+  return &w->srq;
+}
+
+int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int mask) {
+  if (!srq || !attr) return EINVAL;
+  return verbs::Srq::from(srq)->p->modify(*attr, mask).error();
+}
+
+int ibv_query_srq(ibv_srq* srq, ibv_srq_attr* attr) {
+  if (!srq || !attr) return EINVAL;
+  *attr = verbs::Srq::from(srq)->p->query();
+  return 0;
+}
+
+int ibv_destroy_srq(ibv_srq* srq) {
+  if (!srq) return EINVAL;
+  verbs::Srq* w = verbs::Srq::from(srq);
+  provider::Status s = w->ctx->rt->destroy_srq(w->p);
+  if (!s.ok()) return s.error();
+  verbs::destroy_sync(&srq->mutex, &srq->cond);
+  delete w;
+  return 0;
+}
+
+// ---- QP ----
+
+}  // extern "C"
+
+namespace urdma::verbs {
+
+Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  if (!pd || !attr) return fail<Qp>(EINVAL);
+  if (!attr->send_cq || !attr->recv_cq) return fail<Qp>(EINVAL);
+  Pd* p = Pd::from(pd);
+  if (attr->send_cq->context != pd->context || attr->recv_cq->context != pd->context ||
+      (attr->srq && attr->srq->context != pd->context))
+    return fail<Qp>(EINVAL);
+  provider::QpInitAttr init;
+  init.qp_type = attr->qp_type;
+  init.pd = p->p;
+  init.send_cq = Cq::from(attr->send_cq)->p;
+  init.recv_cq = Cq::from(attr->recv_cq)->p;
+  init.srq = attr->srq ? Srq::from(attr->srq)->p : nullptr;
+  init.cap = attr->cap;
+  init.sq_sig_all = attr->sq_sig_all != 0;
+  provider::Result<provider::Qp*> r = p->ctx->rt->create_qp(init);
+  if (!r.ok()) return fail<Qp>(r.error());
+  auto* w = new Qp{};
+  w->p = r.value();
+  w->ctx = p->ctx;
+  ibv_qp& q = w->qp;
+  q.context = pd->context;
+  q.qp_context = attr->qp_context;
+  q.pd = pd;
+  q.send_cq = attr->send_cq;
+  q.recv_cq = attr->recv_cq;
+  q.srq = attr->srq;
+  q.handle = w->p->handle();
+  q.qp_num = w->p->qp_num();
+  q.state = IBV_QPS_RESET;
+  q.qp_type = attr->qp_type;
+  init_sync(&q.mutex, &q.cond);
+  w->p->user_context = &w->qp;
+  attr->cap = w->p->cap();  // ibv_create_qp(3): the capacities as created
+  return w;
+}
+
+}  // namespace urdma::verbs
+
+extern "C" {
+
+ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
+  verbs::Qp* w = verbs::create_qp_common(pd, attr);
+  return w ? &w->qp : nullptr;
+}
+
+int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  if (!qp || !attr) return EINVAL;
+  provider::Status s = verbs::Qp::from(qp)->p->modify(*attr, mask);
+  if (!s.ok()) return s.error();
+  if (mask & IBV_QP_STATE) qp->state = attr->qp_state;
+  return 0;
+}
+
+int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init_attr) {
+  if (!qp || !attr || !init_attr) return EINVAL;
+  provider::Status s = verbs::Qp::from(qp)->p->query(attr, mask, init_attr);
+  if (!s.ok()) return s.error();
+  init_attr->qp_context = qp->qp_context;
+  qp->state = attr->qp_state;  // the engine may have moved it to SQE/ERR
+  return 0;
+}
+
+int ibv_query_qp_data_in_order(ibv_qp*, ibv_wr_opcode, uint32_t) {
+  return 0;  // no in-order placement guarantee is promised (0: "not in order")
+}
+
+int ibv_destroy_qp(ibv_qp* qp) {
+  if (!qp) return EINVAL;
+  verbs::Qp* w = verbs::Qp::from(qp);
+  provider::Status s = w->ctx->rt->destroy_qp(w->p);
+  if (!s.ok()) return s.error();
+  if (w->destroy_ex) w->destroy_ex(w);
+  verbs::destroy_sync(&qp->mutex, &qp->cond);
+  delete w;
+  return 0;
+}
+
+// ---- AH ----
+
+ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
+  if (!pd || !attr) return fail<ibv_ah>(EINVAL);
+  verbs::Pd* p = verbs::Pd::from(pd);
+  provider::Result<provider::Ah*> r = p->ctx->rt->create_ah(p->p, *attr);
+  if (!r.ok()) return fail<ibv_ah>(r.error());
+  auto* w = new verbs::Ah{};
+  w->p = r.value();
+  w->ctx = p->ctx;
+  w->ah.context = pd->context;
+  w->ah.pd = pd;
+  w->ah.handle = w->p->handle();
+  w->p->user_context = &w->ah;
+  return &w->ah;
+}
+
+int ibv_destroy_ah(ibv_ah* ah) {
+  if (!ah) return EINVAL;
+  verbs::Ah* w = verbs::Ah::from(ah);
+  provider::Status s = w->ctx->rt->destroy_ah(w->p);
+  if (!s.ok()) return s.error();
+  delete w;
+  return 0;
+}
+
+// RoCE: the 40 bytes before a UD receive's payload hold the IPv6 header, or 20 zero bytes and
+// the IPv4 header (rdma-core's convention); the reply goes to the packet's source, from the
+// local GID the packet was sent to.
+int ibv_init_ah_from_wc(ibv_context* context, uint8_t port_num, ibv_wc* wc, ibv_grh* grh,
+                        ibv_ah_attr* ah_attr) {
+  if (!context || !wc || !grh || !ah_attr || port_num != provider::kPortNum) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (!(wc->wc_flags & IBV_WC_GRH)) {
+    errno = EINVAL;  // every RoCE packet has an IP header: a wc without one is not ours
+    return -1;
+  }
+  const auto* raw = reinterpret_cast<const uint8_t*>(grh);
+  ibv_gid src{}, dst{};
+  uint8_t traffic_class = 0;
+  uint32_t flow_label = 0;
+  if ((raw[20] >> 4) == 4) {  // IPv4 header at offset 20
+    src.raw[10] = src.raw[11] = dst.raw[10] = dst.raw[11] = 0xff;
+    std::memcpy(src.raw + 12, raw + 20 + 12, 4);
+    std::memcpy(dst.raw + 12, raw + 20 + 16, 4);
+    traffic_class = raw[20 + 1];
+  } else if ((raw[0] >> 4) == 6) {
+    const uint32_t vtf = be32toh(grh->version_tclass_flow);
+    traffic_class = static_cast<uint8_t>(vtf >> 20);
+    flow_label = vtf & 0xfffff;
+    src = grh->sgid;
+    dst = grh->dgid;
+  } else {
+    errno = EINVAL;
+    return -1;
+  }
+  provider::Device& dev = verbs::Context::from(context)->dev();
+  int sgid_index = -1;
+  for (uint32_t i = 0; i < provider::kLimits.gid_table_len && sgid_index < 0; ++i) {
+    ibv_gid g;
+    if (dev.query_gid(port_num, static_cast<int>(i), &g).ok() &&
+        std::memcmp(&g, &dst, sizeof g) == 0)
+      sgid_index = static_cast<int>(i);
+  }
+  if (sgid_index < 0) {
+    errno = ENOENT;  // the packet's destination is none of our GIDs
+    return -1;
+  }
+  *ah_attr = {};
+  ah_attr->dlid = wc->slid;
+  ah_attr->sl = wc->sl;
+  ah_attr->src_path_bits = wc->dlid_path_bits;
+  ah_attr->port_num = port_num;
+  ah_attr->is_global = 1;
+  ah_attr->grh.dgid = src;
+  ah_attr->grh.flow_label = flow_label;
+  ah_attr->grh.sgid_index = static_cast<uint8_t>(sgid_index);
+  ah_attr->grh.hop_limit = 0xff;
+  ah_attr->grh.traffic_class = traffic_class;
+  return 0;
+}
+
+ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh, uint8_t port_num) {
+  if (!pd) return fail<ibv_ah>(EINVAL);
+  ibv_ah_attr attr;
+  if (ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr) != 0) return nullptr;
+  return ibv_create_ah(pd, &attr);
+}
+
+// ---- what urdma does not offer: the errno the man pages give ----
+
+int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
+int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
+ibv_context* ibv_import_device(int) { return fail<ibv_context>(EOPNOTSUPP); }
+ibv_pd* ibv_import_pd(ibv_context*, uint32_t) { return fail<ibv_pd>(EOPNOTSUPP); }
+void ibv_unimport_pd(ibv_pd*) {}
+ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) { return fail<ibv_mr>(EOPNOTSUPP); }
+void ibv_unimport_mr(ibv_mr*) {}
+ibv_dm* ibv_import_dm(ibv_context*, uint32_t) { return fail<ibv_dm>(EOPNOTSUPP); }
+void ibv_unimport_dm(ibv_dm*) {}
+
+}  // extern "C"
