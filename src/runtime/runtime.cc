@@ -3,6 +3,7 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -15,6 +16,9 @@
 
 namespace urdma::runtime {
 namespace {
+
+// SO_RCVBUF asked for the slot socket: room for a few QPs' windows of full-MTU packets.
+constexpr int kSlotReceiveBufferBytes = 4 << 20;
 
 provider::DeviceConfig with_doorbell(provider::DeviceConfig c, provider::Doorbell* doorbell) {
   c.doorbell = doorbell;
@@ -92,6 +96,12 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
     *detail = "dup of the slot socket failed";
     return nullptr;
   }
+  // The receive buffer holds what arrives while the engine thread is not running. The default
+  // (net.core.rmem_default, 208 KiB) is less than one QP's send window: 128 unacknowledged 4 KiB
+  // packets take ~1 MiB of socket memory (truesize), so on a busy host the kernel dropped whole
+  // bursts (UdpRcvbufErrors) and RC crawled through ACK timeouts — 16 MiB of WRITEs on loopback
+  // took 3-5 s instead of 0.2 s. Best effort: the kernel caps it at net.core.rmem_max.
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &kSlotReceiveBufferBytes, sizeof kSlotReceiveBufferBytes);
   // The slot socket as UdpSocketIo with per-flow source ports, wrapped per URDMA_FAULTS. The
   // clock a fault wrapper keeps must outlive it: MonotonicClock is stateless, one static will do.
   static const net::MonotonicClock kFaultClock;

@@ -3,15 +3,21 @@
 // start themselves and run RC WRITE and READ between their QPs over the real steered slot
 // sockets (urdmad's BPF picks each datagram's socket by DestQP), data checked by checksum.
 // Skipped where network namespaces cannot be made (no CAP_SYS_ADMIN).
+#include <dirent.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <set>
 
 #include "runtime_test_util.h"
 
@@ -30,6 +36,34 @@ bool loopback_up() {
   return ok;
 }
 
+// Distinct sockets (by inode) among this process's descriptors that are UDP, bound to `port`,
+// with a receive buffer of at least `min_bytes` (as SO_RCVBUF reports it: twice what was set).
+size_t udp_sockets_with_rcvbuf(uint16_t port, int min_bytes) {
+  std::set<ino_t> found;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return 0;
+  while (dirent* e = readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    struct stat st;
+    if (e->d_name[0] == '.' || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int type = 0, rcvbuf = 0;
+    socklen_t len = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_DGRAM) continue;
+    sockaddr_storage ss{};
+    len = sizeof ss;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
+    const uint16_t bound = ss.ss_family == AF_INET6
+                               ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                               : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    len = sizeof rcvbuf;
+    if (bound == port && getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &len) == 0 &&
+        rcvbuf >= min_bytes)
+      found.insert(st.st_ino);
+  }
+  closedir(d);
+  return found.size();
+}
+
 // The child's body: 0 on success, else a failure code (after printing why).
 int two_runtimes_over_urdmad() {
   const net::Address lo = net::Address::from_v4(127, 0, 0, 1);
@@ -46,6 +80,19 @@ int two_runtimes_over_urdmad() {
   Host a{lo, nullptr, nullptr};
   Host b{lo, nullptr, nullptr};
   if (!open(&a.rt) || !open(&b.rt)) return 2;
+  // Each runtime's slot socket has a receive buffer for a window of full-MTU packets, as far as
+  // net.core.rmem_max allows: the default (208 KiB) dropped bursts on loopback and RC crawled
+  // through ACK timeouts. The kernel reports twice what was set.
+  long rmem_max = 0;
+  std::ifstream("/proc/sys/net/core/rmem_max") >> rmem_max;
+  const long want = std::min<long>(rmem_max, 4 << 20);
+  if (want > 212992) {
+    const size_t big = udp_sockets_with_rcvbuf(4791, static_cast<int>(2 * want));
+    EXPECT_EQ(big, 2u) << "slot sockets with SO_RCVBUF >= " << 2 * want;
+  } else {
+    std::fprintf(stderr, "net.core.rmem_max %ld: the slot socket buffers cannot grow here\n",
+                 rmem_max);
+  }
   a.pd = a.dev().alloc_pd().value();
   b.pd = b.dev().alloc_pd().value();
   provider::Cq* cqa = a.make_cq();
