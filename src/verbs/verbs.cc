@@ -261,7 +261,7 @@ ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
 
 int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
   // ibv_rereg_mr(3): 0, or an ibv_rereg_mr_err_code with errno saying why.
-  if (!mr || flags <= 0 || (flags & ~(IBV_REREG_MR_FLAGS_SUPPORTED - 1))) {
+  if (!mr || flags <= 0 || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED)) {
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
   }

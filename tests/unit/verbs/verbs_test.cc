@@ -1,0 +1,887 @@
+// libibverbs.so.1 through its public header: this binary links OUR library (the urdma_verbs
+// target), never rdma-core's, and calls it as any verbs program does — the inline functions of
+// <infiniband/verbs.h> (ibv_post_send, ibv_poll_cq, ibv_query_port, ibv_query_device_ex, ...)
+// reach it through ibv_context.ops and the verbs_context layout.
+//
+// Each test opens urdma0 for real: the library starts a urdmad in this binary's own network
+// namespace (netns_main.cc) and leases a slot; traffic goes over real UDP sockets on loopback.
+// Oracles are the test's own: expected bytes from a seeded generator, an FNV-1a checksum written
+// here, the GID bytes of 127.0.0.1 built by hand, the errnos of the rdma-core man pages.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <net/if.h>
+#include <fcntl.h>
+#include <poll.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "verbs_test_env.h"
+
+namespace urdma::verbs_test {
+namespace {
+
+constexpr uint8_t kPort = 1;
+
+uint64_t fnv1a(const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(gen());
+  return v;
+}
+
+// ::ffff:127.0.0.1 as a GID (RoCEv2: an IPv4 address in its IPv4-mapped form).
+ibv_gid loopback_v4_gid() {
+  ibv_gid g{};
+  g.raw[10] = g.raw[11] = 0xff;
+  g.raw[12] = 127;
+  g.raw[15] = 1;
+  return g;
+}
+
+// Polls until `n` completions arrived (ibv_poll_cq drives the engine) or 10 s passed.
+std::vector<ibv_wc> poll_n(ibv_cq* cq, size_t n) {
+  std::vector<ibv_wc> out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+    ibv_wc wc[16];
+    const int got = ibv_poll_cq(cq, 16, wc);
+    if (got < 0) break;
+    out.insert(out.end(), wc, wc + got);
+  }
+  return out;
+}
+
+class Verbs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!netns_failure().empty()) GTEST_SKIP() << "no fresh network namespace: " << netns_failure();
+    int n = -1;
+    list_ = ibv_get_device_list(&n);
+    ASSERT_NE(list_, nullptr);
+    ASSERT_EQ(n, 1);
+    ctx_ = ibv_open_device(list_[0]);
+    ASSERT_NE(ctx_, nullptr) << std::strerror(errno);
+    pd_ = ibv_alloc_pd(ctx_);
+    ASSERT_NE(pd_, nullptr) << std::strerror(errno);
+  }
+  void TearDown() override {
+    if (pd_) {
+      EXPECT_EQ(ibv_dealloc_pd(pd_), 0);
+    }
+    if (ctx_) {
+      EXPECT_EQ(ibv_close_device(ctx_), 0);
+    }
+    if (list_) ibv_free_device_list(list_);
+  }
+
+  ibv_qp* make_qp(ibv_qp_type type, ibv_cq* scq, ibv_cq* rcq, ibv_srq* srq = nullptr) {
+    ibv_qp_init_attr a{};
+    a.send_cq = scq;
+    a.recv_cq = rcq;
+    a.srq = srq;
+    a.qp_type = type;
+    a.cap.max_send_wr = 64;
+    a.cap.max_recv_wr = srq ? 0 : 64;
+    a.cap.max_send_sge = 4;
+    a.cap.max_recv_sge = srq ? 0 : 4;
+    a.cap.max_inline_data = 64;
+    ibv_qp* qp = ibv_create_qp(pd_, &a);
+    EXPECT_NE(qp, nullptr) << std::strerror(errno);
+    return qp;
+  }
+
+  // RESET -> INIT -> RTR -> RTS towards `remote_qpn` at GID index 0 (127.0.0.1).
+  void connect(ibv_qp* qp, uint32_t remote_qpn) {
+    ibv_port_attr port{};
+    ASSERT_EQ(ibv_query_port(ctx_, kPort, &port), 0);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = kPort;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                        IBV_ACCESS_REMOTE_ATOMIC;
+    int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+    mask |= qp->qp_type == IBV_QPT_UD ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS;
+    a.qkey = 0x11111111;
+    ASSERT_EQ(ibv_modify_qp(qp, &a, mask), 0);
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    if (qp->qp_type == IBV_QPT_UD) {
+      ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
+    } else {
+      a.path_mtu = port.active_mtu;
+      a.dest_qp_num = remote_qpn;
+      a.rq_psn = 100;
+      a.max_dest_rd_atomic = 16;
+      a.min_rnr_timer = 12;
+      a.ah_attr.is_global = 1;
+      a.ah_attr.grh.dgid = loopback_v4_gid();
+      a.ah_attr.grh.sgid_index = 0;
+      a.ah_attr.grh.hop_limit = 64;
+      a.ah_attr.port_num = kPort;
+      mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+      if (qp->qp_type == IBV_QPT_RC) mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+      ASSERT_EQ(ibv_modify_qp(qp, &a, mask), 0);
+    }
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 100;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 16;
+    mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+    if (qp->qp_type == IBV_QPT_RC)
+      mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+    ASSERT_EQ(ibv_modify_qp(qp, &a, mask), 0);
+    EXPECT_EQ(qp->state, IBV_QPS_RTS);
+  }
+
+  ibv_device** list_ = nullptr;
+  ibv_context* ctx_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+};
+
+// ---- device list and queries ----
+
+TEST_F(Verbs, DeviceListNamesUrdma0WithAHostGuid) {
+  EXPECT_STREQ(ibv_get_device_name(list_[0]), "urdma0");
+  EXPECT_EQ(list_[1], nullptr);
+  EXPECT_NE(ibv_get_device_guid(list_[0]), 0u);
+  EXPECT_EQ(ibv_get_device_index(list_[0]), 0);
+  EXPECT_EQ(list_[0]->node_type, IBV_NODE_CA);
+  EXPECT_EQ(list_[0]->transport_type, IBV_TRANSPORT_IB);
+  EXPECT_EQ(ctx_->device, list_[0]);
+  int n = 0;
+  ibv_device** again = ibv_get_device_list(nullptr);
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(again[0], list_[0]);  // one device object for the process
+  ibv_free_device_list(again);
+  (void)n;
+}
+
+TEST_F(Verbs, DeviceAttributesCoverRxeWhereHonoured) {
+  ibv_device_attr a{};
+  ASSERT_EQ(ibv_query_device(ctx_, &a), 0);
+  EXPECT_EQ(a.node_guid, ibv_get_device_guid(list_[0]));
+  EXPECT_EQ(a.phys_port_cnt, 1);
+  // rxe's numbers (issue #8) that urdma honours at least as large.
+  EXPECT_GE(a.max_sge, 32);
+  EXPECT_GE(a.max_srq_sge, 27);
+  EXPECT_GE(a.max_cqe, 32767);
+  EXPECT_GE(a.max_qp_rd_atom, 128);
+  EXPECT_EQ(a.atomic_cap, IBV_ATOMIC_GLOB);  // rxe reports ATOMIC_HCA; GLOB is stronger
+  EXPECT_GT(a.max_qp, 0);
+  EXPECT_GT(a.max_qp_wr, 0);
+  ibv_device_attr_ex ex{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ex), 0);
+  EXPECT_EQ(std::memcmp(&ex.orig_attr, &a, sizeof a), 0);
+  ibv_query_device_ex_input in{};
+  in.comp_mask = 1;
+  EXPECT_EQ(ibv_query_device_ex(ctx_, &in, &ex), EINVAL);
+}
+
+TEST_F(Verbs, PortIsAnActiveRoceV2EthernetPort) {
+  ibv_port_attr p{};
+  ASSERT_EQ(ibv_query_port(ctx_, kPort, &p), 0);  // verbs.h: the context's query_port op
+  EXPECT_EQ(p.state, IBV_PORT_ACTIVE);
+  EXPECT_EQ(p.link_layer, IBV_LINK_LAYER_ETHERNET);
+  EXPECT_LE(p.active_mtu, p.max_mtu);
+  // lo's MTU is 65536: the largest IB MTU.
+  EXPECT_EQ(p.active_mtu, IBV_MTU_4096);
+  EXPECT_GE(p.gid_tbl_len, 2);
+  EXPECT_GE(p.max_msg_sz, 8u << 20);
+  EXPECT_EQ(ibv_query_port(ctx_, 2, &p), EINVAL);
+  // The exported symbol itself (binaries built against the old, shorter struct call it).
+  ibv_port_attr q{};
+  ASSERT_EQ((ibv_query_port)(ctx_, kPort, reinterpret_cast<_compat_ibv_port_attr*>(&q)), 0);
+  EXPECT_EQ(q.state, IBV_PORT_ACTIVE);
+  EXPECT_EQ(q.link_layer, IBV_LINK_LAYER_ETHERNET);
+  EXPECT_STREQ(ibv_port_state_str(p.state), "PORT_ACTIVE");
+}
+
+TEST_F(Verbs, GidTableHoldsTheNamespaceAddressesAsRoceV2) {
+  ibv_gid g{};
+  ASSERT_EQ(ibv_query_gid(ctx_, kPort, 0, &g), 0);
+  const ibv_gid lo = loopback_v4_gid();
+  EXPECT_EQ(std::memcmp(&g, &lo, sizeof g), 0);
+  ibv_gid_entry e{};
+  ASSERT_EQ(ibv_query_gid_ex(ctx_, kPort, 0, &e, 0), 0);
+  EXPECT_EQ(e.gid_type, IBV_GID_TYPE_ROCE_V2);
+  EXPECT_EQ(e.ndev_ifindex, if_nametoindex("lo"));
+  EXPECT_EQ(std::memcmp(&e.gid, &lo, sizeof lo), 0);
+  std::vector<ibv_gid_entry> table(64);
+  const ssize_t n = ibv_query_gid_table(ctx_, table.data(), table.size(), 0);
+  ASSERT_GE(n, 2);  // 127.0.0.1 and ::1
+  EXPECT_EQ(ibv_query_gid_table(ctx_, table.data(), 1, 0), -EINVAL);  // too small
+  ibv_port_attr p{};
+  ASSERT_EQ(ibv_query_port(ctx_, kPort, &p), 0);
+  errno = 0;
+  EXPECT_EQ(ibv_query_gid(ctx_, kPort, p.gid_tbl_len, &g), -1);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ibv_query_gid_ex(ctx_, kPort, p.gid_tbl_len - 1, &e, 0), ENODATA);  // empty entry
+  EXPECT_EQ(ibv_query_gid_ex(ctx_, kPort, 0, &e, 1), EINVAL);                   // flags
+}
+
+TEST_F(Verbs, PkeyTableHasTheDefaultPkey) {
+  __be16 pkey = 0;
+  ASSERT_EQ(ibv_query_pkey(ctx_, kPort, 0, &pkey), 0);
+  EXPECT_EQ(be16toh(pkey), 0xffff);
+  EXPECT_EQ(ibv_query_pkey(ctx_, kPort, 1, &pkey), -1);
+  EXPECT_EQ(ibv_get_pkey_index(ctx_, kPort, htobe16(0xffff)), 0);
+  EXPECT_EQ(ibv_get_pkey_index(ctx_, kPort, htobe16(0x8001)), -1);
+}
+
+TEST_F(Verbs, HelpersAndForkSupport) {
+  EXPECT_STREQ(ibv_wc_status_str(IBV_WC_SUCCESS), "success");
+  EXPECT_STREQ(ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR), "transport retry counter exceeded");
+  EXPECT_STREQ(ibv_node_type_str(IBV_NODE_CA), "InfiniBand channel adapter");
+  EXPECT_STREQ(ibv_event_type_str(IBV_EVENT_CQ_ERR), "CQ error");
+  EXPECT_EQ(ibv_rate_to_mbps(IBV_RATE_25_GBPS), 25781);
+  EXPECT_EQ(ibv_rate_to_mult(IBV_RATE_10_GBPS), 4);
+  EXPECT_EQ(mult_to_ibv_rate(4), IBV_RATE_10_GBPS);
+  EXPECT_EQ(ibv_fork_init(), 0);
+  EXPECT_EQ(ibv_is_fork_initialized(), IBV_FORK_UNNEEDED);
+}
+
+// ---- object verbs: success and the documented errnos ----
+
+TEST_F(Verbs, ProtectionDomainAndMemoryRegionErrors) {
+  std::vector<uint8_t> buf(8192);
+  ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(),
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(mr, nullptr) << std::strerror(errno);
+  EXPECT_EQ(mr->addr, buf.data());
+  EXPECT_EQ(mr->length, buf.size());
+  EXPECT_EQ(mr->pd, pd_);
+  EXPECT_EQ(mr->context, ctx_);
+  EXPECT_EQ(ibv_dealloc_pd(pd_), EBUSY);  // the MR uses it
+  // IBA 10.6.3.1 / ibv_reg_mr(3): remote write needs local write.
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd_, buf.data(), buf.size(), IBV_ACCESS_REMOTE_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  // An optional access flag a device lacks is ignored, not refused.
+  ibv_mr* relaxed = ibv_reg_mr(pd_, buf.data(), 4096,
+                               IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING);
+  ASSERT_NE(relaxed, nullptr) << std::strerror(errno);
+  EXPECT_EQ(ibv_dereg_mr(relaxed), 0);
+  ibv_mr* iova = ibv_reg_mr_iova(pd_, buf.data(), 4096, 0x10000, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(iova, nullptr) << std::strerror(errno);
+  EXPECT_EQ(ibv_dereg_mr(iova), 0);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dmabuf_mr(pd_, 0, 4096, 0, 3, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  // rereg: no flags is invalid input; a new translation keeps the keys.
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr, 0, nullptr, nullptr, 0, 0), IBV_REREG_MR_ERR_INPUT);
+  EXPECT_EQ(errno, EINVAL);
+  const uint32_t lkey = mr->lkey;
+  ASSERT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, buf.data() + 4096, 4096, 0),
+            0);
+  EXPECT_EQ(mr->addr, buf.data() + 4096);
+  EXPECT_EQ(mr->length, 4096u);
+  EXPECT_EQ(mr->lkey, lkey);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+}
+
+TEST_F(Verbs, CompletionQueueErrors) {
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx_, 0, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_device_attr a{};
+  ASSERT_EQ(ibv_query_device(ctx_, &a), 0);
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx_, a.max_cqe + 1, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(ctx_, 16, nullptr, nullptr, ctx_->num_comp_vectors), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  int tag = 7;
+  ibv_cq* cq = ibv_create_cq(ctx_, 100, &tag, nullptr, 0);
+  ASSERT_NE(cq, nullptr) << std::strerror(errno);
+  EXPECT_GE(cq->cqe, 100);
+  EXPECT_EQ(cq->cq_context, &tag);
+  ASSERT_EQ(ibv_resize_cq(cq, 1000), 0);
+  EXPECT_GE(cq->cqe, 1000);
+  EXPECT_EQ(ibv_resize_cq(cq, 0), EINVAL);
+  ibv_wc wc;
+  EXPECT_EQ(ibv_poll_cq(cq, 1, &wc), 0);
+  EXPECT_EQ(ibv_req_notify_cq(cq, 0), 0);
+  ibv_qp* qp = make_qp(IBV_QPT_RC, cq, cq);
+  ASSERT_NE(qp, nullptr);
+  EXPECT_EQ(ibv_destroy_cq(cq), EBUSY);  // the QP uses it
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  // The extended CQ is not offered yet: ibv_create_cq_ex(3) reports EOPNOTSUPP.
+  ibv_cq_init_attr_ex ex{};
+  ex.cqe = 16;
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq_ex(ctx_, &ex), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+TEST_F(Verbs, QueuePairCreateModifyQueryAndErrors) {
+  ibv_cq* cq = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp_init_attr init{};
+  init.send_cq = cq;
+  init.recv_cq = nullptr;
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = 8;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(pd_, &init), nullptr);  // no receive CQ
+  EXPECT_EQ(errno, EINVAL);
+  init.recv_cq = cq;
+  init.cap.max_send_sge = 1000;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(pd_, &init), nullptr);  // above max_sge
+  EXPECT_EQ(errno, EINVAL);
+  init.cap.max_send_sge = 1;
+  init.qp_type = IBV_QPT_XRC_SEND;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(pd_, &init), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  init.qp_type = IBV_QPT_RC;
+  int tag = 3;
+  init.qp_context = &tag;
+  init.cap.max_recv_wr = 8;
+  init.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd_, &init);
+  ASSERT_NE(qp, nullptr) << std::strerror(errno);
+  EXPECT_GE(init.cap.max_send_wr, 8u);  // reported back as created
+  EXPECT_EQ(qp->state, IBV_QPS_RESET);
+  EXPECT_EQ(qp->qp_context, &tag);
+  EXPECT_NE(qp->qp_num, 0u);
+  // RESET -> RTR skips INIT: illegal (IBA 10.3.1).
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  EXPECT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), EINVAL);
+  // INIT without its required attributes: a wrong mask.
+  a.qp_state = IBV_QPS_INIT;
+  EXPECT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), EINVAL);
+  EXPECT_EQ(qp->state, IBV_QPS_RESET);
+  connect(qp, qp->qp_num);  // to itself: a legal RC peer
+  ibv_qp_attr q{};
+  ibv_qp_init_attr qi{};
+  ASSERT_EQ(ibv_query_qp(qp, &q, IBV_QP_STATE | IBV_QP_CAP, &qi), 0);
+  EXPECT_EQ(q.qp_state, IBV_QPS_RTS);
+  EXPECT_EQ(q.sq_psn, 100u);
+  EXPECT_EQ(q.dest_qp_num, qp->qp_num);
+  EXPECT_EQ(qi.send_cq, cq);
+  EXPECT_EQ(qi.recv_cq, cq);
+  EXPECT_EQ(qi.qp_context, &tag);
+  EXPECT_EQ(ibv_query_ece(qp, nullptr), EOPNOTSUPP);
+  ibv_gid mgid{};
+  EXPECT_EQ(ibv_attach_mcast(qp, &mgid, 0), EOPNOTSUPP);
+  EXPECT_EQ(ibv_qp_to_qp_ex(qp), nullptr);  // not created with the extended interface
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  // XRC domains are not offered: ibv_open_xrcd(3) fails with EOPNOTSUPP.
+  ibv_xrcd_init_attr xa{};
+  errno = 0;
+  EXPECT_EQ(ibv_open_xrcd(ctx_, &xa), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+TEST_F(Verbs, PostErrorsNameTheFirstFailingWr) {
+  ibv_cq* cq = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* qp = make_qp(IBV_QPT_RC, cq, cq);
+  ASSERT_NE(qp, nullptr);
+  std::vector<uint8_t> buf(4096);
+  ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 64, mr->lkey};
+  // A receive in RESET is refused (IBA 10.8.2: RESET accepts no WRs).
+  ibv_recv_wr r1{}, *bad_r = nullptr;
+  r1.wr_id = 1;
+  r1.sg_list = &sge;
+  r1.num_sge = 1;
+  EXPECT_NE(ibv_post_recv(qp, &r1, &bad_r), 0);
+  EXPECT_EQ(bad_r, &r1);
+  connect(qp, qp->qp_num);
+  // Second WR has more SGEs than the QP was created with: it and what follows are not posted.
+  std::vector<ibv_sge> many(8, sge);
+  ibv_send_wr w1{}, w2{}, w3{}, *bad = nullptr;
+  w1.wr_id = 1;
+  w1.opcode = IBV_WR_SEND;
+  w1.sg_list = &sge;
+  w1.num_sge = 1;
+  w1.send_flags = IBV_SEND_SIGNALED;
+  w1.next = &w2;
+  w2 = w1;
+  w2.wr_id = 2;
+  w2.sg_list = many.data();
+  w2.num_sge = static_cast<int>(many.size());
+  w2.next = &w3;
+  w3 = w1;
+  w3.wr_id = 3;
+  w3.next = nullptr;
+  // Receives for the send that goes (the QP talks to itself).
+  bad_r = nullptr;
+  r1.next = nullptr;
+  ASSERT_EQ(ibv_post_recv(qp, &r1, &bad_r), 0);
+  EXPECT_EQ(ibv_post_send(qp, &w1, &bad), EINVAL);
+  EXPECT_EQ(bad, &w2);
+  // Exactly w1 was posted: one send and one receive completion, nothing for w3.
+  std::vector<ibv_wc> wcs = poll_n(cq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  for (const ibv_wc& wc : wcs) {
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+    EXPECT_EQ(wc.wr_id, 1u);
+  }
+  ibv_wc extra;
+  EXPECT_EQ(ibv_poll_cq(cq, 1, &extra), 0);
+  // Inline data above max_inline_data.
+  std::vector<uint8_t> big(4096);
+  ibv_sge big_sge{reinterpret_cast<uintptr_t>(big.data()), 4096, 0};
+  ibv_send_wr w4 = w1;
+  w4.next = nullptr;
+  w4.sg_list = &big_sge;
+  w4.send_flags = IBV_SEND_INLINE;
+  bad = nullptr;
+  EXPECT_EQ(ibv_post_send(qp, &w4, &bad), EINVAL);
+  EXPECT_EQ(bad, &w4);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// ---- traffic ----
+
+// Two RC QPs of one process over real UDP on loopback: WRITE, SEND with immediate, READ back.
+TEST_F(Verbs, RcLoopbackWriteSendReadWithCqeChecks) {
+  ibv_cq* cqa = ibv_create_cq(ctx_, 256, nullptr, nullptr, 0);
+  ibv_cq* cqb = ibv_create_cq(ctx_, 256, nullptr, nullptr, 0);
+  ASSERT_TRUE(cqa && cqb);
+  ibv_qp* a = make_qp(IBV_QPT_RC, cqa, cqa);
+  ibv_qp* b = make_qp(IBV_QPT_RC, cqb, cqb);
+  ASSERT_TRUE(a && b);
+  connect(a, b->qp_num);
+  connect(b, a->qp_num);
+  constexpr size_t kBytes = 1 << 20;
+  std::vector<uint8_t> src = random_bytes(kBytes, 1), dst(kBytes), back(kBytes);
+  const int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  ibv_mr* ms = ibv_reg_mr(pd_, src.data(), kBytes, acc);
+  ibv_mr* md = ibv_reg_mr(pd_, dst.data(), kBytes, acc);
+  ibv_mr* mb = ibv_reg_mr(pd_, back.data(), kBytes, acc);
+  ASSERT_TRUE(ms && md && mb);
+
+  // WRITE the whole buffer A -> B in 64 KiB pieces.
+  constexpr size_t kChunk = 64 * 1024;
+  for (size_t i = 0; i < kBytes / kChunk; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(src.data() + i * kChunk), kChunk, ms->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.wr_id = 100 + i;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst.data() + i * kChunk);
+    wr.wr.rdma.rkey = md->rkey;
+    ASSERT_EQ(ibv_post_send(a, &wr, &bad), 0);
+  }
+  std::vector<ibv_wc> wcs = poll_n(cqa, kBytes / kChunk);
+  ASSERT_EQ(wcs.size(), kBytes / kChunk);
+  for (size_t i = 0; i < wcs.size(); ++i) {
+    EXPECT_EQ(wcs[i].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[i].status);
+    EXPECT_EQ(wcs[i].opcode, IBV_WC_RDMA_WRITE);
+    EXPECT_EQ(wcs[i].wr_id, 100 + i);  // in posting order
+    EXPECT_EQ(wcs[i].qp_num, a->qp_num);
+  }
+
+  // SEND with immediate: B receives the first 4 KiB of src; its completion says where from.
+  std::vector<uint8_t> rbuf(4096);
+  ibv_mr* mr = ibv_reg_mr(pd_, rbuf.data(), rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  ibv_sge rsge{reinterpret_cast<uintptr_t>(rbuf.data()), 4096, mr->lkey};
+  ibv_recv_wr rwr{}, *rbad = nullptr;
+  rwr.wr_id = 7;
+  rwr.sg_list = &rsge;
+  rwr.num_sge = 1;
+  ASSERT_EQ(ibv_post_recv(b, &rwr, &rbad), 0);
+  ibv_sge ssge{reinterpret_cast<uintptr_t>(src.data()), 4096, ms->lkey};
+  ibv_send_wr swr{}, *sbad = nullptr;
+  swr.wr_id = 8;
+  swr.opcode = IBV_WR_SEND_WITH_IMM;
+  swr.imm_data = htonl(0x12345678);
+  swr.sg_list = &ssge;
+  swr.num_sge = 1;
+  swr.send_flags = IBV_SEND_SIGNALED;
+  ASSERT_EQ(ibv_post_send(a, &swr, &sbad), 0);
+  wcs = poll_n(cqb, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wcs[0].opcode, IBV_WC_RECV);
+  EXPECT_EQ(wcs[0].wr_id, 7u);
+  EXPECT_EQ(wcs[0].byte_len, 4096u);
+  EXPECT_TRUE(wcs[0].wc_flags & IBV_WC_WITH_IMM);
+  EXPECT_EQ(ntohl(wcs[0].imm_data), 0x12345678u);
+  EXPECT_EQ(wcs[0].qp_num, b->qp_num);
+  wcs = poll_n(cqa, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].opcode, IBV_WC_SEND);
+  EXPECT_EQ(wcs[0].wr_id, 8u);
+  EXPECT_EQ(fnv1a(rbuf.data(), 4096), fnv1a(src.data(), 4096));
+
+  // READ B's buffer back into A's third buffer.
+  ibv_sge bsge{reinterpret_cast<uintptr_t>(back.data()), kBytes, mb->lkey};
+  ibv_send_wr rd{}, *rdbad = nullptr;
+  rd.wr_id = 9;
+  rd.opcode = IBV_WR_RDMA_READ;
+  rd.sg_list = &bsge;
+  rd.num_sge = 1;
+  rd.send_flags = IBV_SEND_SIGNALED;
+  rd.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst.data());
+  rd.wr.rdma.rkey = md->rkey;
+  ASSERT_EQ(ibv_post_send(a, &rd, &rdbad), 0);
+  wcs = poll_n(cqa, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(wcs[0].opcode, IBV_WC_RDMA_READ);
+  EXPECT_EQ(wcs[0].byte_len, kBytes);
+  EXPECT_EQ(fnv1a(dst.data(), kBytes), fnv1a(src.data(), kBytes));
+  EXPECT_EQ(fnv1a(back.data(), kBytes), fnv1a(src.data(), kBytes));
+
+  // A bad rkey: the responder NAKs, A's WR completes with a remote access error.
+  ibv_send_wr badw = rd;
+  badw.wr_id = 10;
+  badw.wr.rdma.rkey = md->rkey ^ 0xff;
+  ASSERT_EQ(ibv_post_send(a, &badw, &rdbad), 0);
+  wcs = poll_n(cqa, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(wcs[0].wr_id, 10u);
+
+  for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  for (ibv_mr* m : {ms, md, mb, mr}) EXPECT_EQ(ibv_dereg_mr(m), 0);
+  for (ibv_cq* cq : {cqa, cqb}) EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// UD: an AH to 127.0.0.1, and the reply's AH built from the received completion and GRH.
+TEST_F(Verbs, UdLoopbackWithAhFromWc) {
+  ibv_cq* cq = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* a = make_qp(IBV_QPT_UD, cq, cq);
+  ibv_qp* b = make_qp(IBV_QPT_UD, cq, cq);
+  ASSERT_TRUE(a && b);
+  connect(a, 0);
+  connect(b, 0);
+  constexpr size_t kMsg = 512;
+  std::vector<uint8_t> src = random_bytes(kMsg, 2);
+  std::vector<uint8_t> rbuf(40 + kMsg);
+  ibv_mr* ms = ibv_reg_mr(pd_, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* mr = ibv_reg_mr(pd_, rbuf.data(), rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_TRUE(ms && mr);
+  ibv_sge rsge{reinterpret_cast<uintptr_t>(rbuf.data()), static_cast<uint32_t>(rbuf.size()),
+               mr->lkey};
+  ibv_recv_wr rwr{}, *rbad = nullptr;
+  rwr.wr_id = 1;
+  rwr.sg_list = &rsge;
+  rwr.num_sge = 1;
+  ASSERT_EQ(ibv_post_recv(b, &rwr, &rbad), 0);
+
+  ibv_ah_attr ah_attr{};
+  ah_attr.is_global = 0;
+  ah_attr.port_num = kPort;
+  errno = 0;
+  EXPECT_EQ(ibv_create_ah(pd_, &ah_attr), nullptr);  // RoCE needs a GRH
+  EXPECT_EQ(errno, EINVAL);
+  ah_attr.is_global = 1;
+  ah_attr.grh.dgid = loopback_v4_gid();
+  ah_attr.grh.sgid_index = 0;
+  ah_attr.grh.hop_limit = 64;
+  ibv_ah* ah = ibv_create_ah(pd_, &ah_attr);
+  ASSERT_NE(ah, nullptr) << std::strerror(errno);
+
+  ibv_sge ssge{reinterpret_cast<uintptr_t>(src.data()), kMsg, ms->lkey};
+  ibv_send_wr swr{}, *sbad = nullptr;
+  swr.wr_id = 2;
+  swr.opcode = IBV_WR_SEND;
+  swr.sg_list = &ssge;
+  swr.num_sge = 1;
+  swr.send_flags = IBV_SEND_SIGNALED;
+  swr.wr.ud.ah = ah;
+  swr.wr.ud.remote_qpn = b->qp_num;
+  swr.wr.ud.remote_qkey = 0x11111111;
+  ASSERT_EQ(ibv_post_send(a, &swr, &sbad), 0);
+  std::vector<ibv_wc> wcs = poll_n(cq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  const ibv_wc* recv = wcs[0].opcode == IBV_WC_RECV ? &wcs[0] : &wcs[1];
+  EXPECT_EQ(recv->status, IBV_WC_SUCCESS);
+  EXPECT_EQ(recv->byte_len, 40 + kMsg);
+  EXPECT_EQ(recv->src_qp, a->qp_num);
+  EXPECT_TRUE(recv->wc_flags & IBV_WC_GRH);
+  EXPECT_EQ(fnv1a(rbuf.data() + 40, kMsg), fnv1a(src.data(), kMsg));
+
+  ibv_ah_attr back{};
+  ASSERT_EQ(ibv_init_ah_from_wc(ctx_, kPort, const_cast<ibv_wc*>(recv),
+                                reinterpret_cast<ibv_grh*>(rbuf.data()), &back),
+            0);
+  EXPECT_EQ(back.is_global, 1);
+  EXPECT_EQ(back.grh.sgid_index, 0);
+  const ibv_gid lo = loopback_v4_gid();
+  EXPECT_EQ(std::memcmp(&back.grh.dgid, &lo, sizeof lo), 0);
+  ibv_ah* reply = ibv_create_ah_from_wc(pd_, const_cast<ibv_wc*>(recv),
+                                        reinterpret_cast<ibv_grh*>(rbuf.data()), kPort);
+  ASSERT_NE(reply, nullptr) << std::strerror(errno);
+  EXPECT_EQ(ibv_destroy_ah(reply), 0);
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+  for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  for (ibv_mr* m : {ms, mr}) EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+TEST_F(Verbs, SharedReceiveQueueFeedsTwoQps) {
+  ibv_srq_init_attr si{};
+  si.attr.max_wr = 16;
+  si.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(pd_, &si);
+  ASSERT_NE(srq, nullptr) << std::strerror(errno);
+  EXPECT_GE(si.attr.max_wr, 16u);
+  ibv_srq_attr sa{};
+  ASSERT_EQ(ibv_query_srq(srq, &sa), 0);
+  EXPECT_GE(sa.max_wr, 16u);
+  sa.srq_limit = sa.max_wr + 1;
+  EXPECT_EQ(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), EINVAL);  // above max_wr
+  ibv_cq* cq = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ibv_qp* a = make_qp(IBV_QPT_RC, cq, cq);
+  ibv_qp* b = make_qp(IBV_QPT_RC, cq, cq, srq);
+  ASSERT_TRUE(cq && a && b);
+  connect(a, b->qp_num);
+  connect(b, a->qp_num);
+  std::vector<uint8_t> src = random_bytes(256, 3), dst(4 * 256);
+  ibv_mr* ms = ibv_reg_mr(pd_, src.data(), src.size(), 0);
+  ibv_mr* md = ibv_reg_mr(pd_, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_TRUE(ms && md);
+  for (int i = 0; i < 4; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(dst.data() + i * 256), 256, md->lkey};
+    ibv_recv_wr r{}, *bad = nullptr;
+    r.wr_id = 50 + i;
+    r.sg_list = &sge;
+    r.num_sge = 1;
+    ASSERT_EQ(ibv_post_srq_recv(srq, &r, &bad), 0);
+  }
+  EXPECT_EQ(ibv_destroy_srq(srq), EBUSY);  // a QP uses it
+  ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), 256, ms->lkey};
+  ibv_send_wr w{}, *bad = nullptr;
+  w.wr_id = 60;
+  w.opcode = IBV_WR_SEND;
+  w.sg_list = &sge;
+  w.num_sge = 1;
+  w.send_flags = IBV_SEND_SIGNALED;
+  ASSERT_EQ(ibv_post_send(a, &w, &bad), 0);
+  std::vector<ibv_wc> wcs = poll_n(cq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  const ibv_wc* recv = wcs[0].opcode == IBV_WC_RECV ? &wcs[0] : &wcs[1];
+  EXPECT_EQ(recv->status, IBV_WC_SUCCESS);
+  EXPECT_EQ(recv->wr_id, 50u);  // the SRQ's oldest receive
+  EXPECT_EQ(recv->qp_num, b->qp_num);
+  EXPECT_EQ(fnv1a(dst.data(), 256), fnv1a(src.data(), 256));
+  for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  for (ibv_mr* m : {ms, md}) EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+TEST_F(Verbs, MemoryWindowType1BindGrantsRemoteWrite) {
+  ibv_cq* cq = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ibv_qp* a = make_qp(IBV_QPT_RC, cq, cq);
+  ibv_qp* b = make_qp(IBV_QPT_RC, cq, cq);
+  ASSERT_TRUE(cq && a && b);
+  connect(a, b->qp_num);
+  connect(b, a->qp_num);
+  std::vector<uint8_t> src = random_bytes(1024, 4), dst(4096);
+  ibv_mr* ms = ibv_reg_mr(pd_, src.data(), src.size(), 0);
+  ibv_mr* md = ibv_reg_mr(pd_, dst.data(), dst.size(),
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  ASSERT_TRUE(ms && md);
+  ibv_mw* mw = ibv_alloc_mw(pd_, IBV_MW_TYPE_1);
+  ASSERT_NE(mw, nullptr) << std::strerror(errno);
+  ibv_mw_bind bind{};
+  bind.wr_id = 70;
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_info.mr = md;
+  bind.bind_info.addr = reinterpret_cast<uintptr_t>(dst.data()) + 1024;
+  bind.bind_info.length = 1024;
+  bind.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  const uint32_t before = mw->rkey;
+  ASSERT_EQ(ibv_bind_mw(b, mw, &bind), 0);
+  EXPECT_NE(mw->rkey, before);
+  std::vector<ibv_wc> wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(wcs[0].opcode, IBV_WC_BIND_MW);
+  EXPECT_EQ(wcs[0].wr_id, 70u);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), 1024, ms->lkey};
+  ibv_send_wr w{}, *bad = nullptr;
+  w.wr_id = 71;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.sg_list = &sge;
+  w.num_sge = 1;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.wr.rdma.remote_addr = bind.bind_info.addr;
+  w.wr.rdma.rkey = mw->rkey;
+  ASSERT_EQ(ibv_post_send(a, &w, &bad), 0);
+  wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(fnv1a(dst.data() + 1024, 1024), fnv1a(src.data(), 1024));
+  EXPECT_EQ(ibv_dereg_mr(md), EINVAL);  // a window is bound to it (IBA 10.6.7.2.6)
+  for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_dealloc_mw(mw), 0);
+  for (ibv_mr* m : {ms, md}) EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// ---- events ----
+
+TEST_F(Verbs, CompletionChannelFdWakesPollAndHandsBackTheCq) {
+  ibv_comp_channel* ch = ibv_create_comp_channel(ctx_);
+  ASSERT_NE(ch, nullptr);
+  ASSERT_GE(ch->fd, 0);
+  int tag = 11;
+  ibv_cq* cq = ibv_create_cq(ctx_, 16, &tag, ch, 0);
+  ASSERT_NE(cq, nullptr);
+  EXPECT_EQ(ibv_destroy_comp_channel(ch), EBUSY);  // the CQ uses it
+  ibv_qp* qp = make_qp(IBV_QPT_RC, cq, cq);
+  ASSERT_NE(qp, nullptr);
+  connect(qp, qp->qp_num);
+  pollfd pfd{ch->fd, POLLIN, 0};
+  EXPECT_EQ(poll(&pfd, 1, 0), 0);  // nothing yet
+  ASSERT_EQ(ibv_req_notify_cq(cq, 0), 0);
+  std::vector<uint8_t> buf(64);
+  ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(),
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(mr, nullptr);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 32, mr->lkey};
+  ibv_send_wr w{}, *bad = nullptr;
+  w.wr_id = 5;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.sg_list = &sge;
+  w.num_sge = 1;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf.data()) + 32;
+  w.wr.rdma.rkey = mr->rkey;
+  ASSERT_EQ(ibv_post_send(qp, &w, &bad), 0);
+  // The engine thread completes the WR with nobody polling; the channel's fd becomes readable.
+  ASSERT_EQ(poll(&pfd, 1, 5000), 1);
+  EXPECT_TRUE(pfd.revents & POLLIN);
+  ibv_cq* ev_cq = nullptr;
+  void* ev_ctx = nullptr;
+  ASSERT_EQ(ibv_get_cq_event(ch, &ev_cq, &ev_ctx), 0);
+  EXPECT_EQ(ev_cq, cq);
+  EXPECT_EQ(ev_ctx, &tag);
+  ibv_ack_cq_events(cq, 1);
+  EXPECT_EQ(cq->comp_events_completed, 1u);
+  std::vector<ibv_wc> wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 5u);
+  // Disarmed after firing: another completion queues no event.
+  ASSERT_EQ(ibv_post_send(qp, &w, &bad), 0);
+  ASSERT_EQ(poll_n(cq, 1).size(), 1u);
+  EXPECT_EQ(poll(&pfd, 1, 100), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_destroy_comp_channel(ch), 0);
+}
+
+// CQ overrun (IBA 11.4.2.1): the async fd becomes readable with IBV_EVENT_CQ_ERR for that CQ.
+TEST_F(Verbs, AsyncFdReportsCqOverrun) {
+  ASSERT_GE(ctx_->async_fd, 0);
+  pollfd pfd{ctx_->async_fd, POLLIN, 0};
+  ibv_cq* cq = ibv_create_cq(ctx_, 1, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* qp = make_qp(IBV_QPT_RC, cq, cq);
+  ASSERT_NE(qp, nullptr);
+  connect(qp, qp->qp_num);
+  std::vector<uint8_t> buf(64);
+  ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(),
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(mr, nullptr);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 8, mr->lkey};
+  // One more signaled WRITE than the CQ holds, and nobody polls.
+  const int n = cq->cqe + 1;
+  for (int i = 0; i < n; ++i) {
+    ibv_send_wr w{}, *bad = nullptr;
+    w.wr_id = static_cast<uint64_t>(i);
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.sg_list = &sge;
+    w.num_sge = 1;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf.data()) + 32;
+    w.wr.rdma.rkey = mr->rkey;
+    ASSERT_EQ(ibv_post_send(qp, &w, &bad), 0);
+  }
+  ASSERT_EQ(poll(&pfd, 1, 5000), 1);
+  ibv_async_event ev{};
+  ASSERT_EQ(ibv_get_async_event(ctx_, &ev), 0);
+  EXPECT_EQ(ev.event_type, IBV_EVENT_CQ_ERR);
+  EXPECT_EQ(ev.element.cq, cq);
+  ibv_ack_async_event(&ev);
+  EXPECT_EQ(cq->async_events_completed, 1u);
+  // A non-blocking async fd with no event: EAGAIN, as ibv_get_async_event(3) describes.
+  const int flags = fcntl(ctx_->async_fd, F_GETFL);
+  ASSERT_EQ(fcntl(ctx_->async_fd, F_SETFL, flags | O_NONBLOCK), 0);
+  errno = 0;
+  // Events for the QP may follow the CQ's (it can go to ERR); drain whatever is queued.
+  while (ibv_get_async_event(ctx_, &ev) == 0) ibv_ack_async_event(&ev);
+  EXPECT_EQ(errno, EAGAIN);
+  ASSERT_EQ(fcntl(ctx_->async_fd, F_SETFL, flags), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// ---- contexts ----
+
+TEST_F(Verbs, ContextsRefuseEachOthersObjectsAndCloseCleansUp) {
+  ibv_context* other = ibv_open_device(list_[0]);
+  ASSERT_NE(other, nullptr) << std::strerror(errno);
+  ibv_pd* opd = ibv_alloc_pd(other);
+  ibv_cq* ocq = ibv_create_cq(other, 16, nullptr, nullptr, 0);
+  ibv_cq* cq = ibv_create_cq(ctx_, 16, nullptr, nullptr, 0);
+  ASSERT_TRUE(opd && ocq && cq);
+  // A CQ of another context: EINVAL.
+  ibv_qp_init_attr init{};
+  init.send_cq = ocq;
+  init.recv_cq = ocq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = init.cap.max_recv_wr = 4;
+  init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp(pd_, &init), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  // Two contexts never share a QPN (one slot, one QPN range for the process).
+  init.send_cq = init.recv_cq = ocq;
+  ibv_qp* oqp = ibv_create_qp(opd, &init);
+  ibv_qp* qp = make_qp(IBV_QPT_RC, cq, cq);
+  ASSERT_TRUE(oqp && qp);
+  EXPECT_NE(oqp->qp_num, qp->qp_num);
+  // Closing a context with objects left destroys them; this context is untouched.
+  std::vector<uint8_t> buf(4096);
+  ASSERT_NE(ibv_reg_mr(opd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(ibv_close_device(other), 0);
+  ibv_qp_attr a{};
+  ibv_qp_init_attr qi{};
+  EXPECT_EQ(ibv_query_qp(qp, &a, IBV_QP_STATE, &qi), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+}  // namespace
+}  // namespace urdma::verbs_test
