@@ -1,0 +1,233 @@
+// Two (or more) cm::Managers joined by an in-memory link under one virtual clock: every MAD a
+// manager queues is delivered to the manager owning its destination GID after a delay, with
+// seeded loss, duplication and reordering (parts per million, as tests/sim counts them).
+// MADs to a GID nobody owns vanish — a peer that never answers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cm/manager.h"
+#include "net/clock.h"
+#include "net/prng.h"
+#include "wire/cm.h"
+
+namespace urdma::cm::test {
+
+inline Gid ipv4_gid(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
+  const std::array<uint8_t, 4> ip = {a, b, c, d};
+  return wire::ipv4_mapped(ip);
+}
+
+inline constexpr uint64_t kMs = 1'000'000;
+
+struct LinkFaults {
+  uint64_t seed = 1;
+  uint32_t loss_ppm = 0;
+  uint32_t dup_ppm = 0;
+  uint32_t reorder_ppm = 0;       // such a MAD takes up to 4 × the delay
+  uint64_t delay_ns = 100'000;    // one way
+};
+
+// Checks that each connection's events come in an order the state machine allows:
+// request → (connect response) → established → disconnected → timewait exit, where a
+// rejection, an unreachable peer or a SIDR answer ends the story.
+class EventOrder {
+ public:
+  // Returns "" or what was wrong.
+  std::string add(const Event& e) {
+    auto& seen = seen_[e.id];
+    const int r = rank(e.type);
+    if (!seen.empty()) {
+      const EventType last = seen.back();
+      if (last == EventType::kRejected || last == EventType::kUnreachable ||
+          last == EventType::kSidrResponse || last == EventType::kTimewaitExit)
+        return bad(e, "after a final event");
+      if (last == EventType::kDisconnected && e.type != EventType::kTimewaitExit)
+        return bad(e, "after disconnected");
+      if (rank(last) >= r) return bad(e, "out of order");
+    }
+    seen.push_back(e.type);
+    return "";
+  }
+
+ private:
+  static int rank(EventType t) {
+    switch (t) {
+      case EventType::kConnectRequest:
+      case EventType::kSidrRequest: return 0;
+      case EventType::kConnectResponse: return 1;
+      case EventType::kEstablished: return 2;
+      case EventType::kRejected:
+      case EventType::kUnreachable:
+      case EventType::kDisconnected:
+      case EventType::kSidrResponse: return 3;
+      case EventType::kTimewaitExit: return 4;
+    }
+    return 5;
+  }
+  std::string bad(const Event& e, const char* why) {
+    std::string s = std::string(event_name(e.type)) + " " + why + " for id " +
+                    std::to_string(e.id) + "; before:";
+    for (EventType t : seen_[e.id]) s += std::string(" ") + std::string(event_name(t));
+    return s;
+  }
+  std::map<ConnId, std::vector<EventType>> seen_;
+};
+
+struct Sent {
+  uint64_t at_ns;
+  size_t from;  // host index
+  OutgoingMad out;
+  uint16_t attr() const {
+    return static_cast<uint16_t>(out.mad[16] << 8 | out.mad[17]);
+  }
+};
+
+class Link {
+ public:
+  struct Host {
+    Gid gid;
+    std::unique_ptr<Manager> m;
+    std::vector<Event> events;
+  };
+
+  explicit Link(LinkFaults faults = {}) : faults_(faults), rng_(faults.seed) {}
+
+  size_t add_host(const Gid& gid, ManagerConfig cfg) {
+    hosts_.push_back(Host{gid, std::make_unique<Manager>(cfg, clock_), {}});
+    return hosts_.size() - 1;
+  }
+  Manager& m(size_t h) { return *hosts_[h].m; }
+  std::vector<Event>& events(size_t h) { return hosts_[h].events; }
+  net::VirtualClock& clock() { return clock_; }
+  const std::vector<Sent>& sent() const { return sent_; }
+  // Called for every MAD before the link decides its fate; return false to drop it.
+  std::function<bool(const Sent&)> filter;
+
+  // Collects what the managers queued; delivers what is due; fires timers. Repeats until
+  // nothing is due at the current time.
+  void settle() {
+    for (int guard = 0; guard < 100000; ++guard) {
+      bool progress = collect();
+      const uint64_t now = clock_.now_ns();
+      for (size_t i = 0; i < flight_.size();) {
+        if (flight_[i].deliver_ns <= now) {
+          Flight f = flight_[i];
+          flight_.erase(flight_.begin() + static_cast<ptrdiff_t>(i));
+          deliver(f);
+          progress = true;
+        } else {
+          ++i;
+        }
+      }
+      for (size_t h = 0; h < hosts_.size(); ++h) {
+        if (hosts_[h].m->next_deadline_ns() <= now) {
+          hosts_[h].m->run_timers();
+          progress = true;
+        }
+      }
+      progress |= collect();
+      if (!progress) return;
+    }
+    ADD_FAILURE() << "link: no quiescence";
+  }
+
+  // Runs the world until `t_ns` (absolute), stepping from one due moment to the next.
+  void run_until(uint64_t t_ns) {
+    settle();
+    for (;;) {
+      uint64_t next = net::kNever;
+      for (const Flight& f : flight_) next = std::min(next, f.deliver_ns);
+      for (auto& h : hosts_) next = std::min(next, h.m->next_deadline_ns());
+      if (next > t_ns) break;
+      if (next > clock_.now_ns()) clock_.set(next);
+      settle();
+    }
+    if (t_ns > clock_.now_ns()) clock_.set(t_ns);
+    settle();
+  }
+  void run_for(uint64_t d_ns) { run_until(clock_.now_ns() + d_ns); }
+
+  // Hands every host's events to `order` (failing the test on a violation).
+  void check_order(EventOrder& order, size_t h) {
+    for (const Event& e : hosts_[h].events) {
+      const std::string err = order.add(e);
+      EXPECT_EQ(err, "") << "host " << h;
+    }
+  }
+
+  // A copy of the first event of `type` on host h (optionally for `id`).
+  std::optional<Event> find(size_t h, EventType type,
+                            std::optional<ConnId> id = std::nullopt) const {
+    for (const Event& e : hosts_[h].events)
+      if (e.type == type && (!id || e.id == *id)) return e;
+    return std::nullopt;
+  }
+  std::vector<Sent> sent_of(size_t from, wire::CmAttr attr) const {
+    std::vector<Sent> r;
+    for (const Sent& s : sent_)
+      if (s.from == from && s.attr() == static_cast<uint16_t>(attr)) r.push_back(s);
+    return r;
+  }
+
+ private:
+  struct Flight {
+    uint64_t deliver_ns;
+    size_t from;
+    OutgoingMad out;
+  };
+
+  bool collect() {
+    bool any = false;
+    for (size_t h = 0; h < hosts_.size(); ++h) {
+      for (OutgoingMad& o : hosts_[h].m->take_outgoing()) {
+        any = true;
+        Sent s{clock_.now_ns(), h, o};
+        // Everything a manager sends must be a well-formed CM MAD.
+        EXPECT_TRUE(wire::parse_cm(o.mad).ok()) << "host " << h << " sent a malformed MAD";
+        sent_.push_back(s);
+        if (filter && !filter(s)) continue;
+        if (chance(faults_.loss_ppm)) continue;
+        const int copies = chance(faults_.dup_ppm) ? 2 : 1;
+        for (int i = 0; i < copies; ++i) {
+          uint64_t delay = faults_.delay_ns;
+          if (chance(faults_.reorder_ppm)) delay += rng_.next() % (3 * faults_.delay_ns + 1);
+          flight_.push_back(Flight{clock_.now_ns() + delay, h, o});
+        }
+      }
+      for (Event& e : hosts_[h].m->take_events()) {
+        any = true;
+        hosts_[h].events.push_back(std::move(e));
+      }
+    }
+    return any;
+  }
+
+  void deliver(const Flight& f) {
+    for (auto& h : hosts_) {
+      if (h.gid == f.out.dest_gid) {
+        h.m->receive(hosts_[f.from].gid, wire::kMadGsiQpn, f.out.mad);
+        return;
+      }
+    }
+  }
+
+  bool chance(uint32_t ppm) { return ppm && rng_.next() % 1'000'000 < ppm; }
+
+  LinkFaults faults_;
+  net::Xoshiro256 rng_;
+  net::VirtualClock clock_;
+  std::vector<Host> hosts_;
+  std::vector<Flight> flight_;
+  std::vector<Sent> sent_;
+};
+
+}  // namespace urdma::cm::test
