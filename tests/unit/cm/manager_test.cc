@@ -742,3 +742,32 @@ TEST(CmManager, LossyLinkSeedsEstablishAndReleaseCleanly) {
 
 }  // namespace
 }  // namespace urdma::cm
+
+namespace urdma::cm {
+namespace {
+
+// The order oracle of these tests can fail: sequences the state machine forbids are refused.
+TEST(CmEventOrder, RefusesWhatTheStateMachineForbids) {
+  auto run = [](std::initializer_list<EventType> types) {
+    test::EventOrder order;
+    std::string err;
+    for (EventType t : types) {
+      err = order.add(Event{.type = t, .id = 1});
+      if (!err.empty()) break;
+    }
+    return err;
+  };
+  EXPECT_EQ(run({EventType::kConnectRequest, EventType::kEstablished, EventType::kDisconnected,
+                 EventType::kTimewaitExit}),
+            "");
+  EXPECT_EQ(run({EventType::kConnectResponse, EventType::kDisconnected}), "");
+  EXPECT_NE(run({EventType::kEstablished, EventType::kEstablished}), "");
+  EXPECT_NE(run({EventType::kDisconnected, EventType::kEstablished}), "");
+  EXPECT_NE(run({EventType::kRejected, EventType::kTimewaitExit}), "");
+  EXPECT_NE(run({EventType::kUnreachable, EventType::kDisconnected}), "");
+  EXPECT_NE(run({EventType::kEstablished, EventType::kConnectRequest}), "");
+  EXPECT_NE(run({EventType::kTimewaitExit, EventType::kDisconnected}), "");
+}
+
+}  // namespace
+}  // namespace urdma::cm
