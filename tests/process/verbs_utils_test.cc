@@ -1,0 +1,358 @@
+// Unmodified Debian binaries (ibverbs-utils) on urdma: each runs with LD_LIBRARY_PATH naming
+// the build's lib/ directory, so the dynamic loader gives it OUR libibverbs.so.1, which starts a
+// urdmad in the test's namespace by itself (no setup step). Every test body runs in a fresh
+// network namespace (netns_harness.h); the two-host tests add a second namespace joined by a
+// veth pair (10.89.0.0/24), with a urdmad of its own.
+//
+// What is checked is what the tools print and how they exit: ibv_devices lists urdma0,
+// ibv_devinfo -v prints a sane RoCE v2 port, and ibv_{rc,uc,ud,srq}_pingpong with -c (their
+// buffer validation) report the bytes and iterations they were asked for, at several sizes, with
+// the GID index of the address used (-g, read from ibv_devinfo's GID table).
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "netns_harness.h"
+
+namespace urdma::process_test {
+namespace {
+
+constexpr const char* kLibDir = URDMA_LIB_DIR;
+
+bool have_tool(const char* name) {
+  return std::system(("command -v " + std::string(name) + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// The environment a Debian binary runs in: our library first. Under ASan the runtime must be
+// loaded before anything (the binaries are not instrumented), and their own leaks are not ours.
+std::string tool_env() {
+  std::string env = std::string("env LD_LIBRARY_PATH=") + kLibDir + " URDMA_DAEMON=" +
+                    URDMA_DAEMON_PATH + " URDMA_IDLE_TIMEOUT_MS=2000 LD_BIND_NOW=1";
+#ifdef URDMA_PRELOAD
+  env += std::string(" LD_PRELOAD=") + URDMA_PRELOAD + " ASAN_OPTIONS=detect_leaks=0";
+#endif
+  return env + " ";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct ToolRun {
+  int exit_code = -1;  // -1: did not exit in time / killed
+  std::string output;  // stdout and stderr
+};
+
+// Starts `command` (a shell command line) with its output to a file; wait with finish().
+struct Started {
+  pid_t pid = -1;
+  std::string out_path;
+};
+
+Started start(const std::string& command) {
+  static int counter = 0;
+  Started s;
+  s.out_path = "/tmp/urdma_verbs_utils_" + std::to_string(getpid()) + "_" +
+               std::to_string(counter++) + ".out";
+  const std::string line = tool_env() + command + " >" + s.out_path + " 2>&1";
+  s.pid = fork_process([line] {
+    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    return 127;
+  });
+  return s;
+}
+
+ToolRun finish(const Started& s, int timeout_ms) {
+  ToolRun r;
+  const std::optional<int> status = wait_exit(s.pid, timeout_ms);
+  if (!status) {
+    kill(s.pid, SIGKILL);
+    waitpid(s.pid, nullptr, 0);
+  } else if (WIFEXITED(*status)) {
+    r.exit_code = WEXITSTATUS(*status);
+  }
+  r.output = read_file(s.out_path);
+  unlink(s.out_path.c_str());
+  return r;
+}
+
+ToolRun run(const std::string& command, int timeout_ms = 10000) {
+  return finish(start(command), timeout_ms);
+}
+
+// Is a TCP socket of this namespace listening on `port`? (/proc/net/tcp{,6}: state 0A)
+bool tcp_listening(unsigned port) {
+  char hex[8];
+  std::snprintf(hex, sizeof hex, ":%04X", port);
+  for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line)) {
+      std::istringstream in(line);
+      std::string sl, local, remote, state;
+      in >> sl >> local >> remote >> state;
+      if (local.size() > 5 && local.ends_with(hex) && state == "0A") return true;
+    }
+  }
+  return false;
+}
+
+bool wait_listening(unsigned port, int timeout_ms) {
+  for (int waited = 0; waited < timeout_ms; waited += 10) {
+    if (tcp_listening(port)) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+// The GID index ibv_devinfo -v shows for an IPv4 address ("GID[  2]:  ::ffff:10.89.0.1, RoCE
+// v2"), or -1.
+int gid_index_of(const std::string& devinfo, const std::string& ipv4) {
+  const std::regex re("GID\\[\\s*(\\d+)\\]:\\s*::ffff:" + std::regex_replace(ipv4, std::regex("\\."), "\\.") +
+                      ", RoCE v2");
+  std::smatch m;
+  if (!std::regex_search(devinfo, m, re)) return -1;
+  return std::stoi(m[1]);
+}
+
+// "819200 bytes in 0.14 seconds" and "100 iters in 0.14 seconds": what a pingpong moved.
+struct PingpongReport {
+  long long bytes = -1;
+  long long iters = -1;
+};
+
+PingpongReport parse_pingpong(const std::string& out) {
+  PingpongReport r;
+  std::smatch m;
+  if (std::regex_search(out, m, std::regex("(\\d+) bytes in [0-9.]+ seconds"))) r.bytes = std::stoll(m[1]);
+  if (std::regex_search(out, m, std::regex("(\\d+) iters in [0-9.]+ seconds"))) r.iters = std::stoll(m[1]);
+  return r;
+}
+
+struct Pingpong {
+  const char* tool;
+  std::vector<int> sizes;
+};
+
+// The four pingpongs and the sizes they run at (UD: one packet, at most the path MTU).
+std::vector<Pingpong> pingpongs(int ud_max) {
+  return {{"ibv_rc_pingpong", {1, 4096, 65536}},
+          {"ibv_uc_pingpong", {64, 4096}},
+          {"ibv_ud_pingpong", {64, ud_max}},
+          {"ibv_srq_pingpong", {64, 4096}}};
+}
+
+constexpr int kIters = 50;
+
+std::string pingpong_args(const char* tool, int size, unsigned port, int gid) {
+  std::string args = std::string(tool) + " -d urdma0 -c -s " + std::to_string(size) + " -n " +
+                     std::to_string(kIters) + " -p " + std::to_string(port) + " -g " +
+                     std::to_string(gid);
+  // rc/uc/srq default to a 1024-byte path MTU; UD's message must fit one packet.
+  return args;
+}
+
+// Checks one side's output and exit code.
+void expect_pingpong_ok(const ToolRun& r, const char* tool, int size, const char* side) {
+  SCOPED_TRACE(std::string(tool) + " " + side + " -s " + std::to_string(size));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const PingpongReport rep = parse_pingpong(r.output);
+  EXPECT_EQ(rep.iters, kIters) << r.output;
+  // Each iteration is one message each way.
+  EXPECT_EQ(rep.bytes, 2LL * size * kIters) << r.output;
+  EXPECT_EQ(r.output.find("Failed"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Couldn't"), std::string::npos) << r.output;
+}
+
+class VerbsUtils : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* t : {"ibv_devices", "ibv_devinfo", "ibv_rc_pingpong", "ibv_uc_pingpong",
+                          "ibv_ud_pingpong", "ibv_srq_pingpong"})
+      if (!have_tool(t)) GTEST_SKIP() << t << " not installed (scripts/deps.sh: ibverbs-utils)";
+  }
+};
+
+TEST_F(VerbsUtils, DevicesAndDevinfoShowASaneRoceDevice) {
+  in_fresh_netns([] {
+    const ToolRun devices = run("ibv_devices");
+    EXPECT_EQ(devices.exit_code, 0) << devices.output;
+    EXPECT_TRUE(std::regex_search(devices.output, std::regex("urdma0\\s+[0-9a-f]{16}")))
+        << devices.output;
+
+    const ToolRun info = run("ibv_devinfo -v");
+    ASSERT_EQ(info.exit_code, 0) << info.output;
+    const std::string& o = info.output;
+    auto field = [&](const std::string& name) {
+      std::smatch m;
+      if (!std::regex_search(o, m, std::regex("\\b" + name + ":\\s*([^\\n]*)"))) return std::string();
+      return m[1].str();
+    };
+    EXPECT_EQ(field("hca_id"), "urdma0");
+    EXPECT_EQ(field("transport"), "InfiniBand (0)");
+    EXPECT_EQ(field("state"), "PORT_ACTIVE (4)");
+    EXPECT_EQ(field("link_layer"), "Ethernet");
+    EXPECT_EQ(field("phys_port_cnt"), "1");
+    EXPECT_EQ(field("active_mtu"), "4096 (5)");  // lo's 65536-byte MTU
+    EXPECT_NE(field("node_guid"), "0000:0000:0000:0000");
+    for (const char* n : {"max_qp", "max_cq", "max_mr", "max_pd", "max_qp_wr", "max_cqe"}) {
+      const std::string v = field(n);
+      EXPECT_FALSE(v.empty()) << n;
+      if (!v.empty()) {
+        EXPECT_GT(std::stoll(v), 0) << n;
+      }
+    }
+    EXPECT_GE(std::stoll(field("max_sge")), 32);
+    EXPECT_GE(std::stoll(field("max_cqe")), 32767);
+    EXPECT_EQ(gid_index_of(o, "127.0.0.1"), 0) << o;
+  });
+}
+
+TEST_F(VerbsUtils, PingpongsBetweenTwoProcessesOnOneHost) {
+  in_fresh_netns(
+      [] {
+        unsigned port = 18600;
+        for (const Pingpong& p : pingpongs(2048)) {
+          for (int size : p.sizes) {
+            const std::string args = pingpong_args(p.tool, size, port, 0);
+            const Started server = start(args);
+            ASSERT_TRUE(wait_listening(port, 5000)) << p.tool << " server did not listen";
+            const ToolRun client = run(args + " 127.0.0.1", 20000);
+            const ToolRun srv = finish(server, 10000);
+            expect_pingpong_ok(client, p.tool, size, "client");
+            expect_pingpong_ok(srv, p.tool, size, "server");
+            ++port;
+          }
+        }
+      },
+      90);
+}
+
+// Host A is this namespace, host B a child in a namespace of its own (its own urdmad, started
+// by the library in B's server process); a veth pair joins them. Each side passes -g with the
+// GID index its ibv_devinfo shows for its 10.89.0.x address.
+TEST_F(VerbsUtils, PingpongsBetweenTwoNamespacesOverAVethPair) {
+  in_fresh_netns(
+      [] {
+        struct Job {
+          char tool[32];
+          int size;
+          unsigned port;
+        };
+        struct Ready {
+          int gid;  // B's GID index for 10.89.0.2 (-1: none)
+        };
+        struct Done {
+          int exit_code;
+          long long bytes, iters;
+          int failed;  // "Failed"/"Couldn't" in its output
+        };
+        Pipe b_pid_pipe, veth_made, jobs, ready, done;
+        const pid_t b = fork_process([&] {
+          if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
+          b_pid_pipe.put(getpid());
+          char ch;
+          if (!veth_made.get(&ch, 5000)) return 11;
+          if (std::system("ip addr add 10.89.0.2/24 dev vb && ip link set vb up") != 0) return 12;
+          const ToolRun info = run("ibv_devinfo -v");
+          const int gid = gid_index_of(info.output, "10.89.0.2");
+          if (gid < 0) std::fprintf(stderr, "B's devinfo:\n%s\n", info.output.c_str());
+          Job job;
+          while (jobs.get(&job, 30000)) {
+            if (job.size == 0) break;
+            const Started server = start(pingpong_args(job.tool, job.size, job.port, gid));
+            Ready r{wait_listening(job.port, 5000) ? gid : -1};
+            ready.put(r);
+            const ToolRun srv = finish(server, 20000);
+            const PingpongReport rep = parse_pingpong(srv.output);
+            Done d{srv.exit_code, rep.bytes, rep.iters,
+                   srv.output.find("Failed") != std::string::npos ||
+                       srv.output.find("Couldn't") != std::string::npos};
+            if (d.exit_code != 0 || d.failed) std::fprintf(stderr, "B: %s\n", srv.output.c_str());
+            done.put(d);
+          }
+          return 0;
+        });
+        pid_t b_pid;
+        ASSERT_TRUE(b_pid_pipe.get(&b_pid));
+        if (std::system(("ip link add va type veth peer name vb netns " + std::to_string(b_pid) +
+                         " 2>&1")
+                            .c_str()) != 0)
+          skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
+        ASSERT_TRUE(sh("ip addr add 10.89.0.1/24 dev va && ip link set va up"));
+        veth_made.put('x');
+        const ToolRun info = run("ibv_devinfo -v");
+        const int gid = gid_index_of(info.output, "10.89.0.1");
+        ASSERT_GE(gid, 0) << info.output;
+        // veth's 1500-byte MTU: the port's active MTU is 1024 (rxe computes the same).
+        EXPECT_NE(info.output.find("active_mtu:\t\t1024 (3)"), std::string::npos) << info.output;
+        unsigned port = 18700;
+        for (const Pingpong& p : pingpongs(1024)) {
+          for (int size : p.sizes) {
+            Job job{};
+            std::snprintf(job.tool, sizeof job.tool, "%s", p.tool);
+            job.size = size;
+            job.port = port++;
+            ASSERT_TRUE(jobs.put(job));
+            Ready r{};
+            ASSERT_TRUE(ready.get(&r, 10000));
+            ASSERT_GE(r.gid, 0) << "B's server did not start or B has no GID for 10.89.0.2";
+            const ToolRun client =
+                run(pingpong_args(p.tool, size, job.port, gid) + " 10.89.0.2", 20000);
+            expect_pingpong_ok(client, p.tool, size, "client (A)");
+            Done d{};
+            ASSERT_TRUE(done.get(&d, 25000));
+            SCOPED_TRACE(std::string(p.tool) + " server (B) -s " + std::to_string(size));
+            EXPECT_EQ(d.exit_code, 0);
+            EXPECT_EQ(d.iters, kIters);
+            EXPECT_EQ(d.bytes, 2LL * size * kIters);
+            EXPECT_EQ(d.failed, 0);
+          }
+        }
+        Job end{};
+        jobs.put(end);
+        const std::optional<int> status = wait_exit(b, 10000);
+        ASSERT_TRUE(status.has_value());
+        EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+      },
+      120);
+}
+
+// Every symbol (and version) the Debian clients need resolves in our library: each starts with
+// LD_BIND_NOW=1 (perftest's libmlx5/libefa included) and the loader reports nothing missing.
+TEST(VerbsAbi, DebianClientsLoadBesideOurLibrary) {
+  in_fresh_netns([] {
+    int checked = 0;
+    for (const char* cmd : {"ibv_devices", "ibv_devinfo --help", "ibv_rc_pingpong --help",
+                            "ibv_ud_pingpong --help", "ibv_srq_pingpong --help",
+                            "ibv_xsrq_pingpong --help", "ib_write_bw --help",
+                            "ib_read_lat --help", "ib_atomic_bw --help", "qperf --help",
+                            "rping -h", "ucmatose -h"}) {
+      const std::string tool = std::string(cmd).substr(0, std::string(cmd).find(' '));
+      if (!have_tool(tool.c_str())) continue;
+      const ToolRun r = run(cmd);
+      EXPECT_EQ(r.output.find("symbol lookup error"), std::string::npos) << cmd << "\n" << r.output;
+      EXPECT_EQ(r.output.find("error while loading shared libraries"), std::string::npos)
+          << cmd << "\n" << r.output;
+      EXPECT_EQ(r.output.find("version `IBVERBS"), std::string::npos) << cmd << "\n" << r.output;
+      ++checked;
+    }
+    EXPECT_GE(checked, 5);
+  });
+}
+
+}  // namespace
+}  // namespace urdma::process_test
