@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -11,11 +12,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
+#include "base/check.h"
 #include "daemon/daemon.h"
 
 namespace urdma::daemon {
@@ -23,6 +26,7 @@ namespace urdma::daemon {
 namespace {
 
 constexpr int kStatusFd = 3;
+
 
 int64_t now_ms() {
   timespec ts;
@@ -184,6 +188,7 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
     if (err == 0) {
       out->fd_ = std::move(fd);
       out->push_only_ = false;
+      out->options_ = options;
       std::vector<uint8_t> reply;
       err = out->call(MsgType::kHello, &reply, nullptr);
       MsgHeader h;
@@ -226,15 +231,31 @@ int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::str
   }
 }
 
+struct Client::Keeper {
+  std::mutex mu;  // held across every exchange on fd_ (calls from other threads, the keeper's)
+  Slot slot;
+  CounterSource counters;
+  UniqueFd stop;  // an eventfd: written to stop the thread
+  std::atomic<uint64_t> reattachments{0};
+  std::thread thread;
+};
+
 int Client::call(MsgType request, std::vector<uint8_t>* reply, std::vector<UniqueFd>* passed) {
   return call_record(encode_request(request), reply, passed);
 }
 
 int Client::call_record(std::span<const uint8_t> rec, std::vector<uint8_t>* reply,
                         std::vector<UniqueFd>* passed) {
+  if (!keeper_) return call_record_locked(rec, reply, passed);
+  std::lock_guard lock(keeper_->mu);
+  return call_record_locked(rec, reply, passed);
+}
+
+int Client::call_record_locked(std::span<const uint8_t> rec, std::vector<uint8_t>* reply,
+                               std::vector<UniqueFd>* passed, std::span<const int> fds) {
   if (!fd_.valid()) return ENOTCONN;
   if (push_only_) return EBUSY;
-  const int send_err = send_record(fd_.get(), rec);
+  const int send_err = send_record(fd_.get(), rec, fds);
   // A refused client may find the connection closed already; the reason is still queued.
   if (send_err != 0 && send_err != EPIPE && send_err != ECONNRESET) return send_err;
   reply->resize(kMaxMessageBytes);
@@ -321,6 +342,151 @@ int Client::next_mad(MadDelivery* info, std::vector<uint8_t>* datagram) {
   std::vector<uint8_t> record;
   if (const int err = next_push(&record)) return err;
   return decode_mad(record, info, datagram);
+}
+
+int Client::query_clients(ClientsPage* page, std::vector<ClientEntry>* entries) {
+  entries->clear();
+  // Pages until every connection was listed; connections come and go meanwhile, so stop at an
+  // empty page (bounded: at most total / kClientsPerPage + 1 rounds of a growing list).
+  for (uint32_t first = 0;;) {
+    std::vector<uint8_t> reply;
+    if (const int err = call_record(encode_clients_query(first), &reply, nullptr)) return err;
+    std::vector<ClientEntry> got;
+    ClientsPage p;
+    if (const int err = decode_clients(reply, &p, &got)) return err;
+    if (first == 0) *page = p;
+    entries->insert(entries->end(), got.begin(), got.end());
+    first += p.count;
+    if (p.count == 0 || first >= p.total) break;
+  }
+  page->total = static_cast<uint32_t>(entries->size());
+  page->first = 0;
+  page->count = page->total;
+  return 0;
+}
+
+int Client::report_counters(const CounterReport& report) {
+  std::unique_lock<std::mutex> lock;
+  if (keeper_) lock = std::unique_lock(keeper_->mu);
+  if (!fd_.valid()) return ENOTCONN;
+  if (push_only_) return EBUSY;
+  return send_record(fd_.get(), encode_counter_report(report));
+}
+
+int Client::reattach(const Slot& slot) {
+  std::vector<int> fds{slot.fd.get()};
+  for (const auto& s : slot.group) fds.push_back(s.get());
+  std::vector<uint8_t> reply;
+  const auto request = encode_reattach(slot.info);
+  int err;
+  if (keeper_) {
+    std::lock_guard lock(keeper_->mu);
+    err = call_record_locked(request, &reply, nullptr, fds);
+  } else {
+    err = call_record_locked(request, &reply, nullptr, fds);
+  }
+  return err ? err : decode_ok(reply);
+}
+
+// ---- the keeper ----
+
+Client::Client() = default;
+Client::Client(Client&& other) noexcept
+    : fd_(std::move(other.fd_)),
+      push_only_(other.push_only_),
+      options_(std::move(other.options_)) {
+  // Moved only before keep(): the keeper thread holds `this`.
+  base::check(other.keeper_ == nullptr, "a kept Client is not moved");
+}
+Client& Client::operator=(Client&& other) noexcept {
+  base::check(keeper_ == nullptr && other.keeper_ == nullptr, "a kept Client is not moved");
+  fd_ = std::move(other.fd_);
+  push_only_ = other.push_only_;
+  options_ = std::move(other.options_);
+  return *this;
+}
+Client::~Client() {
+  stop_keeping();
+}
+
+int Client::keep(Slot slot, CounterSource counters) {
+  if (keeper_) return EALREADY;
+  if (!fd_.valid()) return ENOTCONN;
+  if (push_only_) return EBUSY;
+  auto k = std::make_unique<Keeper>();
+  k->stop.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!k->stop.valid()) return errno;
+  k->slot = std::move(slot);
+  k->counters = std::move(counters);
+  keeper_ = std::move(k);
+  keeper_->thread = std::thread([this] { keep_loop(); });
+  return 0;
+}
+
+void Client::stop_keeping() {
+  if (!keeper_ || !keeper_->thread.joinable()) return;
+  const uint64_t one = 1;
+  (void)!write(keeper_->stop.get(), &one, sizeof one);
+  keeper_->thread.join();
+}
+
+uint64_t Client::reattachments() const {
+  return keeper_ ? keeper_->reattachments.load(std::memory_order_relaxed) : 0;
+}
+
+const Slot* Client::kept_slot() const {
+  return keeper_ ? &keeper_->slot : nullptr;
+}
+
+// Sleeps up to timeout_ms on the stop eventfd; true when asked to stop.
+bool Client::wait_stop(int timeout_ms) {
+  pollfd p{keeper_->stop.get(), POLLIN, 0};
+  return poll(&p, 1, timeout_ms) > 0;
+}
+
+void Client::keep_loop() {
+  constexpr int kReportIntervalMs = 1000;
+  Keeper& k = *keeper_;
+  CounterReport last{};
+  bool reported = false;
+  for (;;) {
+    // Only hang-ups wake us on the connection (POLLRDHUP, never POLLIN: replies to other
+    // threads' calls are theirs to read).
+    pollfd p[2] = {{k.stop.get(), POLLIN, 0}, {fd_.get(), POLLRDHUP, 0}};
+    const int r = poll(p, 2, k.counters ? kReportIntervalMs : -1);
+    if (r < 0 && errno != EINTR) return;
+    if (p[0].revents) return;
+    if (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
+      // The daemon is gone. Reconnect (starting one when nobody serves) and hand the slot over,
+      // backing off while that fails; the slot's socket keeps working meanwhile.
+      {
+        std::lock_guard lock(k.mu);
+        fd_.reset();
+      }
+      for (int backoff_ms = 20;; backoff_ms = std::min(backoff_ms * 2, 1000)) {
+        Client fresh;
+        std::string detail;
+        ClientOptions o = options_;
+        if (Client::connect_or_spawn(o, &fresh, &detail) == 0 && fresh.reattach(k.slot) == 0) {
+          std::lock_guard lock(k.mu);
+          fd_ = std::move(fresh.fd_);
+          k.reattachments.fetch_add(1, std::memory_order_relaxed);
+          reported = false;  // the new daemon has none yet
+          break;
+        }
+        if (wait_stop(backoff_ms)) return;
+      }
+      continue;
+    }
+    if (r == 0 && k.counters) {
+      const CounterReport now = k.counters();
+      if (reported && now == last) continue;
+      if (report_counters(now) == 0) {
+        last = now;
+        reported = true;
+      }
+    }
+  }
 }
 
 int Client::query_gids(std::vector<GidEntry>* gids) {

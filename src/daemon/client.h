@@ -11,10 +11,20 @@
 // one daemon: the loser's bind fails (EADDRINUSE) and both connect to the winner.
 // The connection must stay open while the slot is in use: the daemon reclaims the slot when it
 // closes (process exit or death).
+//
+// A process's runtime then hands the slot to keep(): a thread of the Client that sleeps in poll
+// on the connection. Every second it reports the engine's counters when they changed (the
+// daemon shows them in `urdma status`); when the daemon dies it reconnects — starting a new
+// daemon if none runs — and reattaches the slot and the group (protocol.h, TAKEOVER). The
+// slot's socket is never touched: the process's QPs keep working throughout.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/gid_table.h"
@@ -55,6 +65,30 @@ class Client {
   int acquire_slot(Slot* slot);
   int query_gids(std::vector<GidEntry>* gids);
   int query_status(StatusInfo* status);
+  // Every connection of the daemon (all pages) and the daemon's page header (total, uptime...).
+  int query_clients(ClientsPage* page, std::vector<ClientEntry>* entries);
+  // One-way: the daemon keeps the latest report of the connection holding the slot.
+  int report_counters(const CounterReport& report);
+  // Hands a slot leased from an earlier daemon to this one (protocol.h, TAKEOVER).
+  int reattach(const Slot& slot);
+
+  // Keeps `slot` (leased on this connection) through daemon restarts, and reports `counters`
+  // (when set; called on the keeper thread about once a second, it must be thread-safe) while
+  // they change. Calls on this Client from other threads stay allowed (one mutex). Returns 0 or
+  // an errno (EALREADY: keeping already).
+  using CounterSource = std::function<CounterReport()>;
+  int keep(Slot slot, CounterSource counters);
+  // Stops the keeper thread (the destructor does too). Call it before whatever the counter
+  // source reads goes away.
+  void stop_keeping();
+  // How many times the keeper reattached the slot to a new daemon.
+  uint64_t reattachments() const;
+  const Slot* kept_slot() const;
+
+  Client();
+  ~Client();
+  Client(Client&&) noexcept;
+  Client& operator=(Client&&) noexcept;
 
   // Turns this connection into a GID watcher: *gids gets the table now, and fd() becomes
   // readable whenever a new table is queued; next_gid_update() takes it without blocking
@@ -81,10 +115,18 @@ class Client {
   int call(MsgType request, std::vector<uint8_t>* reply, std::vector<UniqueFd>* passed);
   int call_record(std::span<const uint8_t> request, std::vector<uint8_t>* reply,
                   std::vector<UniqueFd>* passed);
+  int call_record_locked(std::span<const uint8_t> request, std::vector<uint8_t>* reply,
+                         std::vector<UniqueFd>* passed, std::span<const int> fds = {});
   int next_push(std::vector<uint8_t>* record);
+
+  struct Keeper;
+  void keep_loop();
+  bool wait_stop(int timeout_ms);
 
   UniqueFd fd_;
   bool push_only_ = false;
+  ClientOptions options_;
+  std::unique_ptr<Keeper> keeper_;
 };
 
 // Where connect_or_spawn looks for urdmad (exposed for tests and diagnostics).

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <numeric>
 
@@ -23,7 +25,15 @@ namespace urdma::daemon {
 namespace {
 
 // epoll tags: the kind in the top byte, an index or client id below.
-enum Kind : uint64_t { kListener = 1, kSignal, kTimer, kNetlink, kSlotSocket, kClient };
+enum Kind : uint64_t {
+  kListener = 1,
+  kSignal,
+  kTimer,
+  kNetlink,
+  kSlotSocket,
+  kClient,
+  kTakeoverTimer
+};
 constexpr uint64_t tag(Kind k, uint64_t id = 0) {
   return uint64_t{k} << 56 | id;
 }
@@ -36,6 +46,41 @@ constexpr uint64_t id_of(uint64_t t) {
 
 // Most datagrams read from one slot socket per wakeup, so a flood cannot starve the loop.
 constexpr int kDrainBatch = 1024;
+
+int64_t now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
+}
+
+std::string comm_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/comm");
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+// Same open socket (dup'd or passed fds of one socket share the inode).
+bool same_socket(int a, int b) {
+  struct stat sa, sb;
+  return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_ino == sb.st_ino &&
+         sa.st_dev == sb.st_dev;
+}
+
+// A UDP socket bound to `port`; its family in *family.
+bool udp_socket_on(int fd, uint16_t port, int* family) {
+  int type = 0;
+  socklen_t len = sizeof type;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_DGRAM) return false;
+  sockaddr_storage ss{};
+  len = sizeof ss;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return false;
+  *family = ss.ss_family;
+  if (ss.ss_family == AF_INET6)
+    return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port) == port;
+  if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port) == port;
+  return false;
+}
 
 }  // namespace
 
@@ -54,7 +99,7 @@ uint16_t udp_port_from_env() {
 }
 
 Daemon::Daemon(const DaemonOptions& options)
-    : options_(options), uid_(geteuid()), slots_(options.slot_count) {}
+    : options_(options), uid_(geteuid()), slots_(options.slot_count), start_ms_(now_ms()) {}
 
 Daemon::~Daemon() {
   // UDP sockets first, every copy of them (the group dissolves), then the listener (the
@@ -114,28 +159,29 @@ bool Daemon::setup(int* err, std::string* error) {
   }
   if (listen(listener_.get(), 128) != 0) return fail("listen");
 
-  // 2. The UDP slot group.
+  // 2. The UDP slot group, or a takeover: the port is held by the group of an earlier daemon
+  // that running processes keep open; they will hand it over (protocol.h, TAKEOVER).
   SlotGroupOptions g{.slot_count = options_.slot_count,
                      .port = options_.udp_port,
                      .allow_ipv6 = options_.allow_ipv6};
   if (const int e = open_slot_group(g, &group_, error)) {
-    *err = e;
-    return false;
-  }
-
-  // Prove the steering before handing anything out.
-  bool skipped = false;
-  if (!verify_steering(group_, error, &skipped)) {
-    *err = EADDRNOTAVAIL;
-    return false;
-  }
-  if (skipped) log("loopback unusable: steering not verified");
-  const int gsi_fd = fcntl(group_.sockets[0].get(), F_DUPFD_CLOEXEC, 0);
-  if (gsi_fd < 0) return fail("dup slot 0");
-  gsi_io_ = net::UdpSocketIo::adopt(gsi_fd, error);
-  if (!gsi_io_) {
-    *err = EIO;
-    return false;
+    if (e != EADDRNOTAVAIL || options_.udp_port == 0) {
+      *err = e;
+      return false;
+    }
+    log(*error + "; waiting " + std::to_string(options_.takeover_wait_ms) +
+        " ms for a running process to hand that group over");
+    error->clear();
+    takeover_ = kTakeoverWaiting;
+    group_.port = options_.udp_port;
+  } else {
+    // Prove the steering before handing anything out.
+    bool skipped = false;
+    if (!verify_steering(group_, error, &skipped)) {
+      *err = EADDRNOTAVAIL;
+      return false;
+    }
+    if (skipped) log("loopback unusable: steering not verified");
   }
 
   // 3. Addresses, signals, idle timer, epoll.
@@ -154,21 +200,73 @@ bool Daemon::setup(int* err, std::string* error) {
   if (!signal_fd_.valid()) return fail("signalfd");
   timer_fd_.reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   if (!timer_fd_.valid()) return fail("timerfd");
+  takeover_timer_fd_.reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!takeover_timer_fd_.valid()) return fail("timerfd");
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_.valid()) return fail("epoll");
   if (!watch(listener_.get(), tag(kListener), EPOLLIN) ||
       !watch(signal_fd_.get(), tag(kSignal), EPOLLIN) ||
       !watch(timer_fd_.get(), tag(kTimer), EPOLLIN) ||
+      !watch(takeover_timer_fd_.get(), tag(kTakeoverTimer), EPOLLIN) ||
       !watch(addresses_.fd(), tag(kNetlink), EPOLLIN))
     return fail("epoll_ctl");
-  // Every slot starts free: the daemon drains them all until they are leased.
-  for (unsigned s = 0; s < group_.sockets.size(); ++s)
-    if (!watch(group_.sockets[s].get(), tag(kSlotSocket, s), EPOLLIN)) return fail("epoll_ctl");
+  if (takeover_ == kTakeoverNone) {
+    if (!start_group(error)) {
+      *err = errno ? errno : EIO;
+      return false;
+    }
+  } else {
+    arm_takeover_timer(options_.takeover_wait_ms);
+  }
   update_idle_timer();
   log("serving @" + options_.socket_name + ", UDP port " + std::to_string(group_.port) + " (" +
-      (group_.family == AF_INET6 ? "IPv6 dual-stack" : "IPv4") + "), " +
-      std::to_string(options_.slot_count) + " slots");
+      (takeover_ != kTakeoverNone                ? std::string("group to be taken over")
+       : group_.family == AF_INET6 ? std::string("IPv6 dual-stack")
+                                   : std::string("IPv4")) +
+      "), " + std::to_string(slots_.slot_count()) + " slots");
   return true;
+}
+
+bool Daemon::start_group(std::string* error) {
+  const int gsi_fd = fcntl(group_.sockets[0].get(), F_DUPFD_CLOEXEC, 0);
+  if (gsi_fd < 0) {
+    *error = errno_text("dup slot 0");
+    return false;
+  }
+  gsi_io_ = net::UdpSocketIo::adopt(gsi_fd, error);
+  if (!gsi_io_) return false;
+  // Slot 0 is routed; every free slot is drained until it is leased.
+  for (unsigned s = 0; s < group_.sockets.size(); ++s) {
+    if (s > 0 && slots_.leased(s)) continue;
+    if (!watch(group_.sockets[s].get(), tag(kSlotSocket, s), EPOLLIN)) {
+      *error = errno_text("epoll_ctl");
+      return false;
+    }
+  }
+  return true;
+}
+
+void Daemon::arm_takeover_timer(uint32_t ms) {
+  itimerspec its{};
+  its.it_value.tv_sec = ms / 1000;
+  its.it_value.tv_nsec = static_cast<long>(ms % 1000) * 1000000 + (ms == 0 ? 1 : 0);
+  base::check(timerfd_settime(takeover_timer_fd_.get(), 0, &its, nullptr) == 0, "timerfd_settime");
+}
+
+void Daemon::takeover_timer_fired() {
+  if (takeover_ == kTakeoverGrace) {
+    // The grace period is over: slots nobody reattached are free. Drain them from now on (a
+    // survivor coming later still gets its slot back while nobody leased it).
+    takeover_ = kTakeoverDone;
+    for (unsigned s = 1; s < group_.sockets.size(); ++s)
+      if (!slots_.leased(s)) watch(group_.sockets[s].get(), tag(kSlotSocket, s), EPOLLIN);
+    log("takeover done: " + std::to_string(survivors_) + " processes reattached their slots");
+  } else if (takeover_ == kTakeoverWaiting) {
+    takeover_expired_ = true;
+    log("no process handed the group over within " + std::to_string(options_.takeover_wait_ms) +
+        " ms");
+  }
+  answer_pending();
 }
 
 bool Daemon::watch(int fd, uint64_t t, uint32_t events) {
@@ -229,6 +327,12 @@ int Daemon::run() {
             log("idle for " + std::to_string(options_.idle_timeout_ms) + " ms, exiting");
             stop_ = true;
           }
+          break;
+        }
+        case kTakeoverTimer: {
+          uint64_t expirations;
+          if (read(takeover_timer_fd_.get(), &expirations, sizeof expirations) > 0)
+            takeover_timer_fired();
           break;
         }
         case kNetlink: {
@@ -383,7 +487,10 @@ void Daemon::accept_clients() {
     const uint64_t id = next_client_id_++;
     if (!watch(fd.get(), tag(kClient, id), EPOLLIN | EPOLLRDHUP)) continue;
     ++counters_.clients_accepted;
-    clients_[id] = Client{std::move(fd), cred.uid, cred.pid, std::nullopt};
+    Client c{std::move(fd), cred.uid, cred.pid, std::nullopt};
+    c.comm = comm_of(cred.pid);
+    c.connected_ms = now_ms();
+    clients_[id] = std::move(c);
     update_idle_timer();
   }
 }
@@ -393,49 +500,212 @@ void Daemon::serve(uint64_t id) {
   if (it == clients_.end()) return;
   std::vector<uint8_t> buffer(kMaxMessageBytes);
   for (int i = 0; i < 16; ++i) {
-    // Clients pass no fds; any they do is closed.
-    const ssize_t n = recv_record(it->second.fd.get(), buffer, nullptr, MSG_DONTWAIT);
+    // Only kReattach passes fds; any others are closed with the vector.
+    std::vector<UniqueFd> fds;
+    const ssize_t n = recv_record(it->second.fd.get(), buffer, &fds, MSG_DONTWAIT);
     if (n == -EAGAIN) return;
     if (n <= 0) {  // EOF (the process closed it or died) or an error
       drop_client(id);
       return;
     }
-    handle_request(id, it->second, {buffer.data(), static_cast<size_t>(n)});
+    handle_request(id, it->second, {buffer.data(), static_cast<size_t>(n)}, fds);
     if (!clients_.contains(id)) return;
   }
 }
 
-void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec) {
+int Daemon::lease(Client& c, std::vector<uint8_t>* reply, std::vector<int>* pass_fds) {
+  if (c.slot) return EALREADY;
+  if (takeover_ == kTakeoverWaiting) {
+    if (!takeover_expired_) return EAGAIN;
+    // Nobody handed a group over. Perhaps nobody holds the port any more: try a group of our
+    // own, else the port is taken by something we cannot adopt.
+    std::string error;
+    SlotGroup g;
+    const SlotGroupOptions o{.slot_count = slots_.slot_count(),
+                             .port = options_.udp_port,
+                             .allow_ipv6 = options_.allow_ipv6};
+    bool skipped = false;
+    if (open_slot_group(o, &g, &error) != 0 || !verify_steering(g, &error, &skipped)) {
+      log("no group: " + error);
+      return EADDRNOTAVAIL;
+    }
+    group_ = std::move(g);
+    if (!start_group(&error)) {
+      log(error);
+      return EIO;
+    }
+    takeover_ = kTakeoverNone;
+    log("the port is free again: opened a group of our own");
+  }
+  if (takeover_ == kTakeoverGrace) return EAGAIN;
+  const auto l = slots_.acquire();
+  if (!l) return EBUSY;
+  // A leased socket is the client's to read: stop draining it, and hand it over empty
+  // (datagrams still queued name QPNs of the previous lease or of nobody).
+  unwatch(group_.sockets[l->slot].get());
+  drain(l->slot);
+  c.slot = l->slot;
+  c.qpn_base = l->qpn_base;
+  c.qpn_count = l->qpn_count;
+  ++counters_.slots_leased;
+  // The slot's socket, then the whole group (see protocol.h: why every client holds it).
+  pass_fds->push_back(group_.sockets[l->slot].get());
+  for (const auto& s : group_.sockets) pass_fds->push_back(s.get());
+  *reply = encode_slot(SlotInfo{.slot = l->slot,
+                                .slot_count = slots_.slot_count(),
+                                .qpn_base = l->qpn_base,
+                                .qpn_count = l->qpn_count,
+                                .generation = l->generation,
+                                .udp_port = group_.port,
+                                .family = static_cast<uint16_t>(group_.family)});
+  log("pid " + std::to_string(c.pid) + " leased slot " + std::to_string(l->slot) + " (QPNs " +
+      std::to_string(l->qpn_base) + "+" + std::to_string(l->qpn_count) + ")");
+  return 0;
+}
+
+void Daemon::answer_pending() {
+  std::vector<uint64_t> waiting;
+  waiting.swap(pending_);
+  for (const uint64_t id : waiting) {
+    const auto it = clients_.find(id);
+    if (it == clients_.end()) continue;
+    std::vector<uint8_t> reply;
+    std::vector<int> pass_fds;
+    const int err = lease(it->second, &reply, &pass_fds);
+    if (err == EAGAIN) {
+      pending_.push_back(id);
+      continue;
+    }
+    if (err) {
+      reply = encode_error(err);
+      pass_fds.clear();
+    }
+    if (send_record(it->second.fd.get(), reply, pass_fds) != 0) drop_client(id);
+  }
+}
+
+int Daemon::reattach_request(Client& c, std::span<const uint8_t> rec, std::vector<UniqueFd>& fds) {
+  SlotInfo info;
+  if (const int err = decode_request_body(rec, &info)) return err;
+  if (c.slot || c.channel_slot || c.watches_gids) return EALREADY;
+  const unsigned n = info.slot_count;
+  if (n < kMinSlots || n > kMaxSlots || info.slot == 0 || info.slot >= n ||
+      fds.size() != size_t{n} + 1 || info.qpn_count != kQpnsPerRange ||
+      info.qpn_base % kQpnsPerRange != 0 || slot_of_qpn(info.qpn_base, n) != info.slot ||
+      range_of_qpn(info.qpn_base) == 0 || info.udp_port != group_.port)
+    return EINVAL;
+  // The slot's socket must be the group's socket at its index.
+  if (!same_socket(fds[0].get(), fds[1 + info.slot].get())) return EINVAL;
+  if (group_.sockets.empty()) {
+    // The first survivor: its copy of the group becomes ours, if it is a group on our port.
+    int family = 0;
+    for (size_t i = 1; i < fds.size(); ++i) {
+      int f = 0;
+      if (!udp_socket_on(fds[i].get(), group_.port, &f) || (family != 0 && f != family))
+        return EINVAL;
+      family = f;
+    }
+    for (size_t i = 1; i < fds.size(); ++i) group_.sockets.push_back(std::move(fds[i]));
+    group_.family = family;
+    slots_ = SlotTable(n);
+    std::string error;
+    if (!start_group(&error)) {  // slot 0 only: nothing is free until the grace period ends
+      log("takeover: " + error);
+      group_.sockets.clear();
+      gsi_io_.reset();
+      return EIO;
+    }
+    // start_group watched every slot as free; none is until the grace period ends.
+    for (unsigned s = 1; s < n; ++s) unwatch(group_.sockets[s].get());
+    takeover_ = kTakeoverGrace;
+    arm_takeover_timer(options_.takeover_grace_ms);
+    log("took the group over from pid " + std::to_string(c.pid) + " (" + std::to_string(n) +
+        " slots on UDP port " + std::to_string(group_.port) + ")");
+  } else {
+    // Later survivors hold the same group, socket for socket.
+    if (n != slots_.slot_count()) return EINVAL;
+    for (unsigned i = 0; i < n; ++i)
+      if (!same_socket(fds[1 + i].get(), group_.sockets[i].get())) return EINVAL;
+  }
+  if (!slots_.adopt(info.slot, range_of_qpn(info.qpn_base))) return EBUSY;
+  // A free slot was being drained (a survivor after the grace period): it is the process's now.
+  unwatch(group_.sockets[info.slot].get());
+  c.slot = info.slot;
+  c.qpn_base = info.qpn_base;
+  c.qpn_count = info.qpn_count;
+  c.reattached = true;
+  ++survivors_;
+  log("pid " + std::to_string(c.pid) + " reattached slot " + std::to_string(info.slot) +
+      " (QPNs " + std::to_string(info.qpn_base) + "+" + std::to_string(info.qpn_count) + ")");
+  return 0;
+}
+
+std::vector<uint8_t> Daemon::clients_page(std::span<const uint8_t> rec, int* err) const {
+  ClientsQuery q;
+  if ((*err = decode_request_body(rec, &q)) != 0) return {};
+  struct stat ns{};
+  stat("/proc/self/ns/net", &ns);
+  const int64_t now = now_ms();
+  const ClientsPage page{.uptime_ms = static_cast<uint64_t>(now - start_ms_),
+                         .netns_inode = ns.st_ino,
+                         .total = static_cast<uint32_t>(clients_.size()),
+                         .first = q.first,
+                         .count = 0,
+                         .takeover = takeover_,
+                         .survivors = survivors_};
+  std::vector<ClientEntry> entries;
+  uint32_t index = 0;
+  for (const auto& [id, c] : clients_) {
+    if (index++ < q.first) continue;
+    if (entries.size() == kClientsPerPage) break;
+    ClientEntry e{};
+    e.pid = static_cast<uint32_t>(c.pid);
+    e.uid = static_cast<uint32_t>(c.uid);
+    e.slot = c.slot ? *c.slot : c.channel_slot ? *c.channel_slot : kNotASlot;
+    e.qpn_base = c.qpn_base;
+    e.qpn_count = c.qpn_count;
+    e.role = static_cast<uint16_t>(c.slot           ? ClientRole::kSlotHolder
+                                   : c.channel_slot ? ClientRole::kMadChannel
+                                   : c.watches_gids ? ClientRole::kGidWatcher
+                                                    : ClientRole::kConnection);
+    e.flags = static_cast<uint16_t>((c.reattached ? kClientReattached : 0) |
+                                    (c.report ? kClientReported : 0));
+    std::strncpy(e.comm, c.comm.c_str(), sizeof e.comm - 1);
+    e.connected_ms = static_cast<uint64_t>(now - c.connected_ms);
+    if (c.report) {
+      e.report = *c.report;
+      e.report_age_ms = static_cast<uint64_t>(now - c.report_ms);
+    }
+    entries.push_back(e);
+  }
+  return encode_clients(page, entries);
+}
+
+void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec,
+                            std::vector<UniqueFd>& fds) {
   MsgHeader h;
   int err = decode_header(rec, &h);
   std::vector<uint8_t> reply;
   std::vector<int> pass_fds;
   if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kAcquireSlot)) {
-    if (c.slot) {
-      err = EALREADY;
-    } else if (const auto lease = slots_.acquire()) {
-      // A leased socket is the client's to read: stop draining it, and hand it over empty
-      // (datagrams still queued name QPNs of the previous lease or of nobody).
-      unwatch(group_.sockets[lease->slot].get());
-      drain(lease->slot);
-      c.slot = lease->slot;
-      ++counters_.slots_leased;
-      // The slot's socket, then the whole group (see protocol.h: why every client holds it).
-      pass_fds.push_back(group_.sockets[lease->slot].get());
-      for (const auto& s : group_.sockets) pass_fds.push_back(s.get());
-      reply = encode_slot(SlotInfo{.slot = lease->slot,
-                                   .slot_count = slots_.slot_count(),
-                                   .qpn_base = lease->qpn_base,
-                                   .qpn_count = lease->qpn_count,
-                                   .generation = lease->generation,
-                                   .udp_port = group_.port,
-                                   .family = static_cast<uint16_t>(group_.family)});
-      log("pid " + std::to_string(c.pid) + " leased slot " + std::to_string(lease->slot) +
-          " (QPNs " + std::to_string(lease->qpn_base) + "+" + std::to_string(lease->qpn_count) +
-          ")");
-    } else {
-      err = EBUSY;
+    err = lease(c, &reply, &pass_fds);
+    if (err == EAGAIN) {  // answered when the takeover settles
+      pending_.push_back(id);
+      return;
     }
+  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kReportCounters)) {
+    CounterReport report;
+    err = decode_request_body(rec, &report);
+    if (err == 0) {
+      c.report = report;
+      c.report_ms = now_ms();
+      return;  // one-way
+    }
+  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kReattach)) {
+    err = reattach_request(c, rec, fds);
+    if (err == 0) reply = encode_request(MsgType::kOk);
+  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kQueryClients)) {
+    reply = clients_page(rec, &err);
   } else if (err == 0 && (h.type == static_cast<uint16_t>(MsgType::kQueryGids) ||
                           h.type == static_cast<uint16_t>(MsgType::kWatchGids))) {
     reply = encode_gids(gids_.entries());
@@ -497,6 +767,7 @@ void Daemon::drop_client(uint64_t id) {
   if (it == clients_.end()) return;
   Client& c = it->second;
   unwatch(c.fd.get());
+  std::erase(pending_, id);
   if (c.channel_slot) {
     const auto ch = channels_.find(*c.channel_slot);
     if (ch != channels_.end() && ch->second == id) channels_.erase(ch);

@@ -42,6 +42,11 @@ struct DaemonOptions {
   unsigned max_clients = 1024;
   // Log to stderr.
   bool verbose = false;
+  // Takeover (protocol.h): how long a daemon that finds the port held waits for the first
+  // surviving process to hand its group over before acquiring fails with EADDRNOTAVAIL, and
+  // how long after that first reattach new leases wait for the other survivors.
+  uint32_t takeover_wait_ms = 3000;
+  uint32_t takeover_grace_ms = 500;
 };
 
 struct DaemonCounters {
@@ -75,6 +80,12 @@ class Daemon {
     std::optional<unsigned> slot;
     bool watches_gids = false;
     std::optional<unsigned> channel_slot;  // a MAD channel for this slot
+    std::string comm;                      // /proc/<pid>/comm at accept
+    int64_t connected_ms = 0;
+    uint32_t qpn_base = 0, qpn_count = 0;  // the slot's range
+    bool reattached = false;               // the slot came back through kReattach
+    std::optional<CounterReport> report;   // the latest kReportCounters
+    int64_t report_ms = 0;
   };
 
   explicit Daemon(const DaemonOptions& options);
@@ -84,7 +95,18 @@ class Daemon {
   void accept_clients();
   void serve(uint64_t id);
   void drop_client(uint64_t id);
-  void handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec);
+  void handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec,
+                      std::vector<UniqueFd>& fds);
+  // Leases a slot to `c`: the kSlot reply and the fds to pass, or an errno. EAGAIN: the lease
+  // must wait for the takeover (the request is queued).
+  int lease(Client& c, std::vector<uint8_t>* reply, std::vector<int>* pass_fds);
+  void answer_pending();
+  int reattach_request(Client& c, std::span<const uint8_t> rec, std::vector<UniqueFd>& fds);
+  std::vector<uint8_t> clients_page(std::span<const uint8_t> rec, int* err) const;
+  // The group is ours: slot 0 routed, free slots drained.
+  bool start_group(std::string* error);
+  void takeover_timer_fired();
+  void arm_takeover_timer(uint32_t ms);
   void drain(unsigned slot);
   void publish_gids();
   void route_mads();
@@ -101,6 +123,7 @@ class Daemon {
   UniqueFd epoll_;
   UniqueFd signal_fd_;
   UniqueFd timer_fd_;
+  UniqueFd takeover_timer_fd_;
   AddressMonitor addresses_;
   GidTable gids_;
   SlotGroup group_;
@@ -111,6 +134,11 @@ class Daemon {
   std::map<uint64_t, unsigned> listeners_;  // service ID -> slot
   std::map<unsigned, uint64_t> channels_;   // slot -> the client id of its MAD channel
   uint64_t next_client_id_ = 1;
+  int64_t start_ms_ = 0;
+  uint32_t takeover_ = kTakeoverNone;
+  bool takeover_expired_ = false;  // waited takeover_wait_ms for a survivor, none came
+  uint32_t survivors_ = 0;
+  std::vector<uint64_t> pending_;  // clients whose kAcquireSlot waits for the takeover
   DaemonCounters counters_;
   bool stop_ = false;
   int exit_code_ = 0;

@@ -89,6 +89,52 @@ int decode_request_body(std::span<const uint8_t> rec, Body* body) {
 }
 template int decode_request_body(std::span<const uint8_t>, ServiceIdBody*);
 template int decode_request_body(std::span<const uint8_t>, SlotBody*);
+template int decode_request_body(std::span<const uint8_t>, ClientsQuery*);
+template int decode_request_body(std::span<const uint8_t>, CounterReport*);
+template int decode_request_body(std::span<const uint8_t>, SlotInfo*);
+
+std::vector<uint8_t> encode_clients_query(uint32_t first) {
+  return record(MsgType::kQueryClients, ClientsQuery{first, 0});
+}
+
+std::vector<uint8_t> encode_counter_report(const CounterReport& report) {
+  return record(MsgType::kReportCounters, report);
+}
+
+std::vector<uint8_t> encode_reattach(const SlotInfo& slot) {
+  return record(MsgType::kReattach, slot);
+}
+
+std::vector<uint8_t> encode_clients(const ClientsPage& page, std::span<const ClientEntry> entries) {
+  const size_t n = std::min<size_t>(entries.size(), kClientsPerPage);
+  std::vector<uint8_t> out(sizeof(MsgHeader) + sizeof page + n * sizeof(ClientEntry));
+  const MsgHeader h = header_for(MsgType::kClients, out.size());
+  ClientsPage p = page;
+  p.count = static_cast<uint32_t>(n);
+  std::memcpy(out.data(), &h, sizeof h);
+  std::memcpy(out.data() + sizeof h, &p, sizeof p);
+  if (n > 0)
+    std::memcpy(out.data() + sizeof h + sizeof p, entries.data(), n * sizeof(ClientEntry));
+  return out;
+}
+
+int decode_clients(std::span<const uint8_t> rec, ClientsPage* page,
+                   std::vector<ClientEntry>* entries) {
+  MsgHeader h;
+  if (const int err = check_reply(rec, MsgType::kClients, &h)) return err;
+  if (rec.size() < sizeof h + sizeof *page) return EPROTO;
+  std::memcpy(page, rec.data() + sizeof h, sizeof *page);
+  if (page->count > kClientsPerPage ||
+      rec.size() != sizeof h + sizeof *page + size_t{page->count} * sizeof(ClientEntry))
+    return EPROTO;
+  entries->resize(page->count);
+  for (uint32_t i = 0; i < page->count; ++i) {
+    std::memcpy(&(*entries)[i], rec.data() + sizeof h + sizeof *page + i * sizeof(ClientEntry),
+                sizeof(ClientEntry));
+    (*entries)[i].comm[sizeof(ClientEntry::comm) - 1] = 0;
+  }
+  return 0;
+}
 
 int decode_ok(std::span<const uint8_t> rec) {
   MsgHeader h;

@@ -19,6 +19,14 @@
 //   kWatchGids    -> kGids now, then an unsolicited kGids whenever the table changes (the
 //                    connection does nothing else; a watcher that stops reading until its
 //                    socket buffer is full is disconnected)
+//   kQueryClients{first}  -> kClients: the daemon (uptime, namespace) and one page of its
+//                    connections from index `first` (`urdma status`), or kError
+//   kReportCounters{...}  -> no reply when well-formed: the process's engine counters and QP
+//                    count, pushed by the connection holding the slot (Client::keep); a
+//                    malformed one gets kError EPROTO
+//   kReattach{SlotInfo}   (+ SCM_RIGHTS: the slot's socket, then the whole group in index order)
+//                 -> kOk, or kError: a process whose daemon died hands its slot and its copy of
+//                    the group to the restarted daemon (TAKEOVER below)
 // kError carries an errno in `status`: EACCES (the client's uid is not the daemon's; sent at
 // accept, then the daemon hangs up), EBUSY (every slot is leased), EALREADY (this connection
 // holds a slot already), EPROTONOSUPPORT (version), EPROTO (malformed), EMFILE (too many
@@ -28,6 +36,16 @@
 // closes (the last socket moves into the hole), so if the daemon died holding the only copies of
 // the free slots, every surviving process's socket could move to another index and its QPNs would
 // steer elsewhere. With copies in every client, no socket of the group closes while anyone uses it.
+// TAKEOVER. A restarted urdmad finds the port held by the group the surviving processes keep
+// open, so it cannot open a new one (it would join theirs and shift every index). It serves the
+// namespace anyway, in takeover: each survivor's Client::keep thread sees its connection hang
+// up, reconnects (starting a daemon if none runs) and sends kReattach. The first one's group
+// becomes the daemon's (the steering program stays attached to the kernel's group); each
+// survivor gets its slot and QPN range back. New leases wait until a grace period after the
+// first reattach has passed, so a survivor that is a little late does not find its socket
+// leased to someone else; then the slots nobody claimed are free (drained and leased). With no
+// survivor within the grace period, acquiring fails with EADDRNOTAVAIL (the port is held by
+// something that is not ours to adopt), retried at every request.
 // Growth: a new request type or a longer record with a higher version; the daemon answers a
 // version it does not know with EPROTONOSUPPORT and its own version in the header.
 #pragma once
@@ -36,6 +54,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -67,6 +86,10 @@ enum class MsgType : uint16_t {
   kUnlisten = 12,
   kMadChannel = 13,
   kMad = 14,
+  kQueryClients = 15,
+  kClients = 16,
+  kReportCounters = 17,
+  kReattach = 18,
 };
 
 // The body of kListen / kUnlisten and of kMadChannel.
@@ -131,6 +154,79 @@ struct StatusInfo {
 };
 static_assert(sizeof(StatusInfo) == 88);
 
+// ---- `urdma status`: the connections and what their processes report ----
+
+// The engine counters a process reports, in this order; the names are rxe's (`rdma statistic`)
+// where ours map onto them, then our own.
+inline constexpr const char* kCounterNames[] = {
+    "sent_pkts",          "rcvd_pkts",          "duplicate_request",      "out_of_seq_request",
+    "rcvd_rnr_err",       "send_rnr_err",       "rcvd_seq_err",           "ack_deferred",
+    "retry_exceeded_err", "retry_rnr_exceeded_err", "completer_retry_err", "send_err",
+    "link_downed",        "rdma_sends",         "rdma_recvs",             "dropped_pkts",
+};
+inline constexpr size_t kCounterCount = std::size(kCounterNames);
+// The first kRxeCounterCount names are rxe's.
+inline constexpr size_t kRxeCounterCount = 15;
+
+// The body of kReportCounters.
+inline constexpr uint32_t kQpCountUnknown = 0xFFFFFFFF;
+struct CounterReport {
+  uint32_t qp_count;  // QPs the process has now, or kQpCountUnknown
+  uint32_t reserved;
+  uint64_t counters[kCounterCount];
+  friend bool operator==(const CounterReport&, const CounterReport&) = default;
+};
+static_assert(sizeof(CounterReport) == 8 + 8 * kCounterCount);
+
+// The body of kQueryClients.
+struct ClientsQuery {
+  uint32_t first;  // index of the first connection wanted
+  uint32_t reserved;
+};
+
+// The kClients record: this, then `count` ClientEntry.
+struct ClientsPage {
+  uint64_t uptime_ms;
+  uint64_t netns_inode;  // of /proc/self/ns/net: which namespace this daemon serves
+  uint32_t total;        // connections now
+  uint32_t first;
+  uint32_t count;  // entries in this record, at most kClientsPerPage
+  uint32_t takeover;  // kTakeover*: how this daemon came by its group
+  uint32_t survivors;  // processes that reattached their slot to this daemon
+  uint32_t reserved;
+};
+static_assert(sizeof(ClientsPage) == 40);
+inline constexpr uint32_t kTakeoverNone = 0;     // it opened the group
+inline constexpr uint32_t kTakeoverWaiting = 1;  // the port is held; waiting for survivors
+inline constexpr uint32_t kTakeoverGrace = 2;    // adopted; waiting for late survivors
+inline constexpr uint32_t kTakeoverDone = 3;     // adopted from survivors and serving
+
+enum class ClientRole : uint16_t {
+  kConnection = 0,  // greeted, holds nothing
+  kSlotHolder = 1,
+  kGidWatcher = 2,
+  kMadChannel = 3,
+};
+inline constexpr uint32_t kNotASlot = 0xFFFFFFFF;
+inline constexpr uint16_t kClientReattached = 1;  // its slot came back through kReattach
+inline constexpr uint16_t kClientReported = 2;    // counters and qp_count are valid
+
+struct ClientEntry {
+  uint32_t pid;
+  uint32_t uid;
+  uint32_t slot;  // kNotASlot, or the slot this connection holds (or the MAD channel's slot)
+  uint32_t qpn_base;
+  uint32_t qpn_count;
+  uint16_t role;   // ClientRole
+  uint16_t flags;  // kClient*
+  char comm[16];   // /proc/<pid>/comm, NUL-terminated
+  uint64_t connected_ms;     // how long ago it connected
+  uint64_t report_age_ms;    // how long ago its last kReportCounters came
+  CounterReport report;
+};
+static_assert(sizeof(ClientEntry) == 56 + sizeof(CounterReport));
+inline constexpr uint32_t kClientsPerPage = 32;
+
 struct WireGid {
   uint8_t gid[16];
   uint32_t index;
@@ -162,7 +258,12 @@ std::vector<uint8_t> encode_status(const StatusInfo& info);
 std::vector<uint8_t> encode_service_request(MsgType type, uint64_t service_id);
 std::vector<uint8_t> encode_mad_channel(unsigned slot);
 std::vector<uint8_t> encode_mad(const MadDelivery& info, std::span<const uint8_t> datagram);
-// A request's fixed body (kListen, kUnlisten: ServiceIdBody; kMadChannel: SlotBody): 0 or EPROTO.
+std::vector<uint8_t> encode_clients_query(uint32_t first);
+std::vector<uint8_t> encode_clients(const ClientsPage& page, std::span<const ClientEntry> entries);
+std::vector<uint8_t> encode_counter_report(const CounterReport& report);
+std::vector<uint8_t> encode_reattach(const SlotInfo& slot);
+// A request's fixed body (kListen, kUnlisten: ServiceIdBody; kMadChannel: SlotBody;
+// kQueryClients: ClientsQuery; kReportCounters: CounterReport; kReattach: SlotInfo): 0 or EPROTO.
 template <class Body>
 int decode_request_body(std::span<const uint8_t> record, Body* body);
 
@@ -176,6 +277,10 @@ int decode_status(std::span<const uint8_t> record, StatusInfo* info);
 // kOk: 0; kError: its errno; anything else EPROTO.
 int decode_ok(std::span<const uint8_t> record);
 int decode_mad(std::span<const uint8_t> record, MadDelivery* info, std::vector<uint8_t>* datagram);
+// page->count must be at most kClientsPerPage and the record exactly that long; every comm comes
+// out NUL-terminated.
+int decode_clients(std::span<const uint8_t> record, ClientsPage* page,
+                   std::vector<ClientEntry>* entries);
 
 // Most fds one record carries: a slot and its whole group.
 inline constexpr size_t kMaxPassedFds = kMaxSlots + 1;

@@ -1,5 +1,7 @@
 #include "daemon/slot_table.h"
 
+#include <algorithm>
+
 #include "base/check.h"
 #include "daemon/steering.h"
 
@@ -36,6 +38,15 @@ void SlotTable::release(unsigned slot) {
   if (next >= kRangeCount) next = slot;  // wrap to generation 0
   next_range_[slot] = next;
   free_.push_back(slot);
+}
+
+bool SlotTable::adopt(unsigned slot, uint32_t range) {
+  if (slot == 0 || slot >= slot_count_ || leased_[slot]) return false;
+  if (range == 0 || range >= kRangeCount || slot_of_range(range, slot_count_) != slot) return false;
+  std::erase(free_, slot);
+  leased_[slot] = true;
+  next_range_[slot] = range;
+  return true;
 }
 
 }  // namespace urdma::daemon

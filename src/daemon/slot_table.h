@@ -31,6 +31,9 @@ class SlotTable {
   std::optional<Lease> acquire();
   // `slot` must be leased.
   void release(unsigned slot);
+  // Takeover (protocol.h): marks `slot` leased with the QPN range an earlier daemon gave it.
+  // False if the slot is leased already, or the range is 0 or does not steer to the slot.
+  bool adopt(unsigned slot, uint32_t range);
 
   bool leased(unsigned slot) const { return leased_.at(slot); }
   unsigned slot_count() const { return slot_count_; }

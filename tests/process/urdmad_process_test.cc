@@ -405,6 +405,27 @@ TEST_F(UrdmadProcess, MalformedRequestsGetErrorsAndTheDaemonCarriesOn) {
     raw.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     ASSERT_EQ(connect(raw.get(), reinterpret_cast<sockaddr*>(&sun), len), 0);
     EXPECT_EQ(reply_errno(good, /*pass_fd=*/1), 0) << "a stray fd is closed, the request served";
+    // The status and takeover requests: bodies of the wrong size, a reattach without its fds
+    // (or with a slot out of range), a counter report that is a byte short.
+    raw.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    ASSERT_EQ(connect(raw.get(), reinterpret_cast<sockaddr*>(&sun), len), 0);
+    EXPECT_EQ(reply_errno(daemon::encode_request(daemon::MsgType::kQueryClients)), EPROTO);
+    EXPECT_EQ(reply_errno(daemon::encode_request(daemon::MsgType::kReattach)), EPROTO);
+    EXPECT_EQ(reply_errno(daemon::encode_reattach(daemon::SlotInfo{.slot = 1, .slot_count = 64})),
+              EINVAL);
+    EXPECT_EQ(reply_errno(daemon::encode_reattach(daemon::SlotInfo{.slot = 900, .slot_count = 9000}),
+                          /*pass_fd=*/1),
+              EINVAL);
+    auto report = daemon::encode_counter_report(daemon::CounterReport{});
+    report.pop_back();
+    const uint32_t short_size = static_cast<uint32_t>(report.size());
+    std::memcpy(report.data() + 8, &short_size, sizeof short_size);
+    EXPECT_EQ(reply_errno(report), EPROTO);
+    // A good report gets no reply: the next reply is the next request's.
+    ASSERT_EQ(daemon::send_record(raw.get(),
+                                  daemon::encode_counter_report(daemon::CounterReport{})),
+              0);
+    EXPECT_EQ(reply_errno(good), 0);
     // The daemon still serves everyone.
     Slot slot;
     EXPECT_EQ(c.acquire_slot(&slot), 0);
@@ -416,9 +437,10 @@ TEST_F(UrdmadProcess, MalformedRequestsGetErrorsAndTheDaemonCarriesOn) {
 // If urdmad dies, established data paths keep working (DESIGN.md): the kernel compacts a
 // reuseport group when a socket closes (the last one moves into the hole), so the daemon's own
 // copies of free slots must not be the only ones.
-TEST_F(UrdmadProcess, SteeringSurvivesTheDaemonsDeath) {
+TEST_F(UrdmadProcess, SteeringSurvivesTheDaemonsDeathAndARestartedDaemonTakesOver) {
   in_fresh_netns([] {
     setenv("URDMA_SLOTS", "8", 1);
+    setenv("URDMA_TAKEOVER_GRACE_MS", "300", 1);
     constexpr int kClients = 3;
     Client c[kClients];
     Slot slot[kClients];
@@ -429,22 +451,81 @@ TEST_F(UrdmadProcess, SteeringSurvivesTheDaemonsDeath) {
     const pid_t d = daemon_pid(c[0]);
     ASSERT_EQ(kill(d, SIGKILL), 0);
     ASSERT_TRUE(wait_exit(d, 2000));
-    // From several source ports (a hash fallback would scatter them) to every client.
-    for (int round = 0; round < 8; ++round) {
-      for (int i = 0; i < kClients; ++i) {
-        send_to_qpn("127.0.0.1", slot[i].info.qpn_base + round, static_cast<uint32_t>(i));
-        const auto got = receive(slot[i].fd.get(), 500);
-        ASSERT_TRUE(got) << "slot " << slot[i].info.slot << " lost its QPNs (round " << round
-                         << ")";
-        EXPECT_EQ(got->tag, static_cast<uint32_t>(i));
+    auto check_steering = [&](const char* when) {
+      // From several source ports (a hash fallback would scatter them) to every client.
+      for (int round = 0; round < 8; ++round) {
+        for (int i = 0; i < kClients; ++i) {
+          send_to_qpn("127.0.0.1", slot[i].info.qpn_base + round, static_cast<uint32_t>(i));
+          const auto got = receive(slot[i].fd.get(), 500);
+          ASSERT_TRUE(got) << "slot " << slot[i].info.slot << " lost its QPNs (round " << round
+                           << ", " << when << ")";
+          EXPECT_EQ(got->tag, static_cast<uint32_t>(i));
+        }
       }
-    }
-    // Not done yet: a restarted daemon taking the group over from the running processes. Until
-    // then a new daemon refuses, clearly, while they hold it.
+    };
+    check_steering("no daemon");
+    // A restarted daemon finds the port held by the survivors' group: it serves the namespace
+    // and waits for them. A new client's lease waits too.
     Client late;
-    std::string detail;
-    EXPECT_EQ(Client::connect_or_spawn({}, &late, &detail), EADDRNOTAVAIL);
-    EXPECT_NE(detail.find("earlier group"), std::string::npos) << detail;
+    ASSERT_EQ(connect_client(&late), 0);
+    const pid_t d2 = daemon_pid(late);
+    ASSERT_NE(d2, d);
+    Slot late_slot;
+    const pid_t leaser = fork_process([&] { return late.acquire_slot(&late_slot) == 0 ? 0 : 1; });
+    // A survivor's group that is not the daemon's, or a slot that is not the group's socket at
+    // its index, is refused (first, while no group was adopted, it must be a group on the port).
+    {
+      Client bad;
+      ASSERT_EQ(connect_client(&bad), 0);
+      Slot wrong;
+      wrong.info = slot[0].info;
+      wrong.fd.reset(dup(slot[1].fd.get()));
+      for (const auto& g : slot[0].group) wrong.group.emplace_back(dup(g.get()));
+      EXPECT_EQ(bad.reattach(wrong), EINVAL) << "slot 1's socket named as slot 0's";
+    }
+    // The survivors hand the group over, each on a new connection (what Client::keep does).
+    Client again[kClients];
+    for (int i = 0; i < kClients; ++i) {
+      ASSERT_EQ(connect_client(&again[i]), 0);
+      EXPECT_EQ(again[i].reattach(slot[i]), 0) << "survivor " << i;
+    }
+    EXPECT_EQ(again[0].reattach(slot[0]), EALREADY);
+    {
+      Client dup_owner;
+      ASSERT_EQ(connect_client(&dup_owner), 0);
+      EXPECT_EQ(dup_owner.reattach(slot[1]), EBUSY) << "slot 1 is reattached already";
+    }
+    const auto leased = wait_exit(leaser, 6000);
+    ASSERT_TRUE(leased);
+    EXPECT_TRUE(WIFEXITED(*leased) && WEXITSTATUS(*leased) == 0) << "the late lease failed";
+    // The daemon lists the survivors as reattached, with their slots and ranges.
+    daemon::ClientsPage page{};
+    std::vector<daemon::ClientEntry> clients;
+    ASSERT_EQ(late.query_clients(&page, &clients), 0);
+    EXPECT_EQ(page.survivors, static_cast<uint32_t>(kClients));
+    EXPECT_EQ(page.takeover, daemon::kTakeoverDone);
+    int reattached = 0;
+    for (const auto& e : clients) {
+      if (!(e.flags & daemon::kClientReattached)) continue;
+      ++reattached;
+      bool known = false;
+      for (int i = 0; i < kClients; ++i)
+        known |= e.slot == slot[i].info.slot && e.qpn_base == slot[i].info.qpn_base;
+      EXPECT_TRUE(known) << "slot " << e.slot;
+    }
+    EXPECT_EQ(reattached, kClients);
+    // The steering is still right, and a new process gets a slot of its own that works.
+    check_steering("after the takeover");
+    Client fresh;
+    ASSERT_EQ(connect_client(&fresh), 0);
+    Slot fresh_slot;
+    ASSERT_EQ(fresh.acquire_slot(&fresh_slot), 0);
+    for (int i = 0; i < kClients; ++i) EXPECT_NE(fresh_slot.info.slot, slot[i].info.slot);
+    send_to_qpn("127.0.0.1", fresh_slot.info.qpn_base + 1, 42);
+    const auto got = receive(fresh_slot.fd.get(), 1000);
+    ASSERT_TRUE(got) << "the new slot " << fresh_slot.info.slot << " receives nothing";
+    EXPECT_EQ(got->tag, 42u);
+    EXPECT_TRUE(stop_daemon(d2));
   });
 }
 
@@ -525,11 +606,22 @@ TEST_F(UrdmadProcess, DaemonRefusesAPortSharedWithAnEarlierGroup) {
     sin6.sin6_family = AF_INET6;
     sin6.sin6_port = htons(kPort);
     ASSERT_EQ(bind(stale.get(), reinterpret_cast<sockaddr*>(&sin6), sizeof sin6), 0);
+    // The daemon serves the namespace, waiting for a process to hand that group over; none
+    // does (the socket is no urdma process's), so a lease fails clearly after the wait.
+    setenv("URDMA_TAKEOVER_WAIT_MS", "300", 1);
     Client c;
-    std::string detail;
-    EXPECT_EQ(Client::connect_or_spawn({}, &c, &detail), EADDRNOTAVAIL)
-        << "a clear error, not a silently shifted group";
-    EXPECT_NE(detail.find("earlier group"), std::string::npos) << detail;
+    ASSERT_EQ(connect_client(&c), 0);
+    Slot slot;
+    EXPECT_EQ(c.acquire_slot(&slot), EADDRNOTAVAIL) << "a clear error, not a silently shifted group";
+    EXPECT_EQ(c.acquire_slot(&slot), EADDRNOTAVAIL) << "every try, while the port is held";
+    // Once the port is free, the daemon opens a group of its own.
+    stale.reset();
+    EXPECT_EQ(c.acquire_slot(&slot), 0);
+    send_to_qpn("127.0.0.1", slot.info.qpn_base + 5, 7);
+    const auto got = receive(slot.fd.get(), 1000);
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->tag, 7u);
+    EXPECT_TRUE(stop_daemon(daemon_pid(c)));
   });
 }
 

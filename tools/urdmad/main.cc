@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
     idle_timeout_ms = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
   if (const char* env = std::getenv("URDMA_SLOTS"); env && *env)
     options.slot_count = static_cast<unsigned>(std::strtoul(env, nullptr, 10));
+  if (const char* env = std::getenv("URDMA_TAKEOVER_WAIT_MS"); env && *env)
+    options.takeover_wait_ms = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
+  if (const char* env = std::getenv("URDMA_TAKEOVER_GRACE_MS"); env && *env)
+    options.takeover_grace_ms = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
   app.add_flag("--foreground", foreground,
                "run as a service: log to stderr, no idle exit unless --idle-timeout-ms is given");
   auto* idle = app.add_option("--idle-timeout-ms", idle_timeout_ms,
@@ -103,6 +107,14 @@ int main(int argc, char** argv) {
       ->default_val(options.slot_count)
       ->check(CLI::Range(urdma::daemon::kMinSlots, urdma::daemon::kMaxSlots));
   app.add_flag("--ipv4-only", ipv4_only, "bind 0.0.0.0 instead of dual-stack [::]");
+  app.add_option("--takeover-wait-ms", options.takeover_wait_ms,
+                 "when the port is held by the group of an earlier urdmad, wait this long for a "
+                 "running process to hand it over (default 3000 or $URDMA_TAKEOVER_WAIT_MS)")
+      ->default_val(options.takeover_wait_ms);
+  app.add_option("--takeover-grace-ms", options.takeover_grace_ms,
+                 "after the first process handed the group over, hold new leases this long for "
+                 "the others (default 500 or $URDMA_TAKEOVER_GRACE_MS)")
+      ->default_val(options.takeover_grace_ms);
   app.add_flag("-v,--verbose", options.verbose, "log clients and slots to stderr");
   bool status = false;
   app.add_flag("--status", status,

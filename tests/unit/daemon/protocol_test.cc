@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
 
 namespace urdma::daemon {
@@ -164,6 +166,105 @@ TEST(Protocol, RecordsAndFdsCrossASeqpacketSocket) {
   a.reset();
   EXPECT_EQ(recv_record(b.get(), buf, nullptr), 0);
   EXPECT_EQ(send_record(b.get(), rec), EPIPE);
+}
+
+// ---- `urdma status` and takeover records ----
+
+ClientEntry entry(uint32_t pid, const char* comm) {
+  ClientEntry e{};
+  e.pid = pid;
+  e.uid = 1000;
+  e.slot = pid % 7;
+  e.qpn_base = (pid % 7) << 12;
+  e.qpn_count = 4096;
+  e.role = static_cast<uint16_t>(ClientRole::kSlotHolder);
+  e.flags = kClientReported;
+  std::snprintf(e.comm, sizeof e.comm, "%s", comm);
+  e.report.qp_count = 3;
+  for (size_t i = 0; i < kCounterCount; ++i) e.report.counters[i] = pid * 100 + i;
+  return e;
+}
+
+TEST(Protocol, ClientsPageRoundTrips) {
+  const ClientsPage page{.uptime_ms = 1234, .netns_inode = 4026531840, .total = 40, .first = 32,
+                         .takeover = kTakeoverDone, .survivors = 2};
+  std::vector<ClientEntry> in{entry(10, "ibv_rc_pingpong"), entry(11, "qperf")};
+  ClientsPage out_page{};
+  std::vector<ClientEntry> out;
+  ASSERT_EQ(decode_clients(encode_clients(page, in), &out_page, &out), 0);
+  EXPECT_EQ(out_page.count, 2u) << "the encoder counts the entries";
+  EXPECT_EQ(out_page.total, 40u);
+  EXPECT_EQ(out_page.first, 32u);
+  EXPECT_EQ(out_page.netns_inode, 4026531840u);
+  EXPECT_EQ(out_page.takeover, kTakeoverDone);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_STREQ(out[0].comm, "ibv_rc_pingpong");
+  EXPECT_EQ(out[1].report, in[1].report);
+  EXPECT_EQ(std::memcmp(&out[0], &in[0], sizeof in[0]), 0);
+  // A full page fits a record; more entries than a page holds are cut to a page.
+  const std::vector<ClientEntry> many(kClientsPerPage + 5, entry(1, "x"));
+  const auto rec = encode_clients(page, many);
+  EXPECT_LE(rec.size(), kMaxMessageBytes);
+  ASSERT_EQ(decode_clients(rec, &out_page, &out), 0);
+  EXPECT_EQ(out.size(), size_t{kClientsPerPage});
+}
+
+TEST(Protocol, MalformedClientsPagesAreEPROTO) {
+  const ClientsPage page{.total = 1};
+  std::vector<ClientEntry> in{entry(10, "a")};
+  ClientsPage out_page{};
+  std::vector<ClientEntry> out;
+  // One byte short (the header's size patched to agree): the count no longer matches.
+  auto rec = encode_clients(page, in);
+  rec.pop_back();
+  uint32_t size = static_cast<uint32_t>(rec.size());
+  std::memcpy(rec.data() + 8, &size, sizeof size);
+  EXPECT_EQ(decode_clients(rec, &out_page, &out), EPROTO);
+  // A count beyond a page, even with bytes to match it, is refused before anything is read.
+  rec = encode_clients(page, in);
+  const uint32_t huge = kClientsPerPage + 1;
+  std::memcpy(rec.data() + sizeof(MsgHeader) + offsetof(ClientsPage, count), &huge, sizeof huge);
+  EXPECT_EQ(decode_clients(rec, &out_page, &out), EPROTO);
+  // Shorter than the page header.
+  rec.resize(sizeof(MsgHeader) + 8);
+  size = static_cast<uint32_t>(rec.size());
+  std::memcpy(rec.data() + 8, &size, sizeof size);
+  EXPECT_EQ(decode_clients(rec, &out_page, &out), EPROTO);
+  // Another record type, and a kError carrying its errno.
+  EXPECT_EQ(decode_clients(encode_slot(SlotInfo{}), &out_page, &out), EPROTO);
+  EXPECT_EQ(decode_clients(encode_error(EACCES), &out_page, &out), EACCES);
+  // A comm without its NUL comes out terminated.
+  ClientEntry e = entry(1, "");
+  std::memset(e.comm, 'A', sizeof e.comm);
+  rec = encode_clients(page, std::vector<ClientEntry>{e});
+  ASSERT_EQ(decode_clients(rec, &out_page, &out), 0);
+  EXPECT_EQ(std::strlen(out[0].comm), sizeof e.comm - 1);
+}
+
+TEST(Protocol, RequestBodiesOfStatusAndTakeoverRoundTripAndRefuseWrongSizes) {
+  ClientsQuery q{};
+  ASSERT_EQ(decode_request_body(encode_clients_query(64), &q), 0);
+  EXPECT_EQ(q.first, 64u);
+  CounterReport r{};
+  r.qp_count = 9;
+  r.counters[0] = 77;
+  r.counters[kCounterCount - 1] = 88;
+  CounterReport got{};
+  ASSERT_EQ(decode_request_body(encode_counter_report(r), &got), 0);
+  EXPECT_EQ(got, r);
+  const SlotInfo slot{.slot = 3, .slot_count = 8, .qpn_base = 11 << 12, .qpn_count = 4096};
+  SlotInfo s{};
+  ASSERT_EQ(decode_request_body(encode_reattach(slot), &s), 0);
+  EXPECT_EQ(std::memcmp(&s, &slot, sizeof s), 0);
+  // The wrong body for the type's size: EPROTO, never a read past the record.
+  EXPECT_EQ(decode_request_body(encode_clients_query(1), &got), EPROTO);
+  EXPECT_EQ(decode_request_body(encode_request(MsgType::kReportCounters), &got), EPROTO);
+  EXPECT_EQ(decode_request_body(encode_counter_report(r), &s), EPROTO);
+  // Names: rxe's first, every one distinct.
+  EXPECT_STREQ(kCounterNames[0], "sent_pkts");
+  EXPECT_STREQ(kCounterNames[kRxeCounterCount - 1], "rdma_recvs");
+  for (size_t i = 0; i < kCounterCount; ++i)
+    for (size_t j = i + 1; j < kCounterCount; ++j) EXPECT_STRNE(kCounterNames[i], kCounterNames[j]);
 }
 
 }  // namespace

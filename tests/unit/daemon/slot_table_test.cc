@@ -70,6 +70,33 @@ TEST(SlotTable, RangeComesBackOnlyAfterAFullCycle) {
   EXPECT_EQ(wrapped->qpn_base, first->qpn_base) << "after the full cycle, generation 0 again";
 }
 
+TEST(SlotTable, AdoptTakesASurvivorsSlotAndRangeBack) {
+  SlotTable t(8);
+  // Slot 3 comes back in its third generation (range 3 + 2 * 8).
+  EXPECT_FALSE(t.adopt(0, 8)) << "slot 0 is the daemon's";
+  EXPECT_FALSE(t.adopt(3, 0)) << "range 0 is QP0/QP1";
+  EXPECT_FALSE(t.adopt(3, 4)) << "range 4 steers to slot 4";
+  EXPECT_FALSE(t.adopt(8, 8)) << "no slot 8";
+  EXPECT_FALSE(t.adopt(3, kRangeCount + 3)) << "beyond the QPN space";
+  ASSERT_TRUE(t.adopt(3, 19));
+  EXPECT_TRUE(t.leased(3));
+  EXPECT_FALSE(t.adopt(3, 19)) << "leased already";
+  EXPECT_EQ(t.free_count(), 6u);
+  // The others lease as before, never slot 3.
+  for (int i = 0; i < 6; ++i) {
+    const auto l = t.acquire();
+    ASSERT_TRUE(l);
+    EXPECT_NE(l->slot, 3u);
+  }
+  EXPECT_FALSE(t.acquire());
+  // Released, it moves on from the adopted range.
+  t.release(3);
+  const auto l = t.acquire();
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->slot, 3u);
+  EXPECT_EQ(l->range, 27u);
+}
+
 TEST(SlotTable, ReleasingAFreeSlotIsABug) {
   SlotTable t(4);
   EXPECT_DEATH(t.release(1), "leased");
