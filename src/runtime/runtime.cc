@@ -32,6 +32,31 @@ void add_to_epoll(int epoll_fd, int fd) {
   base::check(epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0, "epoll_ctl(ADD)");
 }
 
+// The counters urdmad shows in `urdma status`, in daemon::kCounterNames order.
+daemon::CounterReport counter_report(const engine::EngineCounters& c) {
+  daemon::CounterReport r{};
+  r.qp_count = daemon::kQpCountUnknown;
+  const uint64_t values[] = {c.sent_pkts,
+                             c.rcvd_pkts,
+                             c.duplicate_request,
+                             c.out_of_seq_request,
+                             c.rcvd_rnr_err,
+                             c.send_rnr_err,
+                             c.rcvd_seq_err,
+                             c.ack_deferred,
+                             c.retry_exceeded_err,
+                             c.retry_rnr_exceeded_err,
+                             c.completer_retry_err,
+                             c.send_err,
+                             c.link_downed,
+                             c.rdma_sends,
+                             c.rdma_recvs,
+                             c.drops()};
+  static_assert(std::size(values) == daemon::kCounterCount);
+  std::copy(std::begin(values), std::end(values), r.counters);
+  return r;
+}
+
 // Reads an eventfd/timerfd counter to zero (EAGAIN when it was not readable: fine).
 void drain_fd(int fd) {
   uint64_t value;
@@ -61,6 +86,7 @@ Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
 }
 
 Runtime::~Runtime() {
+  if (client_) client_->stop_keeping();  // its counter source reads the engine
   if (thread_.joinable()) {
     stop_.store(true, std::memory_order_seq_cst);
     const uint64_t one = 1;
@@ -111,8 +137,15 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
     return nullptr;
   }
   auto rt = std::make_unique<Runtime>(std::move(io), std::move(config));
+  // The client keeps the slot through daemon restarts and reports the counters to urdmad
+  // (daemon/client.h); ~Runtime stops it before the engine goes.
+  Runtime* r = rt.get();
+  if (int e = client->keep(std::move(*slot), [r] { return counter_report(r->counters()); })) {
+    *err = e;
+    *detail = "could not keep the slot";
+    return nullptr;
+  }
   rt->client_ = std::move(client);
-  rt->slot_ = std::move(slot);
   *err = 0;
   return rt;
 }

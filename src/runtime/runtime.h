@@ -100,9 +100,9 @@ class Runtime final : public engine::Waker {
   // EPOLLOUT on the socket while the engine is blocked on transmit (Engine::tx_blocked).
   void want_writable(bool on);
 
-  // The slot, when open() made the runtime (kept open: closing it returns the slot).
+  // The connection holding the slot when open() made the runtime (Client::keep holds the slot:
+  // closing the connection returns it).
   std::unique_ptr<daemon::Client> client_;
-  std::unique_ptr<daemon::Slot> slot_;
 
   net::MonotonicClock clock_;
   std::unique_ptr<net::PacketIo> io_;
