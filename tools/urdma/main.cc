@@ -1,15 +1,46 @@
-// The `urdma` command line. Subcommands:
-//   decode FILE   print every RoCEv2 packet of a pcap/pcapng capture; exit 1 if any is
-//                 malformed or fails its ICRC, 2 if the file cannot be read.
+// The `urdma` command line (README.md, "urdma(1)"). Subcommands:
+//   run CMD ARGS...  run an unmodified verbs program on urdma (our libibverbs first, urdmad up)
+//   status           this namespace's urdmad: slots, client processes, GIDs, counters
+//   devices          urdma devices and their GID tables (the index for -g / -x)
+//   decode FILE      print every RoCEv2 packet of a pcap/pcapng capture; exit 1 if any is
+//                    malformed or fails its ICRC, 2 if the file cannot be read.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
 
+#include "tools/urdma/commands.h"
 #include "tools/urdma/decode.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"urdma: a software RoCEv2 device in user space"};
   app.require_subcommand(1);
+
+  urdma::tools::RunOptions run;
+  CLI::App* run_cmd = app.add_subcommand(
+      "run",
+      "Run an unmodified verbs program on urdma: our libibverbs.so.1 first on LD_LIBRARY_PATH, "
+      "urdmad started if absent; the program's exit status is urdma's");
+  bool no_daemon = false;
+  run_cmd->add_flag("--no-daemon", no_daemon,
+                    "do not start urdmad first (the library starts it when the program opens the "
+                    "device)");
+  run_cmd->footer("Usage: urdma run [--no-daemon] [--] PROGRAM [ARGS...]");
+
+  urdma::tools::StatusOptions status;
+  CLI::App* status_cmd = app.add_subcommand(
+      "status",
+      "Show this network namespace's urdmad: pid, uptime, slots, client processes, GIDs and "
+      "counters (rdma statistic names). Starts no daemon; exit 1 if none runs");
+  status_cmd->add_flag("--json", status.json, "machine-readable output");
+
+  urdma::tools::DevicesOptions devices;
+  CLI::App* devices_cmd = app.add_subcommand(
+      "devices",
+      "List urdma devices (urdma0: this network namespace's urdmad) with their GID tables: the "
+      "index to pass to -g (ibv_*_pingpong) or -x (perftest)");
+  devices_cmd->add_flag("--json", devices.json, "machine-readable output");
+  bool no_start = false;
+  devices_cmd->add_flag("--no-start", no_start, "do not start urdmad when none runs (exit 1)");
 
   urdma::tools::DecodeOptions decode;
   CLI::App* cmd = app.add_subcommand(
@@ -19,8 +50,40 @@ int main(int argc, char** argv) {
   cmd->add_option("--port", decode.udp_port, "UDP destination port of RoCEv2")
       ->default_val(decode.udp_port);
 
-  CLI11_PARSE(app, argc, argv);
+  // `run`: everything from the program on is the program's (its own options included), so
+  // CLI11 sees only what comes before it: the first word after `run` that is not one of run's
+  // options, or what follows `--`.
+  int parsed_argc = argc;
+  if (argc > 1 && std::string(argv[1]) == "run") {
+    for (int i = 2; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--") {
+        parsed_argc = i;
+        run.command.assign(argv + i + 1, argv + argc);
+        break;
+      }
+      if (a.empty() || a[0] != '-') {
+        parsed_argc = i;
+        run.command.assign(argv + i, argv + argc);
+        break;
+      }
+    }
+  }
+  CLI11_PARSE(app, parsed_argc, argv);
 
+  if (run_cmd->parsed()) {
+    if (run.command.empty()) {
+      std::cerr << "urdma run: no program given\n" << run_cmd->help();
+      return 2;
+    }
+    run.start_daemon = !no_daemon;
+    return urdma::tools::run_command(run);
+  }
+  if (status_cmd->parsed()) return urdma::tools::print_status(status);
+  if (devices_cmd->parsed()) {
+    devices.start_daemon = !no_start;
+    return urdma::tools::print_devices(devices);
+  }
   if (cmd->parsed()) {
     std::string error;
     const auto summary = urdma::tools::decode_capture(decode, std::cout, error);

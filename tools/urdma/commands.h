@@ -1,0 +1,35 @@
+// The `urdma` subcommands other than decode (decode.h): run, status, devices.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace urdma::tools {
+
+struct RunOptions {
+  std::vector<std::string> command;  // the program and its arguments
+  bool start_daemon = true;
+};
+// Execs the command on urdma (our libibverbs first, urdmad up); returns only on failure, with
+// the exit status to use (127: not found, 126: not executable, 1: urdmad could not start).
+int run_command(const RunOptions& options);
+
+// The directories `urdma run` puts first on LD_LIBRARY_PATH, best first, that exist:
+// $URDMA_LIBDIR; <dir of this executable>/../<libdir>/urdma (installed); the build tree's lib.
+std::vector<std::string> library_dirs();
+
+struct StatusOptions {
+  bool json = false;
+};
+// `urdma status`: the daemon, its slots, its clients with their counters, the GID table.
+// 0, or 1 when no urdmad serves this network namespace (or it does not answer).
+int print_status(const StatusOptions& options);
+
+struct DevicesOptions {
+  bool json = false;
+  bool start_daemon = true;
+};
+// `urdma devices`: urdma0 (this namespace's urdmad) and its GID table.
+int print_devices(const DevicesOptions& options);
+
+}  // namespace urdma::tools

@@ -1,0 +1,97 @@
+// `urdma run CMD ARGS...`: our libibverbs.so.1 first on LD_LIBRARY_PATH, urdmad up, then exec.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+#include "daemon/client.h"
+#include "tools/urdma/commands.h"
+
+namespace urdma::tools {
+namespace {
+
+bool is_dir(const std::string& path) {
+  struct stat st;
+  return !path.empty() && stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string self_dir() {
+  char exe[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return "";
+  const std::string path(exe, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/'));
+}
+
+// "a/b/../c" stays as is (the loader resolves it); only doubled slashes would be cosmetic.
+std::string canonical(const std::string& path) {
+  char resolved[PATH_MAX];
+  return realpath(path.c_str(), resolved) ? std::string(resolved) : path;
+}
+
+}  // namespace
+
+std::vector<std::string> library_dirs() {
+  std::vector<std::string> dirs;
+  auto add = [&](const std::string& d) {
+    if (!is_dir(d)) return;
+    const std::string c = canonical(d);
+    for (const auto& have : dirs)
+      if (have == c) return;
+    dirs.push_back(c);
+  };
+  if (const char* env = std::getenv("URDMA_LIBDIR"); env && *env) add(env);
+  const std::string bin = self_dir();
+  if (!bin.empty()) {
+    add(bin + "/../" URDMA_INSTALL_LIBDIR "/urdma");
+    add(bin + "/../lib/urdma");
+  }
+  add(URDMA_BUILD_LIBDIR);
+  return dirs;
+}
+
+int run_command(const RunOptions& options) {
+  if (options.command.empty()) {
+    std::cerr << "urdma run: no command given\n";
+    return 2;
+  }
+  const auto dirs = library_dirs();
+  if (dirs.empty()) {
+    std::cerr << "urdma run: no urdma library directory found (set URDMA_LIBDIR)\n";
+    return 1;
+  }
+  // Ours first, then whatever the caller had.
+  std::string path = dirs.front();
+  for (size_t i = 1; i < dirs.size(); ++i) path += ":" + dirs[i];
+  if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) path += std::string(":") + old;
+  setenv("LD_LIBRARY_PATH", path.c_str(), 1);
+
+  // The library finds urdmad next to the program's executable or its own file, on $PATH or at
+  // the path it was built with; the program is not ours, so name the daemon this command found.
+  daemon::ClientOptions o;
+  const std::string daemon_path = daemon::find_daemon_binary(o);
+  if (!daemon_path.empty() && !std::getenv("URDMA_DAEMON"))
+    setenv("URDMA_DAEMON", canonical(daemon_path).c_str(), 1);
+  if (options.start_daemon) {
+    // Up before the program starts, so it does not pay for it; our connection closes at exec.
+    daemon::Client client;
+    std::string detail;
+    if (const int err = daemon::Client::connect_or_spawn(o, &client, &detail)) {
+      std::cerr << "urdma run: " << detail << " (" << std::strerror(err) << ")\n";
+      return 1;
+    }
+  }
+  std::vector<char*> argv;
+  for (const auto& a : options.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  const int err = errno;
+  std::cerr << "urdma run: " << options.command.front() << ": " << std::strerror(err) << '\n';
+  return err == ENOENT ? 127 : 126;
+}
+
+}  // namespace urdma::tools
