@@ -460,6 +460,74 @@ TEST_F(Verbs, PostErrorsNameTheFirstFailingWr) {
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
 }
 
+// What urdma does not offer fails the way verbs.h and the man pages say: the inline verbs find
+// no extended op (EOPNOTSUPP), the library's own entry points return or set EOPNOTSUPP.
+TEST_F(Verbs, VerbsNotOfferedFailWithEopnotsupp) {
+  auto null_with = [](void* p, int err) { return p == nullptr && errno == err; };
+  errno = 0;
+  ibv_td_init_attr td{};
+  EXPECT_TRUE(null_with(ibv_alloc_td(ctx_, &td), EOPNOTSUPP));
+  errno = 0;
+  ibv_parent_domain_init_attr pda{};
+  pda.pd = pd_;
+  EXPECT_TRUE(null_with(ibv_alloc_parent_domain(ctx_, &pda), EOPNOTSUPP));
+  errno = 0;
+  ibv_alloc_dm_attr dm{};
+  dm.length = 64;
+  EXPECT_TRUE(null_with(ibv_alloc_dm(ctx_, &dm), EOPNOTSUPP));
+  errno = 0;
+  ibv_counters_init_attr ca{};
+  EXPECT_TRUE(null_with(ibv_create_counters(ctx_, &ca), EOPNOTSUPP));
+  errno = 0;
+  ibv_rwq_ind_table_init_attr ria{};
+  EXPECT_TRUE(null_with(ibv_create_rwq_ind_table(ctx_, &ria), EOPNOTSUPP));
+  errno = 0;
+  ibv_qp_open_attr oa{};
+  EXPECT_TRUE(null_with(ibv_open_qp(ctx_, &oa), EOPNOTSUPP));
+  errno = 0;
+  EXPECT_TRUE(null_with(ibv_alloc_null_mr(pd_), EOPNOTSUPP));
+  ibv_values_ex v{};
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), EOPNOTSUPP);
+  ibv_cq* cq = ibv_create_cq(ctx_, 4, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_wq_init_attr wa{};
+  wa.wq_type = IBV_WQT_RQ;
+  wa.max_wr = 4;
+  wa.max_sge = 1;
+  wa.pd = pd_;
+  wa.cq = cq;
+  errno = 0;
+  EXPECT_TRUE(null_with(ibv_create_wq(ctx_, &wa), EOPNOTSUPP));
+  ibv_modify_cq_attr mc{};
+  mc.attr_mask = IBV_CQ_ATTR_MODERATE;
+  EXPECT_EQ(ibv_modify_cq(cq, &mc), EOPNOTSUPP);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  ibv_srq_init_attr si{};
+  si.attr.max_wr = 4;
+  si.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(pd_, &si);
+  ASSERT_NE(srq, nullptr);
+  uint32_t srq_num = 0;
+  EXPECT_EQ(ibv_get_srq_num(srq, &srq_num), EOPNOTSUPP);  // XRC SRQs only
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  ibv_srq_init_attr_ex sx{};
+  sx.comp_mask = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE;
+  sx.srq_type = IBV_SRQT_XRC;
+  sx.pd = pd_;
+  sx.attr.max_wr = 4;
+  sx.attr.max_sge = 1;
+  errno = 0;
+  EXPECT_TRUE(null_with(ibv_create_srq_ex(ctx_, &sx), EOPNOTSUPP));
+  errno = 0;
+  EXPECT_TRUE(null_with(ibv_import_device(3), EOPNOTSUPP));
+  errno = 0;
+  EXPECT_TRUE(null_with(ibv_import_pd(ctx_, 1), EOPNOTSUPP));
+  errno = 0;
+  EXPECT_TRUE(null_with(ibv_import_mr(pd_, 1), EOPNOTSUPP));
+  ibv_sge sge{};
+  EXPECT_EQ(ibv_advise_mr(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 1), EOPNOTSUPP);
+}
+
 // ---- traffic ----
 
 // Two RC QPs of one process over real UDP on loopback: WRITE, SEND with immediate, READ back.
