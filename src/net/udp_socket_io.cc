@@ -7,7 +7,9 @@
 #include <netinet/ip.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
+#include <cstdint>
 
 #include <cstring>
 
@@ -30,6 +32,14 @@ cmsghdr* add_cmsg(msghdr& m, cmsghdr* c, int level, int type, const void* data, 
   std::memcpy(CMSG_DATA(c), data, len);
   m.msg_controllen += CMSG_SPACE(len);
   return reinterpret_cast<cmsghdr*>(reinterpret_cast<uint8_t*>(c) + CMSG_SPACE(len));
+}
+
+// Socket buffer sizes, best effort (udp_socket_io.h, socket_buffer_bytes): a smaller buffer is
+// slower under bursts, not wrong. The *FORCE option passes net.core.[rw]mem_max when permitted.
+void set_buffer(int fd, int force_name, int name, size_t bytes) {
+  if (bytes == 0) return;
+  const int n = static_cast<int>(std::min<size_t>(bytes, INT32_MAX / 2));
+  if (!set_int(fd, SOL_SOCKET, force_name, n)) (void)set_int(fd, SOL_SOCKET, name, n);
 }
 
 // Candidate ports tried per pool slot before the slot falls back to the main socket's port.
@@ -90,13 +100,15 @@ std::unique_ptr<UdpSocketIo> UdpSocketIo::adopt(int fd, std::string* error,
     // Also reports IPv4 destinations (as mapped addresses) on a dual-stack socket.
     if (!set_int(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, 1)) return fail("IPV6_RECVPKTINFO");
   }
+  set_buffer(fd, SO_RCVBUFFORCE, SO_RCVBUF, options.socket_buffer_bytes);
+  set_buffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, options.socket_buffer_bytes);
   if (options.source_ports > kMaxSourcePorts ||
       (options.source_ports != 0 && !std::has_single_bit(options.source_ports))) {
     errno = EINVAL;
     return fail("source_ports must be 0 or a power of two <= 64");
   }
   auto io = std::unique_ptr<UdpSocketIo>(new UdpSocketIo(fd, family, *local));
-  if (options.source_ports > 0 && !io->open_pool(options.source_ports, error)) return nullptr;
+  if (options.source_ports > 0 && !io->open_pool(options.source_ports, options.socket_buffer_bytes, error)) return nullptr;
   return io;
 }
 
@@ -109,7 +121,7 @@ UdpSocketIo::~UdpSocketIo() {
   close(fd_);
 }
 
-bool UdpSocketIo::open_pool(size_t count, std::string* error) {
+bool UdpSocketIo::open_pool(size_t count, size_t sndbuf_bytes, std::string* error) {
   int v6only = 0;
   socklen_t len = sizeof v6only;
   if (family_ == AF_INET6 && getsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &len) != 0) {
@@ -141,6 +153,7 @@ bool UdpSocketIo::open_pool(size_t count, std::string* error) {
       if (!what && !set_int(s, SOL_SOCKET, SO_RCVBUF, 1)) what = "SO_RCVBUF";
       if (!what && setsockopt(s, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog) != 0)
         what = "SO_ATTACH_FILTER";
+      if (!what) set_buffer(s, SO_SNDBUFFORCE, SO_SNDBUF, sndbuf_bytes);
       if (what) {
         *error = errno_text(what);
         close(s);

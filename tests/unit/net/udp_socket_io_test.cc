@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -29,6 +30,23 @@ std::unique_ptr<UdpSocketIo> open_io(const char* endpoint, size_t source_ports =
   auto io = UdpSocketIo::adopt(fd, &error, UdpSocketIoOptions{source_ports});
   EXPECT_TRUE(io) << error;
   return io;
+}
+
+int socket_int(int fd, int name) {
+  int v = 0;
+  socklen_t len = sizeof v;
+  EXPECT_EQ(getsockopt(fd, SOL_SOCKET, name, &v, &len), 0);
+  return v;
+}
+
+long proc_long(const char* path) {
+  FILE* f = std::fopen(path, "r");
+  long v = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%ld", &v) != 1) v = 0;
+    std::fclose(f);
+  }
+  return v;
 }
 
 bool wait_readable(int fd) {
@@ -385,6 +403,34 @@ TEST(UdpSocketIoTest, KernelSendsDontFragmentAndIpIdZero) {
   }
   EXPECT_EQ(seen, 3);
   close(raw);
+}
+
+// adopt() asks for kDefaultSocketBufferBytes of receive and send buffer (a full window of 4 KiB
+// packets must not overflow the default ~208 KiB); without CAP_NET_ADMIN the kernel caps it at
+// net.core.[rw]mem_max. Linux reports twice the size set (its bookkeeping overhead). 0 leaves
+// the socket alone.
+TEST(UdpSocketIoTest, AdoptEnlargesTheSocketBuffersUnlessToldNotTo) {
+  std::string error;
+  const int fd = UdpSocketIo::bind_udp(*Endpoint::parse("127.0.0.1:0"), &error);
+  ASSERT_GE(fd, 0) << error;
+  const int rcv_before = socket_int(fd, SO_RCVBUF);
+  const int snd_before = socket_int(fd, SO_SNDBUF);
+  auto io = UdpSocketIo::adopt(fd, &error);
+  ASSERT_TRUE(io) << error;
+  const long want = static_cast<long>(kDefaultSocketBufferBytes);
+  EXPECT_GE(socket_int(io->readable_fd(), SO_RCVBUF),
+            std::min(want, proc_long("/proc/sys/net/core/rmem_max")));
+  EXPECT_GE(socket_int(io->readable_fd(), SO_SNDBUF),
+            std::min(want, proc_long("/proc/sys/net/core/wmem_max")));
+
+  const int fd2 = UdpSocketIo::bind_udp(*Endpoint::parse("127.0.0.1:0"), &error);
+  ASSERT_GE(fd2, 0) << error;
+  UdpSocketIoOptions untouched;
+  untouched.socket_buffer_bytes = 0;
+  auto io2 = UdpSocketIo::adopt(fd2, &error, untouched);
+  ASSERT_TRUE(io2) << error;
+  EXPECT_EQ(socket_int(io2->readable_fd(), SO_RCVBUF), rcv_before);
+  EXPECT_EQ(socket_int(io2->readable_fd(), SO_SNDBUF), snd_before);
 }
 
 }  // namespace
