@@ -65,6 +65,7 @@ Engine::Engine(provider::Device& device, net::PacketIo& io, const net::Clock& cl
   relay_->attach(this);
   by_handle_.assign(provider::kLimits.max_qp, nullptr);
   active_.reserve(provider::kLimits.max_qp);  // never reallocated while polling
+  tx_slots_.resize(kTxBatch);
   rx_storage_.resize(config_.rx_batch * kRxBufferBytes);
   rx_slots_.resize(config_.rx_batch);
   for (size_t i = 0; i < config_.rx_batch; ++i)
@@ -141,6 +142,8 @@ void Engine::poll() {
     ctx->active = false;
     return true;
   });
+  // Nothing a turn built may wait past its end (memory_released: the turn's MR lookups).
+  flush_tx();
 }
 
 void Engine::activate(QpContext& ctx) {
@@ -437,13 +440,14 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
 
 wire::PacketHeaders Engine::begin_packet(uint8_t opcode, size_t payload_len) {
   const std::optional<wire::PacketLayout> layout = wire::packet_layout(opcode, payload_len);
-  base::check(layout.has_value() && layout->total_length() <= tx_buf_.size(),
+  base::check(layout.has_value() && layout->total_length() <= kMaxPacketBytes,
               "engine built an invalid packet layout");
   tx_layout_ = *layout;
+  tx_building_ = true;
   tx_payload_iov_ = 0;
   tx_payload_added_ = 0;
   tx_payload_copied_ = false;
-  wire::PacketHeaders h = wire::write_headers(tx_buf_, tx_layout_);
+  wire::PacketHeaders h = wire::write_headers(tx_slot().buf, tx_layout_);
   h.bth().set_pkey(wire::kDefaultPkey);
   return h;
 }
@@ -452,14 +456,15 @@ void Engine::tx_add_payload(std::span<const uint8_t> piece) {
   if (piece.empty()) return;
   base::check(tx_payload_added_ + piece.size() <= tx_layout_.payload_length,
               "engine added more payload than the packet's layout holds");
-  uint8_t* const copy_at = tx_buf_.data() + tx_layout_.payload_offset();
+  TxSlot& slot = tx_slot();
+  uint8_t* const copy_at = slot.buf.data() + tx_layout_.payload_offset();
   if (!tx_payload_copied_ && tx_payload_iov_ == kMaxTxPayloadIov) {
     // More pieces than one datagram's iovecs (net::kMaxTxIov): copy what was gathered so far
-    // into tx_buf_ and the rest after it; the packet goes out as one contiguous iovec.
+    // into the slot's buf and the rest after it; the packet goes out as one contiguous iovec.
     size_t at = 0;
     for (size_t i = 1; i <= tx_payload_iov_; ++i) {
-      std::memcpy(copy_at + at, tx_iov_[i].iov_base, tx_iov_[i].iov_len);
-      at += tx_iov_[i].iov_len;
+      std::memcpy(copy_at + at, slot.iov[i].iov_base, slot.iov[i].iov_len);
+      at += slot.iov[i].iov_len;
     }
     tx_payload_iov_ = 0;
     tx_payload_copied_ = true;
@@ -469,7 +474,7 @@ void Engine::tx_add_payload(std::span<const uint8_t> piece) {
     std::memcpy(copy_at + tx_payload_added_, piece.data(), piece.size());
   } else {
     // The PacketIo only reads through iovecs (iovec's pointer is not const-qualified).
-    tx_iov_[1 + tx_payload_iov_++] = iovec{const_cast<uint8_t*>(piece.data()), piece.size()};
+    slot.iov[1 + tx_payload_iov_++] = iovec{const_cast<uint8_t*>(piece.data()), piece.size()};
   }
   tx_payload_added_ += piece.size();
 }
@@ -483,9 +488,11 @@ bool Engine::tx_gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t of
                             });
 }
 
-bool Engine::send_packet(const Route& route) {
+void Engine::send_packet(const Route& route) {
+  base::check(tx_building_, "engine sent a packet it did not begin");
   base::check(tx_payload_added_ == tx_layout_.payload_length,
               "engine sent a packet whose payload was not filled in");
+  TxSlot& slot = tx_slot();
   // The ICRC (IBA 7.8.1, annex A17.4.3.1) covers headers, payload and pad: the gather list
   // without the trailing ICRC slot.
   std::array<std::span<const uint8_t>, net::kMaxTxIov> pieces;
@@ -493,24 +500,24 @@ bool Engine::send_packet(const Route& route) {
   size_t niov = 0;
   std::span<uint8_t> icrc_slot_owner;  // the span whose last kIcrcBytes are the ICRC
   if (tx_payload_iov_ == 0) {
-    // Contiguous in tx_buf_: no payload, or the copy fallback.
+    // Contiguous in the slot's buf: no payload, or the copy fallback.
     const std::span<uint8_t> datagram =
-        std::span<uint8_t>(tx_buf_).first(tx_layout_.total_length());
+        std::span<uint8_t>(slot.buf).first(tx_layout_.total_length());
     wire::write_trailer(datagram.subspan(tx_layout_.pad_offset()), tx_layout_);
     pieces[npieces++] = datagram.first(tx_layout_.icrc_offset());
-    tx_iov_[niov++] = iovec{datagram.data(), datagram.size()};
+    slot.iov[niov++] = iovec{datagram.data(), datagram.size()};
     icrc_slot_owner = datagram;
   } else {
     const std::span<uint8_t> trailer =
-        std::span<uint8_t>(tx_trailer_).first(tx_layout_.trailer_length());
+        std::span<uint8_t>(slot.trailer).first(tx_layout_.trailer_length());
     wire::write_trailer(trailer, tx_layout_);
-    pieces[npieces++] = std::span<const uint8_t>(tx_buf_).first(tx_layout_.header_length);
-    tx_iov_[niov++] = iovec{tx_buf_.data(), tx_layout_.header_length};
+    pieces[npieces++] = std::span<const uint8_t>(slot.buf).first(tx_layout_.header_length);
+    slot.iov[niov++] = iovec{slot.buf.data(), tx_layout_.header_length};
     for (size_t i = 0; i < tx_payload_iov_; ++i, ++niov)
-      pieces[npieces++] = {static_cast<const uint8_t*>(tx_iov_[niov].iov_base),
-                           tx_iov_[niov].iov_len};
+      pieces[npieces++] = {static_cast<const uint8_t*>(slot.iov[niov].iov_base),
+                           slot.iov[niov].iov_len};
     if (tx_layout_.pad > 0) pieces[npieces++] = trailer.first(tx_layout_.pad);
-    tx_iov_[niov++] = iovec{trailer.data(), trailer.size()};
+    slot.iov[niov++] = iovec{trailer.data(), trailer.size()};
     icrc_slot_owner = trailer;
   }
   const std::span<const std::span<const uint8_t>> gather(pieces.data(), npieces);
@@ -534,36 +541,63 @@ bool Engine::send_packet(const Route& route) {
     icrc = wire::compute_icrc_gather(h, gather);
   }
   wire::store_icrc(icrc_slot_owner, icrc);
-  net::TxDatagram tx;
-  tx.iov = {tx_iov_.data(), niov};
+  net::TxDatagram& tx = tx_queue_[tx_queued_];
+  tx = net::TxDatagram{};
+  tx.iov = {slot.iov.data(), niov};
   tx.dst = net::Endpoint{route.dst, net::kRoceV2UdpPort};
   tx.src_port = src_port;
   tx.src = route.src;
   tx.traffic_class = route.traffic_class;
   tx.hop_limit = route.hop_limit;
   ++counters_.sent_pkts;
-  // Behind a backlog, or refused for now: keep a copy, in order (no retransmission, no UD loss
-  // because a local buffer was full — issue 7, back-pressure).
-  const net::TxStatus status = tx_backlog_.empty() ? io_.send(tx) : net::TxStatus::kWouldBlock;
-  if (status == net::TxStatus::kSent) return true;
-  if (status == net::TxStatus::kWouldBlock && tx_backlog_.size() < kMaxTxBacklog) {
-    ++counters_.tx_blocked;
-    if (tx_backlog_.empty()) tx_blocked_since_ns_ = clock_.now_ns();
-    Backlogged& b = tx_backlog_.emplace_back();
-    b.bytes.reserve(tx.size_bytes());
-    for (const iovec& v : tx.iov) {
-      const auto* p = static_cast<const uint8_t*>(v.iov_base);
-      b.bytes.insert(b.bytes.end(), p, p + v.iov_len);
+  tx_building_ = false;
+  ++tx_queued_;
+  // Behind a backlog nothing may overtake it: flush_tx moves the queue behind it at once.
+  if (tx_queued_ == kTxBatch || !tx_backlog_.empty()) flush_tx();
+}
+
+void Engine::flush_tx() {
+  if (tx_queued_ == 0) return;
+  base::check(!tx_building_, "engine flushed its transmit queue in the middle of a packet");
+  const std::span<const net::TxDatagram> batch(tx_queue_.data(), tx_queued_);
+  size_t done = 0;
+  if (tx_backlog_.empty()) {
+    if (batch.size() == 1) {
+      const net::TxStatus status = io_.send(batch[0]);
+      if (status != net::TxStatus::kWouldBlock) done = 1;
+      if (status == net::TxStatus::kRejected) ++counters_.send_err;
+    } else {
+      // Rejected datagrams (too big, no route) are consumed like sent ones and counted by the
+      // I/O: lost like a dropped packet; retransmission recovers (RC).
+      const uint64_t rejected_before = io_.counters().tx_rejected;
+      done = io_.send_batch(batch);
+      counters_.send_err += io_.counters().tx_rejected - rejected_before;
     }
-    b.dst = tx.dst;
-    b.src = tx.src;
-    b.src_port = tx.src_port;
-    b.traffic_class = tx.traffic_class;
-    b.hop_limit = tx.hop_limit;
-    return true;
   }
-  ++counters_.send_err;  // lost like a dropped packet; retransmission recovers (RC)
-  return false;
+  // Refused for now: keep copies, in order (no retransmission, no UD loss because a local
+  // buffer was full — issue 7, back-pressure).
+  for (size_t i = done; i < batch.size(); ++i) backlog(batch[i]);
+  tx_queued_ = 0;
+}
+
+void Engine::backlog(const net::TxDatagram& tx) {
+  if (tx_backlog_.size() >= kMaxTxBacklog) {
+    ++counters_.send_err;  // lost like a dropped packet; retransmission recovers (RC)
+    return;
+  }
+  ++counters_.tx_blocked;
+  if (tx_backlog_.empty()) tx_blocked_since_ns_ = clock_.now_ns();
+  Backlogged& b = tx_backlog_.emplace_back();
+  b.bytes.reserve(tx.size_bytes());
+  for (const iovec& v : tx.iov) {
+    const auto* p = static_cast<const uint8_t*>(v.iov_base);
+    b.bytes.insert(b.bytes.end(), p, p + v.iov_len);
+  }
+  b.dst = tx.dst;
+  b.src = tx.src;
+  b.src_port = tx.src_port;
+  b.traffic_class = tx.traffic_class;
+  b.hop_limit = tx.hop_limit;
 }
 
 void Engine::flush_backlog() {
@@ -603,6 +637,8 @@ void Engine::send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn) {
 // Completions, errors, flush.
 
 bool Engine::push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status) {
+  // The application may reuse the WR's buffers once it sees the completion.
+  flush_tx();
   ibv_wc wc = {};
   wc.wr_id = wqe.wr_id;
   wc.status = status;
@@ -645,6 +681,7 @@ void Engine::flush(QpContext& ctx) {
   // ahead of the failure (IBA 10.3.1.5 SQE, 10.3.1.6 Error: outstanding and newly posted WRs
   // complete with a flush error).
   Requester& req = ctx.req;
+  flush_tx();  // queued packets may point into WQEs popped below (their inline data)
   bool flushing = false;
   while (const provider::SendWqe* wqe = ctx.qp->sq_peek_st(0)) {
     const bool started = req.started > 0;

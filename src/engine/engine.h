@@ -47,7 +47,10 @@
 // TRANSMIT IS ZERO-COPY. A datagram goes to the PacketIo as iovecs: the headers from an engine
 // buffer, the payload straight from registered memory (one iovec per SGE piece, after the MR
 // access check) or from the provider's inline area, then pad + ICRC from an engine buffer; the
-// ICRC is computed over the gather list. Only a packet needing more than net::kMaxTxIov iovecs
+// ICRC is computed over the gather list. The packets a turn builds are queued and handed over
+// in batches (PacketIo::send_batch: one sendmmsg for up to net::kMaxBatch datagrams), always
+// before the turn ends and before a completion returns their memory to the application. Only
+// a packet needing more than net::kMaxTxIov iovecs
 // is copied (EngineCounters::tx_payload_copies).
 //
 // What it reads: the source address of a QP's packets is the GID at the path's (or the AH's)
@@ -218,15 +221,25 @@ class Engine final : public provider::Doorbell {
   void activate(QpContext& ctx);
   void serve(QpContext& ctx);
   bool needs_service(const QpContext& ctx) const;
-  // Packet building: begin_packet lays out and writes the headers into tx_buf_ and returns
+  // Packet building: begin_packet lays out and writes the headers into a TxSlot and returns
   // views of them; the payload is then added piece by piece (exactly payload_len bytes), as
-  // iovecs into memory that stays valid until send_packet returns; send_packet seals and sends.
+  // iovecs into memory that stays valid until the packet is flushed (flush_tx); send_packet
+  // seals and queues it.
   wire::PacketHeaders begin_packet(uint8_t opcode, size_t payload_len);
   void tx_add_payload(std::span<const uint8_t> piece);
   // Adds bytes [offset, offset + length) of the WQE's SGE list, straight from registered
   // memory; false on an SGE that fails the local access check (LOC_PROT_ERR).
   bool tx_gather(QpContext& ctx, const provider::SendWqe& wqe, uint64_t offset, uint64_t length);
-  bool send_packet(const Route& route);
+  // Seals the packet and queues it for the next flush_tx().
+  void send_packet(const Route& route);
+  // The packet begun is not sent (its payload failed the local access check).
+  void tx_abandon() { tx_building_ = false; }
+  // Hands the queued packets to the PacketIo in one send_batch; what it refuses goes to the
+  // backlog, copied. Must run before the turn ends and before a send completion or a popped WQE
+  // lets the application reuse memory a queued packet's iovecs point into.
+  void flush_tx();
+  // Copies a datagram the I/O would not take into tx_backlog_ (or drops it when that is full).
+  void backlog(const net::TxDatagram& tx);
   // Sends what waits in tx_backlog_, oldest first, until the I/O blocks again.
   void flush_backlog();
   void send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn);
@@ -316,17 +329,28 @@ class Engine final : public provider::Doorbell {
   // replay needs); QpContext::active says who is on it.
   std::vector<QpContext*> active_;
 
-  // Transmit: one packet at a time. tx_buf_ holds the headers (and, only when a packet needs
-  // more iovecs than net::kMaxTxIov allows, a copy of the payload, then pad and ICRC); the
-  // payload iovecs point into registered memory; tx_trailer_ holds pad + ICRC after them.
+  // Transmit: packets are built one at a time, each in its own TxSlot, and queued; the queue
+  // goes to the PacketIo in one send_batch (sendmmsg on a socket) when it is full, at the end
+  // of poll(), and before anything that hands memory a queued packet points into back to the
+  // application (flush_tx). A slot's buf holds the headers (and, only when a packet needs more
+  // iovecs than net::kMaxTxIov allows, a copy of the payload, then pad and ICRC); the payload
+  // iovecs point into registered memory; trailer holds pad + ICRC after them.
   static constexpr size_t kMaxTxPayloadIov = net::kMaxTxIov - 2;  // less headers and trailer
-  alignas(64) std::array<uint8_t, kMaxPacketBytes> tx_buf_{};
   static constexpr size_t kMaxPadBytes = 3;  // IBA 9.2: PadCnt is 2 bits
-  std::array<uint8_t, kMaxPadBytes + wire::kIcrcBytes> tx_trailer_{};
-  std::array<iovec, net::kMaxTxIov> tx_iov_{};
-  size_t tx_payload_iov_ = 0;       // payload iovecs, at tx_iov_[1 ..]
+  struct TxSlot {
+    alignas(64) std::array<uint8_t, kMaxPacketBytes> buf{};
+    std::array<uint8_t, kMaxPadBytes + wire::kIcrcBytes> trailer{};
+    std::array<iovec, net::kMaxTxIov> iov{};
+  };
+  static constexpr size_t kTxBatch = net::kMaxBatch;
+  std::vector<TxSlot> tx_slots_;                  // kTxBatch; [tx_queued_] is being built
+  std::array<net::TxDatagram, kTxBatch> tx_queue_{};  // [0, tx_queued_): built, not yet sent
+  size_t tx_queued_ = 0;
+  bool tx_building_ = false;        // between begin_packet and send_packet / tx_abandon
+  TxSlot& tx_slot() { return tx_slots_[tx_queued_]; }
+  size_t tx_payload_iov_ = 0;       // payload iovecs, at tx_slot().iov[1 ..]
   size_t tx_payload_added_ = 0;     // payload bytes added so far
-  bool tx_payload_copied_ = false;  // the payload is in tx_buf_ (the over-kMaxTxIov fallback)
+  bool tx_payload_copied_ = false;  // the payload is in tx_slot().buf (the over-kMaxTxIov fallback)
   wire::PacketLayout tx_layout_;
   // The transmit backlog (tx_blocked()): whole datagrams, copied, since their iovecs pointed
   // into registered memory that must not be read after this turn (memory_released). Bounded:

@@ -233,6 +233,7 @@ Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWq
           ctx.qp->sq_inline_st(wqe).subspan(static_cast<size_t>(offset), static_cast<size_t>(n)));
     } else if (!tx_gather(ctx, wqe, offset, n)) {
       // IBA 10.7.2.x: a local SGE failing its access check → Local Protection Error.
+      tx_abandon();
       fail_wqe_at(ctx, req.cur, IBV_WC_LOC_PROT_ERR);
       return ReqStep::kError;
     }
@@ -270,6 +271,7 @@ Engine::ReqStep Engine::send_ud(QpContext& ctx, const provider::SendWqe& wqe, Wq
   if (wqe.send_flags & IBV_SEND_INLINE) {
     tx_add_payload(ctx.qp->sq_inline_st(wqe).first(static_cast<size_t>(wqe.length)));
   } else if (!tx_gather(ctx, wqe, 0, wqe.length)) {
+    tx_abandon();
     fail_wqe_at(ctx, req.cur, IBV_WC_LOC_PROT_ERR);
     return ReqStep::kError;
   }
@@ -333,6 +335,7 @@ void Engine::apply_completer_result(QpContext& ctx, const CompleterResult& r) {
 // Finished WQEs leave the send queue in posting order, with their completions.
 void Engine::retire(QpContext& ctx) {
   Requester& req = ctx.req;
+  flush_tx();  // queued packets may point into WQEs popped below (their inline data)
   while (req.started > 0 && req.at(0).stage == WqeStage::kDone) {
     const WqeState w = req.at(0);
     const provider::SendWqe* wqe = ctx.qp->sq_peek_st(0);
