@@ -1,0 +1,685 @@
+// urdma_loopback_bench: RC over the real runtime between two processes on loopback, beside raw
+// UDP between the same two processes, measured in the same run and printed as ratios.
+//
+//   build-bench/bench/urdma_loopback_bench [--seconds S] [--rounds N] [--no-engine-thread]
+//                                          [--no-netns]
+//
+// Two processes (fork): host A (127.0.0.1, the requester; it prints) and host B (127.0.0.2).
+// Each runs a runtime::Runtime with its engine thread over a net::UdpSocketIo on its own UDP
+// 4791 socket — the data path an application gets, without urdmad (each runtime is handed a
+// bound socket directly; runtime.h). As root the benchmark first enters a fresh network
+// namespace (unshare, lo up), so nothing else on the host shares 4791 or the loopback queue;
+// --no-netns stays in the current one (then nothing may hold 127.0.0.{1,2}:4791).
+// --no-engine-thread runs both runtimes without their engine thread: only the application
+// threads drive the engines (B's busy-polls try_progress() during the WRITE streams), which
+// shows what the engine thread's wake-ups cost.
+//
+// What it measures (each RC row beside its raw-UDP limit, same processes, same run):
+//  * latency: 8-byte ping-pong. Raw: sendto + busy-polling recv(MSG_DONTWAIT) on both sides.
+//    RC: SEND 8 B (inline) answered by a SEND from B's application thread; both application
+//    threads busy-poll their CQ and drive the engine inline (Runtime::try_progress, as
+//    ibv_poll_cq will). One-way latency = half the round trip; median and mean over N rounds.
+//  * bandwidth: raw = 4 KiB datagrams, one sendto per datagram, as fast as A can, received by B
+//    with one recv per datagram; the rate B receives. RC = RDMA WRITE 64 KiB, 16 outstanding,
+//    path MTU 4096; A's application thread posts and polls (driving inline), B's application
+//    sleeps and B's engine thread does the work.
+//  * message rate: RDMA WRITE 64 B with 64 outstanding, beside raw 64-byte datagrams (one
+//    sendto each, received one recv each).
+// Proof the RC path worked: every completion is IBV_WC_SUCCESS, each latency round carries its
+// number and the peer checks it, and after each streaming phase B's target buffer has the same
+// FNV-1a checksum as A's source. Retransmissions and drops of both engines are printed.
+// A benchmark, not a test: nothing here asserts a speed.
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "net/udp_socket_io.h"
+#include "runtime/runtime.h"
+#include "support/qp_setup.h"
+
+namespace {
+
+using namespace urdma;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint16_t kRawPort = 5000;  // the raw-UDP limit's sockets (RoCEv2 uses 4791)
+constexpr size_t kLatBytes = 8;
+constexpr size_t kBwBytes = 64 * 1024;
+constexpr uint32_t kBwWindow = 16;
+constexpr size_t kRawBwDatagram = 4096;
+constexpr size_t kRateBytes = 64;
+constexpr uint32_t kRateWindow = 64;
+constexpr int kRecvDepth = 128;
+constexpr int kCqDepth = 4096;
+constexpr int kPollBatch = 32;
+// Local ACK timeout code 14 (4.096 us << 14 = 67 ms): a loaded 2-core machine must not turn a
+// slow turn into a retransmission; real losses (a full socket buffer) still recover.
+constexpr uint8_t kAckTimeoutCode = 14;
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "urdma_loopback_bench: %s: %s\n", what, std::strerror(errno));
+  std::exit(2);
+}
+void require(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "urdma_loopback_bench: %s\n", what);
+    std::exit(2);
+  }
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+uint64_t now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+          .count());
+}
+
+uint64_t fnv1a(const uint8_t* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The control channel between A and B (a SOCK_SEQPACKET pair): fixed-size messages.
+
+enum class Phase : uint32_t { kRawLat, kRcLat, kRawStream, kRcBw, kRcRate, kRawRate, kEnd };
+
+struct Msg {
+  Phase phase = Phase::kEnd;
+  uint32_t rounds = 0;
+  uint64_t bytes = 0;      // B → A: bytes (or datagrams) B received
+  uint64_t first_ns = 0;   // B → A: when the first arrived
+  uint64_t last_ns = 0;    // B → A: when the last arrived
+  uint64_t checksum = 0;   // B → A: FNV-1a of the phase's target buffer
+  uint64_t errors = 0;     // B → A: bad completions or wrong round numbers
+  uint64_t datagram = 0;   // A → B: raw phase datagram size
+};
+
+struct HostInfo {
+  uint32_t qpn_lat = 0, qpn_bw = 0, qpn_rate = 0;
+  uint64_t bw_addr = 0, rate_addr = 0;
+  uint32_t rkey = 0;
+};
+
+struct CountersMsg {
+  uint64_t sent_pkts, rcvd_pkts, retransmits, seq_naks, drops, tx_blocked, duplicate_request;
+};
+
+template <typename T>
+void ctl_send(int fd, const T& m) {
+  if (send(fd, &m, sizeof m, 0) != static_cast<ssize_t>(sizeof m)) die("control send");
+}
+template <typename T>
+T ctl_recv(int fd) {
+  T m;
+  ssize_t n;
+  do {
+    n = recv(fd, &m, sizeof m, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof m)) die("control recv");
+  return m;
+}
+bool ctl_ready(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One host: its runtime, RC QPs and buffers.
+
+struct PageBuffer {
+  explicit PageBuffer(size_t n)
+      : size(n), data(static_cast<uint8_t*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096))) {
+    require(data != nullptr, "aligned_alloc");
+    std::memset(data, 0, n);
+  }
+  ~PageBuffer() { std::free(data); }
+  size_t size;
+  uint8_t* data;
+};
+
+struct Host {
+  net::Address addr;
+  net::Address peer;
+  std::unique_ptr<runtime::Runtime> rt;
+  provider::Pd* pd = nullptr;
+  provider::Cq* cq_lat = nullptr;
+  provider::Cq* cq_bw = nullptr;
+  provider::Cq* cq_rate = nullptr;
+  provider::Qp* lat = nullptr;
+  provider::Qp* bw = nullptr;
+  provider::Qp* rate = nullptr;
+  PageBuffer lat_buf{kRecvDepth * 64 + 64};  // receive slots, then the send slot
+  PageBuffer bw_buf{kBwWindow * kBwBytes};
+  PageBuffer rate_buf{kRateWindow * kRateBytes};
+  provider::Mr* lat_mr = nullptr;
+  provider::Mr* bw_mr = nullptr;
+  provider::Mr* rate_mr = nullptr;
+  int raw_fd = -1;
+
+  provider::Device& dev() { return rt->device(); }
+};
+
+provider::Qp* make_qp(Host& h, provider::Cq* cq, uint32_t send_wr) {
+  provider::QpInitAttr init;
+  init.qp_type = IBV_QPT_RC;
+  init.pd = h.pd;
+  init.send_cq = cq;
+  init.recv_cq = cq;
+  init.cap.max_send_wr = send_wr;
+  init.cap.max_recv_wr = kRecvDepth;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  init.cap.max_inline_data = 64;
+  auto q = h.dev().create_qp(init);
+  require(q.ok(), "create_qp");
+  return q.value();
+}
+
+provider::Mr* reg(Host& h, PageBuffer& b) {
+  auto mr = h.dev().reg_mr(h.pd, b.data, b.size, reinterpret_cast<uintptr_t>(b.data),
+                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                               IBV_ACCESS_REMOTE_READ);
+  require(mr.ok(), "reg_mr");
+  return mr.value();
+}
+
+int bind_udp(const net::Address& a, uint16_t port) {
+  std::string err;
+  const int fd = net::UdpSocketIo::bind_udp(net::Endpoint{a, port}, &err);
+  if (fd < 0) {
+    std::fprintf(stderr, "urdma_loopback_bench: bind %s:%u: %s\n", a.to_string().c_str(), port,
+                 err.c_str());
+    std::exit(2);
+  }
+  return fd;
+}
+
+void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool engine_thread) {
+  h.addr = addr;
+  h.peer = peer;
+  std::string err;
+  auto io = net::UdpSocketIo::adopt(bind_udp(addr, net::kRoceV2UdpPort), &err);
+  require(io != nullptr, "UdpSocketIo::adopt");
+  runtime::RuntimeConfig cfg;
+  cfg.device = test::device_config(nullptr, addr, IBV_MTU_4096);
+  cfg.device.max_mtu = IBV_MTU_4096;
+  cfg.engine.local_address = addr;
+  cfg.engine_thread = engine_thread;
+  h.rt = std::make_unique<runtime::Runtime>(std::move(io), cfg);
+  h.pd = h.dev().alloc_pd().value();
+  h.cq_lat = h.dev().create_cq(kCqDepth).value();
+  h.cq_bw = h.dev().create_cq(kCqDepth).value();
+  h.cq_rate = h.dev().create_cq(kCqDepth).value();
+  h.lat = make_qp(h, h.cq_lat, 64);
+  h.bw = make_qp(h, h.cq_bw, 2 * kBwWindow);
+  h.rate = make_qp(h, h.cq_rate, 2 * kRateWindow);
+  h.lat_mr = reg(h, h.lat_buf);
+  h.bw_mr = reg(h, h.bw_buf);
+  h.rate_mr = reg(h, h.rate_buf);
+  h.raw_fd = bind_udp(addr, kRawPort);
+}
+
+HostInfo info_of(const Host& h) {
+  HostInfo i;
+  i.qpn_lat = h.lat->qp_num();
+  i.qpn_bw = h.bw->qp_num();
+  i.qpn_rate = h.rate->qp_num();
+  i.bw_addr = reinterpret_cast<uintptr_t>(h.bw_buf.data);
+  i.rate_addr = reinterpret_cast<uintptr_t>(h.rate_buf.data);
+  i.rkey = h.bw_mr->rkey();  // the rate buffer's rkey follows (rate_mr), sent separately below
+  return i;
+}
+
+void connect_host(Host& h, const HostInfo& peer, bool is_a) {
+  test::QpParams p;
+  p.mtu = IBV_MTU_4096;
+  p.timeout = kAckTimeoutCode;
+  p.max_rd_atomic = 16;
+  p.max_dest_rd_atomic = 16;
+  if (!is_a) std::swap(p.sq_psn, p.rq_psn);
+  require(test::bring_up(*h.lat, p, h.peer, peer.qpn_lat).ok(), "bring_up lat");
+  require(test::bring_up(*h.bw, p, h.peer, peer.qpn_bw).ok(), "bring_up bw");
+  require(test::bring_up(*h.rate, p, h.peer, peer.qpn_rate).ok(), "bring_up rate");
+}
+
+void post_recv_slot(Host& h, int slot) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(h.lat_buf.data + slot * 64), 64, h.lat_mr->lkey()};
+  ibv_recv_wr wr{};
+  wr.wr_id = static_cast<uint64_t>(slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  require(h.lat->post_recv(&wr, &bad).ok(), "post_recv");
+}
+
+// SEND 8 B inline carrying `round`.
+void post_lat_send(Host& h, uint64_t round) {
+  uint8_t* slot = h.lat_buf.data + kRecvDepth * 64;
+  std::memcpy(slot, &round, sizeof round);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(slot), kLatBytes, h.lat_mr->lkey()};
+  ibv_send_wr wr{};
+  wr.wr_id = round;
+  wr.opcode = IBV_WR_SEND;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  require(h.lat->post_send(&wr, &bad).ok(), "post_send SEND");
+}
+
+// Busy-polls the latency CQ (driving the engine inline) until a RECV completes; returns the
+// round number it carried, reposts its slot. SEND completions on the way are checked and
+// dropped. *errors counts bad statuses.
+uint64_t wait_lat_recv(Host& h, uint64_t* errors) {
+  ibv_wc wc[kPollBatch];
+  for (;;) {
+    const int n = h.cq_lat->poll(kPollBatch, wc);
+    uint64_t got = UINT64_MAX;
+    for (int i = 0; i < n; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        ++*errors;
+        continue;
+      }
+      if (wc[i].opcode != IBV_WC_RECV) continue;
+      const int slot = static_cast<int>(wc[i].wr_id);
+      std::memcpy(&got, h.lat_buf.data + slot * 64, sizeof got);
+      if (wc[i].byte_len != kLatBytes) ++*errors;
+      post_recv_slot(h, slot);
+    }
+    if (got != UINT64_MAX) return got;
+    if (n == 0) h.rt->try_progress();
+  }
+}
+
+CountersMsg counters_of(Host& h) {
+  const engine::EngineCounters c = h.rt->counters();
+  return CountersMsg{c.sent_pkts,  c.rcvd_pkts,  c.completer_retry_err,  c.rcvd_seq_err,
+                     c.drops(),    c.tx_blocked, c.duplicate_request};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw UDP.
+
+sockaddr_in sockaddr_of(const net::Address& a, uint16_t port) {
+  sockaddr_storage ss{};
+  net::Endpoint{a, port}.to_sockaddr(AF_INET, ss);
+  sockaddr_in sin;
+  std::memcpy(&sin, &ss, sizeof sin);
+  return sin;
+}
+
+void raw_send(int fd, const sockaddr_in& to, const void* p, size_t n) {
+  while (sendto(fd, p, n, 0, reinterpret_cast<const sockaddr*>(&to), sizeof to) < 0) {
+    if (errno != EAGAIN && errno != ENOBUFS && errno != EINTR) die("sendto");
+  }
+}
+// Busy-polls one datagram.
+ssize_t raw_recv_spin(int fd, void* p, size_t n) {
+  for (;;) {
+    const ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
+    if (r >= 0) return r;
+    if (errno != EAGAIN && errno != EINTR) die("recv");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host B: follows A's phases.
+
+void run_b(Host& h, int ctl) {
+  const sockaddr_in to_a = sockaddr_of(h.peer, kRawPort);
+  for (int s = 0; s < kRecvDepth; ++s) post_recv_slot(h, s);
+  std::vector<uint8_t> dgram(65536);
+  for (;;) {
+    const Msg m = ctl_recv<Msg>(ctl);
+    Msg r;
+    r.phase = m.phase;
+    switch (m.phase) {
+      case Phase::kRawLat:
+        for (uint32_t i = 0; i < m.rounds; ++i) {
+          uint64_t round = 0;
+          if (raw_recv_spin(h.raw_fd, &round, sizeof round) != kLatBytes || round != i) ++r.errors;
+          raw_send(h.raw_fd, to_a, &round, sizeof round);
+        }
+        break;
+      case Phase::kRcLat:
+        for (uint32_t i = 0; i < m.rounds; ++i) {
+          const uint64_t round = wait_lat_recv(h, &r.errors);
+          if (round != i) ++r.errors;
+          post_lat_send(h, round);
+          h.rt->try_progress();  // send it now, from this thread (as a post that drives inline)
+        }
+        break;
+      case Phase::kRawStream:
+      case Phase::kRawRate: {
+        // One recv per datagram until A says stop on the control channel.
+        timeval tv{0, 20'000};
+        setsockopt(h.raw_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        ctl_send(ctl, r);  // ready
+        uint64_t n = 0;
+        for (;;) {
+          const ssize_t k = recv(h.raw_fd, dgram.data(), dgram.size(), 0);
+          if (k == static_cast<ssize_t>(m.datagram)) {
+            const uint64_t t = now_ns();
+            if (n == 0) r.first_ns = t;
+            r.last_ns = t;
+            ++n;
+          }
+          if ((k < 0 || (n & 255) == 0) && ctl_ready(ctl)) break;
+        }
+        (void)ctl_recv<Msg>(ctl);  // stop
+        r.bytes = n;
+        timeval off{0, 0};
+        setsockopt(h.raw_fd, SOL_SOCKET, SO_RCVTIMEO, &off, sizeof off);
+        while (recv(h.raw_fd, dgram.data(), dgram.size(), MSG_DONTWAIT) >= 0) {
+        }
+        break;
+      }
+      case Phase::kRcBw:
+      case Phase::kRcRate: {
+        // The WRITE target's application does nothing: the engine thread places the data.
+        ctl_send(ctl, r);  // ready
+        if (h.rt->engine_tid() == 0) {
+          // --no-engine-thread: the application thread drives the engine until A is done.
+          while (!ctl_ready(ctl))
+            for (int i = 0; i < 64; ++i) h.rt->try_progress();
+        }
+        (void)ctl_recv<Msg>(ctl);  // A's completions are in: B's memory holds the data
+        (void)h.rt->counters();    // orders the engine's finished placements before our reads
+        const PageBuffer& b = m.phase == Phase::kRcBw ? h.bw_buf : h.rate_buf;
+        r.checksum = fnv1a(b.data, b.size);
+        break;
+      }
+      case Phase::kEnd:
+        ctl_send(ctl, counters_of(h));
+        return;
+    }
+    ctl_send(ctl, r);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host A: runs the phases and prints.
+
+struct Latency {
+  double median_us = 0, mean_us = 0;
+};
+
+Latency summarize(std::vector<double>& half_rtt_us) {
+  std::sort(half_rtt_us.begin(), half_rtt_us.end());
+  Latency l;
+  l.median_us = half_rtt_us[half_rtt_us.size() / 2];
+  double sum = 0;
+  for (double v : half_rtt_us) sum += v;
+  l.mean_us = sum / static_cast<double>(half_rtt_us.size());
+  return l;
+}
+
+Latency raw_latency(Host& h, int ctl, uint32_t rounds) {
+  const sockaddr_in to_b = sockaddr_of(h.peer, kRawPort);
+  Msg m;
+  m.phase = Phase::kRawLat;
+  m.rounds = rounds;
+  ctl_send(ctl, m);
+  std::vector<double> t;
+  t.reserve(rounds);
+  uint64_t errors = 0;
+  for (uint64_t i = 0; i < rounds; ++i) {
+    const auto t0 = Clock::now();
+    raw_send(h.raw_fd, to_b, &i, sizeof i);
+    uint64_t back = 0;
+    if (raw_recv_spin(h.raw_fd, &back, sizeof back) != kLatBytes || back != i) ++errors;
+    t.push_back(seconds_since(t0) * 1e6 / 2);
+  }
+  const Msg r = ctl_recv<Msg>(ctl);
+  require(errors == 0 && r.errors == 0, "raw ping-pong: a reply was wrong");
+  return summarize(t);
+}
+
+Latency rc_latency(Host& h, int ctl, uint32_t rounds) {
+  Msg m;
+  m.phase = Phase::kRcLat;
+  m.rounds = rounds;
+  ctl_send(ctl, m);
+  std::vector<double> t;
+  t.reserve(rounds);
+  uint64_t errors = 0;
+  for (uint64_t i = 0; i < rounds; ++i) {
+    const auto t0 = Clock::now();
+    post_lat_send(h, i);
+    h.rt->try_progress();
+    if (wait_lat_recv(h, &errors) != i) ++errors;
+    t.push_back(seconds_since(t0) * 1e6 / 2);
+  }
+  const Msg r = ctl_recv<Msg>(ctl);
+  // The last SEND completions (ACKs) may still be on their way: not needed.
+  require(errors == 0 && r.errors == 0, "RC ping-pong: a completion or a round number was wrong");
+  return summarize(t);
+}
+
+// Raw stream: datagrams/s B received.
+double raw_stream(Host& h, int ctl, Phase phase, size_t datagram, double seconds) {
+  const sockaddr_in to_b = sockaddr_of(h.peer, kRawPort);
+  Msg m;
+  m.phase = phase;
+  m.datagram = datagram;
+  ctl_send(ctl, m);
+  (void)ctl_recv<Msg>(ctl);  // B ready
+  std::vector<uint8_t> buf(datagram, 0xA5);
+  const auto t0 = Clock::now();
+  while (seconds_since(t0) < seconds) {
+    for (int i = 0; i < 64; ++i) {
+      // One datagram per syscall; a full socket buffer (ENOBUFS/EAGAIN) is retried.
+      raw_send(h.raw_fd, to_b, buf.data(), buf.size());
+    }
+  }
+  ctl_send(ctl, m);  // stop
+  const Msg r = ctl_recv<Msg>(ctl);
+  require(r.bytes > 1 && r.last_ns > r.first_ns, "raw stream: B received nothing");
+  return static_cast<double>(r.bytes - 1) / (static_cast<double>(r.last_ns - r.first_ns) * 1e-9);
+}
+
+struct Stream {
+  double msgs_per_s = 0;
+  uint64_t messages = 0;
+  bool checksum_ok = false;
+};
+
+// RDMA WRITEs of `size` bytes into the peer's slots, `window` outstanding, for `seconds`.
+Stream rc_write_stream(Host& h, int ctl, Phase phase, const HostInfo& peer, uint32_t peer_rkey,
+                       double seconds) {
+  const bool bw = phase == Phase::kRcBw;
+  provider::Qp* qp = bw ? h.bw : h.rate;
+  provider::Cq* cq = bw ? h.cq_bw : h.cq_rate;
+  PageBuffer& src = bw ? h.bw_buf : h.rate_buf;
+  const provider::Mr* mr = bw ? h.bw_mr : h.rate_mr;
+  const size_t size = bw ? kBwBytes : kRateBytes;
+  const uint32_t window = bw ? kBwWindow : kRateWindow;
+  const uint64_t remote = bw ? peer.bw_addr : peer.rate_addr;
+  for (size_t i = 0; i < src.size; ++i) src.data[i] = static_cast<uint8_t>(i * 131 + 7 + (i >> 12));
+
+  Msg m;
+  m.phase = phase;
+  ctl_send(ctl, m);
+  (void)ctl_recv<Msg>(ctl);  // B ready
+  uint64_t posted = 0, completed = 0, errors = 0;
+  auto post = [&] {
+    const uint32_t slot = static_cast<uint32_t>(posted % window);
+    ibv_sge sge{reinterpret_cast<uintptr_t>(src.data + slot * size), static_cast<uint32_t>(size),
+                mr->lkey()};
+    ibv_send_wr wr{};
+    wr.wr_id = posted;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = remote + slot * size;
+    wr.wr.rdma.rkey = peer_rkey;
+    ibv_send_wr* bad = nullptr;
+    require(qp->post_send(&wr, &bad).ok(), "post_send WRITE");
+    ++posted;
+  };
+  ibv_wc wc[kPollBatch];
+  const auto t0 = Clock::now();
+  bool posting = true;
+  while (posting || completed < posted) {
+    while (posting && posted - completed < window) post();
+    const int n = cq->poll(kPollBatch, wc);
+    for (int i = 0; i < n; ++i)
+      if (wc[i].status != IBV_WC_SUCCESS) ++errors;
+    completed += static_cast<uint64_t>(n);
+    if (n == 0) h.rt->try_progress();
+    // Every slot is written at least once, so the checksum covers the whole target buffer.
+    if (posting && posted >= window && (completed & 63) == 0 && seconds_since(t0) >= seconds)
+      posting = false;
+  }
+  const double elapsed = seconds_since(t0);
+  require(errors == 0, "RC WRITE stream: a completion failed");
+  ctl_send(ctl, m);  // done
+  const Msg r = ctl_recv<Msg>(ctl);
+  Stream s;
+  s.messages = completed;
+  s.msgs_per_s = static_cast<double>(completed) / elapsed;
+  s.checksum_ok = r.checksum == fnv1a(src.data, src.size);
+  return s;
+}
+
+int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double seconds,
+          uint32_t rounds) {
+  for (int s = 0; s < kRecvDepth; ++s) post_recv_slot(h, s);
+  // Warm-up: both paths once, untimed.
+  (void)raw_latency(h, ctl, 1000);
+  (void)rc_latency(h, ctl, 1000);
+
+  const Latency raw = raw_latency(h, ctl, rounds);
+  const Latency rc = rc_latency(h, ctl, rounds);
+  const double raw_bw =
+      raw_stream(h, ctl, Phase::kRawStream, kRawBwDatagram, seconds) * kRawBwDatagram;
+  const Stream bw = rc_write_stream(h, ctl, Phase::kRcBw, peer, peer.rkey, seconds);
+  const double rc_bw = bw.msgs_per_s * kBwBytes;
+  const double raw_rate = raw_stream(h, ctl, Phase::kRawRate, kRateBytes, seconds);
+  const Stream rate = rc_write_stream(h, ctl, Phase::kRcRate, peer, rate_rkey, seconds);
+
+  Msg end;
+  end.phase = Phase::kEnd;
+  ctl_send(ctl, end);
+  const CountersMsg cb = ctl_recv<CountersMsg>(ctl);
+  const CountersMsg ca = counters_of(h);
+
+  std::printf("urdma loopback benchmark: two processes, 127.0.0.1 <-> 127.0.0.2, runtime %s "
+              "over UdpSocketIo\n",
+              h.rt->engine_tid() != 0 ? "with engine threads" : "without engine threads");
+  std::printf("%-44s %14s %14s %8s %8s\n", "measurement", "RC", "raw UDP", "ratio", "target");
+  std::printf("%-44s %11.2f us %11.2f us %8.2f %8s\n", "one-way latency 8 B, median (half RTT)",
+              rc.median_us, raw.median_us, rc.median_us / raw.median_us, "<= 1.3");
+  std::printf("%-44s %11.2f us %11.2f us %8.2f\n", "one-way latency 8 B, mean", rc.mean_us,
+              raw.mean_us, rc.mean_us / raw.mean_us);
+  std::printf("%-44s %9.3f GB/s %9.3f GB/s %8.2f %8s\n",
+              "bandwidth: WRITE 64 KiB x16 vs 4 KiB dgrams", rc_bw / 1e9, raw_bw / 1e9,
+              rc_bw / raw_bw, ">= 1.0");
+  std::printf("%-44s %9.3f M/s  %9.3f M/s  %8.2f\n", "message rate: WRITE 64 B x64 vs 64 B dgrams",
+              rate.msgs_per_s / 1e6, raw_rate / 1e6, rate.msgs_per_s / raw_rate);
+  std::printf("rounds %u per latency row; %.1f s per stream row; %" PRIu64 " + %" PRIu64
+              " WRITEs completed; target checksums %s\n",
+              rounds, seconds, bw.messages, rate.messages,
+              bw.checksum_ok && rate.checksum_ok ? "match" : "DIFFER");
+  for (const auto& [name, c] : {std::pair{"A", ca}, std::pair{"B", cb}})
+    std::printf("engine %s: sent %" PRIu64 " rcvd %" PRIu64 " retransmits %" PRIu64
+                " seq-NAKs %" PRIu64 " dup-requests %" PRIu64 " drops %" PRIu64
+                " tx-blocked %" PRIu64 "\n",
+                name, c.sent_pkts, c.rcvd_pkts, c.retransmits, c.seq_naks, c.duplicate_request,
+                c.drops, c.tx_blocked);
+  return bw.checksum_ok && rate.checksum_ok ? 0 : 1;
+}
+
+// A fresh network namespace with its loopback up (root only).
+bool enter_netns() {
+  if (unshare(CLONE_NEWNET) != 0) return false;
+  const int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) die("socket");
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  if (ioctl(s, SIOCGIFFLAGS, &ifr) != 0) die("SIOCGIFFLAGS lo");
+  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
+  if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) die("SIOCSIFFLAGS lo");
+  close(s);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 2.0;
+  uint32_t rounds = 20'000;
+  bool netns = true;
+  bool engine_thread = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--seconds" && i + 1 < argc) {
+      seconds = std::atof(argv[++i]);
+    } else if (a == "--rounds" && i + 1 < argc) {
+      rounds = static_cast<uint32_t>(std::atoi(argv[++i]));
+    } else if (a == "--no-engine-thread") {
+      engine_thread = false;
+    } else if (a == "--no-netns") {
+      netns = false;
+    } else {
+      std::fprintf(stderr, "usage: %s [--seconds S] [--rounds N] [--no-engine-thread] [--no-netns]\n", argv[0]);
+      return 2;
+    }
+  }
+  require(seconds > 0 && rounds > 0, "--seconds and --rounds must be positive");
+  if (netns && geteuid() == 0 && !enter_netns())
+    std::fprintf(stderr, "urdma_loopback_bench: unshare(CLONE_NEWNET) failed; current namespace\n");
+
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) die("socketpair");
+  const net::Address a_addr = net::Address::from_v4(127, 0, 0, 1);
+  const net::Address b_addr = net::Address::from_v4(127, 0, 0, 2);
+  const pid_t child = fork();
+  if (child < 0) die("fork");
+  const bool is_a = child != 0;
+  const int ctl = is_a ? sv[0] : sv[1];
+  close(is_a ? sv[1] : sv[0]);
+
+  Host h;
+  open_host(h, is_a ? a_addr : b_addr, is_a ? b_addr : a_addr, engine_thread);
+  // Exchange QPNs and keys, then bring the QPs up towards the peer.
+  ctl_send(ctl, info_of(h));
+  ctl_send(ctl, h.rate_mr->rkey());
+  const HostInfo peer = ctl_recv<HostInfo>(ctl);
+  const uint32_t peer_rate_rkey = ctl_recv<uint32_t>(ctl);
+  connect_host(h, peer, is_a);
+
+  if (!is_a) {
+    run_b(h, ctl);
+    h.rt.reset();
+    return 0;
+  }
+  const int rc = run_a(h, ctl, peer, peer_rate_rkey, seconds, rounds);
+  h.rt.reset();  // the engine thread stops before the buffers go
+  int status = 0;
+  waitpid(child, &status, 0);
+  return rc != 0 ? rc : (WIFEXITED(status) ? WEXITSTATUS(status) : 3);
+}
