@@ -277,7 +277,8 @@ provider::Result<ConnId> Manager::connect(const ConnectParams& p) {
   // Linux ib_send_cm_req: wait 2 × packet lifetime + the remote's CM response time.
   c.timeout_ns = 2 * cm_timeout_ns(p.path.packet_life_time) +
                  cm_timeout_ns(config_.cm_response_timeout);
-  c.retries_left = config_.max_cm_retries;
+  c.max_cm_retries = config_.max_cm_retries;
+  c.retries_left = c.max_cm_retries;
 
   Mad mad{};
   auto req = start<wire::CmReq>(mad, own_tid(c.id));
@@ -366,7 +367,7 @@ provider::Result<AcceptResult> Manager::accept(ConnId id, const AcceptParams& p)
   AcceptResult r{*qp_attrs(id, IBV_QPS_RTR), *qp_attrs(id, IBV_QPS_RTS)};
   c->state = State::kRepSent;
   c->last_reply = mad;
-  c->retries_left = config_.max_cm_retries;
+  c->retries_left = c->max_cm_retries;
   send_tracked(*c, mad);
   return r;
 }
@@ -421,7 +422,7 @@ Status Manager::disconnect(ConnId id, std::span<const uint8_t> private_data) {
     dreq.set_remote_qpn_eecn(c->remote_qpn);
     base::check(dreq.set_private_data(private_data) == wire::MadError::kOk, "cm: DREQ data");
     c->state = State::kDreqSent;
-    c->retries_left = config_.max_cm_retries;
+    c->retries_left = c->max_cm_retries;
     send_tracked(*c, mad);
     return provider::kOk;
   }
@@ -504,7 +505,8 @@ provider::Result<ConnId> Manager::sidr_query(const SidrQueryParams& p) {
   c.pkey = p.path.pkey;
   // cma.c cma_resolve_ib_udp: timeout 1 << (CMA_CM_RESPONSE_TIMEOUT - 8) ms, CMA_MAX_CM_RETRIES.
   c.timeout_ns = cm_timeout_ns(config_.cm_response_timeout);
-  c.retries_left = config_.max_cm_retries;
+  c.max_cm_retries = config_.max_cm_retries;
+  c.retries_left = c.max_cm_retries;
   Mad mad{};
   auto req = start<wire::CmSidrReq>(mad, own_tid(c.id));
   req.set_request_id(c.id);
@@ -617,7 +619,7 @@ void Manager::receive(const Gid& src_gid, uint32_t src_qpn, std::span<const uint
     case wire::CmAttr::kDrep: on_drep(mad); break;
     case wire::CmAttr::kSidrReq: on_sidr_req(src_gid, mad); break;
     case wire::CmAttr::kSidrRep: on_sidr_rep(mad); break;
-    case wire::CmAttr::kLap:
+    case wire::CmAttr::kLap: on_lap(mad); break;
     case wire::CmAttr::kApr:
     case wire::CmAttr::kClassPortInfo: ++counters_.unsupported; break;
   }
@@ -722,6 +724,7 @@ void Manager::on_req(const Gid& src, const Mad& mad) {
   c.ack_timeout = path.local_ack_timeout();
   // Linux cm_req_handler: our REP waits the active side's Local CM Response Timeout.
   c.timeout_ns = cm_timeout_ns(req.local_cm_response_timeout());
+  c.max_cm_retries = req.max_cm_retries();  // IBA 12.7.26: how often the active side resends
   c.state = State::kReqRcvd;
 
   Event e{.type = EventType::kConnectRequest};
@@ -1027,6 +1030,24 @@ void Manager::on_sidr_rep(const Mad& mad) {
   finish(*c);
 }
 
+// urdma does not migrate paths (one port, no alternate path): a LAP for a connection we hold is
+// answered with an APR whose AP status is "unsupported" (IBA 12.8).
+void Manager::on_lap(const Mad& mad) {
+  ++counters_.unsupported;
+  const wire::CmLapView lap(mad);
+  Conn* c = find(lap.remote_comm_id());
+  if (!c || c->remote_id != lap.local_comm_id() || c->state != State::kEstablished) return;
+  Mad out{};
+  auto apr = start<wire::CmApr>(
+      out, wire::MadHeaderView(std::span<const uint8_t, wire::kMadHeaderSize>(
+                                   mad.data(), wire::kMadHeaderSize))
+               .transaction_id());
+  apr.set_local_comm_id(c->id);
+  apr.set_remote_comm_id(c->remote_id);
+  apr.set_ap_status(static_cast<uint8_t>(wire::CmAprStatus::kUnsupported));
+  send(c->remote_gid, out);
+}
+
 // --- time -----------------------------------------------------------------------------------
 
 uint64_t Manager::next_deadline_ns() const {
@@ -1075,7 +1096,7 @@ void Manager::on_send_timeout(Conn& c) {
     case State::kRepSent:
     case State::kMraRepRcvd:
       send(c.remote_gid, build_rej(c, static_cast<uint16_t>(CmRejReason::kTimeout),
-                                   c.active ? CmRejMessage::kOther : CmRejMessage::kRep, guid,
+                                   CmRejMessage::kOther, guid,
                                    {}));
       emit(c, Event{.type = EventType::kUnreachable, .status = ETIMEDOUT});
       finish(c);

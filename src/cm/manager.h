@@ -231,7 +231,7 @@ struct Counters {
   uint64_t duplicates = 0;     // duplicate REQ/REP/DREQ/MRA/SIDR_REQ recognised
   uint64_t malformed = 0;      // parse_cm refused it
   uint64_t unmatched = 0;      // no connection in a state that takes it
-  uint64_t unsupported = 0;    // LAP, APR, ClassPortInfo
+  uint64_t unsupported = 0;    // LAP (answered with APR "unsupported"), APR, ClassPortInfo
   uint64_t stale_rejected = 0;  // REJ stale connection sent
 };
 
@@ -323,6 +323,7 @@ class Manager {
     // The message that awaits an answer, resent every timeout_ns up to retries_left times.
     std::optional<Mad> tracked;
     uint64_t timeout_ns = 0;          // the connection's CM response wait
+    uint8_t max_cm_retries = 0;       // ours (active), the REQ's (passive)
     uint64_t tracked_timeout_ns = 0;  // the tracked message's (an MRA stretches it)
     unsigned retries_left = 0;
     uint64_t deadline_ns = net::kNever;
@@ -360,6 +361,7 @@ class Manager {
   void on_drep(const Mad& mad);
   void on_sidr_req(const Gid& src, const Mad& mad);
   void on_sidr_rep(const Mad& mad);
+  void on_lap(const Mad& mad);
   void on_send_timeout(Conn& c);
 
   ManagerConfig config_;

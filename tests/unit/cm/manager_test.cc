@@ -771,3 +771,69 @@ TEST(CmEventOrder, RefusesWhatTheStateMachineForbids) {
 
 }  // namespace
 }  // namespace urdma::cm
+
+namespace urdma::cm {
+namespace {
+
+using test::kMs;
+using wire::CmAttr;
+
+// The passive side resends its REP as often as the REQ's Max CM Retries says (IBA 12.7.26),
+// every Local CM Response Timeout of the REQ, then gives up with REJ timeout + UNREACHABLE.
+TEST(CmManager, RepRetriesFollowTheReqsMaxCmRetries) {
+  Link link;
+  ManagerConfig ca = config(1, 0xa, 1);
+  ca.max_cm_retries = 3;
+  ca.cm_response_timeout = 16;  // 2^(16-8) = 256 ms
+  const size_t a = link.add_host(kGidA, ca);
+  const size_t b = link.add_host(kGidB, config(2, 0xb, 2));
+  link.filter = [](const test::Sent& s) { return s.attr() != static_cast<uint16_t>(CmAttr::kRep); };
+  ASSERT_TRUE(link.m(b).listen(kSid).ok());
+  auto id = link.m(a).connect(connect_params(kGidA, kGidB));
+  ASSERT_TRUE(id.ok());
+  link.run_for(1 * kMs);
+  auto req = link.find(b, EventType::kConnectRequest);
+  ASSERT_TRUE(req.has_value());
+  ASSERT_TRUE(link.m(b).accept(req->id, AcceptParams{.qpn = 9}).ok());
+  const uint64_t t_rep = link.clock().now_ns();
+  link.run_until(t_rep + 4 * 256 * kMs - 1);
+  EXPECT_FALSE(link.find(b, EventType::kUnreachable).has_value());
+  link.run_until(t_rep + 4 * 256 * kMs + 1 * kMs);
+  auto un = link.find(b, EventType::kUnreachable, req->id);
+  ASSERT_TRUE(un.has_value());
+  EXPECT_EQ(un->status, ETIMEDOUT);
+  EXPECT_EQ(link.m(b).counters().retransmitted, 3u);
+  auto rej = link.find(a, EventType::kRejected, *id);
+  ASSERT_TRUE(rej.has_value());
+  EXPECT_EQ(rej->reason, static_cast<uint16_t>(wire::CmRejReason::kTimeout));
+  EXPECT_EQ(link.m(a).connection_count(), 0u);
+  EXPECT_EQ(link.m(b).connection_count(), 0u);
+}
+
+TEST(CmManager, LapIsAnsweredWithAprUnsupported) {
+  Pair p;
+  ASSERT_TRUE(p.link.m(p.b).listen(kSid).ok());
+  auto id = p.link.m(p.a).connect(connect_params(kGidA, kGidB));
+  ASSERT_TRUE(id.ok());
+  p.link.run_for(1 * kMs);
+  auto req = p.link.find(p.b, EventType::kConnectRequest);
+  ASSERT_TRUE(req.has_value());
+  ASSERT_TRUE(p.link.m(p.b).accept(req->id, AcceptParams{.qpn = 9}).ok());
+  p.link.run_for(1 * kMs);
+  Mad lap{};
+  auto v = wire::init_cm_message<wire::CmLap>(std::span<uint8_t, wire::kMadSize>(lap), 0x77);
+  v.set_local_comm_id(*id);
+  v.set_remote_comm_id(req->id);
+  p.link.m(p.b).receive(kGidA, 1, lap);
+  const auto out = p.link.m(p.b).take_outgoing();
+  ASSERT_EQ(out.size(), 1u);
+  const wire::CmAprView apr(out[0].mad);
+  EXPECT_EQ(apr.header().attribute_id(), static_cast<uint16_t>(CmAttr::kApr));
+  EXPECT_EQ(apr.header().transaction_id(), 0x77u);
+  EXPECT_EQ(apr.ap_status(), static_cast<uint8_t>(wire::CmAprStatus::kUnsupported));
+  EXPECT_EQ(apr.remote_comm_id(), *id);
+  EXPECT_EQ(p.link.m(p.b).state(req->id), State::kEstablished);
+}
+
+}  // namespace
+}  // namespace urdma::cm
