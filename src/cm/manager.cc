@@ -52,36 +52,60 @@ bool is_rdma_resource_ok(uint8_t requested, uint8_t device_max) {
 
 std::string_view state_name(State s) {
   switch (s) {
-    case State::kIdle: return "idle";
-    case State::kReqSent: return "REQ sent";
-    case State::kReqRcvd: return "REQ rcvd";
-    case State::kMraReqSent: return "MRA(REQ) sent";
-    case State::kMraReqRcvd: return "MRA(REQ) rcvd";
-    case State::kRepSent: return "REP sent";
-    case State::kRepRcvd: return "REP rcvd";
-    case State::kMraRepSent: return "MRA(REP) sent";
-    case State::kMraRepRcvd: return "MRA(REP) rcvd";
-    case State::kEstablished: return "established";
-    case State::kDreqSent: return "DREQ sent";
-    case State::kDreqRcvd: return "DREQ rcvd";
-    case State::kTimewait: return "timewait";
-    case State::kSidrReqSent: return "SIDR_REQ sent";
-    case State::kSidrReqRcvd: return "SIDR_REQ rcvd";
+    case State::kIdle:
+      return "idle";
+    case State::kReqSent:
+      return "REQ sent";
+    case State::kReqRcvd:
+      return "REQ rcvd";
+    case State::kMraReqSent:
+      return "MRA(REQ) sent";
+    case State::kMraReqRcvd:
+      return "MRA(REQ) rcvd";
+    case State::kRepSent:
+      return "REP sent";
+    case State::kRepRcvd:
+      return "REP rcvd";
+    case State::kMraRepSent:
+      return "MRA(REP) sent";
+    case State::kMraRepRcvd:
+      return "MRA(REP) rcvd";
+    case State::kEstablished:
+      return "established";
+    case State::kDreqSent:
+      return "DREQ sent";
+    case State::kDreqRcvd:
+      return "DREQ rcvd";
+    case State::kTimewait:
+      return "timewait";
+    case State::kSidrReqSent:
+      return "SIDR_REQ sent";
+    case State::kSidrReqRcvd:
+      return "SIDR_REQ rcvd";
   }
   return "unknown";
 }
 
 std::string_view event_name(EventType t) {
   switch (t) {
-    case EventType::kConnectRequest: return "connect request";
-    case EventType::kConnectResponse: return "connect response";
-    case EventType::kEstablished: return "established";
-    case EventType::kRejected: return "rejected";
-    case EventType::kUnreachable: return "unreachable";
-    case EventType::kDisconnected: return "disconnected";
-    case EventType::kTimewaitExit: return "timewait exit";
-    case EventType::kSidrRequest: return "SIDR request";
-    case EventType::kSidrResponse: return "SIDR response";
+    case EventType::kConnectRequest:
+      return "connect request";
+    case EventType::kConnectResponse:
+      return "connect response";
+    case EventType::kEstablished:
+      return "established";
+    case EventType::kRejected:
+      return "rejected";
+    case EventType::kUnreachable:
+      return "unreachable";
+    case EventType::kDisconnected:
+      return "disconnected";
+    case EventType::kTimewaitExit:
+      return "timewait exit";
+    case EventType::kSidrRequest:
+      return "SIDR request";
+    case EventType::kSidrResponse:
+      return "SIDR response";
   }
   return "unknown";
 }
@@ -162,14 +186,17 @@ void Manager::finish(Conn& c) {
   conns_.erase(c.id);
 }
 
-std::vector<OutgoingMad> Manager::take_outgoing() { return std::exchange(outgoing_, {}); }
-std::vector<Event> Manager::take_events() { return std::exchange(events_, {}); }
+std::vector<OutgoingMad> Manager::take_outgoing() {
+  return std::exchange(outgoing_, {});
+}
+std::vector<Event> Manager::take_events() {
+  return std::exchange(events_, {});
+}
 
 // --- message builders -----------------------------------------------------------------------
 
 Mad Manager::build_rej(const Conn& c, uint16_t reason, CmRejMessage msg,
-                       std::span<const uint8_t> ari,
-                       std::span<const uint8_t> private_data) const {
+                       std::span<const uint8_t> ari, std::span<const uint8_t> private_data) const {
   Mad mad{};
   auto rej = start<wire::CmRej>(mad, c.active ? own_tid(c.id) : c.tid);
   rej.set_local_comm_id(c.id);
@@ -215,8 +242,8 @@ Mad Manager::build_drep(const Conn& c, std::span<const uint8_t> private_data) co
 void Manager::send_rej_reply(const Gid& to, const Mad& request, uint32_t remote_comm_id,
                              uint32_t local_comm_id, uint16_t reason, CmRejMessage msg) {
   Mad mad{};
-  const wire::MadHeaderView h(std::span<const uint8_t, wire::kMadHeaderSize>(request.data(),
-                                                                           wire::kMadHeaderSize));
+  const wire::MadHeaderView h(
+      std::span<const uint8_t, wire::kMadHeaderSize>(request.data(), wire::kMadHeaderSize));
   auto rej = start<wire::CmRej>(mad, h.transaction_id());
   rej.set_local_comm_id(local_comm_id);
   rej.set_remote_comm_id(remote_comm_id);
@@ -275,8 +302,8 @@ provider::Result<ConnId> Manager::connect(const ConnectParams& p) {
   // cm_ack_timeout(the CA's ACK delay, packet lifetime).
   c.ack_timeout = static_cast<uint8_t>(std::min(p.path.packet_life_time + 1, 31));
   // Linux ib_send_cm_req: wait 2 × packet lifetime + the remote's CM response time.
-  c.timeout_ns = 2 * cm_timeout_ns(p.path.packet_life_time) +
-                 cm_timeout_ns(config_.cm_response_timeout);
+  c.timeout_ns =
+      2 * cm_timeout_ns(p.path.packet_life_time) + cm_timeout_ns(config_.cm_response_timeout);
   c.max_cm_retries = config_.max_cm_retries;
   c.retries_left = c.max_cm_retries;
 
@@ -336,10 +363,9 @@ provider::Result<AcceptResult> Manager::accept(ConnId id, const AcceptParams& p)
       !is_rdma_resource_ok(p.initiator_depth, config_.max_initiator_depth))
     return Status(EINVAL);
   // librdmacm rdma_accept: RDMA_MAX_* takes the peer's offer, clamped to the device.
-  c->responder_resources =
-      p.responder_resources == kMaxResources
-          ? std::min(c->responder_resources, config_.max_responder_resources)
-          : p.responder_resources;
+  c->responder_resources = p.responder_resources == kMaxResources
+                               ? std::min(c->responder_resources, config_.max_responder_resources)
+                               : p.responder_resources;
   c->initiator_depth = p.initiator_depth == kMaxResources
                            ? std::min(c->initiator_depth, config_.max_initiator_depth)
                            : p.initiator_depth;
@@ -380,10 +406,15 @@ Status Manager::reject(ConnId id, const RejectParams& p) {
   CmRejMessage msg;
   switch (c->state) {
     case State::kReqRcvd:
-    case State::kMraReqSent: msg = CmRejMessage::kReq; break;
+    case State::kMraReqSent:
+      msg = CmRejMessage::kReq;
+      break;
     case State::kRepRcvd:
-    case State::kMraRepSent: msg = CmRejMessage::kRep; break;
-    default: return Status(EINVAL);
+    case State::kMraRepSent:
+      msg = CmRejMessage::kRep;
+      break;
+    default:
+      return Status(EINVAL);
   }
   send(c->remote_gid, build_rej(*c, p.reason, msg, p.ari, p.private_data));
   if (msg == CmRejMessage::kRep)
@@ -610,18 +641,40 @@ void Manager::receive(const Gid& src_gid, uint32_t src_qpn, std::span<const uint
   Mad mad;
   std::copy_n(bytes.begin(), wire::kMadSize, mad.begin());
   switch (p.message.attr) {
-    case wire::CmAttr::kReq: on_req(src_gid, mad); break;
-    case wire::CmAttr::kMra: on_mra(mad); break;
-    case wire::CmAttr::kRej: on_rej(src_gid, mad); break;
-    case wire::CmAttr::kRep: on_rep(src_gid, mad); break;
-    case wire::CmAttr::kRtu: on_rtu(mad); break;
-    case wire::CmAttr::kDreq: on_dreq(src_gid, mad); break;
-    case wire::CmAttr::kDrep: on_drep(mad); break;
-    case wire::CmAttr::kSidrReq: on_sidr_req(src_gid, mad); break;
-    case wire::CmAttr::kSidrRep: on_sidr_rep(mad); break;
-    case wire::CmAttr::kLap: on_lap(mad); break;
+    case wire::CmAttr::kReq:
+      on_req(src_gid, mad);
+      break;
+    case wire::CmAttr::kMra:
+      on_mra(mad);
+      break;
+    case wire::CmAttr::kRej:
+      on_rej(src_gid, mad);
+      break;
+    case wire::CmAttr::kRep:
+      on_rep(src_gid, mad);
+      break;
+    case wire::CmAttr::kRtu:
+      on_rtu(mad);
+      break;
+    case wire::CmAttr::kDreq:
+      on_dreq(src_gid, mad);
+      break;
+    case wire::CmAttr::kDrep:
+      on_drep(mad);
+      break;
+    case wire::CmAttr::kSidrReq:
+      on_sidr_req(src_gid, mad);
+      break;
+    case wire::CmAttr::kSidrRep:
+      on_sidr_rep(mad);
+      break;
+    case wire::CmAttr::kLap:
+      on_lap(mad);
+      break;
     case wire::CmAttr::kApr:
-    case wire::CmAttr::kClassPortInfo: ++counters_.unsupported; break;
+    case wire::CmAttr::kClassPortInfo:
+      ++counters_.unsupported;
+      break;
   }
 }
 
@@ -640,15 +693,20 @@ void Manager::on_req(const Gid& src, const Mad& mad) {
       case State::kReqRcvd:  // rdma_cm's delayed MRA: the peer is waiting for our consumer
         c.state = State::kMraReqSent;
         [[fallthrough]];
-      case State::kMraReqSent: send(c.remote_gid, build_mra(c, wire::CmMraMessage::kReq)); break;
+      case State::kMraReqSent:
+        send(c.remote_gid, build_mra(c, wire::CmMraMessage::kReq));
+        break;
       case State::kRepSent:
-      case State::kMraRepRcvd: send(c.remote_gid, c.last_reply); break;  // our REP was lost
+      case State::kMraRepRcvd:
+        send(c.remote_gid, c.last_reply);
+        break;  // our REP was lost
       case State::kTimewait:
         send(c.remote_gid, build_rej(c, static_cast<uint16_t>(CmRejReason::kStaleConn),
                                      CmRejMessage::kReq, {}, {}));
         ++counters_.stale_rejected;
         break;
-      default: break;  // established or later: the REQ is old news
+      default:
+        break;  // established or later: the REQ is old news
     }
     return;
   }
@@ -676,8 +734,8 @@ void Manager::on_req(const Gid& src, const Mad& mad) {
   const auto type = static_cast<wire::CmTransportType>(req.transport_service_type());
   if ((type != wire::CmTransportType::kRc && type != wire::CmTransportType::kUc) ||
       req.extended_transport_type() != 0) {
-    send_rej_reply(src, mad, their_id, 0,
-                   static_cast<uint16_t>(CmRejReason::kInvalidTransportType), CmRejMessage::kReq);
+    send_rej_reply(src, mad, their_id, 0, static_cast<uint16_t>(CmRejReason::kInvalidTransportType),
+                   CmRejMessage::kReq);
     return;
   }
   const uint8_t mtu = req.path_packet_payload_mtu();
@@ -700,8 +758,8 @@ void Manager::on_req(const Gid& src, const Mad& mad) {
   c.service_id = req.service_id();
   c.remote_id = their_id;
   c.remote_ca_guid = guid;
-  c.tid = wire::MadHeaderView(std::span<const uint8_t, wire::kMadHeaderSize>(
-                                  mad.data(), wire::kMadHeaderSize))
+  c.tid = wire::MadHeaderView(
+              std::span<const uint8_t, wire::kMadHeaderSize>(mad.data(), wire::kMadHeaderSize))
               .transaction_id();
   const auto path = req.primary_path();
   std::copy(path.remote_port_gid().begin(), path.remote_port_gid().end(), c.local_gid.begin());
@@ -759,8 +817,10 @@ void Manager::on_mra(const Mad& mad) {
   } else if (what == wire::CmMraMessage::kRep && c->state == State::kRepSent) {
     next = State::kMraRepRcvd;
   } else {
-    if (c->state == State::kMraReqRcvd || c->state == State::kMraRepRcvd) ++counters_.duplicates;
-    else ++counters_.unmatched;
+    if (c->state == State::kMraReqRcvd || c->state == State::kMraRepRcvd)
+      ++counters_.duplicates;
+    else
+      ++counters_.unmatched;
     return;
   }
   c->remote_id = mra.local_comm_id();
@@ -774,8 +834,7 @@ void Manager::on_rej(const Gid& src, const Mad& mad) {
   (void)src;
   const wire::CmRejView rej(mad);
   Conn* c = find(rej.remote_comm_id());
-  if (!c && rej.reason() == static_cast<uint16_t>(CmRejReason::kTimeout) &&
-      rej.ari().size() == 8) {
+  if (!c && rej.reason() == static_cast<uint16_t>(CmRejReason::kTimeout) && rej.ari().size() == 8) {
     // Linux cm_acquire_rejected_id: an active side that gave up names itself by its CA GUID
     // (the ARI) and its own comm ID, not ours (it may never have heard ours).
     uint64_t guid = 0;
@@ -786,8 +845,8 @@ void Manager::on_rej(const Gid& src, const Mad& mad) {
         break;
       }
   }
-  if (!c || (c->remote_id != 0 && rej.local_comm_id() != 0 &&
-             c->remote_id != rej.local_comm_id())) {
+  if (!c ||
+      (c->remote_id != 0 && rej.local_comm_id() != 0 && c->remote_id != rej.local_comm_id())) {
     ++counters_.unmatched;
     return;
   }
@@ -823,7 +882,9 @@ void Manager::on_rej(const Gid& src, const Mad& mad) {
       c->reported_disconnect = true;
       enter_timewait(*c);
       return;
-    default: ++counters_.unmatched; return;
+    default:
+      ++counters_.unmatched;
+      return;
   }
 }
 
@@ -836,7 +897,8 @@ void Manager::on_rep(const Gid& src, const Mad& mad) {
   }
   switch (c->state) {
     case State::kReqSent:
-    case State::kMraReqRcvd: break;
+    case State::kMraReqRcvd:
+      break;
     case State::kEstablished:  // our RTU was lost (Linux cm_dup_rep_handler)
       ++counters_.duplicates;
       if (c->remote_id == rep.local_comm_id()) send(c->remote_gid, build_rtu(*c));
@@ -848,7 +910,9 @@ void Manager::on_rep(const Gid& src, const Mad& mad) {
       ++counters_.duplicates;
       send(c->remote_gid, build_mra(*c, wire::CmMraMessage::kRep));
       return;
-    default: ++counters_.unmatched; return;
+    default:
+      ++counters_.unmatched;
+      return;
   }
   // Linux cm_rep_handler: a REP from a QP still connected to us under another ID is stale.
   for (auto& [id, other] : conns_) {
@@ -910,10 +974,9 @@ void Manager::on_rtu(const Mad& mad) {
 
 void Manager::on_dreq(const Gid& src, const Mad& mad) {
   const wire::CmDreqView dreq(mad);
-  const uint64_t tid =
-      wire::MadHeaderView(std::span<const uint8_t, wire::kMadHeaderSize>(mad.data(),
-                                                                         wire::kMadHeaderSize))
-          .transaction_id();
+  const uint64_t tid = wire::MadHeaderView(std::span<const uint8_t, wire::kMadHeaderSize>(
+                                               mad.data(), wire::kMadHeaderSize))
+                           .transaction_id();
   Conn* c = find(dreq.remote_comm_id());
   if (!c || c->remote_id != dreq.local_comm_id()) {
     // Linux cm_issue_drep: a DREQ for a connection we no longer know (its timewait is over)
@@ -954,8 +1017,12 @@ void Manager::on_dreq(const Gid& src, const Mad& mad) {
       c->tid = tid;
       send(c->remote_gid, build_drep(*c, {}));
       return;
-    case State::kDreqRcvd: ++counters_.duplicates; return;
-    default: ++counters_.unmatched; return;
+    case State::kDreqRcvd:
+      ++counters_.duplicates;
+      return;
+    default:
+      ++counters_.unmatched;
+      return;
   }
 }
 
@@ -974,10 +1041,9 @@ void Manager::on_drep(const Mad& mad) {
 
 void Manager::on_sidr_req(const Gid& src, const Mad& mad) {
   const wire::CmSidrReqView req(mad);
-  const uint64_t tid =
-      wire::MadHeaderView(std::span<const uint8_t, wire::kMadHeaderSize>(mad.data(),
-                                                                         wire::kMadHeaderSize))
-          .transaction_id();
+  const uint64_t tid = wire::MadHeaderView(std::span<const uint8_t, wire::kMadHeaderSize>(
+                                               mad.data(), wire::kMadHeaderSize))
+                           .transaction_id();
   for (auto& [id, c] : conns_) {
     if (c.state == State::kSidrReqRcvd && c.remote_id == req.request_id() && c.remote_gid == src) {
       ++counters_.duplicates;  // Linux cm_sidr_req_handler: already being answered
@@ -1038,10 +1104,10 @@ void Manager::on_lap(const Mad& mad) {
   Conn* c = find(lap.remote_comm_id());
   if (!c || c->remote_id != lap.local_comm_id() || c->state != State::kEstablished) return;
   Mad out{};
-  auto apr = start<wire::CmApr>(
-      out, wire::MadHeaderView(std::span<const uint8_t, wire::kMadHeaderSize>(
-                                   mad.data(), wire::kMadHeaderSize))
-               .transaction_id());
+  auto apr =
+      start<wire::CmApr>(out, wire::MadHeaderView(std::span<const uint8_t, wire::kMadHeaderSize>(
+                                                      mad.data(), wire::kMadHeaderSize))
+                                  .transaction_id());
   apr.set_local_comm_id(c->id);
   apr.set_remote_comm_id(c->remote_id);
   apr.set_ap_status(static_cast<uint8_t>(wire::CmAprStatus::kUnsupported));
@@ -1096,14 +1162,14 @@ void Manager::on_send_timeout(Conn& c) {
     case State::kRepSent:
     case State::kMraRepRcvd:
       send(c.remote_gid, build_rej(c, static_cast<uint16_t>(CmRejReason::kTimeout),
-                                   CmRejMessage::kOther, guid,
-                                   {}));
+                                   CmRejMessage::kOther, guid, {}));
       emit(c, Event{.type = EventType::kUnreachable, .status = ETIMEDOUT});
       finish(c);
       return;
     case State::kDreqSent:
       // A peer that never answers our DREQ: disconnected all the same, then timewait.
-      if (!c.reported_disconnect) emit(c, Event{.type = EventType::kDisconnected, .status = ETIMEDOUT});
+      if (!c.reported_disconnect)
+        emit(c, Event{.type = EventType::kDisconnected, .status = ETIMEDOUT});
       c.reported_disconnect = true;
       enter_timewait(c);
       return;
@@ -1111,7 +1177,8 @@ void Manager::on_send_timeout(Conn& c) {
       emit(c, Event{.type = EventType::kUnreachable, .status = ETIMEDOUT});
       finish(c);
       return;
-    default: return;
+    default:
+      return;
   }
 }
 

@@ -50,18 +50,18 @@ using Mad = std::array<uint8_t, wire::kMadSize>;
 // Private data left to applications (Linux IB_CM_*_PRIVATE_DATA_SIZE; rdma_cm's REQ and
 // SIDR_REQ lose the 36-byte IP header, cma.c cma_user_data_offset). More is EINVAL, as
 // rdma_connect(3) / rdma_accept / rdma_reject / rdma_disconnect report it.
-inline constexpr size_t kReqPrivateDataMax = wire::CmReq::kPrivateDataSize;            // 92
+inline constexpr size_t kReqPrivateDataMax = wire::CmReq::kPrivateDataSize;               // 92
 inline constexpr size_t kRdmaReqPrivateDataMax = kReqPrivateDataMax - wire::kCmaHdrSize;  // 56
-inline constexpr size_t kRepPrivateDataMax = wire::CmRep::kPrivateDataSize;            // 196
-inline constexpr size_t kRejPrivateDataMax = wire::CmRej::kPrivateDataSize;            // 148
-inline constexpr size_t kRejAriMax = wire::CmRej::ari_max;                             // 72
-inline constexpr size_t kRtuPrivateDataMax = wire::CmRtu::kPrivateDataSize;            // 224
-inline constexpr size_t kDreqPrivateDataMax = wire::CmDreq::kPrivateDataSize;          // 220
-inline constexpr size_t kDrepPrivateDataMax = wire::CmDrep::kPrivateDataSize;          // 224
-inline constexpr size_t kSidrReqPrivateDataMax = wire::CmSidrReq::kPrivateDataSize;    // 216
+inline constexpr size_t kRepPrivateDataMax = wire::CmRep::kPrivateDataSize;               // 196
+inline constexpr size_t kRejPrivateDataMax = wire::CmRej::kPrivateDataSize;               // 148
+inline constexpr size_t kRejAriMax = wire::CmRej::ari_max;                                // 72
+inline constexpr size_t kRtuPrivateDataMax = wire::CmRtu::kPrivateDataSize;               // 224
+inline constexpr size_t kDreqPrivateDataMax = wire::CmDreq::kPrivateDataSize;             // 220
+inline constexpr size_t kDrepPrivateDataMax = wire::CmDrep::kPrivateDataSize;             // 224
+inline constexpr size_t kSidrReqPrivateDataMax = wire::CmSidrReq::kPrivateDataSize;       // 216
 inline constexpr size_t kRdmaSidrReqPrivateDataMax =
-    kSidrReqPrivateDataMax - wire::kCmaHdrSize;                                          // 180
-inline constexpr size_t kSidrRepPrivateDataMax = wire::CmSidrRep::kPrivateDataSize;    // 136
+    kSidrReqPrivateDataMax - wire::kCmaHdrSize;                                      // 180
+inline constexpr size_t kSidrRepPrivateDataMax = wire::CmSidrRep::kPrivateDataSize;  // 136
 static_assert(kRdmaReqPrivateDataMax == 56 && kRdmaSidrReqPrivateDataMax == 180);
 
 // rdma_cma.h RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH: "as many as the device allows".
@@ -88,18 +88,18 @@ enum class State : uint8_t {
 std::string_view state_name(State s);
 
 struct ManagerConfig {
-  unsigned slot = 1;             // urdmad slot: the top 8 bits of every ID we allocate
-  uint64_t local_ca_guid = 0;    // REQ/REP Local CA GUID, REJ timeout ARI
-  uint64_t seed = 1;             // first communication ID and TID (Linux: random)
-  uint32_t tid_high = 1;         // upper 32 bits of our transaction IDs (Linux: the agent's)
-  uint8_t local_ca_ack_delay = 15;         // REP Target ACK Delay (rxe: 15)
-  uint8_t max_initiator_depth = 128;       // device max_qp_rd_atom
-  uint8_t max_responder_resources = 128;   // device max_qp_init_rd_atom
-  uint8_t max_path_mtu = IBV_MTU_4096;     // the largest path MTU the port takes (enum ibv_mtu)
+  unsigned slot = 1;                  // urdmad slot: the top 8 bits of every ID we allocate
+  uint64_t local_ca_guid = 0;         // REQ/REP Local CA GUID, REJ timeout ARI
+  uint64_t seed = 1;                  // first communication ID and TID (Linux: random)
+  uint32_t tid_high = 1;              // upper 32 bits of our transaction IDs (Linux: the agent's)
+  uint8_t local_ca_ack_delay = 15;    // REP Target ACK Delay (rxe: 15)
+  uint8_t max_initiator_depth = 128;  // device max_qp_rd_atom
+  uint8_t max_responder_resources = 128;  // device max_qp_init_rd_atom
+  uint8_t max_path_mtu = IBV_MTU_4096;    // the largest path MTU the port takes (enum ibv_mtu)
   uint8_t cm_response_timeout = kCmaCmResponseTimeout;
   uint8_t max_cm_retries = kCmaMaxCmRetries;
   uint8_t mra_service_timeout = kCmaMraServiceTimeout;
-  size_t max_connections = 4096;           // connections + SIDR requests held at once
+  size_t max_connections = 4096;  // connections + SIDR requests held at once
 };
 
 // The path a REQ or SIDR_REQ travels (rdma_cm's resolved route).
@@ -228,10 +228,10 @@ struct Counters {
   uint64_t received = 0;
   uint64_t sent = 0;
   uint64_t retransmitted = 0;
-  uint64_t duplicates = 0;     // duplicate REQ/REP/DREQ/MRA/SIDR_REQ recognised
-  uint64_t malformed = 0;      // parse_cm refused it
-  uint64_t unmatched = 0;      // no connection in a state that takes it
-  uint64_t unsupported = 0;    // LAP (answered with APR "unsupported"), APR, ClassPortInfo
+  uint64_t duplicates = 0;      // duplicate REQ/REP/DREQ/MRA/SIDR_REQ recognised
+  uint64_t malformed = 0;       // parse_cm refused it
+  uint64_t unmatched = 0;       // no connection in a state that takes it
+  uint64_t unsupported = 0;     // LAP (answered with APR "unsupported"), APR, ClassPortInfo
   uint64_t stale_rejected = 0;  // REJ stale connection sent
 };
 

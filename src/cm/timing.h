@@ -15,7 +15,9 @@ namespace urdma::cm {
 constexpr uint64_t cm_timeout_ms(uint8_t iba_time) {
   return uint64_t{1} << std::max(int{iba_time} - 8, 0);
 }
-constexpr uint64_t cm_timeout_ns(uint8_t iba_time) { return cm_timeout_ms(iba_time) * 1'000'000; }
+constexpr uint64_t cm_timeout_ns(uint8_t iba_time) {
+  return cm_timeout_ms(iba_time) * 1'000'000;
+}
 static_assert(cm_timeout_ms(20) == 4096 && cm_timeout_ms(8) == 1 && cm_timeout_ms(0) == 1);
 
 // Linux cma.c: CMA_CM_RESPONSE_TIMEOUT, CMA_MAX_CM_RETRIES, the MRA service timeout of

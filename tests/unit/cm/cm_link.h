@@ -32,8 +32,8 @@ struct LinkFaults {
   uint64_t seed = 1;
   uint32_t loss_ppm = 0;
   uint32_t dup_ppm = 0;
-  uint32_t reorder_ppm = 0;       // such a MAD takes up to 4 × the delay
-  uint64_t delay_ns = 100'000;    // one way
+  uint32_t reorder_ppm = 0;     // such a MAD takes up to 4 × the delay
+  uint64_t delay_ns = 100'000;  // one way
 };
 
 // Checks that each connection's events come in an order the state machine allows:
@@ -62,14 +62,19 @@ class EventOrder {
   static int rank(EventType t) {
     switch (t) {
       case EventType::kConnectRequest:
-      case EventType::kSidrRequest: return 0;
-      case EventType::kConnectResponse: return 1;
-      case EventType::kEstablished: return 2;
+      case EventType::kSidrRequest:
+        return 0;
+      case EventType::kConnectResponse:
+        return 1;
+      case EventType::kEstablished:
+        return 2;
       case EventType::kRejected:
       case EventType::kUnreachable:
       case EventType::kDisconnected:
-      case EventType::kSidrResponse: return 3;
-      case EventType::kTimewaitExit: return 4;
+      case EventType::kSidrResponse:
+        return 3;
+      case EventType::kTimewaitExit:
+        return 4;
     }
     return 5;
   }
@@ -86,9 +91,7 @@ struct Sent {
   uint64_t at_ns;
   size_t from;  // host index
   OutgoingMad out;
-  uint16_t attr() const {
-    return static_cast<uint16_t>(out.mad[16] << 8 | out.mad[17]);
-  }
+  uint16_t attr() const { return static_cast<uint16_t>(out.mad[16] << 8 | out.mad[17]); }
 };
 
 class Link {

@@ -33,8 +33,7 @@ std::map<uint64_t, CapturedMad> capture_mads(const std::string& file) {
   const std::string err = capture::for_each_udp(
       std::string(URDMA_REFERENCE_DIR) + "/" + file, [&](const capture::UdpDatagram& d) {
         constexpr size_t kBth = 12, kDeth = 8, kIcrc = 4;
-        if (d.dst_port != 4791 || d.payload.size() != kBth + kDeth + wire::kMadSize + kIcrc)
-          return;
+        if (d.dst_port != 4791 || d.payload.size() != kBth + kDeth + wire::kMadSize + kIcrc) return;
         const uint32_t dest_qp = wire::load_be24(d.payload.data() + 5);
         if (d.payload[0] != 0x64 || dest_qp != wire::kMadGsiQpn) return;
         CapturedMad m{d.timestamp_ns, {}};

@@ -8,8 +8,8 @@
 #include <numeric>
 
 #include "cm/timing.h"
-#include "daemon/mad_router.h"
 #include "cm_link.h"
+#include "daemon/mad_router.h"
 #include "wire/cm.h"
 #include "wire/rdma_cm_ip.h"
 
@@ -146,6 +146,15 @@ TEST(CmManager, ConnectAcceptEstablishDisconnectTimewait) {
   EXPECT_EQ(rtr->attr.rq_psn, 0x123456u);
   EXPECT_EQ(rts->attr.sq_psn, 0xabcdefu);
   EXPECT_EQ(rts->attr.timeout, 19);  // cm_ack_timeout(15, 19 - 1)
+  // A late duplicate of the REQ changes nothing on an established connection (Linux
+  // cm_dup_req_handler drops it).
+  const auto reqs = p.link.sent_of(p.a, CmAttr::kReq);
+  ASSERT_EQ(reqs.size(), 1u);
+  p.link.m(p.b).receive(kGidA, 1, reqs[0].out.mad);
+  EXPECT_TRUE(p.link.m(p.b).take_outgoing().empty());
+  EXPECT_TRUE(p.link.m(p.b).take_events().empty());
+  EXPECT_EQ(p.link.m(p.b).state(req->id), State::kEstablished);
+  EXPECT_EQ(p.link.m(p.b).counters().duplicates, 1u);
   auto init = p.link.m(p.a).qp_attrs(*id, IBV_QPS_INIT);
   ASSERT_TRUE(init.ok());
   EXPECT_EQ(init->attr.qp_access_flags,
@@ -357,7 +366,9 @@ TEST(CmManager, DuplicateRepAfterEstablishedResendsTheRtu) {
 TEST(CmManager, TrafficBeforeTheRtuEstablishesThePassiveSide) {
   Pair p;
   ASSERT_TRUE(p.link.m(p.b).listen(kSid).ok());
-  p.link.filter = [](const test::Sent& s) { return s.attr() != static_cast<uint16_t>(CmAttr::kRtu); };
+  p.link.filter = [](const test::Sent& s) {
+    return s.attr() != static_cast<uint16_t>(CmAttr::kRtu);
+  };
   auto id = p.link.m(p.a).connect(connect_params(kGidA, kGidB));
   ASSERT_TRUE(id.ok());
   p.link.run_for(1 * kMs);
@@ -387,8 +398,8 @@ TEST(CmManager, StaleReqFromAConnectedQpIsRejectedAndTheOldConnectionReleased) {
 
   // A third manager with A's CA GUID (A restarted, its old connection forgotten) connects
   // again from the same QPN: B's connection to that QP is stale.
-  const size_t a2 = p.link.add_host(test::ipv4_gid(10, 0, 0, 3),
-                                    config(4, 0x0200'00ff'fe00'0001ULL, 99));
+  const size_t a2 =
+      p.link.add_host(test::ipv4_gid(10, 0, 0, 3), config(4, 0x0200'00ff'fe00'0001ULL, 99));
   auto id2 = p.link.m(a2).connect(connect_params(test::ipv4_gid(10, 0, 0, 3), kGidB));
   ASSERT_TRUE(id2.ok());
   p.link.run_for(1 * kMs);
@@ -550,10 +561,11 @@ TEST(CmManager, SidrQueryAnswerAndNoListener) {
   EXPECT_EQ(*r->ip, ip_of(kGidA, kGidB, 5555));
   EXPECT_EQ(r->private_data, data);
   const auto answer = bytes(136, 50);
-  ASSERT_TRUE(p.link.m(p.b).sidr_answer(r->id, SidrAnswerParams{.qpn = 0x1234,
-                                                                 .qkey = 0x01234567,
-                                                                 .private_data = answer})
-                  .ok());
+  ASSERT_TRUE(
+      p.link.m(p.b)
+          .sidr_answer(r->id,
+                       SidrAnswerParams{.qpn = 0x1234, .qkey = 0x01234567, .private_data = answer})
+          .ok());
   p.link.run_for(1 * kMs);
   auto s = p.link.find(p.a, EventType::kSidrResponse, *id);
   ASSERT_TRUE(s.has_value());

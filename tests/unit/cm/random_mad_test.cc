@@ -32,11 +32,12 @@ constexpr uint64_t kSids[] = {
 class Fuzzer {
  public:
   explicit Fuzzer(uint64_t seed)
-      : rng_(seed), link_(test::LinkFaults{.seed = seed,
-                                           .loss_ppm = 100'000,
-                                           .dup_ppm = 100'000,
-                                           .reorder_ppm = 100'000,
-                                           .delay_ns = 1 * kMs}) {
+      : rng_(seed),
+        link_(test::LinkFaults{.seed = seed,
+                               .loss_ppm = 100'000,
+                               .dup_ppm = 100'000,
+                               .reorder_ppm = 100'000,
+                               .delay_ns = 1 * kMs}) {
     for (unsigned h = 0; h < 2; ++h) {
       ManagerConfig c;
       c.slot = 3 + h;
@@ -55,12 +56,22 @@ class Fuzzer {
   void step() {
     switch (pick(8)) {
       case 0:
-      case 1: api_call(); break;
+      case 1:
+        api_call();
+        break;
       case 2:
-      case 3: inject_mutated(); break;
-      case 4: inject_made_up(); break;
-      case 5: link_.run_for(pick(2) ? pick(20) * kMs : pick(20'000) * kMs); break;
-      default: answer_events(); break;
+      case 3:
+        inject_mutated();
+        break;
+      case 4:
+        inject_made_up();
+        break;
+      case 5:
+        link_.run_for(pick(2) ? pick(20) * kMs : pick(20'000) * kMs);
+        break;
+      default:
+        answer_events();
+        break;
     }
     link_.settle();
     check();
@@ -141,15 +152,23 @@ class Fuzzer {
         break;
       case 2: {
         const auto ari = data(72);
-        (void)m.reject(id, RejectParams{.reason = static_cast<uint16_t>(pick(40)),
-                                        .ari = ari,
-                                        .private_data = pd});
+        (void)m.reject(
+            id, RejectParams{
+                    .reason = static_cast<uint16_t>(pick(40)), .ari = ari, .private_data = pd});
         break;
       }
-      case 3: (void)m.establish(id); break;
-      case 4: (void)m.notify_established(id); break;
-      case 5: (void)m.disconnect(id, pd); break;
-      case 6: m.destroy(id); break;
+      case 3:
+        (void)m.establish(id);
+        break;
+      case 4:
+        (void)m.notify_established(id);
+        break;
+      case 5:
+        (void)m.disconnect(id, pd);
+        break;
+      case 6:
+        m.destroy(id);
+        break;
       case 7: {
         SidrQueryParams q;
         q.path.local_gid = gids_[h];
@@ -160,15 +179,19 @@ class Fuzzer {
         break;
       }
       case 8:
-        (void)m.sidr_answer(id, SidrAnswerParams{.status = static_cast<uint8_t>(pick(6)),
-                                                 .qpn = 0x99,
-                                                 .private_data = pd});
+        (void)m.sidr_answer(
+            id, SidrAnswerParams{
+                    .status = static_cast<uint8_t>(pick(6)), .qpn = 0x99, .private_data = pd});
         break;
       case 9:
         (void)m.qp_attrs(id, static_cast<ibv_qp_state>(pick(7)));
         break;
-      case 10: (void)m.listen(kSids[pick(std::size(kSids))]); break;
-      default: (void)m.stop_listening(kSids[pick(std::size(kSids))]); break;
+      case 10:
+        (void)m.listen(kSids[pick(std::size(kSids))]);
+        break;
+      default:
+        (void)m.stop_listening(kSids[pick(std::size(kSids))]);
+        break;
     }
   }
 
@@ -179,16 +202,23 @@ class Fuzzer {
         Manager& m = link_.m(h);
         switch (e.type) {
           case EventType::kConnectRequest:
-            if (pick(4)) (void)m.accept(e.id, AcceptParams{.qpn = 0x80});
-            else (void)m.reject(e.id, RejectParams{});
+            if (pick(4))
+              (void)m.accept(e.id, AcceptParams{.qpn = 0x80});
+            else
+              (void)m.reject(e.id, RejectParams{});
             break;
-          case EventType::kConnectResponse: (void)m.establish(e.id); break;
+          case EventType::kConnectResponse:
+            (void)m.establish(e.id);
+            break;
           case EventType::kEstablished:
           case EventType::kDisconnected:
             if (pick(2)) (void)m.disconnect(e.id);
             break;
-          case EventType::kSidrRequest: (void)m.sidr_answer(e.id, SidrAnswerParams{}); break;
-          default: break;
+          case EventType::kSidrRequest:
+            (void)m.sidr_answer(e.id, SidrAnswerParams{});
+            break;
+          default:
+            break;
         }
       }
     }
@@ -209,8 +239,12 @@ class Fuzzer {
         case 1:  // another message
           wire::store_be16(mad.data() + 16, static_cast<uint16_t>(0x10 + pick(11)));
           break;
-        case 2: mad[wire::kCm + pick(wire::kMadDataSize)] ^= static_cast<uint8_t>(1u << pick(8)); break;
-        default: mad[pick(wire::kMadSize)] = static_cast<uint8_t>(rng_.next()); break;
+        case 2:
+          mad[wire::kCm + pick(wire::kMadDataSize)] ^= static_cast<uint8_t>(1u << pick(8));
+          break;
+        default:
+          mad[pick(wire::kMadSize)] = static_cast<uint8_t>(rng_.next());
+          break;
       }
     }
     deliver(mad, pick(10) == 0 ? pick(wire::kMadSize) : wire::kMadSize);
@@ -258,10 +292,10 @@ TEST(CmRandom, RandomMadsAndCallsKeepEveryConnectionsEventsInOrder) {
     }
   }
   // The runs went everywhere: every event, duplicates, stale connections, garbage.
-  for (EventType t : {EventType::kConnectRequest, EventType::kConnectResponse,
-                      EventType::kEstablished, EventType::kRejected, EventType::kUnreachable,
-                      EventType::kDisconnected, EventType::kTimewaitExit,
-                      EventType::kSidrRequest, EventType::kSidrResponse}) {
+  for (EventType t :
+       {EventType::kConnectRequest, EventType::kConnectResponse, EventType::kEstablished,
+        EventType::kRejected, EventType::kUnreachable, EventType::kDisconnected,
+        EventType::kTimewaitExit, EventType::kSidrRequest, EventType::kSidrResponse}) {
     EXPECT_GT(reach.events[t], 0) << event_name(t);
   }
   EXPECT_GT(reach.duplicates, 0u);
@@ -273,13 +307,14 @@ TEST(CmRandom, RandomMadsAndCallsKeepEveryConnectionsEventsInOrder) {
   for (const auto& [type, n] : reach.events)
     summary += std::string(event_name(type)) + " " + std::to_string(n) + ", ";
   RecordProperty("reach", summary);
-  std::printf("reach: %sduplicates %llu, stale %llu, malformed %llu, unmatched %llu, "
-              "retransmitted %llu\n",
-              summary.c_str(), static_cast<unsigned long long>(reach.duplicates),
-              static_cast<unsigned long long>(reach.stale),
-              static_cast<unsigned long long>(reach.malformed),
-              static_cast<unsigned long long>(reach.unmatched),
-              static_cast<unsigned long long>(reach.retransmitted));
+  std::printf(
+      "reach: %sduplicates %llu, stale %llu, malformed %llu, unmatched %llu, "
+      "retransmitted %llu\n",
+      summary.c_str(), static_cast<unsigned long long>(reach.duplicates),
+      static_cast<unsigned long long>(reach.stale),
+      static_cast<unsigned long long>(reach.malformed),
+      static_cast<unsigned long long>(reach.unmatched),
+      static_cast<unsigned long long>(reach.retransmitted));
 }
 
 }  // namespace
