@@ -466,13 +466,21 @@ void Client::keep_loop() {
       for (int backoff_ms = 20;; backoff_ms = std::min(backoff_ms * 2, 1000)) {
         Client fresh;
         std::string detail;
-        ClientOptions o = options_;
-        if (Client::connect_or_spawn(o, &fresh, &detail) == 0 && fresh.reattach(k.slot) == 0) {
+        int err = Client::connect_or_spawn(options_, &fresh, &detail);
+        if (err == 0) err = fresh.reattach(k.slot);
+        if (err == 0) {
           std::lock_guard lock(k.mu);
           fd_ = std::move(fresh.fd_);
           k.reattachments.fetch_add(1, std::memory_order_relaxed);
           reported = false;  // the new daemon has none yet
           break;
+        }
+        // The daemon refused the slot for good (another group or port: EINVAL; the slot leased
+        // to someone else: EBUSY; another user's daemon: EACCES). The slot keeps working for
+        // this process; only the daemon does not know it.
+        if (err == EINVAL || err == EBUSY || err == EACCES) {
+          (void)wait_stop(-1);
+          return;
         }
         if (wait_stop(backoff_ms)) return;
       }

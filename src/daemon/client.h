@@ -16,7 +16,9 @@
 // on the connection. Every second it reports the engine's counters when they changed (the
 // daemon shows them in `urdma status`); when the daemon dies it reconnects — starting a new
 // daemon if none runs — and reattaches the slot and the group (protocol.h, TAKEOVER). The
-// slot's socket is never touched: the process's QPs keep working throughout.
+// slot's socket is never touched: the process's QPs keep working throughout. A daemon that
+// refuses the slot for good (EINVAL: another group; EBUSY: leased again meanwhile; EACCES) ends
+// the retries; the slot keeps working, unknown to the daemon.
 #pragma once
 
 #include <cstdint>
