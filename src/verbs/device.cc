@@ -5,6 +5,8 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netpacket/packet.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -130,26 +132,29 @@ bool debug_enabled() {
   return v && *v && std::strcmp(v, "0") != 0;
 }
 
-// Opens the process's runtime: the GID table from urdmad (which it starts if absent), the active
-// MTU from the interfaces carrying those GIDs, then a slot. 0 or an errno (+ a sentence).
+// A GID table for the provider's port from urdmad's entries (indices beyond the port's table
+// are left out).
+std::vector<ibv_gid> port_gids(const std::vector<daemon::GidEntry>& entries) {
+  std::vector<ibv_gid> gids(provider::kLimits.gid_table_len, ibv_gid{});
+  for (const daemon::GidEntry& e : entries)
+    if (e.index < gids.size()) std::memcpy(gids[e.index].raw, e.gid.bytes().data(), 16);
+  return gids;
+}
+
+// Opens the process's runtime: the GID table from urdmad (which it starts if absent, and which
+// keeps it current through the watcher), the active MTU from the interfaces carrying those GIDs,
+// then a slot. 0 or an errno (+ a sentence).
 int open_runtime(Process& p, std::string* why) {
-  daemon::Client query;
-  if (int err = daemon::Client::connect_or_spawn({}, &query, why)) return err;
+  auto watcher = std::make_unique<GidWatcher>();
   std::vector<daemon::GidEntry> entries;
-  if (int err = query.query_gids(&entries)) {
-    *why = "urdmad did not answer the GID query";
-    return err;
-  }
+  if (int err = watcher->start(&entries, why)) return err;
   runtime::RuntimeConfig cfg;
   cfg.device.node_guid_be = the_device().node_guid_be;
   cfg.device.max_mtu = IBV_MTU_4096;
-  p.gid_ifindex.assign(provider::kLimits.gid_table_len, 0);
-  cfg.device.gids.assign(provider::kLimits.gid_table_len, ibv_gid{});
+  cfg.device.gids = port_gids(entries);
   unsigned min_mtu = 0, lo_mtu = 0;
   for (const daemon::GidEntry& e : entries) {
-    if (e.index >= provider::kLimits.gid_table_len) continue;  // beyond the port's table
-    std::memcpy(cfg.device.gids[e.index].raw, e.gid.bytes().data(), 16);
-    p.gid_ifindex[e.index] = e.ifindex;
+    if (e.index >= provider::kLimits.gid_table_len) continue;
     const unsigned mtu = interface_mtu(e.ifindex);
     if (mtu == 0) continue;
     if (e.gid.is_loopback()) {
@@ -164,10 +169,85 @@ int open_runtime(Process& p, std::string* why) {
   p.runtime = runtime::Runtime::open({}, cfg, &p.open_errno, why);
   if (!p.runtime) return p.open_errno ? p.open_errno : EIO;
   p.async = std::make_unique<runtime::AsyncEventFd>(p.runtime->device().async_events());
+  watcher->set_ifindexes(entries);
+  watcher->run_for(&p.runtime->device());
+  p.gids = std::move(watcher);
   return 0;
 }
 
 }  // namespace
+
+int GidWatcher::start(std::vector<daemon::GidEntry>* entries, std::string* why) {
+  if (int err = daemon::Client::connect_or_spawn({}, &client_, why)) return err;
+  if (int err = client_.watch_gids(entries)) {
+    *why = "urdmad did not send its GID table";
+    return err;
+  }
+  stop_fd_ = eventfd(0, EFD_CLOEXEC);
+  if (stop_fd_ < 0) {
+    *why = "eventfd failed";
+    return errno;
+  }
+  return 0;
+}
+
+void GidWatcher::run_for(provider::Device* device) {
+  thread_ = std::thread([this, device] { loop(device); });
+}
+
+GidWatcher::~GidWatcher() {
+  if (thread_.joinable()) {
+    const uint64_t one = 1;
+    ssize_t n = write(stop_fd_, &one, sizeof one);
+    (void)n;
+    thread_.join();
+  }
+  if (stop_fd_ >= 0) close(stop_fd_);
+}
+
+uint32_t GidWatcher::ifindex_of(uint32_t index) const {
+  std::lock_guard lock(mutex_);
+  return index < ifindex_.size() ? ifindex_[index] : 0;
+}
+
+void GidWatcher::set_ifindexes(const std::vector<daemon::GidEntry>& entries) {
+  std::vector<uint32_t> v(provider::kLimits.gid_table_len, 0);
+  for (const daemon::GidEntry& e : entries)
+    if (e.index < v.size()) v[e.index] = e.ifindex;
+  std::lock_guard lock(mutex_);
+  ifindex_ = std::move(v);
+}
+
+void GidWatcher::loop(provider::Device* device) {
+  for (;;) {
+    pollfd fds[2] = {{stop_fd_, POLLIN, 0}, {client_.fd(), POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[0].revents) return;
+    std::vector<daemon::GidEntry> entries;
+    const int err = client_.next_gid_update(&entries);
+    if (err == EAGAIN || err == EINTR) continue;
+    if (err != 0) return;  // the daemon went away: the table stays as it was
+    const std::vector<ibv_gid> gids = port_gids(entries);
+    bool changed = false;
+    for (uint32_t i = 0; i < gids.size(); ++i) {
+      ibv_gid old{};
+      (void)device->query_gid(provider::kPortNum, static_cast<int>(i), &old);
+      if (std::memcmp(&old, &gids[i], sizeof old) == 0) continue;
+      (void)device->set_gid(i, gids[i]);
+      changed = true;
+    }
+    set_ifindexes(entries);
+    if (changed) {
+      provider::AsyncEvent ev{};
+      ev.type = IBV_EVENT_GID_CHANGE;
+      ev.port_num = provider::kPortNum;
+      device->async_events().push(ev);
+    }
+  }
+}
 
 Process& process() {
   // Never destroyed: a program may exit with contexts open (the daemon reclaims the slot when
@@ -246,6 +326,7 @@ int ibv_close_device(ibv_context* context) {
   delete c;
   std::lock_guard lock(p.mutex);
   if (--p.contexts == 0) {
+    p.gids.reset();  // the watcher thread stops before the device it updates goes
     p.async.reset();
     p.runtime.reset();  // the engine thread stops; the slot goes back to urdmad
   }
@@ -315,7 +396,8 @@ int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num, uint32_t gid_inde
   entry->gid_index = gid_index;
   entry->port_num = port_num;
   entry->gid_type = IBV_GID_TYPE_ROCE_V2;
-  entry->ndev_ifindex = verbs::process().gid_ifindex_of(gid_index);
+  verbs::Process& p = verbs::process();
+  entry->ndev_ifindex = p.gids ? p.gids->ifindex_of(gid_index) : 0;
   return 0;
 }
 

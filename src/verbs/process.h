@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
+
+#include "daemon/client.h"
 
 #include "runtime/completion_channel.h"
 #include "runtime/runtime.h"
@@ -15,20 +18,41 @@
 
 namespace urdma::verbs {
 
+// Keeps the device's GID table equal to urdmad's: a thread of the library reads the daemon's
+// table updates (a watching connection, daemon::Client::watch_gids) and applies each one to the
+// provider's table (Device::set_gid), then raises IBV_EVENT_GID_CHANGE, as a kernel device does
+// when an interface address comes or goes.
+class GidWatcher {
+ public:
+  // Connects (starting urdmad if absent) and reads the current table into *entries.
+  int start(std::vector<daemon::GidEntry>* entries, std::string* why);
+  // From then on updates go to `device` (whose table was built from *entries).
+  void run_for(provider::Device* device);
+  ~GidWatcher();  // stops and joins the thread
+
+  // The interface of a GID index (ibv_gid_entry.ndev_ifindex); 0 if unknown.
+  uint32_t ifindex_of(uint32_t index) const;
+  void set_ifindexes(const std::vector<daemon::GidEntry>& entries);
+
+ private:
+  void loop(provider::Device* device);
+
+  daemon::Client client_;
+  int stop_fd_ = -1;
+  std::thread thread_;
+  mutable std::mutex mutex_;  // ifindex_
+  std::vector<uint32_t> ifindex_;
+};
+
 struct Process {
-  std::mutex mutex;  // runtime, async, contexts, gid_ifindex (written at open)
+  std::mutex mutex;  // runtime, async, gids, contexts
   std::unique_ptr<runtime::Runtime> runtime;
   // The async fd: one per process, because the process has one Device and one event queue.
   // Every context's async_fd is this fd (docs/COMPATIBILITY.md).
   std::unique_ptr<runtime::AsyncEventFd> async;
+  std::unique_ptr<GidWatcher> gids;
   int contexts = 0;
   int open_errno = 0;
-  std::vector<uint32_t> gid_ifindex;  // the interface of each GID index (ibv_gid_entry)
-
-  uint32_t gid_ifindex_of(uint32_t index) {
-    std::lock_guard lock(mutex);
-    return index < gid_ifindex.size() ? gid_ifindex[index] : 0;
-  }
 };
 
 Process& process();
