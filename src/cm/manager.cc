@@ -8,6 +8,7 @@
 #include "base/check.h"
 #include "daemon/mad_router.h"
 #include "net/prng.h"
+#include "wire/byte_order.h"
 
 namespace urdma::cm {
 namespace {
@@ -191,6 +192,13 @@ std::vector<OutgoingMad> Manager::take_outgoing() {
 }
 std::vector<Event> Manager::take_events() {
   return std::exchange(events_, {});
+}
+
+// Linux puts its CA GUID (big-endian, as the node GUID travels) in a REJ timeout's ARI.
+std::array<uint8_t, 8> Manager::guid_ari() const {
+  std::array<uint8_t, 8> g{};
+  wire::store_be64(g.data(), config_.local_ca_guid);
+  return g;
 }
 
 // --- message builders -----------------------------------------------------------------------
@@ -470,11 +478,7 @@ void Manager::destroy(ConnId id) {
   Conn* c = find(id);
   if (!c) return;
   c->silent = true;
-  const std::array<uint8_t, 8> guid = [&] {
-    std::array<uint8_t, 8> g{};
-    for (int i = 0; i < 8; ++i) g[i] = static_cast<uint8_t>(config_.local_ca_guid >> (56 - 8 * i));
-    return g;
-  }();
+  const std::array<uint8_t, 8> guid = guid_ari();
   switch (c->state) {
     case State::kReqSent:
     case State::kMraReqRcvd:
@@ -648,7 +652,7 @@ void Manager::receive(const Gid& src_gid, uint32_t src_qpn, std::span<const uint
       on_mra(mad);
       break;
     case wire::CmAttr::kRej:
-      on_rej(src_gid, mad);
+      on_rej(mad);
       break;
     case wire::CmAttr::kRep:
       on_rep(src_gid, mad);
@@ -830,8 +834,7 @@ void Manager::on_mra(const Mad& mad) {
   c->deadline_ns = clock_.now_ns() + c->tracked_timeout_ns;
 }
 
-void Manager::on_rej(const Gid& src, const Mad& mad) {
-  (void)src;
+void Manager::on_rej(const Mad& mad) {
   const wire::CmRejView rej(mad);
   Conn* c = find(rej.remote_comm_id());
   if (!c && rej.reason() == static_cast<uint16_t>(CmRejReason::kTimeout) && rej.ari().size() == 8) {
@@ -1151,11 +1154,7 @@ void Manager::run_timers() {
 // cm_process_send_error and the REJ its cm_destroy_id sends for a REQ).
 void Manager::on_send_timeout(Conn& c) {
   cancel_tracked(c);
-  const std::array<uint8_t, 8> guid = [&] {
-    std::array<uint8_t, 8> g{};
-    for (int i = 0; i < 8; ++i) g[i] = static_cast<uint8_t>(config_.local_ca_guid >> (56 - 8 * i));
-    return g;
-  }();
+  const std::array<uint8_t, 8> guid = guid_ari();
   switch (c.state) {
     case State::kReqSent:
     case State::kMraReqRcvd:

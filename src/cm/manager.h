@@ -340,6 +340,7 @@ class Manager {
   void send_tracked(Conn& c, const Mad& mad);  // the message that awaits an answer
   void resend_tracked(Conn& c);
   void cancel_tracked(Conn& c);
+  std::array<uint8_t, 8> guid_ari() const;
   void emit(Conn& c, Event e);
   void enter_timewait(Conn& c);
   void finish(Conn& c);  // to kIdle: the connection is gone once nothing refers to it
@@ -354,7 +355,7 @@ class Manager {
 
   void on_req(const Gid& src, const Mad& mad);
   void on_mra(const Mad& mad);
-  void on_rej(const Gid& src, const Mad& mad);
+  void on_rej(const Mad& mad);
   void on_rep(const Gid& src, const Mad& mad);
   void on_rtu(const Mad& mad);
   void on_dreq(const Gid& src, const Mad& mad);
