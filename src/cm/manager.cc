@@ -1134,7 +1134,7 @@ void Manager::run_timers() {
     Conn* c = find(id);
     if (!c) continue;
     if (c->state == State::kTimewait && c->timewait_end_ns <= now) {
-      // Linux: a connection that ended in a rejection reports no timewait exit.
+      // (A connection whose story ended in REJECTED is `silent`: its timewait reports nothing.)
       emit(*c, Event{.type = EventType::kTimewaitExit});
       finish(*c);
       continue;
