@@ -47,12 +47,13 @@ inline constexpr uint16_t kFlowPortMask = 0x3FFF;  // 14 bits: 0xC000..0xFFFF
 inline constexpr size_t kMaxSourcePorts = 64;
 inline constexpr size_t kDefaultSourcePorts = 16;
 
-// Socket buffer size adopt() asks for (SO_RCVBUF and SO_SNDBUF). Linux's default receive buffer
-// (net.core.rmem_default, ~208 KiB) holds ~25 datagrams of 4 KiB once skb overhead is counted,
-// while one RC QP may have EngineConfig::max_unacked_pkts (128) request packets in flight: a
-// burst from a fast sender then overflows it and turns into go-back-N retransmissions. 4 MiB
-// holds several QPs' windows.
-inline constexpr size_t kDefaultSocketBufferBytes = size_t{4} << 20;
+// A socket buffer size for UdpSocketIoOptions::socket_buffer_bytes. Linux's default receive
+// buffer (net.core.rmem_default, ~208 KiB) holds ~25 datagrams of 4 KiB once skb overhead is
+// counted, while one RC QP may have EngineConfig::max_unacked_pkts (128) request packets in
+// flight: a burst from a fast sender then overflows it and turns into go-back-N
+// retransmissions. 4 MiB holds several QPs' windows. (Runtime::open sizes urdmad's slot
+// sockets itself; the loopback benchmark passes this.)
+inline constexpr size_t kLargeSocketBufferBytes = size_t{4} << 20;
 
 struct UdpSocketIoOptions {
   // Send-only sockets on ports in 0xC000..0xFFFF (above): 0 = send only from the bound port, or a
@@ -61,7 +62,7 @@ struct UdpSocketIoOptions {
   // SO_RCVBUF / SO_SNDBUF for the socket, best effort: SO_RCVBUFFORCE / SO_SNDBUFFORCE when the
   // process may (CAP_NET_ADMIN), else the plain options, which the kernel caps at
   // net.core.rmem_max / wmem_max. 0 = leave the socket's sizes alone.
-  size_t socket_buffer_bytes = kDefaultSocketBufferBytes;
+  size_t socket_buffer_bytes = 0;
 };
 
 class UdpSocketIo final : public PacketIo {

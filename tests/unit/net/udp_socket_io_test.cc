@@ -405,19 +405,21 @@ TEST(UdpSocketIoTest, KernelSendsDontFragmentAndIpIdZero) {
   close(raw);
 }
 
-// adopt() asks for kDefaultSocketBufferBytes of receive and send buffer (a full window of 4 KiB
+// socket_buffer_bytes: adopt() asks for that much receive and send buffer (a full window of 4 KiB
 // packets must not overflow the default ~208 KiB); without CAP_NET_ADMIN the kernel caps it at
-// net.core.[rw]mem_max. Linux reports twice the size set (its bookkeeping overhead). 0 leaves
-// the socket alone.
-TEST(UdpSocketIoTest, AdoptEnlargesTheSocketBuffersUnlessToldNotTo) {
+// net.core.[rw]mem_max. Linux reports twice the size set (its bookkeeping overhead). The
+// default, 0, leaves the socket alone.
+TEST(UdpSocketIoTest, AdoptSetsTheSocketBuffersOnlyWhenAsked) {
   std::string error;
   const int fd = UdpSocketIo::bind_udp(*Endpoint::parse("127.0.0.1:0"), &error);
   ASSERT_GE(fd, 0) << error;
   const int rcv_before = socket_int(fd, SO_RCVBUF);
   const int snd_before = socket_int(fd, SO_SNDBUF);
-  auto io = UdpSocketIo::adopt(fd, &error);
+  UdpSocketIoOptions large;
+  large.socket_buffer_bytes = kLargeSocketBufferBytes;
+  auto io = UdpSocketIo::adopt(fd, &error, large);
   ASSERT_TRUE(io) << error;
-  const long want = static_cast<long>(kDefaultSocketBufferBytes);
+  const long want = static_cast<long>(kLargeSocketBufferBytes);
   EXPECT_GE(socket_int(io->readable_fd(), SO_RCVBUF),
             std::min(want, proc_long("/proc/sys/net/core/rmem_max")));
   EXPECT_GE(socket_int(io->readable_fd(), SO_SNDBUF),
@@ -425,9 +427,7 @@ TEST(UdpSocketIoTest, AdoptEnlargesTheSocketBuffersUnlessToldNotTo) {
 
   const int fd2 = UdpSocketIo::bind_udp(*Endpoint::parse("127.0.0.1:0"), &error);
   ASSERT_GE(fd2, 0) << error;
-  UdpSocketIoOptions untouched;
-  untouched.socket_buffer_bytes = 0;
-  auto io2 = UdpSocketIo::adopt(fd2, &error, untouched);
+  auto io2 = UdpSocketIo::adopt(fd2, &error);
   ASSERT_TRUE(io2) << error;
   EXPECT_EQ(socket_int(io2->readable_fd(), SO_RCVBUF), rcv_before);
   EXPECT_EQ(socket_int(io2->readable_fd(), SO_SNDBUF), snd_before);
