@@ -56,6 +56,7 @@ Engine::Engine(provider::Device& device, net::PacketIo& io, const net::Clock& cl
                EngineConfig config)
     : device_(device), io_(io), clock_(clock), config_(config) {
   base::check(config_.rx_batch >= 1 && config_.rx_batch <= net::kMaxBatch, "rx_batch out of range");
+  base::check(config_.tx_batch >= 1 && config_.tx_batch <= kTxBatch, "tx_batch out of range");
   base::check(config_.ack_req_interval_pkts >= 1, "ack_req_interval_pkts must be >= 1");
   base::check(config_.max_unacked_pkts >= 1 && config_.max_unacked_pkts <= wire::kPsnHalfWindow,
               "max_unacked_pkts out of range");
@@ -91,6 +92,7 @@ void Engine::forget(uint32_t qp_num) {
   if (it == contexts_.end()) return;
   QpContext* ctx = it->second.get();
   std::erase(active_, ctx);
+  std::erase(acks_pending_, ctx);
   by_handle_[ctx->qp->handle()] = nullptr;
   contexts_.erase(it);
 }
@@ -143,6 +145,7 @@ void Engine::poll() {
     return true;
   });
   // Nothing a turn built may wait past its end (memory_released: the turn's MR lookups).
+  send_pending_acks();
   flush_tx();
 }
 
@@ -345,6 +348,7 @@ void Engine::receive_batch() {
   // after learning of it: apply it before looking at them.
   if (n > 0) run_commands();
   for (size_t i = 0; i < n; ++i) handle_datagram(rx_slots_[i]);
+  send_pending_acks();
 }
 
 void Engine::handle_datagram(const net::RxDatagram& d) {
@@ -553,7 +557,7 @@ void Engine::send_packet(const Route& route) {
   tx_building_ = false;
   ++tx_queued_;
   // Behind a backlog nothing may overtake it: flush_tx moves the queue behind it at once.
-  if (tx_queued_ == kTxBatch || !tx_backlog_.empty()) flush_tx();
+  if (tx_queued_ >= config_.tx_batch || !tx_backlog_.empty()) flush_tx();
 }
 
 void Engine::flush_tx() {
@@ -624,7 +628,31 @@ void Engine::flush_backlog() {
   for (QpContext* ctx : active_) pause_timers(*ctx, paused);
 }
 
+void Engine::defer_ack(QpContext& ctx, uint32_t psn) {
+  if (!ctx.resp.ack_pending) acks_pending_.push_back(&ctx);
+  ctx.resp.ack_pending = true;
+  ctx.resp.ack_psn = psn;
+  ctx.resp.ack_msn = ctx.resp.msn;
+}
+
+void Engine::send_pending_ack(QpContext& ctx) {
+  if (!ctx.resp.ack_pending) return;
+  ctx.resp.ack_pending = false;
+  wire::PacketHeaders h = begin_packet(wire::op::kRcAck, 0);
+  h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+  h.bth().set_psn(ctx.resp.ack_psn & wire::kPsnMask);
+  h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+  h.aeth()->set_msn(ctx.resp.ack_msn & wire::kPsnMask);
+  send_packet(ctx.route);
+}
+
+void Engine::send_pending_acks() {
+  for (QpContext* ctx : acks_pending_) send_pending_ack(*ctx);
+  acks_pending_.clear();
+}
+
 void Engine::send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn) {
+  send_pending_ack(ctx);
   wire::PacketHeaders h = begin_packet(wire::op::kRcAck, 0);
   h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
   h.bth().set_psn(psn & wire::kPsnMask);
@@ -681,6 +709,7 @@ void Engine::flush(QpContext& ctx) {
   // ahead of the failure (IBA 10.3.1.5 SQE, 10.3.1.6 Error: outstanding and newly posted WRs
   // complete with a flush error).
   Requester& req = ctx.req;
+  send_pending_ack(ctx);  // what was acknowledged stays acknowledged
   flush_tx();  // queued packets may point into WQEs popped below (their inline data)
   bool flushing = false;
   while (const provider::SendWqe* wqe = ctx.qp->sq_peek_st(0)) {

@@ -163,6 +163,12 @@ struct Responder {
   // RC: a PSN sequence error NAK was sent for the current gap. Separate from `msg`: a gap can
   // open inside a message or between messages (and UC never NAKs).
   bool nak_sent = false;
+  // RC: an ACK owed but not yet sent (Engine::defer_ack): requests that ask for one within one
+  // received batch are acknowledged together by the last one's ACK (IBA 9.7.5.1.1: an ACK
+  // acknowledges every request up to its PSN). ack_msn is the MSN as of ack_psn.
+  bool ack_pending = false;
+  uint32_t ack_psn = 0;
+  uint32_t ack_msn = 0;
   // The receive WQE being filled (multi-packet SEND) or kept (a UD datagram too long for it
   // leaves it for the next one). Separate from `msg`: a WRITE with immediate takes one while
   // kInWrite, and UD keeps one between datagrams.

@@ -421,7 +421,7 @@ struct ResponderSteps {
     ++e.counters_.rdma_recvs;
     if (!rc) return RespState::kDone;
     if (pkt.bth().ack_req())
-      e.send_ack(ctx, wire::make_ack(wire::kAethCreditsInvalid), psn);
+      e.defer_ack(ctx, psn);  // sent at the end of the batch, or replaced by a later one
     else
       ++e.counters_.ack_deferred;
     return RespState::kDone;
@@ -641,6 +641,7 @@ void Engine::send_read_response(QpContext& ctx) {
     }
     src = ref.addr;
   }
+  send_pending_ack(ctx);  // responses leave in PSN order
   wire::PacketHeaders h = begin_packet(opcode, static_cast<size_t>(len));
   h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
   h.bth().set_psn(rr.psn);
@@ -658,6 +659,7 @@ void Engine::send_read_response(QpContext& ctx) {
 }
 
 void Engine::send_atomic_ack(QpContext& ctx, uint32_t psn, uint64_t orig) {
+  send_pending_ack(ctx);  // responses leave in PSN order
   wire::PacketHeaders h = begin_packet(wire::op::kRcAtomicAck, 0);
   h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
   h.bth().set_psn(psn);

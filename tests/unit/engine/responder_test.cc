@@ -66,6 +66,47 @@ TEST_F(ResponderTest, NoAckWithoutAckReq) {
   EXPECT_EQ(cqes().size(), 1u);
 }
 
+// IBA 9.7.5.1.1 (coalesced acknowledgements): requests asking for an ACK that arrive in one
+// received batch are acknowledged by one ACK of the last one's PSN and MSN; an ACK the
+// responder owes leaves before a NAK of the same batch (responses stay in PSN order).
+TEST_F(ResponderTest, OneBatchOfRequestsIsAcknowledgedOnceAndBeforeANak) {
+  for (uint64_t i = 0; i < 4; ++i) post_recv_buf(i, 16);
+  auto deliver = [&](uint32_t psn) {
+    std::vector<uint8_t> buf(kMaxPacketBytes);
+    const std::vector<uint8_t> payload = {1, 2, 3};
+    auto built = wire::build_packet(buf, op::kRcSendOnly, payload);
+    ASSERT_TRUE(built.has_value());
+    built->headers.bth().set_dest_qp(qp_->qp_num());
+    built->headers.bth().set_psn(psn);
+    built->headers.bth().set_pkey(0xFFFF);
+    built->headers.bth().set_ack_req(true);
+    buf.resize(built->layout.total_length());
+    const net::Endpoint from{kPeer, kPeerPort};
+    const net::Endpoint to{kLocal, net::kRoceV2UdpPort};
+    test::seal_icrc(buf, from, to);
+    io_.deliver(buf, from, to);
+  };
+  deliver(kRqPsn);
+  deliver(kRqPsn + 1);
+  deliver(kRqPsn + 2);
+  engine_.poll();
+  ASSERT_EQ(sent_count(), 1u);
+  EXPECT_TRUE(sent(0).aeth()->is_ack());
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn + 2);
+  EXPECT_EQ(sent(0).aeth()->msn(), 3u);
+  EXPECT_EQ(cqes().size(), 3u);
+
+  clear_sent();
+  deliver(kRqPsn + 3);
+  deliver(kRqPsn + 7);  // a gap: PSN Sequence Error NAK carrying kRqPsn + 4
+  engine_.poll();
+  ASSERT_EQ(sent_count(), 2u);
+  EXPECT_TRUE(sent(0).aeth()->is_ack());
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn + 3);
+  EXPECT_EQ(sent(0).aeth()->msn(), 4u);
+  expect_nak(1, wire::NakCode::kPsnSequenceError, kRqPsn + 4);
+}
+
 // IBA 9.7.5.2.2: a duplicate SEND is acknowledged again and not delivered twice.
 TEST_F(ResponderTest, DuplicateSendIsReackedNotRedelivered) {
   post_recv_buf(5);
