@@ -1,8 +1,8 @@
 // urdma_loopback_bench: RC over the real runtime between two processes on loopback, beside raw
 // UDP between the same two processes, measured in the same run and printed as ratios.
 //
-//   build-bench/bench/urdma_loopback_bench [--seconds S] [--rounds N] [--no-engine-thread]
-//                                          [--no-netns]
+//   build-bench/bench/urdma_loopback_bench [--seconds S] [--rounds N] [--tx-batch N]
+//                                          [--no-engine-thread] [--no-netns]
 //
 // Two processes (fork): host A (127.0.0.1, the requester; it prints) and host B (127.0.0.2).
 // Each runs a runtime::Runtime with its engine thread over a net::UdpSocketIo on its own UDP
@@ -12,7 +12,8 @@
 // --no-netns stays in the current one (then nothing may hold 127.0.0.{1,2}:4791).
 // --no-engine-thread runs both runtimes without their engine thread: only the application
 // threads drive the engines (B's busy-polls try_progress() during the WRITE streams), which
-// shows what the engine thread's wake-ups cost.
+// shows what the engine thread's wake-ups cost. --tx-batch N sets EngineConfig::tx_batch (packets
+// per sendmmsg; default 1, as the runtime runs today).
 //
 // What it measures (each RC row beside its raw-UDP limit, same processes, same run):
 //  * latency: 8-byte ping-pong. Raw: sendto + busy-polling recv(MSG_DONTWAIT) on both sides.
@@ -216,17 +217,23 @@ int bind_udp(const net::Address& a, uint16_t port) {
   return fd;
 }
 
-void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool engine_thread) {
+void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool engine_thread,
+               size_t tx_batch) {
   h.addr = addr;
   h.peer = peer;
   std::string err;
-  auto io = net::UdpSocketIo::adopt(bind_udp(addr, net::kRoceV2UdpPort), &err);
+  // Socket buffers as Runtime::open gives urdmad's slot sockets (4 MiB): the default ~208 KiB
+  // drops a window's burst of 4 KiB packets.
+  net::UdpSocketIoOptions options;
+  options.socket_buffer_bytes = net::kLargeSocketBufferBytes;
+  auto io = net::UdpSocketIo::adopt(bind_udp(addr, net::kRoceV2UdpPort), &err, options);
   require(io != nullptr, "UdpSocketIo::adopt");
   runtime::RuntimeConfig cfg;
   cfg.device = test::device_config(nullptr, addr, IBV_MTU_4096);
   cfg.device.max_mtu = IBV_MTU_4096;
   cfg.engine.local_address = addr;
   cfg.engine_thread = engine_thread;
+  cfg.engine.tx_batch = tx_batch;
   h.rt = std::make_unique<runtime::Runtime>(std::move(io), cfg);
   h.pd = h.dev().alloc_pd().value();
   h.cq_lat = h.dev().create_cq(kCqDepth).value();
@@ -566,7 +573,7 @@ Stream rc_write_stream(Host& h, int ctl, Phase phase, const HostInfo& peer, uint
 }
 
 int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double seconds,
-          uint32_t rounds) {
+          uint32_t rounds, size_t tx_batch) {
   for (int s = 0; s < kRecvDepth; ++s) post_recv_slot(h, s);
   // Warm-up: both paths once, untimed.
   (void)raw_latency(h, ctl, 1000);
@@ -588,8 +595,9 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
   const CountersMsg ca = counters_of(h);
 
   std::printf("urdma loopback benchmark: two processes, 127.0.0.1 <-> 127.0.0.2, runtime %s "
-              "over UdpSocketIo\n",
-              h.rt->engine_tid() != 0 ? "with engine threads" : "without engine threads");
+              "over UdpSocketIo, engine tx_batch %zu\n",
+              h.rt->engine_tid() != 0 ? "with engine threads" : "without engine threads",
+              tx_batch);
   std::printf("%-44s %14s %14s %8s %8s\n", "measurement", "RC", "raw UDP", "ratio", "target");
   std::printf("%-44s %11.2f us %11.2f us %8.2f %8s\n", "one-way latency 8 B, median (half RTT)",
               rc.median_us, raw.median_us, rc.median_us / raw.median_us, "<= 1.3");
@@ -634,22 +642,26 @@ int main(int argc, char** argv) {
   uint32_t rounds = 20'000;
   bool netns = true;
   bool engine_thread = true;
+  size_t tx_batch = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--seconds" && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
     } else if (a == "--rounds" && i + 1 < argc) {
       rounds = static_cast<uint32_t>(std::atoi(argv[++i]));
+    } else if (a == "--tx-batch" && i + 1 < argc) {
+      tx_batch = static_cast<size_t>(std::atoi(argv[++i]));
     } else if (a == "--no-engine-thread") {
       engine_thread = false;
     } else if (a == "--no-netns") {
       netns = false;
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds S] [--rounds N] [--no-engine-thread] [--no-netns]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seconds S] [--rounds N] [--tx-batch N] [--no-engine-thread] [--no-netns]\n", argv[0]);
       return 2;
     }
   }
   require(seconds > 0 && rounds > 0, "--seconds and --rounds must be positive");
+  require(tx_batch >= 1 && tx_batch <= net::kMaxBatch, "--tx-batch must be 1..64");
   if (netns && geteuid() == 0 && !enter_netns())
     std::fprintf(stderr, "urdma_loopback_bench: unshare(CLONE_NEWNET) failed; current namespace\n");
 
@@ -664,7 +676,7 @@ int main(int argc, char** argv) {
   close(is_a ? sv[1] : sv[0]);
 
   Host h;
-  open_host(h, is_a ? a_addr : b_addr, is_a ? b_addr : a_addr, engine_thread);
+  open_host(h, is_a ? a_addr : b_addr, is_a ? b_addr : a_addr, engine_thread, tx_batch);
   // Exchange QPNs and keys, then bring the QPs up towards the peer.
   ctl_send(ctl, info_of(h));
   ctl_send(ctl, h.rate_mr->rkey());
@@ -677,7 +689,7 @@ int main(int argc, char** argv) {
     h.rt.reset();
     return 0;
   }
-  const int rc = run_a(h, ctl, peer, peer_rate_rkey, seconds, rounds);
+  const int rc = run_a(h, ctl, peer, peer_rate_rkey, seconds, rounds, tx_batch);
   h.rt.reset();  // the engine thread stops before the buffers go
   int status = 0;
   waitpid(child, &status, 0);
