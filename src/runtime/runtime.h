@@ -76,6 +76,11 @@ class Runtime final : public engine::Waker {
 
   provider::Device& device() { return device_; }
 
+  // The urdmad connection holding the slot (null for a Runtime made over any PacketIo): librdmacm
+  // listens on service IDs through it and reads the slot (its number, a dup of its socket for
+  // sending CM MADs) from kept_slot(). Client calls are thread-safe (client.h).
+  daemon::Client* daemon_client() { return client_.get(); }
+
   // Any thread (ibv_poll_cq finding its CQ empty): runs one engine turn on this thread if
   // nobody holds the progress token; false if somebody does (the engine is being driven).
   bool try_progress();
