@@ -1,0 +1,346 @@
+// Debian's perftest, unmodified, on our libibverbs.so.1: ib_write_bw, ib_read_bw, ib_send_bw,
+// ib_atomic_bw and ib_write_lat, ib_read_lat, ib_send_lat, ib_atomic_lat run to completion at
+// several sizes, between two processes of one host and between two network namespaces joined
+// by a veth pair (each with the urdmad our library starts there).
+//
+// Each binary runs with LD_LIBRARY_PATH naming the build's lib/ directory and LD_BIND_NOW=1
+// (perftest links libmlx5/libefa, which must load beside our library). The GID index passed
+// with -x is the one `ibv_devinfo -v` (on our library) shows for the address used.
+//
+// What is checked is what perftest prints and how it exits: both sides exit 0; the result row
+// of the client (and of a bandwidth server, which prints one too) names the message size and
+// the iteration count asked for, with a positive bandwidth (--report_gbits) or sane latencies
+// (0 < t_min <= t_avg <= t_max); no line reports an error. perftest checks no data: the bytes
+// themselves are proven by the unit tests and the pingpongs with -c.
+//
+// Budget: small iteration counts (-n), a handful of sizes; about 40 s on one host plus 20 s
+// across namespaces in the plain build.
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "netns_harness.h"
+
+namespace urdma::process_test {
+namespace {
+
+constexpr const char* kLibDir = URDMA_LIB_DIR;
+
+bool have_tool(const char* name) {
+  return std::system(("command -v " + std::string(name) + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+std::string tool_env() {
+  std::string env = std::string("env LD_LIBRARY_PATH=") + kLibDir + " URDMA_DAEMON=" +
+                    URDMA_DAEMON_PATH + " URDMA_IDLE_TIMEOUT_MS=2000 LD_BIND_NOW=1";
+#ifdef URDMA_PRELOAD
+  env += std::string(" LD_PRELOAD=") + URDMA_PRELOAD + " ASAN_OPTIONS=detect_leaks=0";
+#endif
+  return env + " ";
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct ToolRun {
+  int exit_code = -1;  // -1: did not exit in time / killed
+  std::string output;
+};
+
+struct Started {
+  pid_t pid = -1;
+  std::string out_path;
+};
+
+Started start(const std::string& command) {
+  static int counter = 0;
+  Started s;
+  s.out_path = "/tmp/urdma_perftest_" + std::to_string(getpid()) + "_" +
+               std::to_string(counter++) + ".out";
+  const std::string line = tool_env() + command + " >" + s.out_path + " 2>&1";
+  s.pid = fork_process([line] {
+    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    return 127;
+  });
+  return s;
+}
+
+ToolRun finish(const Started& s, int timeout_ms) {
+  ToolRun r;
+  const std::optional<int> status = wait_exit(s.pid, timeout_ms);
+  if (!status) {
+    kill(s.pid, SIGKILL);
+    waitpid(s.pid, nullptr, 0);
+  } else if (WIFEXITED(*status)) {
+    r.exit_code = WEXITSTATUS(*status);
+  }
+  r.output = slurp(s.out_path);
+  unlink(s.out_path.c_str());
+  return r;
+}
+
+ToolRun run(const std::string& command, int timeout_ms) { return finish(start(command), timeout_ms); }
+
+bool tcp_listening(unsigned port) {
+  char hex[8];
+  std::snprintf(hex, sizeof hex, ":%04X", port);
+  for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line)) {
+      std::istringstream in(line);
+      std::string sl, local, remote, state;
+      in >> sl >> local >> remote >> state;
+      if (local.size() > 5 && local.ends_with(hex) && state == "0A") return true;
+    }
+  }
+  return false;
+}
+
+bool wait_listening(unsigned port, int timeout_ms) {
+  for (int waited = 0; waited < timeout_ms; waited += 10) {
+    if (tcp_listening(port)) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+// The GID index `ibv_devinfo -v` shows for an IPv4 address, or -1.
+int gid_index_of(const std::string& devinfo, const std::string& ipv4) {
+  const std::regex re("GID\\[\\s*(\\d+)\\]:\\s*::ffff:" +
+                      std::regex_replace(ipv4, std::regex("\\."), "\\.") + ", RoCE v2");
+  std::smatch m;
+  if (!std::regex_search(devinfo, m, re)) return -1;
+  return std::stoi(m[1]);
+}
+
+// ---- perftest ----
+
+struct Case {
+  const char* tool;
+  int size;
+  int iters;
+};
+
+bool is_lat(const char* tool) { return std::string(tool).ends_with("_lat"); }
+
+// Every tool at its sizes (atomics are 8 bytes by definition). Bandwidth and latency tools run
+// in two tests, each in a namespace (and urdmad) of its own: fewer than 32 processes each (see
+// the note at the one-host tests).
+std::vector<Case> bw_cases_one_host() {
+  return {{"ib_write_bw", 64, 200}, {"ib_write_bw", 65536, 200}, {"ib_write_bw", 1 << 20, 30},
+          {"ib_read_bw", 64, 200},  {"ib_read_bw", 65536, 100},  {"ib_read_bw", 1 << 20, 20},
+          {"ib_send_bw", 64, 200},  {"ib_send_bw", 65536, 100},  {"ib_send_bw", 1 << 20, 20},
+          {"ib_atomic_bw", 8, 200}};
+}
+
+std::vector<Case> lat_cases_one_host() {
+  return {{"ib_write_lat", 2, 200}, {"ib_write_lat", 4096, 200}, {"ib_read_lat", 2, 200},
+          {"ib_read_lat", 4096, 200}, {"ib_send_lat", 2, 200},   {"ib_send_lat", 4096, 200},
+          {"ib_atomic_lat", 8, 200}};
+}
+
+std::vector<Case> cases_two_hosts() {
+  return {{"ib_write_bw", 4096, 100}, {"ib_write_bw", 1 << 20, 10}, {"ib_read_bw", 65536, 50},
+          {"ib_send_bw", 65536, 50},  {"ib_atomic_bw", 8, 100},     {"ib_write_lat", 64, 100},
+          {"ib_read_lat", 64, 100},   {"ib_send_lat", 4096, 100},   {"ib_atomic_lat", 8, 100}};
+}
+
+// -F: no CPU-frequency warning. -u 16: a 268 ms local ACK timeout (perftest's default 14 is
+// 67 ms, and 7 retries of it are less than a loaded 2-core CI machine may keep a spinning peer
+// off the CPU; the runtime tests use the same timeout for the same reason).
+std::string perftest_args(const Case& c, unsigned port, int gid) {
+  std::string a = std::string(c.tool) + " -d urdma0 -x " + std::to_string(gid) + " -p " +
+                  std::to_string(port) + " -n " + std::to_string(c.iters) + " -F -u 16";
+  if (!std::string(c.tool).starts_with("ib_atomic")) a += " -s " + std::to_string(c.size);
+  if (!is_lat(c.tool)) a += " --report_gbits";
+  return a;
+}
+
+// The numbers of a result row (the line after the "#bytes" header).
+std::vector<double> result_row(const std::string& out) {
+  std::istringstream in(out);
+  std::string line;
+  bool header = false;
+  while (std::getline(in, line)) {
+    if (line.find("#bytes") != std::string::npos) {
+      header = true;
+      continue;
+    }
+    if (!header) continue;
+    std::istringstream row(line);
+    std::vector<double> v;
+    double d;
+    while (row >> d) v.push_back(d);
+    if (!v.empty()) return v;
+  }
+  return {};
+}
+
+// One side's output: exit 0, a result row for the size and iterations asked for, sane numbers,
+// no error lines. `needs_row`: a latency server prints no result.
+void expect_perftest_ok(const ToolRun& r, const Case& c, const char* side, bool needs_row) {
+  SCOPED_TRACE(std::string(c.tool) + " " + side + " -s " + std::to_string(c.size) + " -n " +
+               std::to_string(c.iters));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* bad : {"rror", "Couldn't", "Failed", "Unable", "failed"})
+    EXPECT_EQ(r.output.find(bad), std::string::npos) << bad << " in:\n" << r.output;
+  if (!needs_row) return;
+  const std::vector<double> v = result_row(r.output);
+  ASSERT_GE(v.size(), 4u) << r.output;
+  EXPECT_EQ(v[0], c.size) << r.output;
+  EXPECT_EQ(v[1], c.iters) << r.output;
+  if (is_lat(c.tool)) {
+    // #bytes #iterations t_min t_max t_typical t_avg ...
+    ASSERT_GE(v.size(), 6u) << r.output;
+    EXPECT_GT(v[2], 0.0) << r.output;
+    EXPECT_LE(v[2], v[5]) << r.output;
+    EXPECT_LE(v[5], v[3]) << r.output;
+  } else {
+    // #bytes #iterations BW_peak BW_average MsgRate (Gb/s: --report_gbits)
+    EXPECT_NE(r.output.find("BW average[Gb/sec]"), std::string::npos) << r.output;
+    EXPECT_GT(v[3], 0.0) << r.output;
+    EXPECT_GT(v[4], 0.0) << r.output;
+  }
+}
+
+class Perftest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* t : {"ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw",
+                          "ib_write_lat", "ib_read_lat", "ib_send_lat", "ib_atomic_lat",
+                          "ibv_devinfo"})
+      if (!have_tool(t)) GTEST_SKIP() << t << " not installed (scripts/deps.sh: perftest)";
+  }
+};
+
+// Server and client as two processes of one namespace, GID of 127.0.0.1, one case after the
+// other on a fresh TCP port.
+void run_one_host(const std::vector<Case>& cases, unsigned first_port) {
+  const ToolRun info = run("ibv_devinfo -v", 10000);
+  const int gid = gid_index_of(info.output, "127.0.0.1");
+  ASSERT_GE(gid, 0) << info.output;
+  unsigned port = first_port;
+  for (const Case& c : cases) {
+    const std::string args = perftest_args(c, port, gid);
+    const Started server = start(args);
+    ASSERT_TRUE(wait_listening(port, 5000)) << c.tool << " server did not listen";
+    const ToolRun client = run(args + " 127.0.0.1", 30000);
+    const ToolRun srv = finish(server, 10000);
+    expect_perftest_ok(client, c, "client", true);
+    expect_perftest_ok(srv, c, "server", !is_lat(c.tool));
+    ++port;
+  }
+}
+
+// Each perftest process leases a urdmad slot. These tests stay below 32 processes per
+// namespace: at the time of writing the 33rd lease of a 64-slot daemon (the 9th of a 16-slot
+// one) gives a process whose peers' packets never arrive (RETRY_EXC_ERR) — a daemon/steering
+// bug reported separately, not a perftest one.
+TEST_F(Perftest, BandwidthToolsBetweenTwoProcessesOnOneHost) {
+  in_fresh_netns([] { run_one_host(bw_cases_one_host(), 19100); }, 120);
+}
+
+TEST_F(Perftest, LatencyToolsBetweenTwoProcessesOnOneHost) {
+  in_fresh_netns([] { run_one_host(lat_cases_one_host(), 19200); }, 90);
+}
+
+// Host A is this namespace, host B a child in a namespace of its own with its own urdmad; a
+// veth pair (10.89.1.0/24) joins them. B runs the servers, A the clients.
+TEST_F(Perftest, ToolsBetweenTwoNamespacesOverAVethPair) {
+  in_fresh_netns(
+      [] {
+        struct Job {
+          int index;  // into cases_two_hosts(); -1 ends
+          unsigned port;
+        };
+        struct Ready {
+          int gid;  // B's GID index for 10.89.1.2, -1 if the server did not start
+        };
+        struct Done {
+          int exit_code;
+          int ok;  // the server's output passed expect_perftest_ok in B
+        };
+        const std::vector<Case> cases = cases_two_hosts();
+        Pipe b_pid_pipe, veth_made, jobs, ready, done;
+        const pid_t b = fork_process([&] {
+          if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
+          b_pid_pipe.put(getpid());
+          char ch;
+          if (!veth_made.get(&ch, 5000)) return 11;
+          if (std::system("ip addr add 10.89.1.2/24 dev pb && ip link set pb up") != 0) return 12;
+          const ToolRun info = run("ibv_devinfo -v", 10000);
+          const int gid = gid_index_of(info.output, "10.89.1.2");
+          if (gid < 0) std::fprintf(stderr, "B's devinfo:\n%s\n", info.output.c_str());
+          Job job;
+          while (jobs.get(&job, 60000)) {
+            if (job.index < 0) break;
+            const Case& c = cases[static_cast<size_t>(job.index)];
+            const Started server = start(perftest_args(c, job.port, gid));
+            Ready r{wait_listening(job.port, 5000) ? gid : -1};
+            ready.put(r);
+            const ToolRun srv = finish(server, 30000);
+            // Checked here with the same rules; the verdict goes to A (gtest in B is silent).
+            bool ok = srv.exit_code == 0;
+            for (const char* bad : {"rror", "Couldn't", "Failed", "Unable", "failed"})
+              ok = ok && srv.output.find(bad) == std::string::npos;
+            if (!is_lat(c.tool)) {
+              const std::vector<double> v = result_row(srv.output);
+              ok = ok && v.size() >= 5 && v[0] == c.size && v[1] == c.iters && v[3] > 0;
+            }
+            if (!ok) std::fprintf(stderr, "B (%s):\n%s\n", c.tool, srv.output.c_str());
+            done.put(Done{srv.exit_code, ok ? 1 : 0});
+          }
+          return 0;
+        });
+        pid_t b_pid;
+        ASSERT_TRUE(b_pid_pipe.get(&b_pid));
+        if (std::system(("ip link add pa type veth peer name pb netns " + std::to_string(b_pid) +
+                         " 2>&1")
+                            .c_str()) != 0)
+          skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
+        ASSERT_TRUE(sh("ip addr add 10.89.1.1/24 dev pa && ip link set pa up"));
+        veth_made.put('x');
+        const ToolRun info = run("ibv_devinfo -v", 10000);
+        const int gid = gid_index_of(info.output, "10.89.1.1");
+        ASSERT_GE(gid, 0) << info.output;
+        unsigned port = 19300;
+        for (size_t i = 0; i < cases.size(); ++i) {
+          const Case& c = cases[i];
+          Job job{static_cast<int>(i), port++};
+          ASSERT_TRUE(jobs.put(job));
+          Ready r{};
+          ASSERT_TRUE(ready.get(&r, 15000));
+          ASSERT_GE(r.gid, 0) << "B's " << c.tool << " server did not start, or B has no GID";
+          const ToolRun client = run(perftest_args(c, job.port, gid) + " 10.89.1.2", 30000);
+          expect_perftest_ok(client, c, "client (A)", true);
+          Done d{};
+          ASSERT_TRUE(done.get(&d, 35000));
+          SCOPED_TRACE(std::string(c.tool) + " server (B) -s " + std::to_string(c.size));
+          EXPECT_EQ(d.exit_code, 0);
+          EXPECT_EQ(d.ok, 1);
+        }
+        jobs.put(Job{-1, 0});
+        const std::optional<int> status = wait_exit(b, 10000);
+        ASSERT_TRUE(status.has_value());
+        EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+      },
+      120);
+}
+
+}  // namespace
+}  // namespace urdma::process_test
