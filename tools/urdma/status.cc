@@ -51,7 +51,14 @@ int query(bool spawn, bool want_clients, Snapshot* s, const char* who) {
     return 1;
   }
   int err = client.query_status(&s->status);
-  if (err == 0 && want_clients) err = client.query_clients(&s->page, &s->clients);
+  if (err == 0 && want_clients) {
+    err = client.query_clients(&s->page, &s->clients);
+    if (err == EPROTO) {  // an urdmad older than kQueryClients: show the rest
+      std::cerr << who << ": this urdmad does not list its clients (an older version)\n";
+      s->clients.clear();
+      err = 0;
+    }
+  }
   if (err == 0) err = client.query_gids(&s->gids);
   if (err != 0) {
     std::cerr << who << ": urdmad did not answer: " << std::strerror(err) << '\n';
