@@ -1,0 +1,1196 @@
+// librdmacm.so.1 over urdma: rdma_cm's API on cm::Manager, with CM MADs over the process's
+// urdmad slot.
+//
+// THE PROCESS: one `Cma` (below), made at the first call that needs the device. It opens urdma0
+// through OUR libibverbs (so the application's own ibv_open_device and ours view the same
+// runtime: one slot, one QPN range, one key space), and from that runtime's urdmad connection
+// (runtime::Runtime::daemon_client) takes the slot number and a dup of the slot's UDP socket.
+//  * Receiving: a second urdmad connection is the slot's MAD channel (daemon::Client::
+//    open_mad_channel): REQ/SIDR_REQ for our listened service IDs and every MAD whose
+//    communication ID carries our slot arrive there as datagrams (BTH..ICRC).
+//  * Sending: a sendmsg on the dup of the slot socket, from any thread holding the lock. One UDP
+//    datagram per sendmsg is atomic in the kernel, so it needs nothing from the engine thread
+//    (which owns the PacketIo and sends on the same socket); IP_PKTINFO picks the source address
+//    of the GID the Manager chose, and the ICRC is computed for the socket's own source port.
+//  * The CM thread: polls the MAD channel and a wake-up eventfd, with the Manager's next timer
+//    as timeout; feeds MADs and time to the Manager, applies QP attributes, queues events.
+// Everything the Manager and the ids hold is under one mutex (`Cma::mu`).
+//
+// EVENT CHANNELS: an eventfd in semaphore mode counts the queued events; rdma_get_cm_event
+// reads it (blocking unless the application made the fd non-blocking: EAGAIN) then pops one.
+//
+// What is not built returns the error rdma-core's man pages give for an unsupported operation
+// (ENOSYS), and rsockets set errno ENOSYS too.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "cm/manager.h"
+#include "daemon/client.h"
+#include "daemon/protocol.h"
+#include "net/clock.h"
+#include "runtime/runtime.h"
+#include "verbs/internal.h"
+#include "wire/headers.h"
+#include "wire/icrc.h"
+#include "wire/opcode.h"
+#include "wire/packet.h"
+#include "wire/rdma_cm_ip.h"
+
+#define URDMA_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using urdma::cm::ConnId;
+using urdma::cm::Gid;
+
+int fail(int err) {
+  errno = err;
+  return -1;
+}
+
+struct Channel {
+  rdma_event_channel ch;  // first: the application's pointer
+  std::deque<rdma_cm_event*> queue;
+};
+
+enum class IdState { kIdle, kBound, kAddrResolved, kRouteResolved, kListening, kConnecting,
+                     kRequest, kConnected, kDisconnected };
+
+struct Id {
+  rdma_cm_id id;  // first
+  Channel* chan = nullptr;
+  IdState state = IdState::kIdle;
+  bool has_conn = false;
+  ConnId conn = 0;
+  uint64_t listen_sid = 0;
+  bool listening = false;
+  Gid sgid{};
+  Gid dgid{};
+  uint8_t sgid_index = 0;
+  uint16_t local_port = 0;  // host order
+  uint32_t starting_psn = 0;
+  int pending_events = 0;
+  static Id* from(rdma_cm_id* x) { return reinterpret_cast<Id*>(x); }
+};
+
+// An event with the storage its private data points into.
+struct Event {
+  rdma_cm_event ev;  // first
+  std::vector<uint8_t> private_data;
+  Id* owner = nullptr;
+};
+
+Gid gid_of(const sockaddr* sa) {
+  Gid g{};
+  if (sa->sa_family == AF_INET) {
+    auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    g[10] = g[11] = 0xFF;
+    std::memcpy(&g[12], &in->sin_addr, 4);
+  } else if (sa->sa_family == AF_INET6) {
+    std::memcpy(g.data(), &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, 16);
+  }
+  return g;
+}
+bool gid_is_v4(const Gid& g) {
+  static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
+  return std::memcmp(g.data(), kPrefix, 12) == 0;
+}
+void set_sockaddr(sockaddr_storage* out, const Gid& g, uint16_t port_host) {
+  std::memset(out, 0, sizeof *out);
+  if (gid_is_v4(g)) {
+    auto* in = reinterpret_cast<sockaddr_in*>(out);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(port_host);
+    std::memcpy(&in->sin_addr, &g[12], 4);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(out);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(port_host);
+    std::memcpy(&in6->sin6_addr, g.data(), 16);
+  }
+}
+uint16_t port_of(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
+  if (sa->sa_family == AF_INET6)
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
+  return 0;
+}
+size_t sockaddr_size(const sockaddr* sa) {
+  return sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
+
+urdma::wire::RdmaPortSpace port_space(rdma_port_space ps) {
+  switch (ps) {
+    case RDMA_PS_UDP: return urdma::wire::RdmaPortSpace::kUdp;
+    case RDMA_PS_IB: return urdma::wire::RdmaPortSpace::kIb;
+    case RDMA_PS_IPOIB: return urdma::wire::RdmaPortSpace::kIpoib;
+    default: return urdma::wire::RdmaPortSpace::kTcp;
+  }
+}
+
+class Cma {
+ public:
+  std::mutex mu;
+  ibv_context* verbs = nullptr;
+  ibv_pd* default_pd = nullptr;
+  int open_errno = 0;
+  bool opened = false;
+
+  int open_locked();
+  void wake();
+  uint32_t random_psn() { return static_cast<uint32_t>(rng_()) & 0xFFFFFF; }
+  uint16_t ephemeral_port();
+  int find_gid_index(const Gid& g, uint8_t* index);
+
+  // Under mu: after any Manager call, apply what it produced.
+  void pump_locked();
+  void queue_event(Id* id, rdma_cm_event_type type, int status,
+                   const urdma::cm::Event* src = nullptr, Id* listen = nullptr);
+
+  std::unique_ptr<urdma::cm::Manager> manager;
+  std::map<ConnId, Id*> by_conn;
+  std::map<uint64_t, Id*> listeners;  // service ID -> listening id
+  std::set<Id*> live;
+  std::set<uint16_t> ports_in_use;
+  urdma::daemon::Client* slot_client = nullptr;
+
+ private:
+  void loop();
+  void receive_locked(const urdma::daemon::MadDelivery& info, const std::vector<uint8_t>& dgram);
+  void send_mad_locked(const urdma::cm::OutgoingMad& m);
+  void apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q);
+  void to_error_locked(Id* id);
+
+  urdma::net::MonotonicClock clock_;
+  std::mt19937_64 rng_{std::random_device{}()};
+  urdma::daemon::Client mad_channel_;
+  int send_fd_ = -1;
+  int send_family_ = AF_INET6;
+  uint16_t send_port_ = 0;
+  uint32_t mad_psn_ = 0;
+  int wake_fd_ = -1;
+  std::thread thread_;
+};
+
+Cma& cma() {
+  static Cma* c = new Cma;  // lives as long as the process (threads may still run at exit)
+  return *c;
+}
+
+int Cma::open_locked() {
+  if (opened) return open_errno;
+  opened = true;
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (!list || n == 0) {
+    if (list) ibv_free_device_list(list);
+    return open_errno = ENODEV;
+  }
+  verbs = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!verbs) return open_errno = errno ? errno : ENODEV;
+  // The runtime our libibverbs opened (verbs/internal.h: every context is a runtime view).
+  urdma::runtime::Runtime& rt = urdma::verbs::Context::from(verbs)->rt->runtime();
+  slot_client = rt.daemon_client();
+  const urdma::daemon::Slot* slot = slot_client ? slot_client->kept_slot() : nullptr;
+  if (!slot) return open_errno = ENODEV;
+  send_fd_ = fcntl(slot->fd.get(), F_DUPFD_CLOEXEC, 0);
+  if (send_fd_ < 0) return open_errno = errno;
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  if (getsockname(send_fd_, reinterpret_cast<sockaddr*>(&local), &len) != 0)
+    return open_errno = errno;
+  send_family_ = local.ss_family;
+  send_port_ = port_of(reinterpret_cast<sockaddr*>(&local));
+
+  std::string why;
+  if (int e = urdma::daemon::Client::connect_or_spawn({}, &mad_channel_, &why)) return open_errno = e;
+  if (int e = mad_channel_.open_mad_channel(slot->info.slot)) return open_errno = e;
+
+  ibv_device_attr dattr{};
+  urdma::cm::ManagerConfig cfg;
+  cfg.slot = slot->info.slot;
+  cfg.local_ca_guid = be64toh(ibv_get_device_guid(verbs->device));
+  cfg.seed = rng_();
+  cfg.tid_high = static_cast<uint32_t>(rng_());
+  if (ibv_query_device(verbs, &dattr) == 0) {
+    cfg.max_initiator_depth = static_cast<uint8_t>(std::min(dattr.max_qp_rd_atom, 255));
+    cfg.max_responder_resources = static_cast<uint8_t>(std::min(dattr.max_qp_init_rd_atom, 255));
+  }
+  manager = std::make_unique<urdma::cm::Manager>(cfg, clock_);
+  mad_psn_ = random_psn();
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) return open_errno = errno;
+  thread_ = std::thread([this] { loop(); });
+  thread_.detach();
+  return 0;
+}
+
+void Cma::wake() {
+  uint64_t one = 1;
+  if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof one);
+}
+
+uint16_t Cma::ephemeral_port() {
+  for (int i = 0; i < 100000; ++i) {
+    auto p = static_cast<uint16_t>(32768 + rng_() % 28232);
+    if (!ports_in_use.count(p)) return p;
+  }
+  return 0;
+}
+
+int Cma::find_gid_index(const Gid& g, uint8_t* index) {
+  ibv_port_attr pattr{};
+  if (ibv_query_port(verbs, 1, &pattr) != 0) return errno;
+  for (int i = 0; i < pattr.gid_tbl_len; ++i) {
+    ibv_gid gid{};
+    if (ibv_query_gid(verbs, 1, i, &gid) != 0) continue;
+    if (std::memcmp(gid.raw, g.data(), 16) == 0) {
+      *index = static_cast<uint8_t>(i);
+      return 0;
+    }
+  }
+  return EADDRNOTAVAIL;
+}
+
+void Cma::loop() {
+  for (;;) {
+    uint64_t deadline;
+    {
+      std::lock_guard lock(mu);
+      deadline = manager->next_deadline_ns();
+    }
+    int timeout_ms = -1;
+    if (deadline != urdma::net::kNever) {
+      const uint64_t now = clock_.now_ns();
+      timeout_ms = deadline <= now ? 0 : static_cast<int>(std::min<uint64_t>(
+                                              (deadline - now + 999'999) / 1'000'000, 60'000));
+    }
+    pollfd fds[2] = {{mad_channel_.fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const int r = poll(fds, 2, timeout_ms);
+    if (r < 0 && errno != EINTR) return;
+    if (fds[1].revents & POLLIN) {
+      uint64_t v;
+      (void)!read(wake_fd_, &v, sizeof v);
+    }
+    if (fds[0].revents & (POLLHUP | POLLERR)) return;  // urdmad went away: no more MADs
+    std::lock_guard lock(mu);
+    for (;;) {
+      urdma::daemon::MadDelivery info{};
+      std::vector<uint8_t> dgram;
+      if (mad_channel_.next_mad(&info, &dgram) != 0) break;
+      receive_locked(info, dgram);
+    }
+    if (manager->next_deadline_ns() <= clock_.now_ns()) manager->run_timers();
+    pump_locked();
+  }
+}
+
+void Cma::receive_locked(const urdma::daemon::MadDelivery& info,
+                         const std::vector<uint8_t>& dgram) {
+  auto parsed = urdma::wire::parse_packet(dgram);
+  if (!parsed || parsed->opcode() != urdma::wire::op::kUdSendOnly || !parsed->deth()) return;
+  if (parsed->bth().dest_qp() != urdma::wire::kMadGsiQpn) return;
+  if (parsed->deth()->qkey() != urdma::wire::kMadGsiQKey) return;
+  // The ICRC: the source and destination addresses and ports it covers came with the MAD.
+  Gid src{}, dst{};
+  std::memcpy(src.data(), info.src_address, 16);
+  std::memcpy(dst.data(), info.dst_address, 16);
+  bool ok;
+  if (gid_is_v4(src)) {
+    urdma::wire::IcrcIpv4Flow flow;
+    std::memcpy(flow.src_addr.data(), &src[12], 4);
+    std::memcpy(flow.dst_addr.data(), &dst[12], 4);
+    flow.udp_src_port = info.src_port;
+    flow.udp_dst_port = info.dst_port;
+    ok = urdma::wire::verify_icrc_ipv4(flow, dgram, urdma::wire::Ipv4DfSearch::kSetOnly).ok;
+  } else {
+    urdma::wire::IcrcIpv6 h;
+    std::memcpy(h.src_addr.data(), src.data(), 16);
+    std::memcpy(h.dst_addr.data(), dst.data(), 16);
+    h.udp_src_port = info.src_port;
+    h.udp_dst_port = info.dst_port;
+    ok = urdma::wire::verify_icrc_ipv6(h, dgram);
+  }
+  if (!ok) return;
+  manager->receive(src, parsed->deth()->src_qp(), parsed->payload());
+}
+
+void Cma::send_mad_locked(const urdma::cm::OutgoingMad& m) {
+  std::array<uint8_t, 12 + 8 + urdma::wire::kMadSize + 4> buf{};
+  auto built = urdma::wire::build_packet(buf, urdma::wire::op::kUdSendOnly, m.mad);
+  if (!built) return;
+  auto bth = built->headers.bth();
+  bth.set_pkey(urdma::wire::kDefaultPkey);
+  bth.set_dest_qp(m.dest_qpn);
+  bth.set_psn(mad_psn_);
+  mad_psn_ = (mad_psn_ + 1) & urdma::wire::kQpnMask;
+  auto deth = *built->headers.deth();
+  deth.set_qkey(urdma::wire::kMadGsiQKey);
+  deth.set_src_qp(urdma::wire::kMadGsiQpn);
+  // The source GID: the one the Manager put in the message's path (REQ: the local GID).
+  // Received requests are answered from the address they came to; we keep it per connection
+  // in the ids, but the Manager's OutgoingMad names only the destination, so use the local
+  // address the kernel routes from.
+  Gid src{};
+  {
+    sockaddr_storage dst{};
+    set_sockaddr(&dst, m.dest_gid, urdma::wire::kRoceV2UdpPort);
+    const int probe = socket(dst.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) return;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    const bool routed =
+        connect(probe, reinterpret_cast<sockaddr*>(&dst), sockaddr_size(reinterpret_cast<sockaddr*>(&dst))) == 0 &&
+        getsockname(probe, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+    close(probe);
+    if (!routed) return;
+    src = gid_of(reinterpret_cast<sockaddr*>(&local));
+  }
+  if (gid_is_v4(m.dest_gid)) {
+    urdma::wire::IcrcIpv4 h;
+    std::memcpy(h.flow.src_addr.data(), &src[12], 4);
+    std::memcpy(h.flow.dst_addr.data(), &m.dest_gid[12], 4);
+    h.flow.udp_src_port = send_port_;
+    urdma::wire::seal_icrc(h, built->datagram);
+  } else {
+    urdma::wire::IcrcIpv6 h;
+    std::memcpy(h.src_addr.data(), src.data(), 16);
+    std::memcpy(h.dst_addr.data(), m.dest_gid.data(), 16);
+    h.udp_src_port = send_port_;
+    urdma::wire::seal_icrc(h, built->datagram);
+  }
+  sockaddr_storage to{};
+  socklen_t tolen;
+  if (send_family_ == AF_INET) {
+    if (!gid_is_v4(m.dest_gid)) return;
+    set_sockaddr(&to, m.dest_gid, urdma::wire::kRoceV2UdpPort);
+    tolen = sizeof(sockaddr_in);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&to);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(urdma::wire::kRoceV2UdpPort);
+    std::memcpy(&in6->sin6_addr, m.dest_gid.data(), 16);
+    tolen = sizeof(sockaddr_in6);
+  }
+  iovec iov{built->datagram.data(), built->datagram.size()};
+  msghdr msg{};
+  msg.msg_name = &to;
+  msg.msg_namelen = tolen;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(in6_pktinfo))] = {};
+  msg.msg_control = control;
+  cmsghdr* c = reinterpret_cast<cmsghdr*>(control);
+  if (gid_is_v4(m.dest_gid)) {
+    in_pktinfo pi{};
+    std::memcpy(&pi.ipi_spec_dst, &src[12], 4);
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_PKTINFO;
+    c->cmsg_len = CMSG_LEN(sizeof pi);
+    std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
+    msg.msg_controllen = CMSG_SPACE(sizeof pi);
+  } else {
+    in6_pktinfo pi{};
+    std::memcpy(&pi.ipi6_addr, src.data(), 16);
+    c->cmsg_level = IPPROTO_IPV6;
+    c->cmsg_type = IPV6_PKTINFO;
+    c->cmsg_len = CMSG_LEN(sizeof pi);
+    std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
+    msg.msg_controllen = CMSG_SPACE(sizeof pi);
+  }
+  (void)sendmsg(send_fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);  // lost: the CM retransmits
+}
+
+void Cma::apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q) {
+  if (!id->id.qp) return;
+  ibv_qp_attr attr = q.attr;
+  if (q.mask & IBV_QP_AV) {
+    uint8_t index = id->sgid_index;
+    if (find_gid_index(q.sgid, &index) == 0) id->sgid_index = index;
+    attr.ah_attr.grh.sgid_index = index;
+  }
+  ibv_modify_qp(id->id.qp, &attr, q.mask);
+}
+
+void Cma::to_error_locked(Id* id) {
+  if (!id->id.qp) return;
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  ibv_modify_qp(id->id.qp, &attr, IBV_QP_STATE);
+}
+
+void Cma::queue_event(Id* id, rdma_cm_event_type type, int status, const urdma::cm::Event* src,
+                      Id* listen) {
+  Channel* chan = listen ? listen->chan : id->chan;
+  if (!chan) return;
+  auto* e = new Event();
+  e->ev.id = &id->id;
+  e->ev.listen_id = listen ? &listen->id : nullptr;
+  e->ev.event = type;
+  e->ev.status = status;
+  e->owner = id;
+  if (src) {
+    e->private_data = src->private_data;
+    auto& c = e->ev.param.conn;
+    c.private_data = e->private_data.empty() ? nullptr : e->private_data.data();
+    c.private_data_len = static_cast<uint8_t>(std::min<size_t>(e->private_data.size(), 255));
+    c.responder_resources = src->responder_resources;
+    c.initiator_depth = src->initiator_depth;
+    c.flow_control = src->flow_control;
+    c.retry_count = src->retry_count;
+    c.rnr_retry_count = src->rnr_retry_count;
+    c.srq = src->srq;
+    c.qp_num = src->remote_qpn;
+  }
+  ++id->pending_events;
+  chan->queue.push_back(&e->ev);
+  uint64_t one = 1;
+  (void)!write(chan->ch.fd, &one, sizeof one);
+}
+
+void Cma::pump_locked() {
+  for (const urdma::cm::Event& ev : manager->take_events()) {
+    using T = urdma::cm::EventType;
+    if (ev.type == T::kConnectRequest) {
+      auto lit = listeners.find(ev.service_id);
+      if (lit == listeners.end()) {
+        manager->destroy(ev.id);
+        continue;
+      }
+      Id* l = lit->second;
+      auto* child = new Id();
+      child->id.verbs = verbs;
+      child->id.channel = l->id.channel;
+      child->id.context = l->id.context;
+      child->id.ps = l->id.ps;
+      child->id.qp_type = l->id.qp_type;
+      child->id.port_num = 1;
+      child->chan = l->chan;
+      child->state = IdState::kRequest;
+      child->has_conn = true;
+      child->conn = ev.id;
+      child->sgid = ev.local_gid;
+      child->dgid = ev.remote_gid;
+      uint16_t src_port = 0;
+      if (ev.ip) {
+        Gid s{}, d{};
+        std::copy(ev.ip->src_addr.begin(), ev.ip->src_addr.end(), s.begin());
+        std::copy(ev.ip->dst_addr.begin(), ev.ip->dst_addr.end(), d.begin());
+        child->sgid = d;  // the request's destination is our address
+        src_port = ev.ip->src_port;
+        set_sockaddr(&child->id.route.addr.dst_storage, s, src_port);
+      } else {
+        set_sockaddr(&child->id.route.addr.dst_storage, ev.remote_gid, 0);
+      }
+      child->local_port = l->local_port;
+      set_sockaddr(&child->id.route.addr.src_storage, child->sgid, l->local_port);
+      find_gid_index(ev.local_gid, &child->sgid_index);
+      live.insert(child);
+      by_conn[ev.id] = child;
+      queue_event(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, &ev, l);
+      continue;
+    }
+    auto it = by_conn.find(ev.id);
+    if (it == by_conn.end()) continue;
+    Id* id = it->second;
+    switch (ev.type) {
+      case T::kConnectResponse:
+        queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &ev);
+        break;
+      case T::kEstablished:
+        if (id->id.qp) {
+          // Active side: the REP told the Manager the peer's QPN; the RTU is queued — move the
+          // QP before it leaves (the passive side moved its QP at rdma_accept).
+          for (ibv_qp_state s : {IBV_QPS_RTR, IBV_QPS_RTS}) {
+            if (id->state != IdState::kConnecting) break;
+            auto q = manager->qp_attrs(ev.id, s);
+            if (q.ok()) apply_qp_locked(id, *q);
+          }
+        }
+        id->state = IdState::kConnected;
+        queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &ev);
+        break;
+      case T::kRejected: {
+        to_error_locked(id);
+        id->state = IdState::kDisconnected;
+        queue_event(id, RDMA_CM_EVENT_REJECTED, ev.reason, &ev);
+        break;
+      }
+      case T::kUnreachable:
+        to_error_locked(id);
+        id->state = IdState::kDisconnected;
+        queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT, &ev);
+        break;
+      case T::kDisconnected:
+        to_error_locked(id);
+        if (id->state == IdState::kConnected || id->state == IdState::kRequest ||
+            id->state == IdState::kConnecting) {
+          id->state = IdState::kDisconnected;
+          queue_event(id, RDMA_CM_EVENT_DISCONNECTED, 0, &ev);
+        }
+        break;
+      case T::kTimewaitExit:
+        queue_event(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+        break;
+      default:
+        break;
+    }
+  }
+  for (const urdma::cm::OutgoingMad& m : manager->take_outgoing()) send_mad_locked(m);
+}
+
+// Whole-library entry: the device and the CM thread.
+int ensure_open(Cma& c) {
+  if (int e = c.open_locked()) return e;
+  return 0;
+}
+
+Id* live_id(Cma& c, rdma_cm_id* x) {
+  Id* id = Id::from(x);
+  return x && c.live.count(id) ? id : nullptr;
+}
+
+}  // namespace
+
+// ---- event channels ----
+
+URDMA_EXPORT rdma_event_channel* rdma_create_event_channel(void) {
+  Cma& c = cma();
+  {
+    std::lock_guard lock(c.mu);
+    if (int e = ensure_open(c)) {
+      errno = e;
+      return nullptr;
+    }
+  }
+  auto* ch = new Channel();
+  ch->ch.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+  if (ch->ch.fd < 0) {
+    const int e = errno;
+    delete ch;
+    errno = e;
+    return nullptr;
+  }
+  return &ch->ch;
+}
+
+URDMA_EXPORT void rdma_destroy_event_channel(rdma_event_channel* channel) {
+  if (!channel) return;
+  auto* ch = reinterpret_cast<Channel*>(channel);
+  {
+    std::lock_guard lock(cma().mu);
+    for (rdma_cm_event* e : ch->queue) delete reinterpret_cast<Event*>(e);
+    ch->queue.clear();
+  }
+  close(ch->ch.fd);
+  delete ch;
+}
+
+URDMA_EXPORT int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
+  if (!channel || !event) return fail(EINVAL);
+  auto* ch = reinterpret_cast<Channel*>(channel);
+  Cma& c = cma();
+  for (;;) {
+    uint64_t v;
+    if (read(ch->ch.fd, &v, sizeof v) != static_cast<ssize_t>(sizeof v)) return -1;  // errno
+    std::lock_guard lock(c.mu);
+    if (ch->queue.empty()) continue;
+    rdma_cm_event* e = ch->queue.front();
+    ch->queue.pop_front();
+    *event = e;
+    return 0;
+  }
+}
+
+URDMA_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
+  if (!event) return fail(EINVAL);
+  auto* e = reinterpret_cast<Event*>(event);
+  {
+    std::lock_guard lock(cma().mu);
+    if (cma().live.count(e->owner)) --e->owner->pending_events;
+  }
+  delete e;
+  return 0;
+}
+
+URDMA_EXPORT const char* rdma_event_str(rdma_cm_event_type event) {
+  switch (event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
+    case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
+    case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
+    case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
+    case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
+    case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
+    case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
+    case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
+    case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
+    case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
+    case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
+    case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
+    case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+    default: return "UNKNOWN EVENT";
+  }
+}
+
+// ---- devices ----
+
+URDMA_EXPORT ibv_context** rdma_get_devices(int* num_devices) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  if (int e = ensure_open(c)) {
+    if (num_devices) *num_devices = 0;
+    auto** none = static_cast<ibv_context**>(calloc(1, sizeof(ibv_context*)));
+    if (!none) errno = e;
+    return none;
+  }
+  auto** list = static_cast<ibv_context**>(calloc(2, sizeof(ibv_context*)));
+  if (!list) return nullptr;
+  list[0] = c.verbs;
+  if (num_devices) *num_devices = 1;
+  return list;
+}
+
+URDMA_EXPORT void rdma_free_devices(ibv_context** list) { free(list); }
+
+// ---- ids ----
+
+URDMA_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context,
+                                rdma_port_space ps) {
+  if (!id) return fail(EINVAL);
+  if (!channel) return fail(ENOSYS);  // synchronous mode is not built
+  if (ps != RDMA_PS_TCP && ps != RDMA_PS_UDP && ps != RDMA_PS_IB && ps != RDMA_PS_IPOIB)
+    return fail(EINVAL);
+  if (ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB) return fail(ENOSYS);  // SIDR not wired yet
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  if (int e = ensure_open(c)) return fail(e);
+  auto* x = new Id();
+  x->id.channel = channel;
+  x->id.context = context;
+  x->id.ps = ps;
+  x->id.qp_type = IBV_QPT_RC;
+  x->chan = reinterpret_cast<Channel*>(channel);
+  c.live.insert(x);
+  *id = &x->id;
+  return 0;
+}
+
+URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x) return fail(EINVAL);
+  if (x->has_conn) {
+    c.manager->destroy(x->conn);
+    c.by_conn.erase(x->conn);
+  }
+  if (x->listening) {
+    (void)c.manager->stop_listening(x->listen_sid);
+    c.listeners.erase(x->listen_sid);
+    if (c.slot_client) c.slot_client->unlisten(x->listen_sid);
+  }
+  if (x->local_port && !x->has_conn) c.ports_in_use.erase(x->local_port);
+  // Events still queued for it are dropped (the application acked what it took).
+  if (x->chan) {
+    auto& q = x->chan->queue;
+    for (auto it = q.begin(); it != q.end();) {
+      auto* e = reinterpret_cast<Event*>(*it);
+      if (e->owner == x) {
+        delete e;
+        it = q.erase(it);
+        uint64_t v;
+        const int fl = fcntl(x->chan->ch.fd, F_GETFL);
+        fcntl(x->chan->ch.fd, F_SETFL, fl | O_NONBLOCK);
+        (void)!read(x->chan->ch.fd, &v, sizeof v);
+        fcntl(x->chan->ch.fd, F_SETFL, fl);
+      } else {
+        ++it;
+      }
+    }
+  }
+  c.live.erase(x);
+  c.pump_locked();
+  delete x;
+  return 0;
+}
+
+URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
+  if (!addr || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6)) return fail(EINVAL);
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || x->state != IdState::kIdle) return fail(EINVAL);
+  uint16_t port = port_of(addr);
+  if (port == 0) {
+    port = c.ephemeral_port();
+  } else if (c.ports_in_use.count(port)) {
+    return fail(EADDRINUSE);
+  }
+  const Gid g = gid_of(addr);
+  static constexpr Gid kZero{};
+  static constexpr Gid kAnyV4{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0, 0, 0};
+  if (g != kZero && g != kAnyV4) {
+    if (c.find_gid_index(g, &x->sgid_index) != 0) return fail(EADDRNOTAVAIL);
+    x->sgid = g;
+    x->id.verbs = c.verbs;
+    x->id.port_num = 1;
+  }
+  c.ports_in_use.insert(port);
+  x->local_port = port;
+  std::memset(&x->id.route.addr.src_storage, 0, sizeof x->id.route.addr.src_storage);
+  std::memcpy(&x->id.route.addr.src_storage, addr, sockaddr_size(addr));
+  if (addr->sa_family == AF_INET)
+    x->id.route.addr.src_sin.sin_port = htons(port);
+  else
+    x->id.route.addr.src_sin6.sin6_port = htons(port);
+  x->state = IdState::kBound;
+  return 0;
+}
+
+URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || x->state != IdState::kBound) return fail(EINVAL);
+  const uint64_t sid = urdma::wire::rdma_service_id(port_space(x->id.ps), x->local_port);
+  if (c.listeners.count(sid)) return fail(EADDRINUSE);
+  if (int e = c.slot_client->listen(sid)) return fail(e);
+  if (auto s = c.manager->listen(sid); !s.ok()) {
+    c.slot_client->unlisten(sid);
+    return fail(EADDRINUSE);
+  }
+  c.listeners[sid] = x;
+  x->listen_sid = sid;
+  x->listening = true;
+  x->state = IdState::kListening;
+  if (!x->id.verbs) {
+    x->id.verbs = c.verbs;
+    x->id.port_num = 1;
+  }
+  return 0;
+}
+
+URDMA_EXPORT int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr,
+                                   int /*timeout_ms*/) {
+  if (!dst_addr || (dst_addr->sa_family != AF_INET && dst_addr->sa_family != AF_INET6))
+    return fail(EINVAL);
+  Cma& c = cma();
+  {
+    std::lock_guard lock(c.mu);
+    Id* x = live_id(c, id);
+    if (!x || (x->state != IdState::kIdle && x->state != IdState::kBound)) return fail(EINVAL);
+  }
+  if (src_addr && Id::from(id)->state == IdState::kIdle) {
+    if (rdma_bind_addr(id, src_addr) != 0) return -1;
+  }
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x) return fail(EINVAL);
+  if (x->state == IdState::kIdle) {
+    x->local_port = c.ephemeral_port();
+    c.ports_in_use.insert(x->local_port);
+  }
+  x->dgid = gid_of(dst_addr);
+  std::memset(&x->id.route.addr.dst_storage, 0, sizeof x->id.route.addr.dst_storage);
+  std::memcpy(&x->id.route.addr.dst_storage, dst_addr, sockaddr_size(dst_addr));
+  // The local address that routes to the destination, unless bound to one.
+  static constexpr Gid kZero{};
+  int status = 0;
+  if (x->sgid == kZero || x->sgid == Gid{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0, 0, 0}) {
+    const int probe = socket(dst_addr->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_storage dst{};
+    std::memcpy(&dst, dst_addr, sockaddr_size(dst_addr));
+    reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(urdma::wire::kRoceV2UdpPort);
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (probe < 0 || connect(probe, reinterpret_cast<sockaddr*>(&dst), sockaddr_size(dst_addr)) != 0 ||
+        getsockname(probe, reinterpret_cast<sockaddr*>(&local), &len) != 0)
+      status = -EHOSTUNREACH;
+    if (probe >= 0) close(probe);
+    if (status == 0) x->sgid = gid_of(reinterpret_cast<sockaddr*>(&local));
+  }
+  if (status == 0 && c.find_gid_index(x->sgid, &x->sgid_index) != 0) status = -EADDRNOTAVAIL;
+  if (status == 0) {
+    set_sockaddr(&x->id.route.addr.src_storage, x->sgid, x->local_port);
+    x->id.verbs = c.verbs;
+    x->id.port_num = 1;
+    x->state = IdState::kAddrResolved;
+    c.queue_event(x, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+  } else {
+    c.queue_event(x, RDMA_CM_EVENT_ADDR_ERROR, status);
+  }
+  return 0;
+}
+
+URDMA_EXPORT int rdma_resolve_route(rdma_cm_id* id, int /*timeout_ms*/) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || x->state != IdState::kAddrResolved) return fail(EINVAL);
+  x->state = IdState::kRouteResolved;
+  c.queue_event(x, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+  return 0;
+}
+
+// ---- QPs ----
+
+URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
+  if (!qp_init_attr) return fail(EINVAL);
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || !x->id.verbs || x->id.qp) return fail(EINVAL);
+  if (qp_init_attr->qp_type != IBV_QPT_RC) return fail(ENOSYS);
+  if (!pd) {
+    if (!c.default_pd) c.default_pd = ibv_alloc_pd(c.verbs);
+    if (!c.default_pd) return -1;
+    pd = c.default_pd;
+  }
+  if (pd->context != x->id.verbs) return fail(EINVAL);
+  if (!qp_init_attr->send_cq || !qp_init_attr->recv_cq) return fail(ENOSYS);  // no implicit CQs
+  ibv_qp* qp = ibv_create_qp(pd, qp_init_attr);
+  if (!qp) return -1;
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.pkey_index = 0;
+  attr.port_num = 1;
+  attr.qp_access_flags =
+      IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  if (ibv_modify_qp(qp, &attr,
+                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+    const int e = errno;
+    ibv_destroy_qp(qp);
+    return fail(e);
+  }
+  x->id.qp = qp;
+  x->id.pd = pd;
+  x->id.send_cq = qp_init_attr->send_cq;
+  x->id.recv_cq = qp_init_attr->recv_cq;
+  x->id.qp_type = IBV_QPT_RC;
+  return 0;
+}
+
+URDMA_EXPORT int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
+  if (!attr) return fail(EINVAL);
+  if ((attr->comp_mask & ~IBV_QP_INIT_ATTR_PD) != 0) return fail(ENOSYS);
+  ibv_qp_init_attr a{};
+  a.qp_context = attr->qp_context;
+  a.send_cq = attr->send_cq;
+  a.recv_cq = attr->recv_cq;
+  a.srq = attr->srq;
+  a.cap = attr->cap;
+  a.qp_type = attr->qp_type;
+  a.sq_sig_all = attr->sq_sig_all;
+  const int r = rdma_create_qp(id, (attr->comp_mask & IBV_QP_INIT_ATTR_PD) ? attr->pd : nullptr, &a);
+  attr->cap = a.cap;
+  return r;
+}
+
+URDMA_EXPORT void rdma_destroy_qp(rdma_cm_id* id) {
+  Cma& c = cma();
+  ibv_qp* qp;
+  {
+    std::lock_guard lock(c.mu);
+    Id* x = live_id(c, id);
+    if (!x || !x->id.qp) return;
+    qp = x->id.qp;
+    x->id.qp = nullptr;
+  }
+  ibv_destroy_qp(qp);
+}
+
+// ---- connections ----
+
+URDMA_EXPORT int rdma_connect(rdma_cm_id* id, rdma_conn_param* p) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || x->state != IdState::kRouteResolved) return fail(EINVAL);
+  if (p && p->private_data_len > urdma::cm::kRdmaReqPrivateDataMax) return fail(EINVAL);
+  if (!x->id.qp && !p) return fail(EINVAL);
+  urdma::cm::ConnectParams cp;
+  cp.path.local_gid = x->sgid;
+  cp.path.remote_gid = x->dgid;
+  cp.service_id = urdma::wire::rdma_service_id(port_space(x->id.ps),
+                                               port_of(&x->id.route.addr.dst_addr));
+  cp.qpn = x->id.qp ? x->id.qp->qp_num : p->qp_num;
+  x->starting_psn = c.random_psn();
+  cp.starting_psn = x->starting_psn;
+  if (p) {
+    cp.responder_resources = p->responder_resources;
+    cp.initiator_depth = p->initiator_depth;
+    cp.retry_count = std::min<uint8_t>(p->retry_count, 7);
+    cp.rnr_retry_count = std::min<uint8_t>(p->rnr_retry_count, 7);
+    cp.flow_control = p->flow_control;
+    cp.srq = x->id.qp ? x->id.qp->srq != nullptr : p->srq;
+    cp.private_data = {static_cast<const uint8_t*>(p->private_data),
+                       p->private_data ? p->private_data_len : size_t{0}};
+  } else {
+    cp.responder_resources = 0;
+    cp.initiator_depth = 0;
+  }
+  urdma::wire::CmaAddress ip;
+  ip.ip_version = gid_is_v4(x->sgid) ? urdma::wire::kCmaIpVersion4 : urdma::wire::kCmaIpVersion6;
+  ip.src_port = x->local_port;
+  std::copy(x->sgid.begin(), x->sgid.end(), ip.src_addr.begin());
+  std::copy(x->dgid.begin(), x->dgid.end(), ip.dst_addr.begin());
+  cp.ip = ip;
+  cp.manual_rtu = x->id.qp == nullptr;
+  auto r = c.manager->connect(cp);
+  if (!r.ok()) return fail(r.error());
+  x->conn = *r;
+  x->has_conn = true;
+  c.by_conn[x->conn] = x;
+  x->state = IdState::kConnecting;
+  c.pump_locked();
+  c.wake();  // the CM thread arms the REQ's retransmission timer
+  return 0;
+}
+
+URDMA_EXPORT int rdma_accept(rdma_cm_id* id, rdma_conn_param* p) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || x->state != IdState::kRequest || !x->has_conn) return fail(EINVAL);
+  if (p && p->private_data_len > urdma::cm::kRepPrivateDataMax) return fail(EINVAL);
+  if (!x->id.qp && !p) return fail(EINVAL);
+  urdma::cm::AcceptParams ap;
+  ap.qpn = x->id.qp ? x->id.qp->qp_num : p->qp_num;
+  x->starting_psn = c.random_psn();
+  ap.starting_psn = x->starting_psn;
+  if (p) {
+    ap.responder_resources = p->responder_resources;
+    ap.initiator_depth = p->initiator_depth;
+    ap.rnr_retry_count = std::min<uint8_t>(p->rnr_retry_count, 7);
+    ap.flow_control = p->flow_control;
+    ap.srq = x->id.qp ? x->id.qp->srq != nullptr : p->srq;
+    ap.private_data = {static_cast<const uint8_t*>(p->private_data),
+                       p->private_data ? p->private_data_len : size_t{0}};
+  }
+  auto r = c.manager->accept(x->conn, ap);
+  if (!r.ok()) return fail(r.error());
+  if (x->id.qp) {
+    auto apply = [&](const urdma::cm::QpAttrs& q) {
+      ibv_qp_attr attr = q.attr;
+      if (q.mask & IBV_QP_AV) {
+        uint8_t index = x->sgid_index;
+        if (c.find_gid_index(q.sgid, &index) == 0) x->sgid_index = index;
+        attr.ah_attr.grh.sgid_index = index;
+      }
+      return ibv_modify_qp(x->id.qp, &attr, q.mask);
+    };
+    if (apply(r->rtr) != 0 || apply(r->rts) != 0) {
+      const int e = errno ? errno : EINVAL;
+      urdma::cm::RejectParams rp;
+      (void)c.manager->reject(x->conn, rp);
+      c.pump_locked();
+      return fail(e);
+    }
+  }
+  x->state = IdState::kConnected;
+  c.pump_locked();
+  c.wake();
+  return 0;
+}
+
+URDMA_EXPORT int rdma_reject(rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || !x->has_conn) return fail(EINVAL);
+  if (private_data_len > urdma::cm::kRejPrivateDataMax) return fail(EINVAL);
+  urdma::cm::RejectParams rp;
+  rp.private_data = {static_cast<const uint8_t*>(private_data),
+                     private_data ? private_data_len : size_t{0}};
+  if (auto s = c.manager->reject(x->conn, rp); !s.ok()) return fail(s.error());
+  x->state = IdState::kDisconnected;
+  c.pump_locked();
+  return 0;
+}
+
+URDMA_EXPORT int rdma_reject_ece(rdma_cm_id* id, const void* private_data,
+                                 uint8_t private_data_len) {
+  return rdma_reject(id, private_data, private_data_len);
+}
+
+URDMA_EXPORT int rdma_establish(rdma_cm_id* id) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || !x->has_conn || x->id.qp) return fail(EINVAL);
+  if (auto s = c.manager->establish(x->conn); !s.ok()) return fail(s.error());
+  x->state = IdState::kConnected;
+  c.pump_locked();
+  return 0;
+}
+
+URDMA_EXPORT int rdma_disconnect(rdma_cm_id* id) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || !x->has_conn) return fail(EINVAL);
+  if (x->id.qp) {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    ibv_modify_qp(x->id.qp, &attr, IBV_QP_STATE);
+  }
+  auto s = c.manager->disconnect(x->conn);
+  c.pump_locked();
+  c.wake();
+  if (!s.ok()) return fail(s.error());
+  return 0;
+}
+
+URDMA_EXPORT int rdma_init_qp_attr(rdma_cm_id* id, ibv_qp_attr* qp_attr, int* qp_attr_mask) {
+  if (!qp_attr || !qp_attr_mask) return fail(EINVAL);
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x) return fail(EINVAL);
+  if (qp_attr->qp_state == IBV_QPS_INIT && !x->has_conn) {
+    *qp_attr = {};
+    qp_attr->qp_state = IBV_QPS_INIT;
+    qp_attr->port_num = 1;
+    qp_attr->qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    *qp_attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    return 0;
+  }
+  if (!x->has_conn) return fail(EINVAL);
+  auto q = c.manager->qp_attrs(x->conn, qp_attr->qp_state);
+  if (!q.ok()) return fail(q.error());
+  *qp_attr = q->attr;
+  if (q->mask & IBV_QP_AV) {
+    uint8_t index = x->sgid_index;
+    c.find_gid_index(q->sgid, &index);
+    qp_attr->ah_attr.grh.sgid_index = index;
+  }
+  *qp_attr_mask = q->mask;
+  return 0;
+}
+
+URDMA_EXPORT int rdma_notify(rdma_cm_id* id, ibv_event_type event) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x) return fail(EINVAL);
+  if (event != IBV_EVENT_COMM_EST || !x->has_conn) return 0;
+  (void)c.manager->notify_established(x->conn);
+  c.pump_locked();
+  return 0;
+}
+
+URDMA_EXPORT __be16 rdma_get_src_port(rdma_cm_id* id) {
+  return id->route.addr.src_addr.sa_family == AF_INET6 ? id->route.addr.src_sin6.sin6_port
+                                                       : id->route.addr.src_sin.sin_port;
+}
+URDMA_EXPORT __be16 rdma_get_dst_port(rdma_cm_id* id) {
+  return id->route.addr.dst_addr.sa_family == AF_INET6 ? id->route.addr.dst_sin6.sin6_port
+                                                       : id->route.addr.dst_sin.sin_port;
+}
+
+URDMA_EXPORT int rdma_set_option(rdma_cm_id* id, int level, int optname, void* optval,
+                                 size_t optlen) {
+  if (!id || (optlen && !optval)) return fail(EINVAL);
+  if (level == RDMA_OPTION_ID &&
+      (optname == RDMA_OPTION_ID_TOS || optname == RDMA_OPTION_ID_REUSEADDR ||
+       optname == RDMA_OPTION_ID_AFONLY || optname == RDMA_OPTION_ID_ACK_TIMEOUT))
+    return 0;  // accepted; these do not change urdma's behaviour yet
+  return fail(ENOSYS);
+}
+
+URDMA_EXPORT int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || !channel || x->pending_events) return fail(EINVAL);
+  x->chan = reinterpret_cast<Channel*>(channel);
+  x->id.channel = channel;
+  return 0;
+}
+
+// ---- not built: the documented error ----
+
+URDMA_EXPORT int rdma_create_ep(rdma_cm_id**, rdma_addrinfo*, ibv_pd*, ibv_qp_init_attr*) {
+  return fail(ENOSYS);
+}
+URDMA_EXPORT void rdma_destroy_ep(rdma_cm_id* id) {
+  if (!id) return;
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+}
+URDMA_EXPORT int rdma_get_request(rdma_cm_id*, rdma_cm_id**) { return fail(ENOSYS); }
+URDMA_EXPORT int rdma_getaddrinfo(const char*, const char*, const rdma_addrinfo*,
+                                  rdma_addrinfo** res) {
+  if (res) *res = nullptr;
+  return fail(ENOSYS);
+}
+URDMA_EXPORT void rdma_freeaddrinfo(rdma_addrinfo*) {}
+URDMA_EXPORT int rdma_create_srq(rdma_cm_id*, ibv_pd*, ibv_srq_init_attr*) { return fail(ENOSYS); }
+URDMA_EXPORT int rdma_create_srq_ex(rdma_cm_id*, ibv_srq_init_attr_ex*) { return fail(ENOSYS); }
+URDMA_EXPORT void rdma_destroy_srq(rdma_cm_id*) {}
+URDMA_EXPORT int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) { return fail(ENOSYS); }
+URDMA_EXPORT int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) {
+  return fail(ENOSYS);
+}
+URDMA_EXPORT int rdma_leave_multicast(rdma_cm_id*, sockaddr*) { return fail(ENOSYS); }
+URDMA_EXPORT int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
+URDMA_EXPORT int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
+
+// rsockets (rdma/rsocket.h): not built. Each sets errno ENOSYS and returns -1.
+#define URDMA_RSOCKET_STUB(name) \
+  URDMA_EXPORT long name(...) { return fail(ENOSYS); }
+extern "C" {
+URDMA_RSOCKET_STUB(rsocket)
+URDMA_RSOCKET_STUB(rbind)
+URDMA_RSOCKET_STUB(rlisten)
+URDMA_RSOCKET_STUB(raccept)
+URDMA_RSOCKET_STUB(rconnect)
+URDMA_RSOCKET_STUB(rshutdown)
+URDMA_RSOCKET_STUB(rclose)
+URDMA_RSOCKET_STUB(rrecv)
+URDMA_RSOCKET_STUB(rrecvfrom)
+URDMA_RSOCKET_STUB(rrecvmsg)
+URDMA_RSOCKET_STUB(rsend)
+URDMA_RSOCKET_STUB(rsendto)
+URDMA_RSOCKET_STUB(rsendmsg)
+URDMA_RSOCKET_STUB(rread)
+URDMA_RSOCKET_STUB(rreadv)
+URDMA_RSOCKET_STUB(rwrite)
+URDMA_RSOCKET_STUB(rwritev)
+URDMA_RSOCKET_STUB(rpoll)
+URDMA_RSOCKET_STUB(rselect)
+URDMA_RSOCKET_STUB(rgetpeername)
+URDMA_RSOCKET_STUB(rgetsockname)
+URDMA_RSOCKET_STUB(rsetsockopt)
+URDMA_RSOCKET_STUB(rgetsockopt)
+URDMA_RSOCKET_STUB(rfcntl)
+URDMA_RSOCKET_STUB(riomap)
+URDMA_RSOCKET_STUB(riounmap)
+URDMA_RSOCKET_STUB(riowrite)
+}
