@@ -315,19 +315,24 @@ int Client::next_gid_update(std::vector<GidEntry>* gids) {
 }
 
 int Client::listen(uint64_t service_id) {
-  std::vector<uint8_t> reply;
-  if (const int err =
-          call_record(encode_service_request(MsgType::kListen, service_id), &reply, nullptr))
-    return err;
-  return decode_ok(reply);
+  return service_request(MsgType::kListen, service_id);
 }
 
 int Client::unlisten(uint64_t service_id) {
+  return service_request(MsgType::kUnlisten, service_id);
+}
+
+// kListen / kUnlisten. The service IDs are remembered (under the keeper's lock, when keeping) so
+// that the keeper registers them again with a restarted daemon.
+int Client::service_request(MsgType type, uint64_t service_id) {
+  std::unique_lock<std::mutex> lock;
+  if (keeper_) lock = std::unique_lock(keeper_->mu);
   std::vector<uint8_t> reply;
-  if (const int err =
-          call_record(encode_service_request(MsgType::kUnlisten, service_id), &reply, nullptr))
-    return err;
-  return decode_ok(reply);
+  int err = call_record_locked(encode_service_request(type, service_id), &reply, nullptr);
+  if (err == 0) err = decode_ok(reply);
+  if (err == 0 && type == MsgType::kListen) listening_.insert(service_id);
+  if (err == 0 && type == MsgType::kUnlisten) listening_.erase(service_id);
+  return err;
 }
 
 int Client::open_mad_channel(unsigned slot) {
@@ -394,7 +399,8 @@ Client::Client() = default;
 Client::Client(Client&& other) noexcept
     : fd_(std::move(other.fd_)),
       push_only_(other.push_only_),
-      options_(std::move(other.options_)) {
+      options_(std::move(other.options_)),
+      listening_(std::move(other.listening_)) {
   // Moved only before keep(): the keeper thread holds `this`.
   base::check(other.keeper_ == nullptr, "a kept Client is not moved");
 }
@@ -403,6 +409,7 @@ Client& Client::operator=(Client&& other) noexcept {
   fd_ = std::move(other.fd_);
   push_only_ = other.push_only_;
   options_ = std::move(other.options_);
+  listening_ = std::move(other.listening_);
   return *this;
 }
 Client::~Client() {
@@ -470,6 +477,9 @@ void Client::keep_loop() {
         if (err == 0) err = fresh.reattach(k.slot);
         if (err == 0) {
           std::lock_guard lock(k.mu);
+          // The CM services this process listened on (best effort: another process may have
+          // taken one meanwhile).
+          for (const uint64_t id : listening_) (void)fresh.listen(id);
           fd_ = std::move(fresh.fd_);
           k.reattachments.fetch_add(1, std::memory_order_relaxed);
           reported = false;  // the new daemon has none yet

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,6 +121,7 @@ class Client {
   int call_record_locked(std::span<const uint8_t> request, std::vector<uint8_t>* reply,
                          std::vector<UniqueFd>* passed, std::span<const int> fds = {});
   int next_push(std::vector<uint8_t>* record);
+  int service_request(MsgType type, uint64_t service_id);
 
   struct Keeper;
   void keep_loop();
@@ -128,6 +130,7 @@ class Client {
   UniqueFd fd_;
   bool push_only_ = false;
   ClientOptions options_;
+  std::set<uint64_t> listening_;  // service IDs this connection listens on
   std::unique_ptr<Keeper> keeper_;
 };
 

@@ -529,6 +529,61 @@ TEST_F(UrdmadProcess, SteeringSurvivesTheDaemonsDeathAndARestartedDaemonTakesOve
   });
 }
 
+TEST_F(UrdmadProcess, AKeptSlotIsReattachedWithItsListensWhenTheDaemonIsKilled) {
+  in_fresh_netns([] {
+    setenv("URDMA_TAKEOVER_GRACE_MS", "200", 1);
+    Client c;
+    ASSERT_EQ(connect_client(&c), 0);
+    Slot slot;
+    ASSERT_EQ(c.acquire_slot(&slot), 0);
+    const unsigned my_slot = slot.info.slot;
+    const uint32_t my_qpn = slot.info.qpn_base + 3;
+    constexpr uint64_t kService = 0x0106000000004242ull;
+    ASSERT_EQ(c.listen(kService), 0);
+    const int fd = dup(slot.fd.get());
+    ASSERT_EQ(c.keep(std::move(slot), [] {
+      daemon::CounterReport r{};
+      r.counters[0] = 5;
+      return r;
+    }), 0);
+    const pid_t d = daemon_pid(c);
+    ASSERT_EQ(kill(d, SIGKILL), 0);
+    ASSERT_TRUE(wait_exit(d, 2000));
+    // The keeper starts a daemon and reattaches (bounded wait).
+    for (int i = 0; i < 200 && c.reattachments() == 0; ++i) usleep(20000);
+    ASSERT_EQ(c.reattachments(), 1u) << "the keeper did not reattach the slot";
+    const pid_t d2 = daemon_pid(c);
+    EXPECT_NE(d2, d);
+    // The slot, its QPNs and its listen are the process's again: another process cannot take
+    // the service, a new lease gets another slot, and the slot's QPNs still arrive.
+    Client other;
+    ASSERT_EQ(connect_client(&other), 0);
+    Slot other_slot;
+    ASSERT_EQ(other.acquire_slot(&other_slot), 0);
+    EXPECT_NE(other_slot.info.slot, my_slot);
+    EXPECT_EQ(other.listen(kService), EADDRINUSE) << "the listen was registered again";
+    send_to_qpn("127.0.0.1", my_qpn, 9);
+    const auto got = receive(fd, 1000);
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->tag, 9u);
+    // Calls on the kept connection go to the new daemon; the counters come (about 1/s).
+    daemon::ClientsPage page{};
+    std::vector<daemon::ClientEntry> clients;
+    bool reported = false;
+    for (int i = 0; i < 40 && !reported; ++i) {
+      ASSERT_EQ(c.query_clients(&page, &clients), 0);
+      for (const auto& e : clients)
+        reported |= e.slot == my_slot && (e.flags & daemon::kClientReattached) &&
+                    (e.flags & daemon::kClientReported) && e.report.counters[0] == 5;
+      if (!reported) usleep(100000);
+    }
+    EXPECT_TRUE(reported) << "no counter report from the kept slot";
+    close(fd);
+    c.stop_keeping();
+    EXPECT_TRUE(stop_daemon(d2));
+  });
+}
+
 // Runs `urdmad ARGS...`, returns (exit status, stdout + stderr).
 std::pair<int, std::string> run_urdmad(std::vector<const char*> args) {
   Pipe out;
