@@ -313,6 +313,7 @@ ibv_context* ibv_open_device(ibv_device* device) {
   }
   auto* c = new verbs::Context{};
   c->rt = new runtime::Context(*p.runtime);
+  verbs::init_live_objects(*c);
   verbs::fill_context(*c, &dev.device, p.async->fd());
   ++p.contexts;
   return &c->vctx.context;
@@ -321,7 +322,9 @@ ibv_context* ibv_open_device(ibv_device* device) {
 int ibv_close_device(ibv_context* context) {
   verbs::Process& p = verbs::process();
   verbs::Context* c = verbs::Context::from(context);
+  verbs::release_channels(*c);
   delete c->rt;  // destroys the objects the application left, dependents first
+  verbs::free_live_objects(*c);  // and their wrappers
   pthread_mutex_destroy(&context->mutex);
   delete c;
   std::lock_guard lock(p.mutex);

@@ -137,10 +137,15 @@ struct Ah {
   static Ah* from(ibv_ah* x) { return reinterpret_cast<Ah*>(x); }
 };
 
+// The wrappers a context still owns (verbs.cc): ibv_close_device frees those the application
+// left, after runtime::Context destroyed their provider objects.
+struct LiveObjects;
+
 // One ibv_context: `vctx.context` is what the application holds.
 struct Context {
   verbs_context vctx;  // first; its last member is the ibv_context
   runtime::Context* rt;
+  LiveObjects* live;
   static Context* from(ibv_context* c) {
     return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) -
                                       offsetof(verbs_context, context));
@@ -160,6 +165,13 @@ static_assert(offsetof(ibv_cq_ex, context) == offsetof(ibv_cq, context) &&
                   offsetof(ibv_cq, async_events_completed));
 
 // ---- shared by the plain and the extended verbs (verbs.cc) ----
+
+// Context bookkeeping (ibv_open_device / ibv_close_device).
+void init_live_objects(Context& c);
+// Before the provider objects go: the completion channels of the CQs left let go of them.
+void release_channels(Context& c);
+// Frees every wrapper still registered (their provider objects are gone already).
+void free_live_objects(Context& c);
 
 // ibv_create_cq's work: validates (EINVAL: cqe, comp_vector, a channel of another context),
 // creates the provider CQ, attaches the channel. errno set and null on failure.

@@ -10,6 +10,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "provider/limits.h"
 #include "verbs/internal.h"
@@ -20,6 +23,13 @@
 #undef ibv_reg_mr_iova
 
 namespace urdma::verbs {
+
+// Every wrapper a context handed out and the application has not destroyed, with how to free it.
+struct LiveObjects {
+  std::mutex mutex;
+  std::unordered_map<void*, void (*)(void*)> objects;
+};
+
 namespace {
 
 void init_sync(pthread_mutex_t* m, pthread_cond_t* cv) {
@@ -29,6 +39,35 @@ void init_sync(pthread_mutex_t* m, pthread_cond_t* cv) {
 void destroy_sync(pthread_mutex_t* m, pthread_cond_t* cv) {
   pthread_cond_destroy(cv);
   pthread_mutex_destroy(m);
+}
+
+// Frees a wrapper whose provider object is gone (a closed context's leftovers).
+template <class W>
+void free_wrapper(void* p) {
+  W* w = static_cast<W*>(p);
+  if constexpr (std::is_same_v<W, Cq>) {
+    // Detached already (release_channels): the channel can go now.
+    if (w->channel) __atomic_sub_fetch(&w->channel->channel.refcnt, 1, __ATOMIC_SEQ_CST);
+    if (w->destroy_ex) w->destroy_ex(w);
+    destroy_sync(&w->cq.mutex, &w->cq.cond);
+  } else if constexpr (std::is_same_v<W, Qp>) {
+    if (w->destroy_ex) w->destroy_ex(w);
+    destroy_sync(&w->qp.mutex, &w->qp.cond);
+  } else if constexpr (std::is_same_v<W, Srq>) {
+    destroy_sync(&w->srq.mutex, &w->srq.cond);
+  }
+  delete w;
+}
+
+template <class W>
+void remember(Context* c, W* w) {
+  std::lock_guard lock(c->live->mutex);
+  c->live->objects.emplace(w, &free_wrapper<W>);
+}
+
+void forget(Context* c, void* w) {
+  std::lock_guard lock(c->live->mutex);
+  c->live->objects.erase(w);
 }
 
 // ---- the data path (ibv_context.ops) ----
@@ -78,6 +117,7 @@ ibv_mw* op_alloc_mw(ibv_pd* pd, ibv_mw_type type) {
   w->mw.handle = w->p->handle();
   w->mw.type = type;
   w->p->user_context = &w->mw;
+  remember(w->ctx, w);
   return &w->mw;
 }
 
@@ -85,6 +125,7 @@ int op_dealloc_mw(ibv_mw* mw) {
   Mw* w = Mw::from(mw);
   provider::Status s = w->ctx->rt->dealloc_mw(w->p);
   if (!s.ok()) return s.error();
+  forget(w->ctx, w);
   delete w;
   return 0;
 }
@@ -160,6 +201,28 @@ void fill_context(Context& c, ibv_device* device, int async_fd) {
   c.vctx.create_qp_ex = create_qp_ex;
 }
 
+void init_live_objects(Context& c) { c.live = new LiveObjects; }
+
+void release_channels(Context& c) {
+  std::lock_guard lock(c.live->mutex);
+  for (auto& [object, free_fn] : c.live->objects) {
+    if (free_fn != &free_wrapper<Cq>) continue;
+    Cq* cq = static_cast<Cq*>(object);
+    if (cq->channel) cq->channel->impl->detach(*cq->p);
+  }
+}
+
+void free_live_objects(Context& c) {
+  std::unordered_map<void*, void (*)(void*)> left;
+  {
+    std::lock_guard lock(c.live->mutex);
+    left.swap(c.live->objects);
+  }
+  for (auto& [object, free_fn] : left) free_fn(object);
+  delete c.live;
+  c.live = nullptr;
+}
+
 // ---- CQ ----
 
 Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
@@ -183,10 +246,11 @@ Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_c
   if (channel) {
     w->channel = CompChannel::from(channel);
     w->channel->impl->attach(*w->p);
-    pthread_mutex_lock(&context->mutex);
-    ++channel->refcnt;
-    pthread_mutex_unlock(&context->mutex);
+    // The channel's count of CQs, atomic: it never needs its context (which may be closed
+    // before the channel is destroyed).
+    __atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_SEQ_CST);
   }
+  remember(c, w);
   return w;
 }
 
@@ -210,6 +274,7 @@ ibv_pd* ibv_alloc_pd(ibv_context* context) {
   w->pd.context = context;
   w->pd.handle = w->p->handle();
   w->p->user_context = &w->pd;
+  verbs::remember(c, w);
   return &w->pd;
 }
 
@@ -218,6 +283,7 @@ int ibv_dealloc_pd(ibv_pd* pd) {
   verbs::Pd* w = verbs::Pd::from(pd);
   provider::Status s = w->ctx->rt->dealloc_pd(w->p);
   if (!s.ok()) return s.error();
+  verbs::forget(w->ctx, w);
   delete w;
   return 0;
 }
@@ -243,6 +309,7 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
   w->mr.lkey = w->p->lkey();
   w->mr.rkey = w->p->rkey();
   w->p->user_context = &w->mr;
+  verbs::remember(w->ctx, w);
   return &w->mr;
 }
 
@@ -296,6 +363,7 @@ int ibv_dereg_mr(ibv_mr* mr) {
   verbs::Mr* w = verbs::Mr::from(mr);
   provider::Status s = w->ctx->rt->dereg_mr(w->p);
   if (!s.ok()) return s.error();
+  verbs::forget(w->ctx, w);
   delete w;
   return 0;
 }
@@ -314,10 +382,8 @@ ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
 
 int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   if (!channel) return EINVAL;
-  pthread_mutex_lock(&channel->context->mutex);
-  const int refs = channel->refcnt;
-  pthread_mutex_unlock(&channel->context->mutex);
-  if (refs) return EBUSY;  // CQs still use it (rdma-core's rule)
+  if (__atomic_load_n(&channel->refcnt, __ATOMIC_SEQ_CST) != 0)
+    return EBUSY;  // CQs still use it (rdma-core's rule)
   verbs::CompChannel* ch = verbs::CompChannel::from(channel);
   delete ch->impl;
   delete ch;
@@ -379,11 +445,8 @@ int ibv_destroy_cq(ibv_cq* cq) {
     if (w->channel) w->channel->impl->attach(*w->p);
     return s.error();
   }
-  if (w->channel) {
-    pthread_mutex_lock(&cq->context->mutex);
-    --w->channel->channel.refcnt;
-    pthread_mutex_unlock(&cq->context->mutex);
-  }
+  if (w->channel) __atomic_sub_fetch(&w->channel->channel.refcnt, 1, __ATOMIC_SEQ_CST);
+  verbs::forget(w->ctx, w);
   if (w->destroy_ex) w->destroy_ex(w);
   verbs::destroy_sync(&cq->mutex, &cq->cond);
   delete w;
@@ -410,6 +473,7 @@ ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
   const ibv_srq_attr got = w->p->query();
   init->attr.max_wr = got.max_wr;
   init->attr.max_sge = got.max_sge;
+  verbs::remember(w->ctx, w);
   return &w->srq;
 }
 
@@ -429,6 +493,7 @@ int ibv_destroy_srq(ibv_srq* srq) {
   verbs::Srq* w = verbs::Srq::from(srq);
   provider::Status s = w->ctx->rt->destroy_srq(w->p);
   if (!s.ok()) return s.error();
+  verbs::forget(w->ctx, w);
   verbs::destroy_sync(&srq->mutex, &srq->cond);
   delete w;
   return 0;
@@ -474,6 +539,7 @@ Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr) {
   init_sync(&q.mutex, &q.cond);
   w->p->user_context = &w->qp;
   attr->cap = w->p->cap();  // ibv_create_qp(3): the capacities as created
+  remember(w->ctx, w);
   return w;
 }
 
@@ -512,6 +578,7 @@ int ibv_destroy_qp(ibv_qp* qp) {
   verbs::Qp* w = verbs::Qp::from(qp);
   provider::Status s = w->ctx->rt->destroy_qp(w->p);
   if (!s.ok()) return s.error();
+  verbs::forget(w->ctx, w);
   if (w->destroy_ex) w->destroy_ex(w);
   verbs::destroy_sync(&qp->mutex, &qp->cond);
   delete w;
@@ -532,6 +599,7 @@ ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
   w->ah.pd = pd;
   w->ah.handle = w->p->handle();
   w->p->user_context = &w->ah;
+  verbs::remember(w->ctx, w);
   return &w->ah;
 }
 
@@ -540,6 +608,7 @@ int ibv_destroy_ah(ibv_ah* ah) {
   verbs::Ah* w = verbs::Ah::from(ah);
   provider::Status s = w->ctx->rt->destroy_ah(w->p);
   if (!s.ok()) return s.error();
+  verbs::forget(w->ctx, w);
   delete w;
   return 0;
 }
