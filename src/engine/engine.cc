@@ -123,6 +123,7 @@ void Engine::poll() {
       if (e->epoch_waiters_.load(std::memory_order_seq_cst) != 0) e->turn_epoch_.notify_all();
     }
   } turn_end{this, outer};
+  ++turn_;
   run_commands();
   if (doorbell_rung_.exchange(false, std::memory_order_acq_rel)) {
     rung_.drain([this](uint32_t handle) {
@@ -145,7 +146,10 @@ void Engine::poll() {
     return true;
   });
   // Nothing a turn built may wait past its end (memory_released: the turn's MR lookups).
-  send_pending_acks();
+  if (config_.ack_delay_ns == 0)
+    send_pending_acks();
+  else
+    send_delayed_acks();
   flush_tx();
 }
 
@@ -188,6 +192,8 @@ uint64_t Engine::next_deadline_ns() const {
   if (doorbell_rung_.load(std::memory_order_acquire)) return 0;
   std::lock_guard lock(mutex_);
   uint64_t t = net::kNever;
+  for (const QpContext* ctx : acks_pending_)
+    if (ctx->resp.ack_pending) t = std::min(t, ctx->resp.ack_due_ns);
   for (const QpContext* ctx : active_) {
     const ibv_qp_state st = ctx->qp->state();
     if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
@@ -348,7 +354,7 @@ void Engine::receive_batch() {
   // after learning of it: apply it before looking at them.
   if (n > 0) run_commands();
   for (size_t i = 0; i < n; ++i) handle_datagram(rx_slots_[i]);
-  send_pending_acks();
+  if (config_.ack_delay_ns == 0) send_pending_acks();
 }
 
 void Engine::handle_datagram(const net::RxDatagram& d) {
@@ -629,7 +635,11 @@ void Engine::flush_backlog() {
 }
 
 void Engine::defer_ack(QpContext& ctx, uint32_t psn) {
-  if (!ctx.resp.ack_pending) acks_pending_.push_back(&ctx);
+  if (!ctx.resp.ack_pending) {
+    acks_pending_.push_back(&ctx);
+    ctx.resp.ack_turn = turn_;
+    if (config_.ack_delay_ns != 0) ctx.resp.ack_due_ns = clock_.now_ns() + config_.ack_delay_ns;
+  }
   ctx.resp.ack_pending = true;
   ctx.resp.ack_psn = psn;
   ctx.resp.ack_msn = ctx.resp.msn;
@@ -649,6 +659,17 @@ void Engine::send_pending_ack(QpContext& ctx) {
 void Engine::send_pending_acks() {
   for (QpContext* ctx : acks_pending_) send_pending_ack(*ctx);
   acks_pending_.clear();
+}
+
+void Engine::send_delayed_acks() {
+  if (acks_pending_.empty()) return;
+  const uint64_t now = clock_.now_ns();
+  std::erase_if(acks_pending_, [&](QpContext* ctx) {
+    if (!ctx->resp.ack_pending) return true;  // sent before another response
+    if (ctx->resp.ack_turn == turn_ && now < ctx->resp.ack_due_ns) return false;
+    send_pending_ack(*ctx);
+    return true;
+  });
 }
 
 void Engine::send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn) {

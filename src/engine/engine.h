@@ -97,6 +97,12 @@ struct EngineConfig {
   // sees WR_FLUSH_ERR or RETRY_EXC_ERR before the expected REM_ACCESS_ERR (cause not found yet;
   // docs/PERFORMANCE.md). The loopback benchmark measures both (--tx-batch).
   size_t tx_batch = 1;
+  // Delayed ACKs: 0 (the default) sends an owed ACK at the end of the received batch. > 0 keeps
+  // it into the next turn — so a reply the application posts after seeing the completion
+  // leaves first and the ACK is off the latency path — but never longer than this many ns
+  // (next_deadline_ns() asks for a turn then). An owed ACK still leaves before any other
+  // response of its QP.
+  uint64_t ack_delay_ns = 0;
   // The requester sets AckReq on the last packet of every message and, inside long messages,
   // every `ack_req_interval_pkts` packets so the responder's ACKs keep the window moving.
   uint32_t ack_req_interval_pkts = 64;
@@ -257,6 +263,8 @@ class Engine final : public provider::Doorbell {
   void defer_ack(QpContext& ctx, uint32_t psn);
   void send_pending_ack(QpContext& ctx);
   void send_pending_acks();
+  // ack_delay_ns > 0: the owed ACKs of earlier turns, and those due by now.
+  void send_delayed_acks();
   // Completions. False when the CQ overflowed: the completion is lost and the QP is in ERR.
   bool push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status);
   bool push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited);
@@ -343,6 +351,7 @@ class Engine final : public provider::Doorbell {
   // replay needs); QpContext::active says who is on it.
   std::vector<QpContext*> active_;
   std::vector<QpContext*> acks_pending_;  // QPs with Responder::ack_pending (defer_ack)
+  uint64_t turn_ = 0;                     // poll() turns so far (delayed ACKs)
 
   // Transmit: packets are built one at a time, each in its own TxSlot, and queued; the queue
   // goes to the PacketIo in one send_batch (sendmmsg on a socket) when it is full, at the end

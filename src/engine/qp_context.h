@@ -169,6 +169,9 @@ struct Responder {
   bool ack_pending = false;
   uint32_t ack_psn = 0;
   uint32_t ack_msn = 0;
+  // EngineConfig::ack_delay_ns > 0: the turn the ACK became owed and when it must leave.
+  uint64_t ack_turn = 0;
+  uint64_t ack_due_ns = 0;
   // The receive WQE being filled (multi-packet SEND) or kept (a UD datagram too long for it
   // leaves it for the next one). Separate from `msg`: a WRITE with immediate takes one while
   // kInWrite, and UD keeps one between datagrams.

@@ -30,6 +30,8 @@ class ProtocolTest : public ::testing::Test {
   static constexpr uint16_t kPeerPort = 0xC123;
 
   ProtocolTest() : host_(device_config(nullptr, kLocal, IBV_MTU_4096)) {}
+  explicit ProtocolTest(engine::EngineConfig config)
+      : host_(device_config(nullptr, kLocal, IBV_MTU_4096), config) {}
 
   // An RC (or UC/UD) QP connected to the fictitious peer (kPeer, kPeerQpn).
   provider::Qp* make_qp(QpParams p = {}) {

@@ -107,6 +107,51 @@ TEST_F(ResponderTest, OneBatchOfRequestsIsAcknowledgedOnceAndBeforeANak) {
   expect_nak(1, wire::NakCode::kPsnSequenceError, kRqPsn + 4);
 }
 
+// EngineConfig::ack_delay_ns: an owed ACK waits for the next turn (so a reply the application
+// posts after its completion leaves first), but the engine asks for that turn within the delay.
+class DelayedAckTest : public ProtocolTest {
+ protected:
+  static constexpr uint64_t kDelayNs = 20'000;
+  static engine::EngineConfig delayed() {
+    engine::EngineConfig c;
+    c.ack_delay_ns = kDelayNs;
+    return c;
+  }
+  DelayedAckTest() : ProtocolTest(delayed()) {}
+};
+
+TEST_F(DelayedAckTest, TheReplyLeavesBeforeTheAckAndTheAckWithinTheDelay) {
+  make_qp();
+  std::vector<uint8_t> buf(64, 7);
+  provider::Mr* mr = reg(buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_EQ(post_recv(qp_, 1, sge(buf.data(), 32, mr)), 0);
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{1, 2});
+  EXPECT_EQ(sent_count(), 0u);  // owed, not sent yet
+  EXPECT_EQ(cqes().size(), 1u);
+  const uint64_t now = clock_.now_ns();
+  EXPECT_GT(engine_.next_deadline_ns(), now);
+  EXPECT_LE(engine_.next_deadline_ns(), now + kDelayNs);
+  // The application answers: its SEND leaves first, the ACK behind it in the same turn.
+  ibv_sge s = sge(buf.data() + 32, 8, mr);
+  ASSERT_EQ(post_send(qp_, send_wr(9, IBV_WR_SEND, &s)), 0);
+  engine_.poll();
+  ASSERT_EQ(sent_count(), 2u);
+  EXPECT_EQ(sent(0).opcode(), op::kRcSendOnly);
+  EXPECT_EQ(sent(1).opcode(), op::kRcAck);
+  EXPECT_TRUE(sent(1).aeth()->is_ack());
+  EXPECT_EQ(sent(1).bth().psn(), kRqPsn);
+  EXPECT_EQ(sent(1).aeth()->msn(), 1u);
+  // Without a reply the next turn (the engine thread's, at the deadline) sends it.
+  clear_sent();
+  ASSERT_EQ(post_recv(qp_, 2, sge(buf.data(), 32, mr)), 0);
+  inject(op::kRcSendOnly, kRqPsn + 1, std::vector<uint8_t>{3});
+  EXPECT_EQ(sent_count(), 0u);
+  advance(kDelayNs);
+  ASSERT_EQ(sent_count(), 1u);
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn + 1);
+  EXPECT_EQ(sent(0).aeth()->msn(), 2u);
+}
+
 // IBA 9.7.5.2.2: a duplicate SEND is acknowledged again and not delivered twice.
 TEST_F(ResponderTest, DuplicateSendIsReackedNotRedelivered) {
   post_recv_buf(5);
