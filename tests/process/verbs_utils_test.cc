@@ -273,7 +273,11 @@ TEST_F(VerbsUtils, PingpongsBetweenTwoProcessesOnOneHost) {
           for (int size : p.sizes) {
             const std::string args = pingpong_args(p.tool, size, port, 0, size != p.sizes[0]);
             const Started server = start(args);
-            ASSERT_TRUE(wait_listening(port, 5000)) << p.tool << " server did not listen";
+            if (!wait_listening(port, 10000)) {
+              const ToolRun srv = finish(server, 1000);
+              FAIL() << p.tool << " server did not listen (exit " << srv.exit_code << "):\n"
+                     << srv.output;
+            }
             const ToolRun client = run(args + " 127.0.0.1", 20000);
             const ToolRun srv = finish(server, 10000);
             expect_pingpong_ok(client, p.tool, size, "client");
@@ -320,7 +324,7 @@ TEST_F(VerbsUtils, PingpongsBetweenTwoNamespacesOverAVethPair) {
             if (job.size == 0) break;
             const Started server =
                 start(pingpong_args(job.tool, job.size, job.port, gid, job.events));
-            Ready r{wait_listening(job.port, 5000) ? gid : -1};
+            Ready r{wait_listening(job.port, 10000) ? gid : -1};
             ready.put(r);
             const ToolRun srv = finish(server, 20000);
             const PingpongReport rep = parse_pingpong(srv.output);
