@@ -453,15 +453,22 @@ int Daemon::channel_request(uint64_t id, Client& c, std::span<const uint8_t> rec
   return 0;
 }
 
-void Daemon::reset_socket(int fd) {
-  // Undo what the previous owner may have done to the shared socket: a filter of its own, or a
-  // connect() (which the engine never does: a connected socket would only hear one peer, and a
-  // connected socket in a reuseport group makes the kernel fall back to scoring lookups).
+void Daemon::reset_socket(int fd) const {
+  // Undo what the previous owner may have done to the shared socket: a filter of its own.
+  // Never connect(AF_UNSPEC) it: on a socket bound to the wildcard address, UDP's disconnect
+  // rehashes the socket, which takes it out of the reuseport group; the kernel then compacts the
+  // group (the last socket moves into the hole) and the steering program's indices no longer
+  // name the slots — every datagram for the slot landed on slot 0. The engine never connects its
+  // socket; one a process connected anyway stays connected (it would hear only that peer), and
+  // we say so in the log rather than break the group.
   int zero = 0;
   setsockopt(fd, SOL_SOCKET, SO_DETACH_FILTER, &zero, sizeof zero);  // ENOENT when none
-  sockaddr unspec{};
-  unspec.sa_family = AF_UNSPEC;
-  connect(fd, &unspec, sizeof unspec);  // dissolves an association; a no-op otherwise
+  sockaddr_storage peer{};
+  socklen_t len = sizeof peer;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) == 0) {
+    log("a reclaimed slot socket is connected to a peer (its previous owner called connect); "
+        "it only hears that peer");
+  }
 }
 
 void Daemon::accept_clients() {

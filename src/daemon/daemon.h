@@ -112,7 +112,7 @@ class Daemon {
   void route_mads();
   int listen_request(Client& c, MsgType type, std::span<const uint8_t> rec);
   int channel_request(uint64_t id, Client& c, std::span<const uint8_t> rec);
-  static void reset_socket(int fd);
+  void reset_socket(int fd) const;
   void update_idle_timer();
   void log(const std::string& line) const;
 

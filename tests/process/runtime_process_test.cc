@@ -415,19 +415,16 @@ TEST_F(RuntimeProcess, KillNineMidTransferPeerFailsSlotReclaimedNewProcessWorks)
 }
 
 // The same slot again after a reclaim: with two client slots (URDMA_SLOTS=3, slot 0 is the
-// daemon's) every pair after the first leases slots that were reclaimed. DISABLED: urdmad's
-// reclaim (Daemon::reset_socket, connect(AF_UNSPEC) on the slot socket) takes the socket out of
-// the reuseport group — the kernel's UDP disconnect rehashes a socket bound to the wildcard
-// address, and udp_lib_rehash detaches it from its reuseport group — so the BPF's indices no
-// longer name it: every datagram for a reused slot lands on slot 0 (urdmad counts them as
-// dropped MADs) and the pair ends in RETRY_EXC_ERR. Run it with
-// --gtest_also_run_disabled_tests once src/daemon no longer disconnects the slot socket.
-TEST_F(RuntimeProcess, DISABLED_ReclaimedSlotLeasedAgainCarriesTraffic) {
+// daemon's) and two processes per round, every round after the first runs on both reclaimed
+// slots. Regression: urdmad's reclaim used to connect(AF_UNSPEC) the slot socket, and the
+// kernel's UDP disconnect rehashes a socket bound to the wildcard address, which detaches it from
+// its reuseport group — the BPF's indices no longer named it, every datagram for the reused slot
+// landed on slot 0 (dropped MADs) and the pair ended in RETRY_EXC_ERR.
+TEST_F(RuntimeProcess, ReclaimedSlotLeasedAgainCarriesTraffic) {
   in_fresh_netns(
       [] {
         constexpr unsigned kSlots = 3;
         setenv("URDMA_SLOTS", std::to_string(kSlots).c_str(), 1);
-        std::set<unsigned> slots;
         for (int round = 0; round < 3; ++round) {
           SCOPED_TRACE("round " + std::to_string(round));
           PeerProcess server(
@@ -438,13 +435,13 @@ TEST_F(RuntimeProcess, DISABLED_ReclaimedSlotLeasedAgainCarriesTraffic) {
                           {"--bytes", "1048576", "--timeout", "14", "--retry", "2"}));
           const auto listening = server.wait_line("LISTENING ", 20000);
           ASSERT_TRUE(listening) << server.output();
-          slots.insert(slot_of(*listening, kSlots));
+          const unsigned slot = slot_of(*listening, kSlots);
+          EXPECT_TRUE(slot == 1 || slot == 2) << *listening;
           expect_transfer(server, client, kAllOps, 30000);
           if (::testing::Test::HasFailure()) return;
           // Both slots back before the next round leases them again.
           ASSERT_TRUE(wait_status(0, 2u * (round + 1), 5000));
         }
-        EXPECT_EQ(slots.size(), 2u) << "the rounds reused the two client slots";
       },
       90);
 }

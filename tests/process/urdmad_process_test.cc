@@ -4,6 +4,7 @@
 // DestQP names the receiving process's QPN range.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <linux/filter.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -303,21 +304,13 @@ TEST_F(UrdmadProcess, KilledClientsSlotIsReclaimedAndAFullTableIsAnError) {
         Client c;
         Slot slot;
         if (connect_client(&c) != 0 || c.acquire_slot(&slot) != 0) return 1;
-        // Misuse the slot the way a buggy process could: connect it to one peer. The daemon
-        // must undo that before the next owner gets the socket.
-        sockaddr_in peer{};
-        peer.sin_family = AF_INET;
-        peer.sin_port = htons(9);
-        peer.sin_addr.s_addr = htonl(0x7f000009);  // 127.0.0.9
-        sockaddr_in6 mapped{};
-        mapped.sin6_family = AF_INET6;
-        mapped.sin6_port = peer.sin_port;
-        mapped.sin6_addr.s6_addr[10] = mapped.sin6_addr.s6_addr[11] = 0xff;
-        std::memcpy(&mapped.sin6_addr.s6_addr[12], &peer.sin_addr, 4);
-        const bool v6 = slot.info.family == AF_INET6;
-        if (connect(slot.fd.get(),
-                    v6 ? reinterpret_cast<sockaddr*>(&mapped) : reinterpret_cast<sockaddr*>(&peer),
-                    v6 ? sizeof mapped : sizeof peer) != 0)
+        // Misuse the slot the way a buggy process could: a socket filter of its own that drops
+        // every datagram. The daemon must undo that before the next owner gets the socket.
+        // (connect() is no test of it: the kernel takes a wildcard-bound UDP socket that connects
+        // out of its reuseport group, which nothing can undo — the engine never connects.)
+        sock_filter drop_all[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
+        sock_fprog prog{1, drop_all};
+        if (setsockopt(slot.fd.get(), SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog) != 0)
           return 2;
         report->put(Report{daemon_pid(c), slot.info});
         pause();  // hold the slot until killed
@@ -355,7 +348,7 @@ TEST_F(UrdmadProcess, KilledClientsSlotIsReclaimedAndAFullTableIsAnError) {
     EXPECT_NE(again.info.qpn_base, a_info.info.qpn_base) << "not the QPN range just freed";
     EXPECT_GT(again.info.generation, a_info.info.generation);
     EXPECT_FALSE(receive(again.fd.get(), 50)) << "the stale datagram was drained";
-    // The new slot works, for any sender: the dead owner's connect() was undone.
+    // The new slot works: the dead owner's filter was detached.
     send_to_qpn("127.0.0.1", again.info.qpn_base + 1, 42);
     const auto got = receive(again.fd.get(), 1000);
     ASSERT_TRUE(got);
