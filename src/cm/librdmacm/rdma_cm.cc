@@ -92,6 +92,13 @@ struct Id {
   uint16_t local_port = 0;  // host order
   uint32_t starting_psn = 0;
   int pending_events = 0;
+  // Synchronous mode (created with a NULL channel): a channel of its own, waited on by the calls.
+  bool sync = false;
+  // rdma_create_ep on a passive endpoint: the QP every rdma_get_request creates.
+  bool has_ep_attr = false;
+  ibv_qp_init_attr ep_attr{};
+  ibv_pd* ep_pd = nullptr;
+  bool own_cqs = false;  // rdma_create_qp made the CQs and their channels
   static Id* from(rdma_cm_id* x) { return reinterpret_cast<Id*>(x); }
 };
 
@@ -489,6 +496,13 @@ void Cma::pump_locked() {
       child->id.qp_type = l->id.qp_type;
       child->id.port_num = 1;
       child->chan = l->chan;
+      if (l->sync) {
+        auto* own = new Channel();
+        own->ch.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+        child->chan = own;
+        child->id.channel = &own->ch;
+        child->sync = true;
+      }
       child->state = IdState::kRequest;
       child->has_conn = true;
       child->conn = ev.id;
@@ -545,7 +559,9 @@ void Cma::pump_locked() {
         queue_event(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT, &ev);
         break;
       case T::kDisconnected:
-        to_error_locked(id);
+        // As Linux's rdma_cm: a DREQ (or DREP) leaves the QP alone — WRs in flight still
+        // complete (the peer may disconnect the moment our WRITE's data lands, before its ACK
+        // reached us); rdma_disconnect moves it to ERR.
         if (id->state == IdState::kConnected || id->state == IdState::kRequest ||
             id->state == IdState::kConnecting) {
           id->state = IdState::kDisconnected;
@@ -683,7 +699,12 @@ URDMA_EXPORT void rdma_free_devices(ibv_context** list) { free(list); }
 URDMA_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context,
                                 rdma_port_space ps) {
   if (!id) return fail(EINVAL);
-  if (!channel) return fail(ENOSYS);  // synchronous mode is not built
+  bool sync = false;
+  if (!channel) {
+    channel = rdma_create_event_channel();
+    if (!channel) return -1;
+    sync = true;
+  }
   if (ps != RDMA_PS_TCP && ps != RDMA_PS_UDP && ps != RDMA_PS_IB && ps != RDMA_PS_IPOIB)
     return fail(EINVAL);
   if (ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB) return fail(ENOSYS);  // SIDR not wired yet
@@ -696,6 +717,7 @@ URDMA_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, vo
   x->id.ps = ps;
   x->id.qp_type = IBV_QPT_RC;
   x->chan = reinterpret_cast<Channel*>(channel);
+  x->sync = sync;
   c.live.insert(x);
   *id = &x->id;
   return 0;
@@ -736,6 +758,12 @@ URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
   }
   c.live.erase(x);
   c.pump_locked();
+  if (x->id.event) delete reinterpret_cast<Event*>(x->id.event);
+  if (x->sync && x->chan) {
+    for (rdma_cm_event* e : x->chan->queue) delete reinterpret_cast<Event*>(e);
+    close(x->chan->ch.fd);
+    delete x->chan;
+  }
   delete x;
   return 0;
 }
@@ -796,7 +824,7 @@ URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
   return 0;
 }
 
-URDMA_EXPORT int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr,
+static int rdma_resolve_addr_async(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr,
                                    int /*timeout_ms*/) {
   if (!dst_addr || (dst_addr->sa_family != AF_INET && dst_addr->sa_family != AF_INET6))
     return fail(EINVAL);
@@ -848,7 +876,7 @@ URDMA_EXPORT int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr*
   return 0;
 }
 
-URDMA_EXPORT int rdma_resolve_route(rdma_cm_id* id, int /*timeout_ms*/) {
+static int rdma_resolve_route_async(rdma_cm_id* id, int /*timeout_ms*/) {
   Cma& c = cma();
   std::lock_guard lock(c.mu);
   Id* x = live_id(c, id);
@@ -873,9 +901,47 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
     pd = c.default_pd;
   }
   if (pd->context != x->id.verbs) return fail(EINVAL);
-  if (!qp_init_attr->send_cq || !qp_init_attr->recv_cq) return fail(ENOSYS);  // no implicit CQs
+  // No CQs given: one per direction with a completion channel each (rdma_verbs.h's
+  // rdma_get_send_comp / rdma_get_recv_comp wait on them).
+  bool own_cqs = false;
+  if (!qp_init_attr->send_cq || !qp_init_attr->recv_cq) {
+    if (qp_init_attr->send_cq || qp_init_attr->recv_cq) return fail(EINVAL);
+    ibv_comp_channel* sch = ibv_create_comp_channel(x->id.verbs);
+    ibv_comp_channel* rch = ibv_create_comp_channel(x->id.verbs);
+    ibv_cq* scq = sch ? ibv_create_cq(x->id.verbs, std::max<int>(qp_init_attr->cap.max_send_wr, 1),
+                                      &x->id, sch, 0) : nullptr;
+    ibv_cq* rcq = rch ? ibv_create_cq(x->id.verbs, std::max<int>(qp_init_attr->cap.max_recv_wr, 1),
+                                      &x->id, rch, 0) : nullptr;
+    if (!scq || !rcq) {
+      const int e = errno ? errno : ENOMEM;
+      if (scq) ibv_destroy_cq(scq);
+      if (rcq) ibv_destroy_cq(rcq);
+      if (sch) ibv_destroy_comp_channel(sch);
+      if (rch) ibv_destroy_comp_channel(rch);
+      return fail(e);
+    }
+    x->id.send_cq_channel = sch;
+    x->id.recv_cq_channel = rch;
+    qp_init_attr->send_cq = scq;
+    qp_init_attr->recv_cq = rcq;
+    own_cqs = true;
+  }
+  auto drop_cqs = [&] {
+    if (!own_cqs) return;
+    ibv_destroy_cq(qp_init_attr->send_cq);
+    ibv_destroy_cq(qp_init_attr->recv_cq);
+    ibv_destroy_comp_channel(x->id.send_cq_channel);
+    ibv_destroy_comp_channel(x->id.recv_cq_channel);
+    x->id.send_cq_channel = x->id.recv_cq_channel = nullptr;
+    qp_init_attr->send_cq = qp_init_attr->recv_cq = nullptr;
+  };
   ibv_qp* qp = ibv_create_qp(pd, qp_init_attr);
-  if (!qp) return -1;
+  if (!qp) {
+    const int e = errno;
+    drop_cqs();
+    return fail(e);
+  }
+  x->own_cqs = own_cqs;
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_INIT;
   attr.pkey_index = 0;
@@ -886,6 +952,7 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
                     IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
     const int e = errno;
     ibv_destroy_qp(qp);
+    drop_cqs();
     return fail(e);
   }
   x->id.qp = qp;
@@ -915,19 +982,89 @@ URDMA_EXPORT int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
 URDMA_EXPORT void rdma_destroy_qp(rdma_cm_id* id) {
   Cma& c = cma();
   ibv_qp* qp;
+  bool own_cqs;
   {
     std::lock_guard lock(c.mu);
     Id* x = live_id(c, id);
     if (!x || !x->id.qp) return;
     qp = x->id.qp;
     x->id.qp = nullptr;
+    own_cqs = x->own_cqs;
+    x->own_cqs = false;
   }
   ibv_destroy_qp(qp);
+  if (own_cqs) {
+    ibv_destroy_cq(id->send_cq);
+    ibv_destroy_cq(id->recv_cq);
+    ibv_destroy_comp_channel(id->send_cq_channel);
+    ibv_destroy_comp_channel(id->recv_cq_channel);
+    id->send_cq = id->recv_cq = nullptr;
+    id->send_cq_channel = id->recv_cq_channel = nullptr;
+  }
+}
+
+static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p);
+static int rdma_accept_async(rdma_cm_id* id, rdma_conn_param* p);
+
+namespace {
+
+// Synchronous mode: the call's outcome is the next event on the id's own channel (rdma-core's
+// ucma_complete: REJECTED is ECONNREFUSED, other failures their status).
+int sync_wait(rdma_cm_id* id, rdma_cm_event_type want) {
+  rdma_cm_event* e = nullptr;
+  if (rdma_get_cm_event(id->channel, &e) != 0) return -1;
+  const rdma_cm_event_type got = e->event;
+  const int status = e->status;
+  rdma_ack_cm_event(e);
+  if (got == want && status == 0) return 0;
+  if (got == RDMA_CM_EVENT_REJECTED) return fail(ECONNREFUSED);
+  if (status < 0) return fail(-status);
+  return fail(status ? status : EINVAL);
+}
+
+bool is_sync(rdma_cm_id* id) {
+  std::lock_guard lock(cma().mu);
+  Id* x = live_id(cma(), id);
+  return x && x->sync;
+}
+
+// The request event rdma_get_request left on the id is acked by the id's next call.
+void ack_request_event(rdma_cm_id* id) {
+  rdma_cm_event* e;
+  {
+    std::lock_guard lock(cma().mu);
+    Id* x = live_id(cma(), id);
+    if (!x || !x->id.event) return;
+    e = x->id.event;
+    x->id.event = nullptr;
+  }
+  rdma_ack_cm_event(e);
+}
+
+}  // namespace
+
+URDMA_EXPORT int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr,
+                                   int timeout_ms) {
+  if (rdma_resolve_addr_async(id, src_addr, dst_addr, timeout_ms) != 0) return -1;
+  return is_sync(id) ? sync_wait(id, RDMA_CM_EVENT_ADDR_RESOLVED) : 0;
+}
+URDMA_EXPORT int rdma_resolve_route(rdma_cm_id* id, int timeout_ms) {
+  if (rdma_resolve_route_async(id, timeout_ms) != 0) return -1;
+  return is_sync(id) ? sync_wait(id, RDMA_CM_EVENT_ROUTE_RESOLVED) : 0;
+}
+URDMA_EXPORT int rdma_connect(rdma_cm_id* id, rdma_conn_param* p) {
+  if (rdma_connect_async(id, p) != 0) return -1;
+  return is_sync(id) ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
+}
+URDMA_EXPORT int rdma_accept(rdma_cm_id* id, rdma_conn_param* p) {
+  ack_request_event(id);
+  if (rdma_accept_async(id, p) != 0) return -1;
+  return is_sync(id) ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
 
 // ---- connections ----
 
-URDMA_EXPORT int rdma_connect(rdma_cm_id* id, rdma_conn_param* p) {
+static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
   Cma& c = cma();
   std::lock_guard lock(c.mu);
   Id* x = live_id(c, id);
@@ -973,7 +1110,7 @@ URDMA_EXPORT int rdma_connect(rdma_cm_id* id, rdma_conn_param* p) {
   return 0;
 }
 
-URDMA_EXPORT int rdma_accept(rdma_cm_id* id, rdma_conn_param* p) {
+static int rdma_accept_async(rdma_cm_id* id, rdma_conn_param* p) {
   Cma& c = cma();
   std::lock_guard lock(c.mu);
   Id* x = live_id(c, id);
@@ -1020,6 +1157,7 @@ URDMA_EXPORT int rdma_accept(rdma_cm_id* id, rdma_conn_param* p) {
 }
 
 URDMA_EXPORT int rdma_reject(rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  ack_request_event(id);
   Cma& c = cma();
   std::lock_guard lock(c.mu);
   Id* x = live_id(c, id);
@@ -1136,21 +1274,143 @@ URDMA_EXPORT int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
 
 // ---- not built: the documented error ----
 
-URDMA_EXPORT int rdma_create_ep(rdma_cm_id**, rdma_addrinfo*, ibv_pd*, ibv_qp_init_attr*) {
-  return fail(ENOSYS);
+URDMA_EXPORT int rdma_create_ep(rdma_cm_id** id, rdma_addrinfo* res, ibv_pd* pd,
+                                ibv_qp_init_attr* qp_init_attr) {
+  if (!id || !res) return fail(EINVAL);
+  rdma_cm_id* cm = nullptr;
+  const auto ps = res->ai_port_space ? static_cast<rdma_port_space>(res->ai_port_space) : RDMA_PS_TCP;
+  if (rdma_create_id(nullptr, &cm, nullptr, ps) != 0) return -1;
+  // rdma-core's rdma_create_ep: the QP type is the address info's.
+  if (qp_init_attr && res->ai_qp_type) qp_init_attr->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
+  int r;
+  if (res->ai_flags & RAI_PASSIVE) {
+    r = res->ai_src_addr ? rdma_bind_addr(cm, res->ai_src_addr) : fail(EINVAL);
+    if (r == 0 && qp_init_attr) {
+      std::lock_guard lock(cma().mu);
+      Id* x = Id::from(cm);
+      x->has_ep_attr = true;
+      x->ep_attr = *qp_init_attr;
+      x->ep_pd = pd;
+    }
+  } else {
+    r = rdma_resolve_addr(cm, res->ai_src_addr, res->ai_dst_addr, 2000);
+    if (r == 0) r = rdma_resolve_route(cm, 2000);
+    if (r == 0 && qp_init_attr) r = rdma_create_qp(cm, pd, qp_init_attr);
+  }
+  if (r != 0) {
+    const int e = errno;
+    rdma_destroy_id(cm);
+    return fail(e);
+  }
+  *id = cm;
+  return 0;
 }
 URDMA_EXPORT void rdma_destroy_ep(rdma_cm_id* id) {
   if (!id) return;
   rdma_destroy_qp(id);
   rdma_destroy_id(id);
 }
-URDMA_EXPORT int rdma_get_request(rdma_cm_id*, rdma_cm_id**) { return fail(ENOSYS); }
-URDMA_EXPORT int rdma_getaddrinfo(const char*, const char*, const rdma_addrinfo*,
-                                  rdma_addrinfo** res) {
-  if (res) *res = nullptr;
-  return fail(ENOSYS);
+URDMA_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
+  if (!listen || !id) return fail(EINVAL);
+  bool has_attr;
+  ibv_qp_init_attr attr;
+  ibv_pd* pd;
+  {
+    std::lock_guard lock(cma().mu);
+    Id* l = live_id(cma(), listen);
+    if (!l || !l->sync || !l->listening) return fail(EINVAL);
+    has_attr = l->has_ep_attr;
+    attr = l->ep_attr;
+    pd = l->ep_pd;
+  }
+  for (;;) {
+    rdma_cm_event* e = nullptr;
+    if (rdma_get_cm_event(listen->channel, &e) != 0) return -1;
+    if (e->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+      rdma_ack_cm_event(e);
+      continue;
+    }
+    rdma_cm_id* child = e->id;
+    child->event = e;
+    if (has_attr && rdma_create_qp(child, pd, &attr) != 0) {
+      const int err = errno;
+      rdma_reject(child, nullptr, 0);
+      rdma_destroy_id(child);
+      return fail(err);
+    }
+    *id = child;
+    return 0;
+  }
 }
-URDMA_EXPORT void rdma_freeaddrinfo(rdma_addrinfo*) {}
+// rdma_getaddrinfo(3) for IP addresses: getaddrinfo's first answer becomes the destination (the
+// source with RAI_PASSIVE); the hints' source address is kept. No route or connect data (no SA:
+// the route is resolved locally). Returns getaddrinfo's error codes, as rdma-core does.
+URDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service,
+                                  const rdma_addrinfo* hints, rdma_addrinfo** res) {
+  if (!res || (!node && !service)) {
+    errno = EINVAL;
+    return EAI_FAIL;
+  }
+  *res = nullptr;
+  addrinfo ai_hints{};
+  ai_hints.ai_socktype = SOCK_STREAM;
+  if (hints) {
+    if (hints->ai_flags & ~(RAI_PASSIVE | RAI_NUMERICHOST | RAI_NOROUTE | RAI_FAMILY)) {
+      errno = EINVAL;
+      return EAI_BADFLAGS;
+    }
+    if (hints->ai_flags & RAI_PASSIVE) ai_hints.ai_flags |= AI_PASSIVE;
+    if (hints->ai_flags & RAI_NUMERICHOST) ai_hints.ai_flags |= AI_NUMERICHOST;
+    if (hints->ai_family == AF_INET || hints->ai_family == AF_INET6)
+      ai_hints.ai_family = hints->ai_family;
+    else if (hints->ai_family != 0 && hints->ai_family != AF_UNSPEC)
+      return EAI_FAMILY;
+  }
+  addrinfo* found = nullptr;
+  if (int e = getaddrinfo(node, service, &ai_hints, &found)) return e;
+  auto* r = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
+  if (!r) {
+    freeaddrinfo(found);
+    return EAI_MEMORY;
+  }
+  const bool passive = hints && (hints->ai_flags & RAI_PASSIVE);
+  r->ai_flags = hints ? hints->ai_flags : 0;
+  r->ai_family = found->ai_family;
+  r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
+  r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+  auto copy = [](const sockaddr* a, socklen_t len) {
+    auto* out = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_storage)));
+    if (out) std::memcpy(out, a, std::min<size_t>(len, sizeof(sockaddr_storage)));
+    return out;
+  };
+  if (passive) {
+    r->ai_src_addr = copy(found->ai_addr, found->ai_addrlen);
+    r->ai_src_len = found->ai_addrlen;
+  } else {
+    r->ai_dst_addr = copy(found->ai_addr, found->ai_addrlen);
+    r->ai_dst_len = found->ai_addrlen;
+    if (hints && hints->ai_src_addr && hints->ai_src_len) {
+      r->ai_src_addr = copy(hints->ai_src_addr, hints->ai_src_len);
+      r->ai_src_len = hints->ai_src_len;
+    }
+  }
+  freeaddrinfo(found);
+  *res = r;
+  return 0;
+}
+URDMA_EXPORT void rdma_freeaddrinfo(rdma_addrinfo* res) {
+  while (res) {
+    rdma_addrinfo* next = res->ai_next;
+    free(res->ai_src_addr);
+    free(res->ai_dst_addr);
+    free(res->ai_src_canonname);
+    free(res->ai_dst_canonname);
+    free(res->ai_route);
+    free(res->ai_connect);
+    free(res);
+    res = next;
+  }
+}
 URDMA_EXPORT int rdma_create_srq(rdma_cm_id*, ibv_pd*, ibv_srq_init_attr*) { return fail(ENOSYS); }
 URDMA_EXPORT int rdma_create_srq_ex(rdma_cm_id*, ibv_srq_init_attr_ex*) { return fail(ENOSYS); }
 URDMA_EXPORT void rdma_destroy_srq(rdma_cm_id*) {}
