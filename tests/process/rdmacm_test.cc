@@ -1,0 +1,229 @@
+// librdmacm.so.1 over urdma (src/cm/librdmacm): the seed's examples (built against Debian's
+// librdmacm) and Debian's rping run unmodified with LD_LIBRARY_PATH naming the build's lib/
+// directory, so the loader gives them OUR librdmacm and libibverbs; urdmad starts by itself.
+// Every test body runs in a fresh network namespace (netns_harness.h); the two-host test adds a
+// second namespace joined by a veth pair (10.90.0.0/24), with a urdmad of its own.
+//
+// What is checked is what the programs print and how they exit: the server of each example
+// pair prints the message the client moved with RDMA WRITE / SEND / READ, and rping -V (its own
+// buffer validation) completes the number of pings asked for.
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "netns_harness.h"
+
+namespace urdma::process_test {
+namespace {
+
+std::string tool_env() {
+  std::string env = std::string("env LD_LIBRARY_PATH=") + URDMA_LIB_DIR +
+                    " URDMA_DAEMON=" + URDMA_DAEMON_PATH + " URDMA_IDLE_TIMEOUT_MS=2000 LD_BIND_NOW=1";
+#ifdef URDMA_PRELOAD
+  env += std::string(" LD_PRELOAD=") + URDMA_PRELOAD + " ASAN_OPTIONS=detect_leaks=0";
+#endif
+  return env + " ";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Started {
+  pid_t pid = -1;
+  std::string out_path;
+};
+
+struct ProgramRun {
+  int exit_code = -1;  // -1: did not exit in time
+  std::string output;
+};
+
+Started start(const std::string& command) {
+  static int counter = 0;
+  Started s;
+  s.out_path = "/tmp/urdma_rdmacm_" + std::to_string(getpid()) + "_" + std::to_string(counter++) +
+               ".out";
+  const std::string line = tool_env() + command + " >" + s.out_path + " 2>&1";
+  s.pid = fork_process([line] {
+    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    return 127;
+  });
+  return s;
+}
+
+ProgramRun finish(const Started& s, int timeout_ms) {
+  ProgramRun r;
+  const std::optional<int> status = wait_exit(s.pid, timeout_ms);
+  if (!status) {
+    kill(s.pid, SIGKILL);
+    waitpid(s.pid, nullptr, 0);
+  } else if (WIFEXITED(*status)) {
+    r.exit_code = WEXITSTATUS(*status);
+  }
+  r.output = read_file(s.out_path);
+  unlink(s.out_path.c_str());
+  return r;
+}
+
+bool wait_output(const Started& s, const std::string& text, int timeout_ms) {
+  for (int waited = 0; waited < timeout_ms; waited += 20) {
+    if (read_file(s.out_path).find(text) != std::string::npos) return true;
+    usleep(20000);
+  }
+  return false;
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+struct Pair {
+  const char* server;
+  const char* client;
+  const char* server_says;  // what the server prints when the client's data arrived
+  const char* client_says;
+};
+
+constexpr Pair kPairs[] = {
+    {URDMA_WRITE_SERVER, URDMA_WRITE_CLIENT, "Received data: Hello from RDMA client!",
+     "RDMA Write completed successfully!"},
+    {URDMA_SEND_SERVER, URDMA_SEND_CLIENT, "Received 24 bytes: Hello from RDMA client!",
+     "SEND completed successfully! Sent message: Hello from RDMA client!"},
+    {URDMA_READ_SERVER, URDMA_READ_CLIENT, "Client disconnected",
+     "RDMA Read completed successfully! Read: Hello from RDMA server!"},
+};
+
+void run_pair(const Pair& p, const std::string& server_addr) {
+  SCOPED_TRACE(p.server);
+  const Started server = start(p.server);
+  ASSERT_TRUE(wait_output(server, "Server listening on port", 10000))
+      << finish(server, 0).output;
+  const ProgramRun client = finish(start(std::string(p.client) + " " + server_addr), 20000);
+  const ProgramRun srv = finish(server, 20000);
+  EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+  EXPECT_NE(client.output.find(p.client_says), std::string::npos) << client.output;
+  EXPECT_EQ(srv.exit_code, 0) << srv.output;
+  EXPECT_NE(srv.output.find(p.server_says), std::string::npos) << srv.output;
+}
+
+TEST(Rdmacm, SeedExamplesBetweenTwoProcesses) {
+  in_fresh_netns([] {
+    for (const Pair& p : kPairs) run_pair(p, "127.0.0.1");
+  }, 90);
+}
+
+// The seed's write pair exchanges exactly this message: the read pair reads the server's.
+TEST(Rdmacm, WritePairPrintsTheSeedsMessage) {
+  in_fresh_netns([] {
+    const Started server = start(URDMA_WRITE_SERVER);
+    ASSERT_TRUE(wait_output(server, "Server listening on port 51216", 10000));
+    const ProgramRun client = finish(start(std::string(URDMA_WRITE_CLIENT) + " 127.0.0.1"), 20000);
+    const ProgramRun srv = finish(server, 20000);
+    EXPECT_EQ(count(srv.output, "Received data: Hello from RDMA client!\n"), 1) << srv.output;
+    EXPECT_NE(client.output.find("Sent message: Hello from RDMA client!"), std::string::npos)
+        << client.output;
+  });
+}
+
+// rping -V checks every ping's buffer itself and fails on a mismatch; -v prints them.
+TEST(Rdmacm, RpingVerifiesTenPings) {
+  if (std::system("command -v rping >/dev/null 2>&1") != 0) GTEST_SKIP() << "no rping";
+  in_fresh_netns([] {
+    const Started server = start("rping -s -V -v -C 10 -a 127.0.0.1 -p 7174");
+    usleep(500000);
+    const ProgramRun client = finish(start("rping -c -V -v -C 10 -a 127.0.0.1 -p 7174"), 30000);
+    const ProgramRun srv = finish(server, 20000);
+    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+    EXPECT_EQ(srv.exit_code, 0) << srv.output;
+    EXPECT_EQ(count(client.output, "ping data: rdma-ping-"), 10) << client.output;
+    EXPECT_EQ(count(client.output, "mismatch"), 0) << client.output;
+    EXPECT_EQ(count(srv.output, "server ping data: rdma-ping-"), 10) << srv.output;
+  }, 60);
+}
+
+// ucmatose: several connections at once, data both ways, each checked by the tool itself.
+TEST(Rdmacm, UcmatoseFourConnections) {
+  if (std::system("command -v ucmatose >/dev/null 2>&1") != 0) GTEST_SKIP() << "no ucmatose";
+  in_fresh_netns([] {
+    const Started server = start("ucmatose -c 4 -C 10");
+    usleep(500000);
+    const ProgramRun client = finish(start("ucmatose -s 127.0.0.1 -c 4 -C 10"), 30000);
+    const ProgramRun srv = finish(server, 20000);
+    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+    EXPECT_EQ(srv.exit_code, 0) << srv.output;
+    EXPECT_NE(client.output.find("data transfers complete"), std::string::npos) << client.output;
+    EXPECT_NE(srv.output.find("return status 0"), std::string::npos) << srv.output;
+    EXPECT_NE(client.output.find("return status 0"), std::string::npos) << client.output;
+  }, 60);
+}
+
+// rdma_server/rdma_client: the synchronous API (NULL channel, rdma_getaddrinfo, rdma_create_ep,
+// rdma_get_request, implicit CQs) and rdma_verbs.h's inline helpers.
+TEST(Rdmacm, RdmaServerAndClientSynchronousApi) {
+  if (std::system("command -v rdma_server >/dev/null 2>&1") != 0) GTEST_SKIP() << "no rdma_server";
+  in_fresh_netns([] {
+    const Started server = start("rdma_server -p 7472");
+    usleep(500000);
+    const ProgramRun client = finish(start("rdma_client -s 127.0.0.1 -p 7472"), 30000);
+    const ProgramRun srv = finish(server, 20000);
+    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+    EXPECT_NE(client.output.find("rdma_client: end 0"), std::string::npos) << client.output;
+    EXPECT_NE(srv.output.find("rdma_server: end 0"), std::string::npos) << srv.output;
+  }, 60);
+}
+
+// Two hosts: the server in a namespace of its own (its own urdmad), a veth pair between them.
+TEST(Rdmacm, WritePairBetweenTwoNamespaces) {
+  in_fresh_netns([] {
+    Pipe b_pid_pipe, veth_made, result;
+    const pid_t b = fork_process([&] {
+      if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
+      b_pid_pipe.put(getpid());
+      char ch;
+      if (!veth_made.get(&ch, 5000)) return 11;
+      if (std::system("ip addr add 10.90.0.2/24 dev vb && ip link set vb up") != 0) return 12;
+      const Started server = start(URDMA_WRITE_SERVER);
+      if (!wait_output(server, "Server listening on port", 10000)) return 13;
+      result.put('r');
+      const ProgramRun srv = finish(server, 30000);
+      std::fprintf(stderr, "B's server:\n%s\n", srv.output.c_str());
+      if (srv.exit_code != 0) return 14;
+      return srv.output.find("Received data: Hello from RDMA client!") != std::string::npos ? 0 : 15;
+    });
+    pid_t b_pid;
+    ASSERT_TRUE(b_pid_pipe.get(&b_pid));
+    if (std::system(("ip link add va type veth peer name vb netns " + std::to_string(b_pid) +
+                     " 2>&1").c_str()) != 0)
+      skip_test("cannot create a veth pair between two namespaces");
+    ASSERT_TRUE(sh("ip addr add 10.90.0.1/24 dev va && ip link set va up"));
+    veth_made.put('x');
+    char ch;
+    ASSERT_TRUE(result.get(&ch, 15000));
+    const ProgramRun client = finish(start(std::string(URDMA_WRITE_CLIENT) + " 10.90.0.2"), 30000);
+    EXPECT_EQ(client.exit_code, 0) << client.output;
+    EXPECT_NE(client.output.find("RDMA Write completed successfully!"), std::string::npos)
+        << client.output;
+    const std::optional<int> status = wait_exit(b, 30000);
+    ASSERT_TRUE(status.has_value());
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+        << "B exited " << (WIFEXITED(*status) ? WEXITSTATUS(*status) : -1);
+  }, 90);
+}
+
+}  // namespace
+}  // namespace urdma::process_test
