@@ -172,6 +172,21 @@ TEST(Rdmacm, UcmatoseFourConnections) {
   }, 60);
 }
 
+// udaddy: UD QPs, the server's QPN and Q_Key found by SIDR, datagrams both ways.
+TEST(Rdmacm, UdaddySidrAndDatagrams) {
+  if (std::system("command -v udaddy >/dev/null 2>&1") != 0) GTEST_SKIP() << "no udaddy";
+  in_fresh_netns([] {
+    const Started server = start("udaddy -c 2 -C 10");
+    usleep(500000);
+    const ProgramRun client = finish(start("udaddy -s 127.0.0.1 -c 2 -C 10"), 30000);
+    const ProgramRun srv = finish(server, 20000);
+    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+    EXPECT_EQ(srv.exit_code, 0) << srv.output;
+    EXPECT_NE(client.output.find("data transfers complete"), std::string::npos) << client.output;
+    EXPECT_NE(srv.output.find("return status 0"), std::string::npos) << srv.output;
+  }, 60);
+}
+
 // rdma_server/rdma_client: the synchronous API (NULL channel, rdma_getaddrinfo, rdma_create_ep,
 // rdma_get_request, implicit CQs) and rdma_verbs.h's inline helpers.
 TEST(Rdmacm, RdmaServerAndClientSynchronousApi) {

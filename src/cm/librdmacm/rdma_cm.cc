@@ -120,6 +120,10 @@ Gid gid_of(const sockaddr* sa) {
   }
   return g;
 }
+// rdma_cma.h RDMA_UDP_QKEY: the Q_Key of every RDMA_PS_UDP QP.
+constexpr uint32_t kUdpQkey = 0x01234567;
+bool is_ud_ps(rdma_port_space ps) { return ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB; }
+
 bool gid_is_v4(const Gid& g) {
   static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
   return std::memcmp(g.data(), kPrefix, 12) == 0;
@@ -459,7 +463,21 @@ void Cma::queue_event(Id* id, rdma_cm_event_type type, int status, const urdma::
   e->ev.event = type;
   e->ev.status = status;
   e->owner = id;
-  if (src) {
+  if (src && is_ud_ps(id->id.ps)) {
+    e->private_data = src->private_data;
+    auto& u = e->ev.param.ud;
+    u.private_data = e->private_data.empty() ? nullptr : e->private_data.data();
+    u.private_data_len = static_cast<uint8_t>(std::min<size_t>(e->private_data.size(), 255));
+    if (type == RDMA_CM_EVENT_ESTABLISHED) {
+      u.qp_num = src->remote_qpn;
+      u.qkey = src->qkey;
+      u.ah_attr.is_global = 1;
+      u.ah_attr.port_num = 1;
+      std::memcpy(u.ah_attr.grh.dgid.raw, id->dgid.data(), 16);
+      u.ah_attr.grh.sgid_index = id->sgid_index;
+      u.ah_attr.grh.hop_limit = 64;
+    }
+  } else if (src) {
     e->private_data = src->private_data;
     auto& c = e->ev.param.conn;
     c.private_data = e->private_data.empty() ? nullptr : e->private_data.data();
@@ -481,7 +499,7 @@ void Cma::queue_event(Id* id, rdma_cm_event_type type, int status, const urdma::
 void Cma::pump_locked() {
   for (const urdma::cm::Event& ev : manager->take_events()) {
     using T = urdma::cm::EventType;
-    if (ev.type == T::kConnectRequest) {
+    if (ev.type == T::kConnectRequest || ev.type == T::kSidrRequest) {
       auto lit = listeners.find(ev.service_id);
       if (lit == listeners.end()) {
         manager->destroy(ev.id);
@@ -531,6 +549,15 @@ void Cma::pump_locked() {
     if (it == by_conn.end()) continue;
     Id* id = it->second;
     switch (ev.type) {
+      case T::kSidrResponse:
+        if (ev.sidr_status == 0) {
+          id->state = IdState::kConnected;
+          queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &ev);
+        } else {
+          id->state = IdState::kDisconnected;
+          queue_event(id, RDMA_CM_EVENT_UNREACHABLE, ev.sidr_status, &ev);
+        }
+        break;
       case T::kConnectResponse:
         queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &ev);
         break;
@@ -707,7 +734,6 @@ URDMA_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, vo
   }
   if (ps != RDMA_PS_TCP && ps != RDMA_PS_UDP && ps != RDMA_PS_IB && ps != RDMA_PS_IPOIB)
     return fail(EINVAL);
-  if (ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB) return fail(ENOSYS);  // SIDR not wired yet
   Cma& c = cma();
   std::lock_guard lock(c.mu);
   if (int e = ensure_open(c)) return fail(e);
@@ -715,7 +741,7 @@ URDMA_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, vo
   x->id.channel = channel;
   x->id.context = context;
   x->id.ps = ps;
-  x->id.qp_type = IBV_QPT_RC;
+  x->id.qp_type = is_ud_ps(ps) ? IBV_QPT_UD : IBV_QPT_RC;
   x->chan = reinterpret_cast<Channel*>(channel);
   x->sync = sync;
   c.live.insert(x);
@@ -894,7 +920,8 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
   std::lock_guard lock(c.mu);
   Id* x = live_id(c, id);
   if (!x || !x->id.verbs || x->id.qp) return fail(EINVAL);
-  if (qp_init_attr->qp_type != IBV_QPT_RC) return fail(ENOSYS);
+  const bool ud = is_ud_ps(x->id.ps);
+  if (qp_init_attr->qp_type != (ud ? IBV_QPT_UD : IBV_QPT_RC)) return fail(ENOSYS);
   if (!pd) {
     if (!c.default_pd) c.default_pd = ibv_alloc_pd(c.verbs);
     if (!c.default_pd) return -1;
@@ -948,8 +975,18 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
   attr.port_num = 1;
   attr.qp_access_flags =
       IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-  if (ibv_modify_qp(qp, &attr,
-                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+  attr.qkey = kUdpQkey;
+  // A UD QP is ready to send and receive at once (rdma_create_qp(3)): INIT, RTR, RTS.
+  ibv_qp_attr rtr{}, rts{};
+  rtr.qp_state = IBV_QPS_RTR;
+  rts.qp_state = IBV_QPS_RTS;
+  rts.sq_psn = c.random_psn();
+  if (ud ? (ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                         IBV_QP_QKEY) != 0 ||
+            ibv_modify_qp(qp, &rtr, IBV_QP_STATE) != 0 ||
+            ibv_modify_qp(qp, &rts, IBV_QP_STATE | IBV_QP_SQ_PSN) != 0)
+         : ibv_modify_qp(qp, &attr,
+                         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
     const int e = errno;
     ibv_destroy_qp(qp);
     drop_cqs();
@@ -959,7 +996,7 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
   x->id.pd = pd;
   x->id.send_cq = qp_init_attr->send_cq;
   x->id.recv_cq = qp_init_attr->recv_cq;
-  x->id.qp_type = IBV_QPT_RC;
+  x->id.qp_type = ud ? IBV_QPT_UD : IBV_QPT_RC;
   return 0;
 }
 
@@ -1059,6 +1096,7 @@ URDMA_EXPORT int rdma_connect(rdma_cm_id* id, rdma_conn_param* p) {
 URDMA_EXPORT int rdma_accept(rdma_cm_id* id, rdma_conn_param* p) {
   ack_request_event(id);
   if (rdma_accept_async(id, p) != 0) return -1;
+  if (is_ud_ps(id->ps)) return 0;  // SIDR: the answer is the whole exchange
   return is_sync(id) ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
 
@@ -1069,6 +1107,32 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
   std::lock_guard lock(c.mu);
   Id* x = live_id(c, id);
   if (!x || x->state != IdState::kRouteResolved) return fail(EINVAL);
+  if (is_ud_ps(x->id.ps)) {
+    // SIDR: ask the listener for its QPN and Q_Key (ESTABLISHED carries them).
+    if (p && p->private_data_len > urdma::cm::kRdmaSidrReqPrivateDataMax) return fail(EINVAL);
+    urdma::cm::SidrQueryParams sp;
+    sp.path.local_gid = x->sgid;
+    sp.path.remote_gid = x->dgid;
+    sp.service_id = urdma::wire::rdma_service_id(port_space(x->id.ps),
+                                                 port_of(&x->id.route.addr.dst_addr));
+    urdma::wire::CmaAddress uip;
+    uip.ip_version = gid_is_v4(x->sgid) ? urdma::wire::kCmaIpVersion4 : urdma::wire::kCmaIpVersion6;
+    uip.src_port = x->local_port;
+    std::copy(x->sgid.begin(), x->sgid.end(), uip.src_addr.begin());
+    std::copy(x->dgid.begin(), x->dgid.end(), uip.dst_addr.begin());
+    sp.ip = uip;
+    if (p && p->private_data)
+      sp.private_data = {static_cast<const uint8_t*>(p->private_data), p->private_data_len};
+    auto r = c.manager->sidr_query(sp);
+    if (!r.ok()) return fail(r.error());
+    x->conn = *r;
+    x->has_conn = true;
+    c.by_conn[x->conn] = x;
+    x->state = IdState::kConnecting;
+    c.pump_locked();
+    c.wake();
+    return 0;
+  }
   if (p && p->private_data_len > urdma::cm::kRdmaReqPrivateDataMax) return fail(EINVAL);
   if (!x->id.qp && !p) return fail(EINVAL);
   urdma::cm::ConnectParams cp;
@@ -1115,6 +1179,19 @@ static int rdma_accept_async(rdma_cm_id* id, rdma_conn_param* p) {
   std::lock_guard lock(c.mu);
   Id* x = live_id(c, id);
   if (!x || x->state != IdState::kRequest || !x->has_conn) return fail(EINVAL);
+  if (is_ud_ps(x->id.ps)) {
+    if (p && p->private_data_len > urdma::cm::kSidrRepPrivateDataMax) return fail(EINVAL);
+    if (!x->id.qp && !p) return fail(EINVAL);
+    urdma::cm::SidrAnswerParams sa;
+    sa.qpn = x->id.qp ? x->id.qp->qp_num : p->qp_num;
+    sa.qkey = kUdpQkey;
+    if (p && p->private_data)
+      sa.private_data = {static_cast<const uint8_t*>(p->private_data), p->private_data_len};
+    if (auto st = c.manager->sidr_answer(x->conn, sa); !st.ok()) return fail(st.error());
+    x->state = IdState::kConnected;
+    c.pump_locked();
+    return 0;
+  }
   if (p && p->private_data_len > urdma::cm::kRepPrivateDataMax) return fail(EINVAL);
   if (!x->id.qp && !p) return fail(EINVAL);
   urdma::cm::AcceptParams ap;
