@@ -172,6 +172,35 @@ TEST(Rdmacm, UcmatoseFourConnections) {
   }, 60);
 }
 
+// IPv6: rping over ::1 (the GID is the address itself).
+TEST(Rdmacm, RpingOverIpv6Loopback) {
+  if (std::system("command -v rping >/dev/null 2>&1") != 0) GTEST_SKIP() << "no rping";
+  in_fresh_netns([] {
+    const Started server = start("rping -s -V -C 5 -a ::1 -p 7177");
+    usleep(500000);
+    const ProgramRun client = finish(start("rping -c -V -v -C 5 -a ::1 -p 7177"), 30000);
+    const ProgramRun srv = finish(server, 20000);
+    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+    EXPECT_EQ(srv.exit_code, 0) << srv.output;
+    EXPECT_EQ(count(client.output, "ping data: rdma-ping-"), 5) << client.output;
+  }, 60);
+}
+
+// Many connections at once: 200 establish, move data and disconnect cleanly.
+TEST(Rdmacm, Ucmatose200Connections) {
+  if (std::system("command -v ucmatose >/dev/null 2>&1") != 0) GTEST_SKIP() << "no ucmatose";
+  in_fresh_netns([] {
+    const Started server = start("ucmatose -c 200");
+    usleep(500000);
+    const ProgramRun client = finish(start("ucmatose -s 127.0.0.1 -c 200"), 60000);
+    const ProgramRun srv = finish(server, 30000);
+    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+    EXPECT_EQ(srv.exit_code, 0) << srv.output;
+    EXPECT_NE(client.output.find("return status 0"), std::string::npos) << client.output;
+    EXPECT_NE(srv.output.find("disconnected"), std::string::npos) << srv.output;
+  }, 100);
+}
+
 // udaddy: UD QPs, the server's QPN and Q_Key found by SIDR, datagrams both ways.
 TEST(Rdmacm, UdaddySidrAndDatagrams) {
   if (std::system("command -v udaddy >/dev/null 2>&1") != 0) GTEST_SKIP() << "no udaddy";
