@@ -231,6 +231,24 @@ TEST(Rdmacm, RdmaServerAndClientSynchronousApi) {
   }, 60);
 }
 
+// The server rejects with private data: the client's REJECTED event carries it, and the reject
+// reason (IB_CM_REJ_CONSUMER_DEFINED, 28) as its status.
+TEST(Rdmacm, RejectWithPrivateDataReachesTheClient) {
+  in_fresh_netns([] {
+    const Started server = start(std::string(URDMA_RDMACM_PEER) + " reject-server 7180 no-room");
+    ASSERT_TRUE(wait_output(server, "listening", 10000)) << finish(server, 0).output;
+    const ProgramRun client =
+        finish(start(std::string(URDMA_RDMACM_PEER) + " client 127.0.0.1 7180"), 20000);
+    const ProgramRun srv = finish(server, 10000);
+    EXPECT_EQ(srv.exit_code, 0) << srv.output;
+    EXPECT_NE(srv.output.find("rejected"), std::string::npos) << srv.output;
+    EXPECT_EQ(client.exit_code, 0) << client.output;
+    EXPECT_NE(client.output.find("event RDMA_CM_EVENT_REJECTED status 28 private_data 'no-room'"),
+              std::string::npos)
+        << client.output;
+  });
+}
+
 // Two hosts: the server in a namespace of its own (its own urdmad), a veth pair between them.
 TEST(Rdmacm, WritePairBetweenTwoNamespaces) {
   in_fresh_netns([] {
