@@ -18,9 +18,15 @@
 //
 // EVENT CHANNELS: an eventfd in semaphore mode counts the queued events; rdma_get_cm_event
 // reads it (blocking unless the application made the fd non-blocking: EAGAIN) then pops one.
+// Synchronous mode (a NULL channel): the id gets a channel of its own and resolve_addr,
+// resolve_route, connect and accept wait for their event on it (rdma-core's ucma_complete).
 //
-// What is not built returns the error rdma-core's man pages give for an unsupported operation
-// (ENOSYS), and rsockets set errno ENOSYS too.
+// Port spaces: RDMA_PS_TCP and RDMA_PS_IB are RC connections (REQ/REP/RTU), RDMA_PS_UDP and
+// RDMA_PS_IPOIB UD QPs found by SIDR. Not built, with rdma-core's error for an unsupported
+// operation: multicast (rdma_join_multicast[_ex], rdma_leave_multicast: ENOSYS), SRQs on ids
+// (rdma_create_srq[_ex]: ENOSYS), ECE (EOPNOTSUPP), rdma_create_qp_ex beyond a PD (ENOSYS),
+// rsockets (every r* call: -1, errno ENOSYS). rdma_set_option accepts TOS, REUSEADDR, AFONLY
+// and ACK_TIMEOUT without effect yet; other options are ENOSYS.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -784,6 +790,7 @@ URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
   }
   c.live.erase(x);
   c.pump_locked();
+  c.wake();  // a DREQ or REJ it left may await an answer: the CM thread re-arms its timer
   if (x->id.event) delete reinterpret_cast<Event*>(x->id.event);
   if (x->sync && x->chan) {
     for (rdma_cm_event* e : x->chan->queue) delete reinterpret_cast<Event*>(e);
@@ -1262,6 +1269,7 @@ URDMA_EXPORT int rdma_establish(rdma_cm_id* id) {
   if (auto s = c.manager->establish(x->conn); !s.ok()) return fail(s.error());
   x->state = IdState::kConnected;
   c.pump_locked();
+  c.wake();
   return 0;
 }
 
