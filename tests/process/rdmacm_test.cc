@@ -250,7 +250,7 @@ TEST(Rdmacm, RejectWithPrivateDataReachesTheClient) {
 }
 
 // Two hosts: the server in a namespace of its own (its own urdmad), a veth pair between them.
-TEST(Rdmacm, WritePairBetweenTwoNamespaces) {
+TEST(Rdmacm, WritePairAndRpingBetweenTwoNamespaces) {
   in_fresh_netns([] {
     Pipe b_pid_pipe, veth_made, result;
     const pid_t b = fork_process([&] {
@@ -265,7 +265,14 @@ TEST(Rdmacm, WritePairBetweenTwoNamespaces) {
       const ProgramRun srv = finish(server, 30000);
       std::fprintf(stderr, "B's server:\n%s\n", srv.output.c_str());
       if (srv.exit_code != 0) return 14;
-      return srv.output.find("Received data: Hello from RDMA client!") != std::string::npos ? 0 : 15;
+      if (srv.output.find("Received data: Hello from RDMA client!") == std::string::npos) return 15;
+      // Then rping -V across the veth.
+      const Started rping = start("rping -s -V -C 5 -a 10.90.0.2 -p 7190");
+      usleep(500000);
+      result.put('p');
+      const ProgramRun rsrv = finish(rping, 30000);
+      std::fprintf(stderr, "B's rping:\n%s\n", rsrv.output.c_str());
+      return rsrv.exit_code == 0 ? 0 : 16;
     });
     pid_t b_pid;
     ASSERT_TRUE(b_pid_pipe.get(&b_pid));
@@ -280,6 +287,10 @@ TEST(Rdmacm, WritePairBetweenTwoNamespaces) {
     EXPECT_EQ(client.exit_code, 0) << client.output;
     EXPECT_NE(client.output.find("RDMA Write completed successfully!"), std::string::npos)
         << client.output;
+    ASSERT_TRUE(result.get(&ch, 40000));
+    const ProgramRun rping = finish(start("rping -c -V -v -C 5 -a 10.90.0.2 -p 7190"), 30000);
+    EXPECT_EQ(rping.exit_code, 0) << rping.output;
+    EXPECT_EQ(count(rping.output, "ping data: rdma-ping-"), 5) << rping.output;
     const std::optional<int> status = wait_exit(b, 30000);
     ASSERT_TRUE(status.has_value());
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
