@@ -46,6 +46,8 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <set>
@@ -170,6 +172,7 @@ urdma::wire::RdmaPortSpace port_space(rdma_port_space ps) {
 class Cma {
  public:
   std::mutex mu;
+  std::condition_variable acked;  // an event was acked (rdma_destroy_id waits for its own)
   ibv_context* verbs = nullptr;
   ibv_pd* default_pd = nullptr;
   int open_errno = 0;
@@ -681,6 +684,7 @@ URDMA_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
     std::lock_guard lock(cma().mu);
     if (cma().live.count(e->owner)) --e->owner->pending_events;
   }
+  cma().acked.notify_all();
   delete e;
   return 0;
 }
@@ -757,7 +761,7 @@ URDMA_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, vo
 
 URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
   Cma& c = cma();
-  std::lock_guard lock(c.mu);
+  std::unique_lock lock(c.mu);
   Id* x = live_id(c, id);
   if (!x) return fail(EINVAL);
   if (x->has_conn) {
@@ -777,6 +781,7 @@ URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
       auto* e = reinterpret_cast<Event*>(*it);
       if (e->owner == x) {
         delete e;
+        --x->pending_events;
         it = q.erase(it);
         uint64_t v;
         const int fl = fcntl(x->chan->ch.fd, F_GETFL);
@@ -788,10 +793,17 @@ URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
       }
     }
   }
-  c.live.erase(x);
+  if (x->id.event) {  // rdma_get_request's, not acked yet
+    delete reinterpret_cast<Event*>(x->id.event);
+    x->id.event = nullptr;
+    --x->pending_events;
+  }
   c.pump_locked();
   c.wake();  // a DREQ or REJ it left may await an answer: the CM thread re-arms its timer
-  if (x->id.event) delete reinterpret_cast<Event*>(x->id.event);
+  // rdma_destroy_id(3): "will block until related events have been acknowledged" (bounded here,
+  // so that an application holding one forever gets its id destroyed after 10 s anyway).
+  c.acked.wait_for(lock, std::chrono::seconds(10), [x] { return x->pending_events <= 0; });
+  c.live.erase(x);
   if (x->sync && x->chan) {
     for (rdma_cm_event* e : x->chan->queue) delete reinterpret_cast<Event*>(e);
     close(x->chan->ch.fd);
