@@ -21,76 +21,10 @@
 #include <string>
 
 #include "netns_harness.h"
+#include "tool_run.h"
 
 namespace urdma::process_test {
 namespace {
-
-std::string tool_env() {
-  std::string env = std::string("env LD_LIBRARY_PATH=") + URDMA_LIB_DIR +
-                    " URDMA_DAEMON=" + URDMA_DAEMON_PATH + " URDMA_IDLE_TIMEOUT_MS=2000 LD_BIND_NOW=1";
-#ifdef URDMA_PRELOAD
-  env += std::string(" LD_PRELOAD=") + URDMA_PRELOAD + " ASAN_OPTIONS=detect_leaks=0";
-#endif
-  return env + " ";
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct Started {
-  pid_t pid = -1;
-  std::string out_path;
-};
-
-struct ProgramRun {
-  int exit_code = -1;  // -1: did not exit in time
-  std::string output;
-};
-
-Started start(const std::string& command) {
-  static int counter = 0;
-  Started s;
-  s.out_path = "/tmp/urdma_rdmacm_" + std::to_string(getpid()) + "_" + std::to_string(counter++) +
-               ".out";
-  const std::string line = tool_env() + command + " >" + s.out_path + " 2>&1";
-  s.pid = fork_process([line] {
-    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
-    return 127;
-  });
-  return s;
-}
-
-ProgramRun finish(const Started& s, int timeout_ms) {
-  ProgramRun r;
-  const std::optional<int> status = wait_exit(s.pid, timeout_ms);
-  if (!status) {
-    kill(s.pid, SIGKILL);
-    waitpid(s.pid, nullptr, 0);
-  } else if (WIFEXITED(*status)) {
-    r.exit_code = WEXITSTATUS(*status);
-  }
-  r.output = read_file(s.out_path);
-  unlink(s.out_path.c_str());
-  return r;
-}
-
-bool wait_output(const Started& s, const std::string& text, int timeout_ms) {
-  for (int waited = 0; waited < timeout_ms; waited += 20) {
-    if (read_file(s.out_path).find(text) != std::string::npos) return true;
-    usleep(20000);
-  }
-  return false;
-}
-
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
 
 struct Pair {
   const char* server;
@@ -113,8 +47,8 @@ void run_pair(const Pair& p, const std::string& server_addr) {
   const Started server = start(p.server);
   ASSERT_TRUE(wait_output(server, "Server listening on port", 10000))
       << finish(server, 0).output;
-  const ProgramRun client = finish(start(std::string(p.client) + " " + server_addr), 20000);
-  const ProgramRun srv = finish(server, 20000);
+  const ToolRun client = finish(start(std::string(p.client) + " " + server_addr), 20000);
+  const ToolRun srv = finish(server, 20000);
   EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
   EXPECT_NE(client.output.find(p.client_says), std::string::npos) << client.output;
   EXPECT_EQ(srv.exit_code, 0) << srv.output;
@@ -132,8 +66,8 @@ TEST(Rdmacm, WritePairPrintsTheSeedsMessage) {
   in_fresh_netns([] {
     const Started server = start(URDMA_WRITE_SERVER);
     ASSERT_TRUE(wait_output(server, "Server listening on port 51216", 10000));
-    const ProgramRun client = finish(start(std::string(URDMA_WRITE_CLIENT) + " 127.0.0.1"), 20000);
-    const ProgramRun srv = finish(server, 20000);
+    const ToolRun client = finish(start(std::string(URDMA_WRITE_CLIENT) + " 127.0.0.1"), 20000);
+    const ToolRun srv = finish(server, 20000);
     EXPECT_EQ(count(srv.output, "Received data: Hello from RDMA client!\n"), 1) << srv.output;
     EXPECT_NE(client.output.find("Sent message: Hello from RDMA client!"), std::string::npos)
         << client.output;
@@ -146,8 +80,8 @@ TEST(Rdmacm, RpingVerifiesTenPings) {
   in_fresh_netns([] {
     const Started server = start("rping -s -V -v -C 10 -a 127.0.0.1 -p 7174");
     usleep(500000);
-    const ProgramRun client = finish(start("rping -c -V -v -C 10 -a 127.0.0.1 -p 7174"), 30000);
-    const ProgramRun srv = finish(server, 20000);
+    const ToolRun client = finish(start("rping -c -V -v -C 10 -a 127.0.0.1 -p 7174"), 30000);
+    const ToolRun srv = finish(server, 20000);
     EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
     EXPECT_EQ(srv.exit_code, 0) << srv.output;
     EXPECT_EQ(count(client.output, "ping data: rdma-ping-"), 10) << client.output;
@@ -162,8 +96,8 @@ TEST(Rdmacm, UcmatoseFourConnections) {
   in_fresh_netns([] {
     const Started server = start("ucmatose -c 4 -C 10");
     usleep(500000);
-    const ProgramRun client = finish(start("ucmatose -s 127.0.0.1 -c 4 -C 10"), 30000);
-    const ProgramRun srv = finish(server, 20000);
+    const ToolRun client = finish(start("ucmatose -s 127.0.0.1 -c 4 -C 10"), 30000);
+    const ToolRun srv = finish(server, 20000);
     EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
     EXPECT_EQ(srv.exit_code, 0) << srv.output;
     EXPECT_NE(client.output.find("data transfers complete"), std::string::npos) << client.output;
@@ -178,8 +112,8 @@ TEST(Rdmacm, RpingOverIpv6Loopback) {
   in_fresh_netns([] {
     const Started server = start("rping -s -V -C 5 -a ::1 -p 7177");
     usleep(500000);
-    const ProgramRun client = finish(start("rping -c -V -v -C 5 -a ::1 -p 7177"), 30000);
-    const ProgramRun srv = finish(server, 20000);
+    const ToolRun client = finish(start("rping -c -V -v -C 5 -a ::1 -p 7177"), 30000);
+    const ToolRun srv = finish(server, 20000);
     EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
     EXPECT_EQ(srv.exit_code, 0) << srv.output;
     EXPECT_EQ(count(client.output, "ping data: rdma-ping-"), 5) << client.output;
@@ -194,8 +128,8 @@ TEST(Rdmacm, Ucmatose50Connections) {
   in_fresh_netns([] {
     const Started server = start("ucmatose -c 50");
     usleep(500000);
-    const ProgramRun client = finish(start("ucmatose -s 127.0.0.1 -c 50"), 60000);
-    const ProgramRun srv = finish(server, 30000);
+    const ToolRun client = finish(start("ucmatose -s 127.0.0.1 -c 50"), 60000);
+    const ToolRun srv = finish(server, 30000);
     EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
     EXPECT_EQ(srv.exit_code, 0) << srv.output;
     EXPECT_NE(client.output.find("return status 0"), std::string::npos) << client.output;
@@ -209,8 +143,8 @@ TEST(Rdmacm, UdaddySidrAndDatagrams) {
   in_fresh_netns([] {
     const Started server = start("udaddy -c 2 -C 10");
     usleep(500000);
-    const ProgramRun client = finish(start("udaddy -s 127.0.0.1 -c 2 -C 10"), 30000);
-    const ProgramRun srv = finish(server, 20000);
+    const ToolRun client = finish(start("udaddy -s 127.0.0.1 -c 2 -C 10"), 30000);
+    const ToolRun srv = finish(server, 20000);
     EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
     EXPECT_EQ(srv.exit_code, 0) << srv.output;
     EXPECT_NE(client.output.find("data transfers complete"), std::string::npos) << client.output;
@@ -225,8 +159,8 @@ TEST(Rdmacm, RdmaServerAndClientSynchronousApi) {
   in_fresh_netns([] {
     const Started server = start("rdma_server -p 7472");
     usleep(500000);
-    const ProgramRun client = finish(start("rdma_client -s 127.0.0.1 -p 7472"), 30000);
-    const ProgramRun srv = finish(server, 20000);
+    const ToolRun client = finish(start("rdma_client -s 127.0.0.1 -p 7472"), 30000);
+    const ToolRun srv = finish(server, 20000);
     EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
     EXPECT_NE(client.output.find("rdma_client: end 0"), std::string::npos) << client.output;
     EXPECT_NE(srv.output.find("rdma_server: end 0"), std::string::npos) << srv.output;
@@ -239,9 +173,9 @@ TEST(Rdmacm, RejectWithPrivateDataReachesTheClient) {
   in_fresh_netns([] {
     const Started server = start(std::string(URDMA_RDMACM_PEER) + " reject-server 7180 no-room");
     ASSERT_TRUE(wait_output(server, "listening", 10000)) << finish(server, 0).output;
-    const ProgramRun client =
+    const ToolRun client =
         finish(start(std::string(URDMA_RDMACM_PEER) + " client 127.0.0.1 7180"), 20000);
-    const ProgramRun srv = finish(server, 10000);
+    const ToolRun srv = finish(server, 10000);
     EXPECT_EQ(srv.exit_code, 0) << srv.output;
     EXPECT_NE(srv.output.find("rejected"), std::string::npos) << srv.output;
     EXPECT_EQ(client.exit_code, 0) << client.output;
@@ -264,7 +198,7 @@ TEST(Rdmacm, WritePairAndRpingBetweenTwoNamespaces) {
       const Started server = start(URDMA_WRITE_SERVER);
       if (!wait_output(server, "Server listening on port", 10000)) return 13;
       result.put('r');
-      const ProgramRun srv = finish(server, 30000);
+      const ToolRun srv = finish(server, 30000);
       std::fprintf(stderr, "B's server:\n%s\n", srv.output.c_str());
       if (srv.exit_code != 0) return 14;
       if (srv.output.find("Received data: Hello from RDMA client!") == std::string::npos) return 15;
@@ -272,7 +206,7 @@ TEST(Rdmacm, WritePairAndRpingBetweenTwoNamespaces) {
       const Started rping = start("rping -s -V -C 5 -a 10.90.0.2 -p 7190");
       usleep(500000);
       result.put('p');
-      const ProgramRun rsrv = finish(rping, 30000);
+      const ToolRun rsrv = finish(rping, 30000);
       std::fprintf(stderr, "B's rping:\n%s\n", rsrv.output.c_str());
       return rsrv.exit_code == 0 ? 0 : 16;
     });
@@ -285,12 +219,12 @@ TEST(Rdmacm, WritePairAndRpingBetweenTwoNamespaces) {
     veth_made.put('x');
     char ch;
     ASSERT_TRUE(result.get(&ch, 15000));
-    const ProgramRun client = finish(start(std::string(URDMA_WRITE_CLIENT) + " 10.90.0.2"), 30000);
+    const ToolRun client = finish(start(std::string(URDMA_WRITE_CLIENT) + " 10.90.0.2"), 30000);
     EXPECT_EQ(client.exit_code, 0) << client.output;
     EXPECT_NE(client.output.find("RDMA Write completed successfully!"), std::string::npos)
         << client.output;
     ASSERT_TRUE(result.get(&ch, 40000));
-    const ProgramRun rping = finish(start("rping -c -V -v -C 5 -a 10.90.0.2 -p 7190"), 30000);
+    const ToolRun rping = finish(start("rping -c -V -v -C 5 -a 10.90.0.2 -p 7190"), 30000);
     EXPECT_EQ(rping.exit_code, 0) << rping.output;
     EXPECT_EQ(count(rping.output, "ping data: rdma-ping-"), 5) << rping.output;
     const std::optional<int> status = wait_exit(b, 30000);

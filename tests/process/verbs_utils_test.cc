@@ -22,100 +22,10 @@
 #include <vector>
 
 #include "netns_harness.h"
+#include "tool_run.h"
 
 namespace urdma::process_test {
 namespace {
-
-constexpr const char* kLibDir = URDMA_LIB_DIR;
-
-bool have_tool(const char* name) {
-  return std::system(("command -v " + std::string(name) + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-// The environment a Debian binary runs in: our library first. Under ASan the runtime must be
-// loaded before anything (the binaries are not instrumented), and their own leaks are not ours.
-std::string tool_env() {
-  std::string env = std::string("env LD_LIBRARY_PATH=") + kLibDir + " URDMA_DAEMON=" +
-                    URDMA_DAEMON_PATH + " URDMA_IDLE_TIMEOUT_MS=2000 LD_BIND_NOW=1";
-#ifdef URDMA_PRELOAD
-  env += std::string(" LD_PRELOAD=") + URDMA_PRELOAD + " ASAN_OPTIONS=detect_leaks=0";
-#endif
-  return env + " ";
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct ToolRun {
-  int exit_code = -1;  // -1: did not exit in time / killed
-  std::string output;  // stdout and stderr
-};
-
-// Starts `command` (a shell command line) with its output to a file; wait with finish().
-struct Started {
-  pid_t pid = -1;
-  std::string out_path;
-};
-
-Started start(const std::string& command) {
-  static int counter = 0;
-  Started s;
-  s.out_path = "/tmp/urdma_verbs_utils_" + std::to_string(getpid()) + "_" +
-               std::to_string(counter++) + ".out";
-  const std::string line = tool_env() + command + " >" + s.out_path + " 2>&1";
-  s.pid = fork_process([line] {
-    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
-    return 127;
-  });
-  return s;
-}
-
-ToolRun finish(const Started& s, int timeout_ms) {
-  ToolRun r;
-  const std::optional<int> status = wait_exit(s.pid, timeout_ms);
-  if (!status) {
-    kill(s.pid, SIGKILL);
-    waitpid(s.pid, nullptr, 0);
-  } else if (WIFEXITED(*status)) {
-    r.exit_code = WEXITSTATUS(*status);
-  }
-  r.output = read_file(s.out_path);
-  unlink(s.out_path.c_str());
-  return r;
-}
-
-ToolRun run(const std::string& command, int timeout_ms = 10000) {
-  return finish(start(command), timeout_ms);
-}
-
-// Is a TCP socket of this namespace listening on `port`? (/proc/net/tcp{,6}: state 0A)
-bool tcp_listening(unsigned port) {
-  char hex[8];
-  std::snprintf(hex, sizeof hex, ":%04X", port);
-  for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream f(path);
-    std::string line;
-    while (std::getline(f, line)) {
-      std::istringstream in(line);
-      std::string sl, local, remote, state;
-      in >> sl >> local >> remote >> state;
-      if (local.size() > 5 && local.ends_with(hex) && state == "0A") return true;
-    }
-  }
-  return false;
-}
-
-bool wait_listening(unsigned port, int timeout_ms) {
-  for (int waited = 0; waited < timeout_ms; waited += 10) {
-    if (tcp_listening(port)) return true;
-    usleep(10000);
-  }
-  return false;
-}
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
@@ -139,19 +49,6 @@ std::string devinfo_field(const std::string& out, const std::string& name) {
     if (t.starts_with(name + ":")) return trim(t.substr(name.size() + 1));
   }
   return "";
-}
-
-// The GID index ibv_devinfo -v shows for an IPv4 address ("GID[  2]:  ::ffff:10.89.0.1, RoCE
-// v2"), or -1.
-int gid_index_of(const std::string& devinfo, const std::string& ipv4) {
-  for (const std::string& line : lines_of(devinfo)) {
-    const size_t open = line.find("GID[");
-    const size_t close = line.find("]:");
-    if (open == std::string::npos || close == std::string::npos) continue;
-    if (trim(line.substr(close + 2)) != "::ffff:" + ipv4 + ", RoCE v2") continue;
-    return std::stoi(trim(line.substr(open + 4, close - open - 4)));
-  }
-  return -1;
 }
 
 // "819200 bytes in 0.14 seconds" and "100 iters in 0.14 seconds": what a pingpong moved.

@@ -1,0 +1,124 @@
+#include "tool_run.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "netns_harness.h"
+
+namespace urdma::process_test {
+
+bool have_tool(const char* name) {
+  return std::system(("command -v " + std::string(name) + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+std::string tool_env() {
+  std::string env = std::string("env LD_LIBRARY_PATH=") + URDMA_LIB_DIR +
+                    " URDMA_DAEMON=" + URDMA_DAEMON_PATH +
+                    " URDMA_IDLE_TIMEOUT_MS=2000 LD_BIND_NOW=1";
+#ifdef URDMA_PRELOAD
+  env += std::string(" LD_PRELOAD=") + URDMA_PRELOAD + " ASAN_OPTIONS=detect_leaks=0";
+#endif
+  return env + " ";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Started start(const std::string& command) {
+  static int counter = 0;
+  Started s;
+  s.out_path = "/tmp/urdma_tool_" + std::to_string(getpid()) + "_" + std::to_string(counter++) +
+               ".out";
+  const std::string line = tool_env() + command + " >" + s.out_path + " 2>&1";
+  s.pid = fork_process([line] {
+    execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    return 127;
+  });
+  return s;
+}
+
+ToolRun finish(const Started& s, int timeout_ms) {
+  ToolRun r;
+  const std::optional<int> status = wait_exit(s.pid, timeout_ms);
+  if (!status) {
+    kill(s.pid, SIGKILL);
+    waitpid(s.pid, nullptr, 0);
+  } else if (WIFEXITED(*status)) {
+    r.exit_code = WEXITSTATUS(*status);
+  }
+  r.output = read_file(s.out_path);
+  unlink(s.out_path.c_str());
+  return r;
+}
+
+ToolRun run(const std::string& command, int timeout_ms) {
+  return finish(start(command), timeout_ms);
+}
+
+bool wait_output(const Started& s, const std::string& text, int timeout_ms) {
+  for (int waited = 0; waited < timeout_ms; waited += 20) {
+    if (read_file(s.out_path).find(text) != std::string::npos) return true;
+    usleep(20000);
+  }
+  return false;
+}
+
+bool tcp_listening(unsigned port) {
+  char hex[8];
+  std::snprintf(hex, sizeof hex, ":%04X", port);
+  for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line)) {
+      std::istringstream in(line);
+      std::string sl, local, remote, state;
+      in >> sl >> local >> remote >> state;
+      if (local.size() > 5 && local.ends_with(hex) && state == "0A") return true;
+    }
+  }
+  return false;
+}
+
+bool wait_listening(unsigned port, int timeout_ms) {
+  for (int waited = 0; waited < timeout_ms; waited += 10) {
+    if (tcp_listening(port)) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+// Parsed by hand: <regex> trips GCC 12's -Wmaybe-uninitialized under ASan.
+int gid_index_of(const std::string& devinfo, const std::string& ipv4) {
+  std::istringstream in(devinfo);
+  std::string line;
+  const std::string want = "::ffff:" + ipv4 + ", RoCE v2";
+  while (std::getline(in, line)) {
+    const size_t g = line.find("GID[");
+    const size_t close = line.find("]:", g == std::string::npos ? 0 : g);
+    if (g == std::string::npos || close == std::string::npos) continue;
+    size_t v = close + 2;
+    while (v < line.size() && (line[v] == ' ' || line[v] == '\t')) ++v;
+    if (line.compare(v, std::string::npos, want) != 0) continue;
+    return std::atoi(line.substr(g + 4, close - g - 4).c_str());
+  }
+  return -1;
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace urdma::process_test

@@ -1,0 +1,57 @@
+// Running unmodified programs (Debian's ibverbs-utils, perftest, rdmacm-utils, the examples) on
+// urdma from a process test: each runs under /bin/sh with LD_LIBRARY_PATH naming the build's
+// lib/ directory, so the loader gives it OUR libibverbs.so.1 and librdmacm.so.1, which start a
+// urdmad in the test's namespace by themselves.
+//
+// tool_run.cc is compiled into each test executable that uses it, with that target's
+// URDMA_LIB_DIR, URDMA_DAEMON_PATH and (under ASan) URDMA_PRELOAD definitions.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+namespace urdma::process_test {
+
+// True when `name` is a command on PATH.
+bool have_tool(const char* name);
+
+// The `env ...` prefix a program runs under: our libraries first, the test's urdmad binary, a
+// short daemon idle timeout. Under ASan the runtime is preloaded (the binaries are not
+// instrumented) and their own leaks are not reported.
+std::string tool_env();
+
+std::string read_file(const std::string& path);
+
+// A program started with its stdout and stderr to a file; wait for it with finish().
+struct Started {
+  pid_t pid = -1;
+  std::string out_path;
+};
+
+struct ToolRun {
+  int exit_code = -1;  // -1: did not exit in time (then killed) or died of a signal
+  std::string output;  // stdout and stderr
+};
+
+// Starts a shell command line under tool_env().
+Started start(const std::string& command);
+// Waits up to `timeout_ms` (kills it after), collects its output and removes the output file.
+ToolRun finish(const Started& s, int timeout_ms);
+ToolRun run(const std::string& command, int timeout_ms = 10000);
+
+// Waits until the program's output so far contains `text`.
+bool wait_output(const Started& s, const std::string& text, int timeout_ms);
+
+// Is a TCP socket of this namespace listening on `port`? (/proc/net/tcp{,6}: state 0A)
+bool tcp_listening(unsigned port);
+bool wait_listening(unsigned port, int timeout_ms);
+
+// The GID index `ibv_devinfo -v` shows for an IPv4 address ("GID[  2]:\t\t::ffff:10.89.1.1,
+// RoCE v2"), or -1.
+int gid_index_of(const std::string& devinfo, const std::string& ipv4);
+
+// How many times `what` occurs in `text`.
+int count(const std::string& text, const std::string& what);
+
+}  // namespace urdma::process_test
