@@ -112,7 +112,7 @@ std::string_view event_name(EventType t) {
 }
 
 Manager::Manager(const ManagerConfig& config, const net::Clock& clock)
-    : config_(config), clock_(clock) {
+    : config_(config), clock_(clock), psn_rng_(config.seed ^ 0x5053'4e00'0000'0000ULL) {
   base::check(config.slot < (1u << (32 - daemon::kCommIdSlotShift)), "cm: slot out of range");
   next_low_id_ = static_cast<uint32_t>(net::SplitMix64(config.seed).next()) & kIdLowMask;
 }
@@ -291,8 +291,7 @@ provider::Result<ConnId> Manager::connect(const ConnectParams& p) {
   c.local_gid = p.path.local_gid;
   c.remote_gid = p.path.remote_gid;
   c.local_qpn = p.qpn & kMask24;
-  c.sq_psn = p.starting_psn & kMask24;
-  c.sq_psn_known = true;
+  c.rq_psn = p.starting_psn & kMask24;
   c.mtu = p.path.mtu;
   c.pkey = p.path.pkey;
   c.flow_label = p.path.flow_label;
@@ -328,7 +327,7 @@ provider::Result<ConnId> Manager::connect(const ConnectParams& p) {
   req.set_transport_service_type(
       static_cast<uint8_t>(p.unreliable ? wire::CmTransportType::kUc : wire::CmTransportType::kRc));
   req.set_end_to_end_flow_control(p.flow_control);
-  req.set_starting_psn(c.sq_psn);
+  req.set_starting_psn(c.rq_psn);
   req.set_local_cm_response_timeout(config_.cm_response_timeout);
   req.set_retry_count(c.retry_count);
   req.set_partition_key(p.path.pkey);
@@ -378,8 +377,6 @@ provider::Result<AcceptResult> Manager::accept(ConnId id, const AcceptParams& p)
                            ? std::min(c->initiator_depth, config_.max_initiator_depth)
                            : p.initiator_depth;
   c->local_qpn = p.qpn & kMask24;
-  c->sq_psn = p.starting_psn & kMask24;
-  c->sq_psn_known = true;
 
   Mad mad{};
   auto rep = start<wire::CmRep>(mad, c->tid);
@@ -387,7 +384,7 @@ provider::Result<AcceptResult> Manager::accept(ConnId id, const AcceptParams& p)
   rep.set_remote_comm_id(c->remote_id);
   rep.set_local_q_key(0);
   rep.set_local_qpn(c->local_qpn);
-  rep.set_starting_psn(c->sq_psn);
+  rep.set_starting_psn(c->rq_psn);
   rep.set_responder_resources(c->responder_resources);
   rep.set_initiator_depth(c->initiator_depth);
   rep.set_target_ack_delay(config_.local_ca_ack_delay);
@@ -616,7 +613,7 @@ provider::Result<QpAttrs> Manager::qp_attrs(ConnId id, ibv_qp_state target) cons
       }
       return q;
     case IBV_QPS_RTS:
-      if (!c->remote_known || !c->sq_psn_known) return Status(EINVAL);
+      if (!c->remote_known) return Status(EINVAL);
       q.mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
       a.sq_psn = c->sq_psn;
       if (!c->unreliable) {
@@ -770,7 +767,9 @@ void Manager::on_req(const Gid& src, const Mad& mad) {
   c.remote_gid = src;
   c.remote_qpn = req.local_qpn();
   c.remote_known = true;
-  c.rq_psn = req.starting_psn();
+  // Linux cm_req_handler: we send from the REQ's Starting PSN and expect the REP's.
+  c.sq_psn = req.starting_psn();
+  c.rq_psn = static_cast<uint32_t>(psn_rng_.next()) & kMask24;
   c.unreliable = type == wire::CmTransportType::kUc;
   c.mtu = std::min(mtu, config_.max_path_mtu);
   c.pkey = req.partition_key();
@@ -933,7 +932,7 @@ void Manager::on_rep(const Gid& src, const Mad& mad) {
   c->remote_ca_guid = rep.local_ca_guid();
   c->remote_qpn = rep.local_qpn();
   c->remote_known = true;
-  c->rq_psn = rep.starting_psn();
+  c->sq_psn = rep.starting_psn();  // Linux cm_rep_handler
   // Linux cm_rep_handler: their responder resources bound our initiator depth and vice versa.
   c->initiator_depth =
       std::min({rep.responder_resources(), c->initiator_depth, config_.max_initiator_depth});

@@ -37,6 +37,7 @@
 
 #include "cm/timing.h"
 #include "net/clock.h"
+#include "net/prng.h"
 #include "provider/status.h"
 #include "wire/cm.h"
 #include "wire/rdma_cm_ip.h"
@@ -120,6 +121,9 @@ struct ConnectParams {
   Path path;
   uint64_t service_id = 0;
   uint32_t qpn = 0;
+  // The REQ's Starting PSN: the PSN our QP expects first (its RTR rq_psn); the passive side
+  // sends from it. The REP's is the other way round (Linux cm.c: the active side's sq_psn is
+  // the REP's, the passive side's the REQ's; rxe NAKs anything else with a PSN sequence error).
   uint32_t starting_psn = 0;
   bool unreliable = false;                      // UC instead of RC
   uint8_t responder_resources = kMaxResources;  // our max_dest_rd_atomic offer
@@ -135,9 +139,10 @@ struct ConnectParams {
   bool manual_rtu = false;
 };
 
+// The REP's starting PSN is not a parameter: the Manager picks it when the REQ arrives (as
+// Linux rdma_cm picks its id's seq_num), so rdma_init_qp_attr's RTR is right before accept too.
 struct AcceptParams {
   uint32_t qpn = 0;
-  uint32_t starting_psn = 0;
   uint8_t responder_resources = kMaxResources;  // kMaxResources: the peer's offer, clamped
   uint8_t initiator_depth = kMaxResources;
   uint8_t rnr_retry_count = 7;  // how often the peer retries our RNR NAKs
@@ -267,8 +272,8 @@ class Manager {
   provider::Result<ConnId> sidr_query(const SidrQueryParams& p);
   provider::Status sidr_answer(ConnId id, const SidrAnswerParams& p);
 
-  // rdma_init_qp_attr: INIT (any connection), RTR (once the peer's QPN is known), RTS (once our
-  // starting PSN is: active after the REP, passive after accept). EINVAL otherwise.
+  // rdma_init_qp_attr: INIT (any connection), RTR and RTS once the peer's QPN and both starting
+  // PSNs are known (active: after the REP; passive: after the REQ). EINVAL otherwise.
   provider::Result<QpAttrs> qp_attrs(ConnId id, ibv_qp_state target) const;
 
   // A CM MAD received on QP1 from `src_gid` (its GRH source) and `src_qpn` (its DETH).
@@ -305,9 +310,8 @@ class Manager {
     Gid remote_gid{};  // where our MADs go
     uint32_t local_qpn = 0;
     uint32_t remote_qpn = 0;
-    uint32_t sq_psn = 0;
-    uint32_t rq_psn = 0;
-    bool sq_psn_known = false;
+    uint32_t sq_psn = 0;  // the peer's message's Starting PSN
+    uint32_t rq_psn = 0;  // our message's Starting PSN
     bool remote_known = false;
     uint8_t mtu = IBV_MTU_1024;
     uint16_t pkey = 0xFFFF;
@@ -368,6 +372,7 @@ class Manager {
   ManagerConfig config_;
   const net::Clock& clock_;
   uint32_t next_low_id_;
+  net::SplitMix64 psn_rng_;  // the REP Starting PSNs we pick
   std::map<uint64_t, bool> listeners_;
   std::map<ConnId, Conn> conns_;
   std::vector<OutgoingMad> outgoing_;

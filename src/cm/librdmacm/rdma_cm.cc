@@ -98,7 +98,6 @@ struct Id {
   Gid dgid{};
   uint8_t sgid_index = 0;
   uint16_t local_port = 0;  // host order
-  uint32_t starting_psn = 0;
   int pending_events = 0;
   // Synchronous mode (created with a NULL channel): a channel of its own, waited on by the calls.
   bool sync = false;
@@ -1160,8 +1159,7 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
   cp.service_id = urdma::wire::rdma_service_id(port_space(x->id.ps),
                                                port_of(&x->id.route.addr.dst_addr));
   cp.qpn = x->id.qp ? x->id.qp->qp_num : p->qp_num;
-  x->starting_psn = c.random_psn();
-  cp.starting_psn = x->starting_psn;
+  cp.starting_psn = c.random_psn();
   if (p) {
     cp.responder_resources = p->responder_resources;
     cp.initiator_depth = p->initiator_depth;
@@ -1215,8 +1213,6 @@ static int rdma_accept_async(rdma_cm_id* id, rdma_conn_param* p) {
   if (!x->id.qp && !p) return fail(EINVAL);
   urdma::cm::AcceptParams ap;
   ap.qpn = x->id.qp ? x->id.qp->qp_num : p->qp_num;
-  x->starting_psn = c.random_psn();
-  ap.starting_psn = x->starting_psn;
   if (p) {
     ap.responder_resources = p->responder_resources;
     ap.initiator_depth = p->initiator_depth;

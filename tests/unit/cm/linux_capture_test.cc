@@ -1,7 +1,8 @@
 // The CM against Linux: the MADs of real rping connections (tests/data, Debian 12 kernel 6.1
 // rdma_cm over rxe) fed into a Manager playing the other side, and what it sends compared with
 // what Linux sent in the same place — byte for byte once the communication IDs (and our own
-// transaction IDs) are set to Linux's, since those are the only values each CM picks itself.
+// transaction IDs, and the REP's Starting PSN) are set to Linux's, since those are the only
+// values each CM picks itself.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -105,15 +106,16 @@ TEST(CmLinux, PassiveSideAnswersLinuxsReqAsLinuxDid) {
   EXPECT_EQ(e.local_gid, k99_2);
 
   // rping's server: rdma_accept with responder resources 1, initiator depth 1; rdma_cm picks
-  // the QPN and PSN, here the ones Linux used.
+  // the QPN (here the one Linux used) and the REP's PSN (set to Linux's below).
   auto acc = m.accept(e.id, AcceptParams{.qpn = 0x11,
-                                         .starting_psn = 0x23758c,
                                          .responder_resources = 1,
                                          .initiator_depth = 1,
                                          .rnr_retry_count = 7});
   ASSERT_TRUE(acc.ok());
   EXPECT_EQ(acc->rtr.attr.dest_qp_num, 0x11u);
-  EXPECT_EQ(acc->rtr.attr.rq_psn, 0x1997dau);
+  // The PSNs the capture's data packets carry: the active side sent from the REP's Starting
+  // PSN (0x23758c), we (passive) from the REQ's (0x1997da).
+  EXPECT_EQ(acc->rts.attr.sq_psn, 0x1997dau);
   EXPECT_EQ(acc->rtr.attr.path_mtu, IBV_MTU_1024);
   EXPECT_EQ(acc->rtr.attr.ah_attr.grh.flow_label, 0x4fc7fu);
   EXPECT_EQ(acc->rts.attr.timeout, 19);
@@ -126,7 +128,9 @@ TEST(CmLinux, PassiveSideAnswersLinuxsReqAsLinuxDid) {
   EXPECT_EQ(tid_of(rep), tid_of(req));  // the REP answers in the REQ's transaction
   const uint32_t our_id = wire::CmRepView(rep).local_comm_id();
   EXPECT_EQ(our_id, e.id);
+  EXPECT_EQ(wire::CmRepView(rep).starting_psn(), acc->rtr.attr.rq_psn);
   wire::CmRep(rep).set_local_comm_id(linux_passive_id);
+  wire::CmRep(rep).set_starting_psn(0x23758c);
   expect_same_mad(rep, linux_rep, "REP");
 
   // Linux's RTU (addressed to our comm ID) establishes the connection.
@@ -211,9 +215,11 @@ TEST(CmLinux, ActiveSideSendsLinuxsReqRtuAndDreq) {
   auto rtr = m.qp_attrs(*id, IBV_QPS_RTR);
   auto rts = m.qp_attrs(*id, IBV_QPS_RTS);
   ASSERT_TRUE(rtr.ok() && rts.ok());
-  EXPECT_EQ(rtr->attr.rq_psn, 0x23758cu);
+  // As the capture's data packets show: Linux's passive side sent from the REQ's Starting PSN
+  // (0x1997da), its active side (us here) from the REP's (0x23758c).
+  EXPECT_EQ(rtr->attr.rq_psn, 0x1997dau);
   EXPECT_EQ(rtr->attr.max_dest_rd_atomic, 1);
-  EXPECT_EQ(rts->attr.sq_psn, 0x1997dau);
+  EXPECT_EQ(rts->attr.sq_psn, 0x23758cu);
   EXPECT_EQ(rts->attr.max_rd_atomic, 1);
   EXPECT_EQ(rts->attr.timeout, 19);  // cm_ack_timeout(REP target ACK delay 15, 18)
   out = m.take_outgoing();

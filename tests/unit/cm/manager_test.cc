@@ -107,14 +107,17 @@ TEST(CmManager, ConnectAcceptEstablishDisconnectTimewait) {
   const auto rep_data = bytes(196, 9);
   AcceptParams ap;
   ap.qpn = 0x7021;
-  ap.starting_psn = 0x123456;
   ap.private_data = rep_data;
+  // rdma_init_qp_attr before rdma_accept: the RTR already expects the REP's Starting PSN.
+  auto early_rtr = p.link.m(p.b).qp_attrs(req->id, IBV_QPS_RTR);
+  ASSERT_TRUE(early_rtr.ok());
   auto acc = p.link.m(p.b).accept(req->id, ap);
   ASSERT_TRUE(acc.ok());
-  // The passive QP: RTR towards the active QP, from its starting PSN; RTS from ours.
+  // The passive QP (Linux cm.c; rxe NAKs any other choice): it sends from the REQ's Starting
+  // PSN and expects the REP's.
+  EXPECT_EQ(acc->rtr.attr.rq_psn, early_rtr->attr.rq_psn);
   EXPECT_EQ(acc->rtr.attr.qp_state, IBV_QPS_RTR);
   EXPECT_EQ(acc->rtr.attr.dest_qp_num, 0x3017u);
-  EXPECT_EQ(acc->rtr.attr.rq_psn, 0xabcdefu);
   EXPECT_EQ(acc->rtr.attr.path_mtu, IBV_MTU_1024);
   EXPECT_EQ(acc->rtr.attr.max_dest_rd_atomic, 4);
   EXPECT_EQ(acc->rtr.attr.min_rnr_timer, 0);
@@ -123,7 +126,7 @@ TEST(CmManager, ConnectAcceptEstablishDisconnectTimewait) {
   EXPECT_EQ(acc->rtr.mask, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
   EXPECT_EQ(acc->rts.attr.qp_state, IBV_QPS_RTS);
-  EXPECT_EQ(acc->rts.attr.sq_psn, 0x123456u);
+  EXPECT_EQ(acc->rts.attr.sq_psn, 0xabcdefu);
   EXPECT_EQ(acc->rts.attr.timeout, 19);  // the REQ's local ACK timeout
   EXPECT_EQ(acc->rts.attr.retry_cnt, 7);
   EXPECT_EQ(acc->rts.attr.rnr_retry, 7);
@@ -144,8 +147,13 @@ TEST(CmManager, ConnectAcceptEstablishDisconnectTimewait) {
   auto rts = p.link.m(p.a).qp_attrs(*id, IBV_QPS_RTS);
   ASSERT_TRUE(rtr.ok() && rts.ok());
   EXPECT_EQ(rtr->attr.dest_qp_num, 0x7021u);
-  EXPECT_EQ(rtr->attr.rq_psn, 0x123456u);
-  EXPECT_EQ(rts->attr.sq_psn, 0xabcdefu);
+  EXPECT_EQ(rtr->attr.rq_psn, 0xabcdefu);
+  EXPECT_EQ(rts->attr.sq_psn, acc->rtr.attr.rq_psn);
+  const auto rep = std::find_if(p.link.sent().begin(), p.link.sent().end(), [](const test::Sent& s) {
+    return s.attr() == static_cast<uint16_t>(wire::CmAttr::kRep);
+  });
+  ASSERT_NE(rep, p.link.sent().end());
+  EXPECT_EQ(wire::CmRepView(rep->out.mad).starting_psn(), acc->rtr.attr.rq_psn);
   EXPECT_EQ(rts->attr.timeout, 19);  // cm_ack_timeout(15, 19 - 1)
   // A late duplicate of the REQ changes nothing on an established connection (Linux
   // cm_dup_req_handler drops it).
