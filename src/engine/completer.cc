@@ -253,6 +253,7 @@ void Engine::handle_read_response(QpContext& ctx, const wire::PacketView& pkt, C
     ++counters_.drop_bad_response;
     return;
   }
+  flush_tx_before_placement();
   if (!copy_sges(device_.mr_table(), ctx.qp->pd(), ctx.qp->sq_sges_st(*wqe), w.resp_bytes,
                  std::span<uint8_t>(const_cast<uint8_t*>(data.data()), data.size()),
                  SgeDirection::kToSges)) {
@@ -287,6 +288,7 @@ void Engine::handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt, Comp
   uint8_t orig[sizeof(uint64_t)];
   const uint64_t value = pkt.atomic_ack_eth()->orig_data();
   std::memcpy(orig, &value, sizeof(value));
+  flush_tx_before_placement();
   if (!copy_sges(device_.mr_table(), ctx.qp->pd(), ctx.qp->sq_sges_st(*wqe), 0, orig,
                  SgeDirection::kToSges)) {
     fail_wqe_at(ctx, i, IBV_WC_LOC_PROT_ERR);

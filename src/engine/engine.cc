@@ -485,6 +485,7 @@ void Engine::tx_add_payload(std::span<const uint8_t> piece) {
   } else {
     // The PacketIo only reads through iovecs (iovec's pointer is not const-qualified).
     slot.iov[1 + tx_payload_iov_++] = iovec{const_cast<uint8_t*>(piece.data()), piece.size()};
+    tx_gathered_ = true;
   }
   tx_payload_added_ += piece.size();
 }
@@ -588,6 +589,7 @@ void Engine::flush_tx() {
   // buffer was full — issue 7, back-pressure).
   for (size_t i = done; i < batch.size(); ++i) backlog(batch[i]);
   tx_queued_ = 0;
+  tx_gathered_ = false;
 }
 
 void Engine::backlog(const net::TxDatagram& tx) {

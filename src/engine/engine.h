@@ -251,6 +251,13 @@ class Engine final : public provider::Doorbell {
   // backlog, copied. Must run before the turn ends and before a send completion or a popped WQE
   // lets the application reuse memory a queued packet's iovecs point into.
   void flush_tx();
+  // Before the engine writes memory a queued packet may gather its payload from (a WRITE, SEND
+  // or atomic placed, a READ response or atomic result stored): the queue leaves first, so each
+  // packet carries the bytes its ICRC was sealed over — and a READ answered before a WRITE
+  // behind it (IBA 9.5, requests execute in PSN order) the bytes from before that WRITE.
+  void flush_tx_before_placement() {
+    if (tx_gathered_) flush_tx();
+  }
   // Copies a datagram the I/O would not take into tx_backlog_ (or drops it when that is full).
   void backlog(const net::TxDatagram& tx);
   // Sends what waits in tx_backlog_, oldest first, until the I/O blocks again.
@@ -370,6 +377,7 @@ class Engine final : public provider::Doorbell {
   std::vector<TxSlot> tx_slots_;                  // kTxBatch; [tx_queued_] is being built
   std::array<net::TxDatagram, kTxBatch> tx_queue_{};  // [0, tx_queued_): built, not yet sent
   size_t tx_queued_ = 0;
+  bool tx_gathered_ = false;        // a queued packet's payload iovecs point outside its slot
   bool tx_building_ = false;        // between begin_packet and send_packet / tx_abandon
   TxSlot& tx_slot() { return tx_slots_[tx_queued_]; }
   size_t tx_payload_iov_ = 0;       // payload iovecs, at tx_slot().iov[1 ..]

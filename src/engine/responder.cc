@@ -327,6 +327,7 @@ struct ResponderSteps {
   // ---- EXECUTE
   RespState execute() {
     const std::span<const uint8_t> data = pkt.payload();
+    if (!is_read()) e.flush_tx_before_placement();
     if (is_send()) {
       if (!copy_sges(e.device_.mr_table(), ctx.qp->pd(), resp.recv.sges(), resp.recv_offset,
                      std::span<uint8_t>(const_cast<uint8_t*>(data.data()), data.size()),
@@ -751,6 +752,7 @@ void Engine::handle_ud_request(QpContext& ctx, const wire::PacketView& pkt,
     h.set_dgid(d.dst.address.bytes());
   }
   const provider::MrTable& mrs = device_.mr_table();
+  flush_tx_before_placement();
   if (!copy_sges(mrs, ctx.qp->pd(), recv.sges(), 0, grh, SgeDirection::kToSges) ||
       !copy_sges(mrs, ctx.qp->pd(), recv.sges(), wire::Grh::kSize,
                  std::span<uint8_t>(const_cast<uint8_t*>(data.data()), data.size()),

@@ -17,6 +17,8 @@ constexpr uint32_t kRqPsn = 0x200;  // QpParams default rq_psn: the first PSN we
 
 class ResponderTest : public ProtocolTest {
  protected:
+  ResponderTest() = default;
+  explicit ResponderTest(engine::EngineConfig config) : ProtocolTest(config) {}
   void SetUp() override {
     make_qp();
     recv_buf_.assign(4096, 0);
@@ -105,6 +107,51 @@ TEST_F(ResponderTest, OneBatchOfRequestsIsAcknowledgedOnceAndBeforeANak) {
   EXPECT_EQ(sent(0).bth().psn(), kRqPsn + 3);
   EXPECT_EQ(sent(0).aeth()->msn(), 4u);
   expect_nak(1, wire::NakCode::kPsnSequenceError, kRqPsn + 4);
+}
+
+// EngineConfig::tx_batch > 1: a READ response is queued, its payload gathered from registered
+// memory by iovec, and sent at the end of the turn. A WRITE behind the READ in the same received
+// batch must not change what the READ response carries (IBA 9.5: the responder executes
+// requests in PSN order), nor the bytes its ICRC was sealed over (the peer would drop it).
+class BatchedTxResponderTest : public ResponderTest {
+ protected:
+  static engine::EngineConfig batched() {
+    engine::EngineConfig c;
+    c.tx_batch = 64;
+    return c;
+  }
+  BatchedTxResponderTest() : ResponderTest(batched()) {}
+};
+
+TEST_F(BatchedTxResponderTest, AWriteBehindAReadDoesNotChangeTheQueuedReadResponse) {
+  constexpr uint32_t kLen = 64;
+  auto deliver = [&](uint8_t opcode, uint32_t psn, std::span<const uint8_t> payload) {
+    std::vector<uint8_t> buf(kMaxPacketBytes);
+    auto built = wire::build_packet(buf, opcode, payload);
+    ASSERT_TRUE(built.has_value());
+    built->headers.bth().set_dest_qp(qp_->qp_num());
+    built->headers.bth().set_psn(psn);
+    built->headers.bth().set_pkey(0xFFFF);
+    built->headers.bth().set_ack_req(true);
+    reth(mem_va(), mem_mr_->rkey(), kLen)(built->headers);
+    buf.resize(built->layout.total_length());
+    const net::Endpoint from{kPeer, kPeerPort};
+    const net::Endpoint to{kLocal, net::kRoceV2UdpPort};
+    test::seal_icrc(buf, from, to);
+    io_.deliver(buf, from, to);
+  };
+  const std::vector<uint8_t> fresh(kLen, 0x55);
+  deliver(op::kRcReadRequest, kRqPsn, {});
+  deliver(op::kRcWriteOnly, kRqPsn + 1, fresh);
+  engine_.poll();
+  ASSERT_EQ(sent_count(), 2u);
+  const wire::PacketView response = sent(0);  // sent() checks the ICRC
+  EXPECT_EQ(response.opcode(), op::kRcReadResponseOnly);
+  EXPECT_EQ(response.payload().size(), kLen);
+  EXPECT_EQ(std::vector<uint8_t>(response.payload().begin(), response.payload().end()),
+            std::vector<uint8_t>(kLen, 0xAA));
+  EXPECT_TRUE(sent(1).aeth()->is_ack());
+  EXPECT_EQ(std::vector<uint8_t>(mem_.begin(), mem_.begin() + kLen), fresh);
 }
 
 // EngineConfig::ack_delay_ns: an owed ACK waits for the next turn (so a reply the application

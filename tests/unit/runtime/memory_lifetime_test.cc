@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "runtime_test_util.h"
@@ -15,8 +16,13 @@
 namespace urdma::runtime::testing {
 namespace {
 
-TEST(RuntimeMemory, DeregAndFreeUnderIncomingWritesAndReads) {
-  auto [a, b] = make_hosts();
+// With tx_batch > 1 the engine queues the packets it builds and sends them later in one batch:
+// READ responses gathered from the region must neither outlive the dereg nor carry bytes a
+// later WRITE of the same turn placed (their ICRC was sealed over the bytes at build time).
+class RuntimeMemory : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(RuntimeMemory, DeregAndFreeUnderIncomingWritesAndReads) {
+  auto [a, b] = make_hosts({.tx_batch = GetParam()});
   constexpr size_t kTarget = 256 * 1024;
   constexpr size_t kOp = 16 * 1024;
   constexpr size_t kWindow = 16;
@@ -86,6 +92,8 @@ TEST(RuntimeMemory, DeregAndFreeUnderIncomingWritesAndReads) {
     // The first failure is the responder's refusal of the stale rkey (IBA 9.7.5.2.8 NAK
     // Remote Access Error → IBV_WC_REM_ACCESS_ERR); everything after it is flushed.
     EXPECT_EQ(first_error, IBV_WC_REM_ACCESS_ERR) << "round " << round;
+    // Every READ response left with the bytes its ICRC was sealed over (none dropped by A).
+    EXPECT_EQ(a.rt->counters().drop_icrc, 0u) << "round " << round;
     // Destroying the QPs and CQs from this thread while both engine threads run.
     EXPECT_TRUE(a.dev().destroy_qp(p.qa).ok());
     EXPECT_TRUE(b.dev().destroy_qp(p.qb).ok());
@@ -93,6 +101,11 @@ TEST(RuntimeMemory, DeregAndFreeUnderIncomingWritesAndReads) {
     EXPECT_TRUE(b.dev().destroy_cq(cqb).ok());
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(TxBatch, RuntimeMemory, ::testing::Values(1, 64),
+                         [](const ::testing::TestParamInfo<size_t>& i) {
+                           return "TxBatch" + std::to_string(i.param);
+                         });
 
 }  // namespace
 }  // namespace urdma::runtime::testing

@@ -67,6 +67,7 @@ struct HostOptions {
   uint64_t busy_poll_ns = 0;
   uint32_t would_block = 0;  // LinkIo::set_would_block on both sides
   LinkIo** io_a = nullptr;   // out: A's LinkIo (owned by A's runtime), to block it later
+  size_t tx_batch = 1;       // EngineConfig::tx_batch on both sides
 };
 
 inline std::pair<Host, Host> make_hosts(HostOptions o = {}) {
@@ -80,6 +81,7 @@ inline std::pair<Host, Host> make_hosts(HostOptions o = {}) {
     RuntimeConfig c;
     c.device = test::device_config(nullptr, addr, IBV_MTU_4096);
     c.engine.local_address = addr;
+    c.engine.tx_batch = o.tx_batch;
     c.engine_thread = o.engine_thread;
     c.busy_poll_ns = o.busy_poll_ns;
     return c;
