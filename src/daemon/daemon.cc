@@ -12,6 +12,7 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include <numeric>
 
 #include "base/check.h"
+#include "wire/packet.h"
 
 namespace urdma::daemon {
 
@@ -32,7 +34,8 @@ enum Kind : uint64_t {
   kNetlink,
   kSlotSocket,
   kClient,
-  kTakeoverTimer
+  kTakeoverTimer,
+  kReleaseTimer
 };
 constexpr uint64_t tag(Kind k, uint64_t id = 0) {
   return uint64_t{k} << 56 | id;
@@ -42,6 +45,13 @@ constexpr Kind kind_of(uint64_t t) {
 }
 constexpr uint64_t id_of(uint64_t t) {
   return t & ((uint64_t{1} << 56) - 1);
+}
+
+// The MAD a UD SEND to QP1 carries (empty when it is not one: route_mad said so).
+std::span<const uint8_t> mad_of(std::span<const uint8_t> datagram) {
+  const auto parsed = wire::parse_packet(datagram);
+  if (!parsed || parsed->payload().size() < wire::kMadSize) return {};
+  return parsed->payload().first(wire::kMadSize);
 }
 
 // Most datagrams read from one slot socket per wakeup, so a flood cannot starve the loop.
@@ -202,12 +212,15 @@ bool Daemon::setup(int* err, std::string* error) {
   if (!timer_fd_.valid()) return fail("timerfd");
   takeover_timer_fd_.reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   if (!takeover_timer_fd_.valid()) return fail("timerfd");
+  release_timer_fd_.reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!release_timer_fd_.valid()) return fail("timerfd");
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_.valid()) return fail("epoll");
   if (!watch(listener_.get(), tag(kListener), EPOLLIN) ||
       !watch(signal_fd_.get(), tag(kSignal), EPOLLIN) ||
       !watch(timer_fd_.get(), tag(kTimer), EPOLLIN) ||
       !watch(takeover_timer_fd_.get(), tag(kTakeoverTimer), EPOLLIN) ||
+      !watch(release_timer_fd_.get(), tag(kReleaseTimer), EPOLLIN) ||
       !watch(addresses_.fd(), tag(kNetlink), EPOLLIN))
     return fail("epoll_ctl");
   if (takeover_ == kTakeoverNone) {
@@ -335,6 +348,12 @@ int Daemon::run() {
             takeover_timer_fired();
           break;
         }
+        case kReleaseTimer: {
+          uint64_t expirations;
+          if (read(release_timer_fd_.get(), &expirations, sizeof expirations) > 0)
+            release_timer_fired();
+          break;
+        }
         case kNetlink: {
           std::string error;
           bool changed = false;
@@ -388,6 +407,14 @@ void Daemon::route_mads() {
           rx[i].truncated ? MadRoute{.drop = MadDrop::kTruncated} : route_mad(datagram);
       MadDrop drop = route.drop;
       unsigned slot = route.slot;
+      // A DREP answering the daemon's DREQ for a dead process: the daemon's, whoever holds the
+      // slot now.
+      if (route.by == MadRoute::By::kSlot && releases_.size() != 0 &&
+          icrc_ok(datagram, rx[i].src, rx[i].dst) &&
+          releases_.take_drep(rx[i].src.address, mad_of(datagram))) {
+        arm_release_timer();
+        continue;
+      }
       if (route.by == MadRoute::By::kServiceId) {
         const auto l = listeners_.find(route.service_id);
         if (l == listeners_.end()) {
@@ -414,13 +441,79 @@ void Daemon::route_mads() {
             drop = MadDrop::kChannelFull;
         }
       }
+      const auto mad = drop == MadDrop::kTruncated || drop == MadDrop::kNotRoce
+                           ? std::span<const uint8_t>()
+                           : mad_of(datagram);
       if (drop == MadDrop::kNone) {
         ++counters_.mads_forwarded;
-      } else {
-        ++counters_.mads_dropped[static_cast<size_t>(drop)];
+        // Learnt from what its process will accept (it checks the ICRC too).
+        if (icrc_ok(datagram, rx[i].src, rx[i].dst))
+          conns_.observe(slot, rx[i].src.address, rx[i].dst.address, mad);
+        continue;
+      }
+      ++counters_.mads_dropped[static_cast<size_t>(drop)];
+      // The host's CM answers what no process will (cm_agent.h), if it arrived intact.
+      const bool answerable = drop == MadDrop::kNoListener || drop == MadDrop::kNoSlot ||
+                              drop == MadDrop::kNoChannel;
+      if (!answerable || !icrc_ok(datagram, rx[i].src, rx[i].dst)) continue;
+      if (drop == MadDrop::kNoListener) {
+        if (const auto reply = no_listener_reply(mad)) {
+          send_gmp(*reply, rx[i].dst.address, rx[i].src.address);
+          ++counters_.cm_rejects_sent;
+        }
+      } else if (const auto reply = orphan_drep(mad)) {
+        send_gmp(*reply, rx[i].dst.address, rx[i].src.address);
+        ++counters_.cm_dreps_sent;
       }
     }
   }
+}
+
+void Daemon::send_gmp(const CmMad& mad, const net::Address& from, const net::Address& to) {
+  std::array<uint8_t, kGmpDatagramSize> buf{};
+  // A Linux CM sends to port 4791 whatever port the request came from; ours listen on the
+  // group's port (4791 but in tests).
+  const size_t n = build_gmp(buf, mad, gmp_psn_++, from, group_.port, to, group_.port);
+  if (n == 0 || !gsi_io_) return;
+  const iovec iov{buf.data(), n};
+  // Lost (a full socket buffer): the peer's CM retransmits its request.
+  (void)gsi_io_->send(net::TxDatagram{.iov = {&iov, 1},
+                                      .dst = net::Endpoint{to, group_.port},
+                                      .src_port = group_.port,
+                                      .src = from});
+}
+
+void Daemon::release_connections(unsigned slot) {
+  const int64_t now = now_ms();
+  for (const PeerConn& c : conns_.reclaim(slot)) {
+    const Releases::Dreq d{.conn = c, .transaction_id = next_dreq_tid_++};
+    send_dreq(d);
+    releases_.sent(d, now);
+    ++counters_.cm_dreqs_sent;
+  }
+  arm_release_timer();
+}
+
+void Daemon::send_dreq(const Releases::Dreq& d) {
+  send_gmp(build_dreq(d.conn, d.transaction_id), d.conn.local, d.conn.peer);
+}
+
+void Daemon::release_timer_fired() {
+  for (const Releases::Dreq& d : releases_.due(now_ms())) {
+    send_dreq(d);
+    ++counters_.cm_dreq_retries;
+  }
+  arm_release_timer();
+}
+
+void Daemon::arm_release_timer() {
+  itimerspec its{};  // zero disarms
+  if (const auto next = releases_.next_deadline_ms()) {
+    const int64_t ms = std::max<int64_t>(*next - now_ms(), 1);
+    its.it_value.tv_sec = ms / 1000;
+    its.it_value.tv_nsec = static_cast<long>(ms % 1000) * 1000000;
+  }
+  base::check(timerfd_settime(release_timer_fd_.get(), 0, &its, nullptr) == 0, "timerfd_settime");
 }
 
 int Daemon::listen_request(Client& c, MsgType type, std::span<const uint8_t> rec) {
@@ -744,7 +837,11 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
                    .idle_timeout_ms = options_.idle_timeout_ms,
                    .mads_forwarded = counters_.mads_forwarded,
                    .mads_dropped = std::accumulate(counters_.mads_dropped.begin(),
-                                                   counters_.mads_dropped.end(), uint64_t{0})});
+                                                   counters_.mads_dropped.end(), uint64_t{0}),
+                   .cm_rejects_sent = counters_.cm_rejects_sent,
+                   .cm_dreqs_sent = counters_.cm_dreqs_sent,
+                   .cm_dreps_sent = counters_.cm_dreps_sent,
+                   .cm_dreq_retries = counters_.cm_dreq_retries});
   } else if (err == 0) {
     err = EPROTO;
   }
@@ -786,6 +883,7 @@ void Daemon::drop_client(uint64_t id) {
     // Reclaim: whatever the dead process left queued is read and dropped, then the slot waits
     // at the back of the free list and will hand out its next QPN range.
     const unsigned s = *c.slot;
+    release_connections(s);
     reset_socket(group_.sockets[s].get());
     drain(s);
     slots_.release(s);

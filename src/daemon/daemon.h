@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/cm_agent.h"
 #include "daemon/gid_table.h"
 #include "daemon/mad_router.h"
 #include "daemon/protocol.h"
@@ -57,6 +58,11 @@ struct DaemonCounters {
   uint64_t drained_datagrams = 0;  // read from free slots
   uint64_t mads_forwarded = 0;
   std::array<uint64_t, kMadDropCount> mads_dropped{};
+  // What the daemon answered on QP1 itself (cm_agent.h).
+  uint64_t cm_rejects_sent = 0;  // REJ / SIDR_REP to a service nobody listens on
+  uint64_t cm_dreqs_sent = 0;    // for the connections of processes that died
+  uint64_t cm_dreps_sent = 0;    // to DREQs for connections nobody holds
+  uint64_t cm_dreq_retries = 0;  // DREQs of cm_dreqs_sent sent again (no DREP yet)
 };
 
 class Daemon {
@@ -110,6 +116,14 @@ class Daemon {
   void drain(unsigned slot);
   void publish_gids();
   void route_mads();
+  // Answers on slot 0 for the host: `mad` to `to` (QP1), from `from`.
+  void send_gmp(const CmMad& mad, const net::Address& from, const net::Address& to);
+  // The dead process of `slot`: a DREQ to each peer of its established connections.
+  void release_connections(unsigned slot);
+  void send_dreq(const Releases::Dreq& d);
+  // Repeats the DREQs whose DREP is late; arms the timer for the next.
+  void release_timer_fired();
+  void arm_release_timer();
   int listen_request(Client& c, MsgType type, std::span<const uint8_t> rec);
   int channel_request(uint64_t id, Client& c, std::span<const uint8_t> rec);
   void reset_socket(int fd) const;
@@ -124,6 +138,7 @@ class Daemon {
   UniqueFd signal_fd_;
   UniqueFd timer_fd_;
   UniqueFd takeover_timer_fd_;
+  UniqueFd release_timer_fd_;  // DREQ retransmission (releases_)
   AddressMonitor addresses_;
   GidTable gids_;
   SlotGroup group_;
@@ -133,6 +148,10 @@ class Daemon {
   std::unique_ptr<net::UdpSocketIo> gsi_io_;
   std::map<uint64_t, unsigned> listeners_;  // service ID -> slot
   std::map<unsigned, uint64_t> channels_;   // slot -> the client id of its MAD channel
+  ConnTable conns_;                         // each slot's established connections
+  Releases releases_;                       // DREQs of dead processes awaiting their DREP
+  uint32_t gmp_psn_ = 0;
+  uint64_t next_dreq_tid_ = 1;
   uint64_t next_client_id_ = 1;
   int64_t start_ms_ = 0;
   uint32_t takeover_ = kTakeoverNone;

@@ -151,8 +151,13 @@ struct StatusInfo {
   uint32_t idle_timeout_ms;  // 0: no idle exit
   uint64_t mads_forwarded;
   uint64_t mads_dropped;  // by reason: `urdmad --verbose` logs them
+  // Answered by the daemon itself (cm_agent.h).
+  uint64_t cm_rejects_sent;
+  uint64_t cm_dreqs_sent;
+  uint64_t cm_dreps_sent;
+  uint64_t cm_dreq_retries;
 };
-static_assert(sizeof(StatusInfo) == 88);
+static_assert(sizeof(StatusInfo) == 120);
 
 // ---- `urdma status`: the connections and what their processes report ----
 

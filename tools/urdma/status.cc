@@ -204,6 +204,10 @@ int print_status(const StatusOptions& options) {
     j.value("drained_datagrams", st.drained_datagrams);
     j.value("mads_forwarded", st.mads_forwarded);
     j.value("mads_dropped", st.mads_dropped);
+    j.value("cm_rejects_sent", st.cm_rejects_sent);
+    j.value("cm_dreqs_sent", st.cm_dreqs_sent);
+    j.value("cm_dreps_sent", st.cm_dreps_sent);
+    j.value("cm_dreq_retries", st.cm_dreq_retries);
     j.end_object();
     j.begin_object("device");
     j.value("name", kDeviceName);
@@ -276,7 +280,11 @@ int print_status(const StatusOptions& options) {
             << "  since start: " << st.clients_accepted << " clients accepted, "
             << st.clients_refused << " refused, " << st.leases << " leases, " << st.reclaims
             << " reclaimed, " << st.drained_datagrams << " datagrams drained, "
-            << st.mads_forwarded << " CM MADs forwarded, " << st.mads_dropped << " dropped\n\n"
+            << st.mads_forwarded << " CM MADs forwarded, " << st.mads_dropped << " dropped\n"
+            << "CM answered by urdmad: " << st.cm_rejects_sent << " REJ/SIDR_REP (no listener), "
+            << st.cm_dreqs_sent << " DREQ (process died; " << st.cm_dreq_retries
+            << " repeated), " << st.cm_dreps_sent
+            << " DREP (no holder)\n\n"
             << "slots: " << st.slots_leased << " of " << st.slot_count - 1 << " leased ("
             << st.slot_count << " sockets)\n"
             << "  SLOT  STATE   PID      UID    QPNs\n"
