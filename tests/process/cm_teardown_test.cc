@@ -1,7 +1,8 @@
 // What urdmad answers on QP1 for the host (src/daemon/cm_agent.h), seen from unmodified Debian
 // rping run on our libraries (tool_run.h) in a fresh namespace (netns_harness.h):
 //  * a connect to a port nobody listens on is REJECTED with status 8 (invalid service ID) at
-//    once, as on Linux — not after the client's REQ retries run out (~100 s);
+//    once, as on Linux — not after the client's REQ retries run out (~100 s); a SIDR_REQ
+//    (udaddy) is UNREACHABLE with status 1;
 //  * a server killed with SIGKILL while connected: urdmad sends its peer a DREQ, and the client
 //    sees DISCONNECTED while its RC retries (seconds each) are still running.
 #include <gtest/gtest.h>
@@ -42,6 +43,20 @@ TEST(CmTeardown, ConnectToAClosedPortIsRejectedAtOnce) {
     EXPECT_LT(took, std::chrono::seconds(20)) << r.output;
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("RDMA_CM_EVENT_REJECTED, error 8"), std::string::npos) << r.output;
+    EXPECT_EQ(daemon_counter("cm_rejects_sent"), 1);
+  }, 60);
+}
+
+// RDMA_PS_UDP: the SIDR_REQ gets SIDR_REP status 1 (service ID not supported), which rdma_cm
+// reports as UNREACHABLE with that status (Linux cma_sidr_rep_handler).
+TEST(CmTeardown, SidrToAClosedPortIsUnreachableAtOnce) {
+  if (std::system("command -v udaddy >/dev/null 2>&1") != 0) GTEST_SKIP() << "no udaddy";
+  in_fresh_netns([] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const ToolRun r = run("udaddy -s 127.0.0.1", 20000);  // its fixed port 7174: nobody there
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20)) << r.output;
+    EXPECT_NE(r.output.find("RDMA_CM_EVENT_UNREACHABLE, error: 1"), std::string::npos)
+        << r.output;
     EXPECT_EQ(daemon_counter("cm_rejects_sent"), 1);
   }, 60);
 }
