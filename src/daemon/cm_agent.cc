@@ -77,8 +77,8 @@ CmMad build_dreq(const PeerConn& c, uint64_t transaction_id) {
 }
 
 size_t build_gmp(std::span<uint8_t, kGmpDatagramSize> buf, std::span<const uint8_t> mad,
-                 uint32_t psn, const net::Address& src, uint16_t src_port,
-                 const net::Address& dst, uint16_t dst_port) {
+                 uint32_t psn, const net::Address& src, uint16_t src_port, const net::Address& dst,
+                 uint16_t dst_port) {
   auto built = wire::build_packet(buf, wire::op::kUdSendOnly, mad.first(wire::kMadSize));
   if (!built) return 0;
   auto bth = built->headers.bth();
@@ -107,7 +107,8 @@ size_t build_gmp(std::span<uint8_t, kGmpDatagramSize> buf, std::span<const uint8
   return built->datagram.size();
 }
 
-bool icrc_ok(std::span<const uint8_t> datagram, const net::Endpoint& src, const net::Endpoint& dst) {
+bool icrc_ok(std::span<const uint8_t> datagram, const net::Endpoint& src,
+             const net::Endpoint& dst) {
   if (src.address.is_v4() && dst.address.is_v4()) {
     wire::IcrcIpv4Flow flow;
     std::copy_n(src.address.bytes().begin() + 12, 4, flow.src_addr.begin());

@@ -61,8 +61,8 @@ CmMad build_dreq(const PeerConn& c, uint64_t transaction_id);
 // kGmpDatagramSize bytes.
 inline constexpr size_t kGmpDatagramSize = 12 + 8 + wire::kMadSize + 4;
 size_t build_gmp(std::span<uint8_t, kGmpDatagramSize> buf, std::span<const uint8_t> mad,
-                 uint32_t psn, const net::Address& src, uint16_t src_port,
-                 const net::Address& dst, uint16_t dst_port);
+                 uint32_t psn, const net::Address& src, uint16_t src_port, const net::Address& dst,
+                 uint16_t dst_port);
 
 // Whether a datagram's ICRC holds for the flow it came on (from `src` to `dst`): the daemon
 // answers only what a host's CM would have received (processes check their own MADs).

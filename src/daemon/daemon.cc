@@ -453,8 +453,8 @@ void Daemon::route_mads() {
       }
       ++counters_.mads_dropped[static_cast<size_t>(drop)];
       // The host's CM answers what no process will (cm_agent.h), if it arrived intact.
-      const bool answerable = drop == MadDrop::kNoListener || drop == MadDrop::kNoSlot ||
-                              drop == MadDrop::kNoChannel;
+      const bool answerable =
+          drop == MadDrop::kNoListener || drop == MadDrop::kNoSlot || drop == MadDrop::kNoChannel;
       if (!answerable || !icrc_ok(datagram, rx[i].src, rx[i].dst)) continue;
       if (drop == MadDrop::kNoListener) {
         if (const auto reply = no_listener_reply(mad)) {

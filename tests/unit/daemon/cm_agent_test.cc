@@ -144,9 +144,9 @@ TEST(CmAgent, GmpDatagramIsAUdSendToQp1) {
 TEST(CmAgent, IcrcOkChecksTheFlowAndTheBytes) {
   const auto reply = no_listener_reply(req());
   ASSERT_TRUE(reply);
-  for (const auto& [from, to] : {std::pair{kLocal, kPeer},
-                                 std::pair{*net::Address::parse("fd00::2"),
-                                           *net::Address::parse("fd00::3")}}) {
+  for (const auto& [from, to] :
+       {std::pair{kLocal, kPeer},
+        std::pair{*net::Address::parse("fd00::2"), *net::Address::parse("fd00::3")}}) {
     std::array<uint8_t, kGmpDatagramSize> buf{};
     ASSERT_EQ(build_gmp(buf, *reply, 1, from, 4791, to, 4791), buf.size());
     EXPECT_TRUE(icrc_ok(buf, {from, 4791}, {to, 4791}));
@@ -187,7 +187,8 @@ void expect_dreq_for(const PeerConn& c, uint32_t own, uint32_t peer, uint32_t pe
   const auto d = std::get<wire::CmDreqView>(m.view);
   EXPECT_EQ(d.local_comm_id(), own);
   EXPECT_EQ(d.remote_comm_id(), peer);
-  EXPECT_EQ(d.remote_qpn_eecn(), peer_qpn) << "Linux cm_dreq_handler drops a DREQ naming another QP";
+  EXPECT_EQ(d.remote_qpn_eecn(), peer_qpn)
+      << "Linux cm_dreq_handler drops a DREQ naming another QP";
   for (uint8_t b : d.private_data()) ASSERT_EQ(b, 0);
 }
 
@@ -224,8 +225,8 @@ TEST(ConnTable, ActiveSideLearnsFromRep) {
 
 TEST(ConnTable, DreqDrepAndRejEndAConnection) {
   ConnTable t;
-  const uint32_t a = comm_id_for_slot(3, 1), b = comm_id_for_slot(3, 2),
-                 c = comm_id_for_slot(3, 3), d = comm_id_for_slot(3, 4);
+  const uint32_t a = comm_id_for_slot(3, 1), b = comm_id_for_slot(3, 2), c = comm_id_for_slot(3, 3),
+                 d = comm_id_for_slot(3, 4);
   t.observe(3, kPeer, kLocal, rep(11, a, 0x21));
   t.observe(3, kPeer, kLocal, rep(12, b, 0x22));
   t.observe(3, kPeer, kLocal, rep(13, c, 0x23));
@@ -256,7 +257,8 @@ TEST(ConnTable, SlotsAreApart) {
 
 TEST(ConnTable, PendingReqsAreBounded) {
   ConnTable t;
-  for (uint32_t i = 0; i <= ConnTable::kMaxPendingReqs; ++i) t.observe(3, kPeer, kLocal, req(i + 1));
+  for (uint32_t i = 0; i <= ConnTable::kMaxPendingReqs; ++i)
+    t.observe(3, kPeer, kLocal, req(i + 1));
   // The first REQ was forgotten; the last is still awaited.
   t.observe(3, kPeer, kLocal, rtu(1, kOwnId));
   EXPECT_EQ(t.established(3), 0u);
@@ -280,8 +282,7 @@ CmMad drep(uint32_t from, uint32_t to) {
   });
 }
 
-const Releases::Dreq kDreq{.conn = {kOwnId, kPeerId, kPeerQpn, kLocal, kPeer},
-                           .transaction_id = 5};
+const Releases::Dreq kDreq{.conn = {kOwnId, kPeerId, kPeerQpn, kLocal, kPeer}, .transaction_id = 5};
 
 TEST(Releases, ADreqIsRepeatedUntilItsRetriesRunOut) {
   Releases r;
