@@ -4,18 +4,32 @@
 //    once, as on Linux — not after the client's REQ retries run out (~100 s); a SIDR_REQ
 //    (udaddy) is UNREACHABLE with status 1;
 //  * a server killed with SIGKILL while connected: urdmad sends its peer a DREQ, and the client
-//    sees DISCONNECTED while its RC retries (seconds each) are still running.
+//    sees DISCONNECTED while its RC retries (seconds each) are still running;
+//  * the same at the daemon's own level, byte for byte: two processes talking to urdmad through
+//    its client API (daemon/client.h), the MADs built and decoded with src/wire.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "daemon/client.h"
+#include "daemon/cm_agent.h"
+#include "daemon/mad_router.h"
 #include "netns_harness.h"
 #include "tool_run.h"
+#include "wire/cm.h"
+#include "wire/headers.h"
+#include "wire/opcode.h"
+#include "wire/packet.h"
 
 namespace urdma::process_test {
 namespace {
@@ -101,6 +115,171 @@ TEST(CmTeardown, KilledServersPeerSeesDisconnected) {
         EXPECT_EQ(daemon_counter("cm_dreqs_sent"), 1) << "one DREQ, for the one connection";
       },
       90);
+}
+
+// --- urdmad alone -----------------------------------------------------------------------------
+
+using daemon::Client;
+using daemon::Slot;
+using Mad = daemon::CmMad;
+
+const net::Address kLoopback = net::Address::from_v4(127, 0, 0, 1);
+constexpr uint16_t kPort = 4791;  // a fresh namespace: the real port
+
+int connect_client(Client* c) {
+  daemon::ClientOptions o;
+  o.timeout_ms = 5000;
+  std::string detail;
+  return Client::connect_or_spawn(o, c, &detail);
+}
+
+// A slot and its MAD channel: what a process's librdmacm holds.
+struct Process {
+  Client control, channel;
+  Slot slot;
+  int open() {
+    if (int e = connect_client(&control)) return e;
+    if (int e = control.acquire_slot(&slot)) return e;
+    if (int e = connect_client(&channel)) return e;
+    return channel.open_mad_channel(slot.info.slot);
+  }
+  uint32_t comm_id(uint32_t low) const { return daemon::comm_id_for_slot(slot.info.slot, low); }
+  // Sends `mad` to QP1 at 127.0.0.1 from the slot's socket, as librdmacm does.
+  bool send(const Mad& mad) const {
+    std::array<uint8_t, daemon::kGmpDatagramSize> buf{};
+    const size_t n = daemon::build_gmp(buf, mad, 0, kLoopback, kPort, kLoopback, kPort);
+    sockaddr_storage to{};
+    const socklen_t len = net::Endpoint{kLoopback, kPort}.to_sockaddr(slot.info.family, to);
+    return n && sendto(slot.fd.get(), buf.data(), n, 0, reinterpret_cast<sockaddr*>(&to), len) ==
+                    static_cast<ssize_t>(n);
+  }
+  // The next datagram the daemon hands to the channel, its ICRC checked for the flow it names.
+  std::optional<std::vector<uint8_t>> next(int timeout_ms) {
+    pollfd p{channel.fd(), POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) != 1) return std::nullopt;
+    daemon::MadDelivery info{};
+    std::vector<uint8_t> d;
+    if (channel.next_mad(&info, &d) != 0) return std::nullopt;
+    const net::Endpoint src{net::Address(std::to_array(info.src_address)), info.src_port};
+    const net::Endpoint dst{net::Address(std::to_array(info.dst_address)), info.dst_port};
+    EXPECT_TRUE(daemon::icrc_ok(d, src, dst)) << "sealed for the flow it came on";
+    return d;
+  }
+};
+
+template <class View, class Fill>
+Mad cm(Fill fill, uint64_t tid) {
+  Mad m{};
+  fill(wire::init_cm_message<View>(std::span<uint8_t, wire::kMadSize>(m), tid));
+  return m;
+}
+
+// The CM message of a GMP datagram from the daemon, after checking its BTH and DETH are those
+// of a GMP (as rxe's in tests/data/rxe-guest-to-host.pcap).
+template <class View>
+std::optional<View> gmp_message(const std::vector<uint8_t>& d) {
+  const auto p = wire::parse_packet(d);
+  if (!p || p->opcode() != wire::op::kUdSendOnly || !p->deth()) return std::nullopt;
+  EXPECT_EQ(p->bth().pkey(), wire::kDefaultPkey);
+  EXPECT_EQ(p->bth().dest_qp(), wire::kMadGsiQpn);
+  EXPECT_EQ(p->bth().ack_req(), 1);
+  EXPECT_EQ(p->deth()->qkey(), wire::kMadGsiQKey);
+  EXPECT_EQ(p->deth()->src_qp(), wire::kMadGsiQpn);
+  const wire::CmParse cm = wire::parse_cm(p->payload().first(wire::kMadSize));
+  if (!cm.ok() || !std::holds_alternative<View>(cm.message.view)) return std::nullopt;
+  // The view points into `d`, which the caller keeps.
+  return std::get<View>(cm.message.view);
+}
+
+TEST(CmTeardown, UrdmadReleasesADeadProcesssConnectionAndAnswersForIt) {
+  setenv("URDMA_DAEMON", URDMA_DAEMON_PATH, 1);
+  setenv("URDMA_IDLE_TIMEOUT_MS", "10000", 1);
+  in_fresh_netns(
+      [] {
+        // A: holds a connection to B (learnt by urdmad from the REP it routes to A), then dies.
+        Pipe pipe;
+        const pid_t a = fork_process([&pipe] {
+          Process p;
+          if (p.open() != 0) return 1;
+          pipe.put(uint32_t{p.slot.info.slot});
+          if (!p.next(5000)) return 2;  // the REP reached A
+          pipe.put(uint32_t{1});
+          pause();
+          return 0;
+        });
+        Process b;
+        ASSERT_EQ(b.open(), 0);
+        uint32_t a_slot = 0, got_rep = 0;
+        ASSERT_TRUE(pipe.get(&a_slot));
+        const uint32_t a_id = daemon::comm_id_for_slot(a_slot, 5), b_id = b.comm_id(7);
+        ASSERT_TRUE(b.send(cm<wire::CmRep>(
+            [&](wire::CmRep r) {
+              r.set_local_comm_id(b_id);
+              r.set_remote_comm_id(a_id);
+              r.set_local_qpn(0x1234);  // B's QP
+            },
+            0x42)));
+        ASSERT_TRUE(pipe.get(&got_rep));
+        ASSERT_EQ(kill(a, SIGKILL), 0);
+        ASSERT_TRUE(wait_exit(a, 5000));
+
+        // B gets urdmad's DREQ on A's behalf.
+        const auto dreq_dgram = b.next(5000);
+        ASSERT_TRUE(dreq_dgram) << "no DREQ";
+        const auto dreq = gmp_message<wire::CmDreqView>(*dreq_dgram);
+        ASSERT_TRUE(dreq);
+        EXPECT_EQ(dreq->local_comm_id(), a_id);
+        EXPECT_EQ(dreq->remote_comm_id(), b_id);
+        EXPECT_EQ(dreq->remote_qpn_eecn(), 0x1234u) << "B's QP, which B checks";
+        // B answers (its DREP is urdmad's, not forwarded anywhere).
+        ASSERT_TRUE(b.send(cm<wire::CmDrep>(
+            [&](wire::CmDrep r) {
+              r.set_local_comm_id(b_id);
+              r.set_remote_comm_id(a_id);
+            },
+            dreq->header().transaction_id())));
+
+        // B's DREQ for another connection of A's (B started its disconnect as A died): urdmad
+        // answers it with a DREP, TID echoed.
+        ASSERT_TRUE(b.send(cm<wire::CmDreq>(
+            [&](wire::CmDreq r) {
+              r.set_local_comm_id(b.comm_id(8));
+              r.set_remote_comm_id(daemon::comm_id_for_slot(a_slot, 6));
+            },
+            0x77)));
+        const auto drep_dgram = b.next(5000);
+        ASSERT_TRUE(drep_dgram) << "no DREP";
+        const auto drep = gmp_message<wire::CmDrepView>(*drep_dgram);
+        ASSERT_TRUE(drep);
+        EXPECT_EQ(drep->header().transaction_id(), 0x77u);
+        EXPECT_EQ(drep->local_comm_id(), daemon::comm_id_for_slot(a_slot, 6));
+        EXPECT_EQ(drep->remote_comm_id(), b.comm_id(8));
+
+        // B's REQ to a service nobody listens on: REJ reason 8 at once.
+        ASSERT_TRUE(b.send(cm<wire::CmReq>(
+            [&](wire::CmReq r) {
+              r.set_local_comm_id(b.comm_id(9));
+              r.set_service_id(0x0000000001060000 | 7195);
+            },
+            0x99)));
+        const auto rej_dgram = b.next(5000);
+        ASSERT_TRUE(rej_dgram) << "no REJ";
+        const auto rej = gmp_message<wire::CmRejView>(*rej_dgram);
+        ASSERT_TRUE(rej);
+        EXPECT_EQ(rej->header().transaction_id(), 0x99u);
+        EXPECT_EQ(rej->local_comm_id(), 0u);
+        EXPECT_EQ(rej->remote_comm_id(), b.comm_id(9));
+        EXPECT_EQ(rej->message_rejected(), static_cast<uint8_t>(wire::CmRejMessage::kReq));
+        EXPECT_EQ(rej->reason(), static_cast<uint16_t>(wire::CmRejReason::kInvalidServiceId));
+
+        daemon::StatusInfo st{};
+        ASSERT_EQ(b.control.query_status(&st), 0);
+        EXPECT_EQ(st.cm_dreqs_sent, 1u);
+        EXPECT_EQ(st.cm_dreps_sent, 1u);
+        EXPECT_EQ(st.cm_rejects_sent, 1u);
+        EXPECT_FALSE(b.next(0)) << "nothing else came to B";
+      },
+      60);
 }
 
 }  // namespace
