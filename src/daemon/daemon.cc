@@ -407,14 +407,7 @@ void Daemon::route_mads() {
           rx[i].truncated ? MadRoute{.drop = MadDrop::kTruncated} : route_mad(datagram);
       MadDrop drop = route.drop;
       unsigned slot = route.slot;
-      // A DREP answering the daemon's DREQ for a dead process: the daemon's, whoever holds the
-      // slot now.
-      if (route.by == MadRoute::By::kSlot && releases_.size() != 0 &&
-          icrc_ok(datagram, rx[i].src, rx[i].dst) &&
-          releases_.take_drep(rx[i].src.address, mad_of(datagram))) {
-        arm_release_timer();
-        continue;
-      }
+      if (route.by == MadRoute::By::kSlot && take_release_drep(datagram, rx[i])) continue;
       if (route.by == MadRoute::By::kServiceId) {
         const auto l = listeners_.find(route.service_id);
         if (l == listeners_.end()) {
@@ -441,31 +434,44 @@ void Daemon::route_mads() {
             drop = MadDrop::kChannelFull;
         }
       }
-      const auto mad = drop == MadDrop::kTruncated || drop == MadDrop::kNotRoce
-                           ? std::span<const uint8_t>()
-                           : mad_of(datagram);
       if (drop == MadDrop::kNone) {
         ++counters_.mads_forwarded;
         // Learnt from what its process will accept (it checks the ICRC too).
         if (icrc_ok(datagram, rx[i].src, rx[i].dst))
-          conns_.observe(slot, rx[i].src.address, rx[i].dst.address, mad);
-        continue;
-      }
-      ++counters_.mads_dropped[static_cast<size_t>(drop)];
-      // The host's CM answers what no process will (cm_agent.h), if it arrived intact.
-      const bool answerable =
-          drop == MadDrop::kNoListener || drop == MadDrop::kNoSlot || drop == MadDrop::kNoChannel;
-      if (!answerable || !icrc_ok(datagram, rx[i].src, rx[i].dst)) continue;
-      if (drop == MadDrop::kNoListener) {
-        if (const auto reply = no_listener_reply(mad)) {
-          send_gmp(*reply, rx[i].dst.address, rx[i].src.address);
-          ++counters_.cm_rejects_sent;
-        }
-      } else if (const auto reply = orphan_drep(mad)) {
-        send_gmp(*reply, rx[i].dst.address, rx[i].src.address);
-        ++counters_.cm_dreps_sent;
+          conns_.observe(slot, rx[i].src.address, rx[i].dst.address, mad_of(datagram));
+      } else {
+        ++counters_.mads_dropped[static_cast<size_t>(drop)];
+        answer_for_host(drop, datagram, rx[i]);
       }
     }
+  }
+}
+
+bool Daemon::take_release_drep(std::span<const uint8_t> datagram, const net::RxDatagram& rx) {
+  // A DREP answering the daemon's DREQ for a dead process is the daemon's, whoever holds the
+  // slot now.
+  if (releases_.size() == 0 || !icrc_ok(datagram, rx.src, rx.dst) ||
+      !releases_.take_drep(rx.src.address, mad_of(datagram)))
+    return false;
+  arm_release_timer();
+  return true;
+}
+
+void Daemon::answer_for_host(MadDrop drop, std::span<const uint8_t> datagram,
+                             const net::RxDatagram& rx) {
+  // What no process will answer, if it arrived intact (cm_agent.h).
+  const bool answerable =
+      drop == MadDrop::kNoListener || drop == MadDrop::kNoSlot || drop == MadDrop::kNoChannel;
+  if (!answerable || !icrc_ok(datagram, rx.src, rx.dst)) return;
+  const auto mad = mad_of(datagram);
+  if (drop == MadDrop::kNoListener) {
+    if (const auto reply = no_listener_reply(mad)) {
+      send_gmp(*reply, rx.dst.address, rx.src.address);
+      ++counters_.cm_rejects_sent;
+    }
+  } else if (const auto reply = orphan_drep(mad)) {
+    send_gmp(*reply, rx.dst.address, rx.src.address);
+    ++counters_.cm_dreps_sent;
   }
 }
 

@@ -116,6 +116,10 @@ class Daemon {
   void drain(unsigned slot);
   void publish_gids();
   void route_mads();
+  // A DREP for one of releases_' DREQs: taken (true), not routed.
+  bool take_release_drep(std::span<const uint8_t> datagram, const net::RxDatagram& rx);
+  // A MAD dropped for `drop` that the host's CM answers (REJ, SIDR_REP, DREP).
+  void answer_for_host(MadDrop drop, std::span<const uint8_t> datagram, const net::RxDatagram& rx);
   // Answers on slot 0 for the host: `mad` to `to` (QP1), from `from`.
   void send_gmp(const CmMad& mad, const net::Address& from, const net::Address& to);
   // The dead process of `slot`: a DREQ to each peer of its established connections.
