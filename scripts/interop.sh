@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The live interop suite: urdma against Linux rxe (kernel Soft-RoCE) in a qemu guest, both
+# directions, every packet captured and checked (tests/interop/README.md). Needs root.
+#   sudo scripts/interop.sh                       all cases
+#   URDMA_INTEROP_CASES='rc_pingpong' sudo scripts/interop.sh   the cases whose "NAME DIRECTION" match
+# Uses the build in $URDMA_BUILD (default build/); prints a markdown table (also
+# $OUT/table.md) and "interop: N passed, M failed"; exit status non-zero on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+[ "$(id -u)" = 0 ] || { echo "interop.sh needs root (network namespace, tap, debootstrap)" >&2; exit 2; }
+
+# Host tools, installed here rather than in scripts/deps.sh: qemu and debootstrap are ~100 MB
+# that only this suite needs.
+need=()
+for t in qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap mkfs.ext4:e2fsprogs \
+         cpio:cpio tcpdump:tcpdump tshark:tshark ibv_rc_pingpong:ibverbs-utils \
+         ib_write_bw:perftest rping:rdmacm-utils ss:iproute2 xz:xz-utils; do
+  command -v "${t%%:*}" > /dev/null || need+=("${t#*:}")
+done
+[ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null)" = "install ok installed" ] ||
+  need+=(busybox-static)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "[interop] installing ${need[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends "${need[@]}" > /dev/null || exit 2
+fi
+
+. tests/interop/lib.sh
+declare -A GUEST_JOBS=() HOST_JOBS=()
+trap vm_down EXIT
+trap 'exit 130' INT TERM
+
+vm_up || { echo "interop: 0 passed, 1 failed (the rxe guest did not come up)"; exit 1; }
+for f in tests/interop/cases/*.sh; do . "$f"; done
+vm_down
+
+results_table
+passed=$(grep -c '|pass|' "$RESULTS")
+failed=$(grep -c '|fail|' "$RESULTS")
+echo "interop: $passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
