@@ -18,14 +18,34 @@ pair() {
   fi
 }
 
+CASE_FN_SEQ=0
+
 pingpong() { # pingpong DIRECTION PROGRAM ARGS: ibv_*_pingpong, server and client
   local dir=$1 prog=$2; shift 2
   pair "$dir" 18515 "$prog -d \$DEV -g \$GID $*" "$prog -d \$DEV -g \$GID $* \$PEER"
 }
 
-for dir in "urdma->rxe" "rxe->urdma"; do
-  for size in 1 1024 4096 65536; do
-    eval "rc_pingpong_$size() { pingpong \"\$CASE_DIR\" ibv_rc_pingpong -s $size -n 20 -c; }"
-    CASE_DIR=$dir case_run "rc_pingpong -s $size -c" "$dir" "rc_pingpong_$size"
-  done
+perftest() { # perftest DIRECTION PROGRAM ARGS: a perftest pair, server then client
+  local dir=$1 prog=$2; shift 2
+  pair "$dir" 18515 "$prog -d \$DEV -x \$GID -F $*" "$prog -d \$DEV -x \$GID -F $* \$PEER"
+}
+
+# case_both NAME COMMAND...: one case per direction; COMMAND runs with the direction as its first word.
+case_both() {
+  local name=$1 dir fn=case_fn_$((++CASE_FN_SEQ)); shift
+  eval "$fn() { $(printf '%q ' "$1") \"\$CASE_DIR\" $(printf '%q ' "${@:2}"); }"
+  for dir in "urdma->rxe" "rxe->urdma"; do CASE_DIR=$dir case_run "$name" "$dir" "$fn"; done
+}
+
+for size in 1 1024 4096 65536; do
+  case_both "ibv_rc_pingpong -s $size -c" pingpong ibv_rc_pingpong -s "$size" -n 20 -c
 done
+case_both "ibv_uc_pingpong -s 4096 -c" pingpong ibv_uc_pingpong -s 4096 -n 20 -c
+case_both "ibv_ud_pingpong -s 512 -c" pingpong ibv_ud_pingpong -s 512 -n 20 -c
+case_both "ibv_srq_pingpong -q 4 -s 4096 -c" pingpong ibv_srq_pingpong -q 4 -s 4096 -n 20 -c
+case_both "ib_write_bw" perftest ib_write_bw -s 65536 -n 50
+case_both "ib_read_bw" perftest ib_read_bw -s 65536 -n 50
+case_both "ib_send_bw" perftest ib_send_bw -s 65536 -n 50
+case_both "ib_atomic_bw" perftest ib_atomic_bw -n 50
+case_both "ib_write_lat" perftest ib_write_lat -s 64 -n 50
+case_both "ib_read_lat" perftest ib_read_lat -s 64 -n 50
