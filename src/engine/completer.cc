@@ -5,8 +5,9 @@
 //  * ACKs are cumulative: an ACK of PSN p acknowledges every request packet up to p.
 //  * A READ response or ATOMIC ACK implicitly acknowledges every earlier SEND/WRITE.
 //  * Responses are accepted only in PSN order; anything else is dropped (the timer recovers).
-//  * NAK PSN sequence error → resend from the NAK'ed PSN; RNR NAK → wait the RNR timer, resend;
-//    other NAKs fail the WQE with the matching status and move the QP to ERR.
+//  * NAK PSN sequence error → resend from the NAK'ed PSN, once until something is acknowledged
+//    (more NAKs of that PSN name the gap already being resent); RNR NAK → wait the RNR timer,
+//    resend; other NAKs fail the WQE with the matching status and move the QP to ERR.
 //  * Local ACK timeout → resend from the oldest unacknowledged PSN, retry_cnt times.
 //  * An ACK beyond an outstanding READ/ATOMIC that got no response → its response was lost:
 //    resend it from its next response PSN at once (rxe_comp.c check_psn → COMPST_ERROR_RETRY).
@@ -139,6 +140,7 @@ void Engine::progress(QpContext& ctx, uint32_t next_unacked_psn, CompleterResult
     // Forward progress restores the retry budgets (rxe resets them per completed WQE).
     comp.retry_left = ctx.attr.retry_cnt;
     comp.rnr_retry_left = ctx.attr.rnr_retry;
+    comp.retry_started = false;
     r.progress = true;
     const uint64_t now = clock_.now_ns();
     comp.retry_deadline_ns =
@@ -175,9 +177,11 @@ void Engine::handle_nak(QpContext& ctx, const wire::PacketView& pkt, CompleterRe
   }
   if (aeth.nak_code() == static_cast<uint8_t>(wire::NakCode::kPsnSequenceError)) {
     // IBA 9.7.5.1.3: PSN sequence error NAK → resend from the NAK'ed PSN. It counts
-    // against retry_cnt, so a peer that NAKs forever cannot keep us busy forever.
+    // against retry_cnt, so a peer that NAKs forever cannot keep us busy forever — once per
+    // resend: more NAKs for the PSN a resend already started from change nothing.
     ++counters_.rcvd_seq_err;
     if (psn != comp.psn) return;  // a NAK for a PSN already re-covered
+    if (comp.retry_started) return;
     // After an RNR NAK the rest of that message arrives out of sequence at the responder and
     // draws this NAK; the RNR timer resends, so it costs no retry.
     if (comp.rnr_deadline_ns != net::kNever) return;
@@ -188,6 +192,7 @@ void Engine::handle_nak(QpContext& ctx, const wire::PacketView& pkt, CompleterRe
     }
     --comp.retry_left;
     ++counters_.completer_retry_err;
+    comp.retry_started = true;
     r.rewind_to = comp.psn;
     comp.retry_deadline_ns = net::kNever;  // re-armed by the resend
     return;
@@ -327,6 +332,7 @@ void Engine::retry_timeout(QpContext& ctx, CompleterResult& r) {
   }
   --comp.retry_left;
   ++counters_.completer_retry_err;
+  comp.retry_started = true;
   r.rewind_to = comp.psn;
 }
 

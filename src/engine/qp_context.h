@@ -107,6 +107,11 @@ struct Completer {
   uint64_t retry_deadline_ns = net::kNever;  // local ACK timeout
   uint64_t rnr_deadline_ns = net::kNever;    // RNR wait: no sending until then
   uint32_t rnr_psn = 0;
+  // A go-back-N from psn is under way (started by a PSN Sequence Error NAK or a local ACK
+  // timeout) and nothing was acknowledged since: a further NAK for psn — a responder that NAKs
+  // each out-of-order packet it saw, a duplicated NAK — names the gap already being resent, so
+  // it starts no second resend and spends no retry (rxe_comp.c started_retry). Progress clears it.
+  bool retry_started = false;
   // A READ response arrived beyond a lost one: the READ was re-requested from this PSN (once per
   // gap, so a burst of later responses does not trigger a burst of requests).
   bool read_gap_pending = false;

@@ -159,6 +159,57 @@ TEST_F(RequesterTest, SequenceNakResendsFromNakedPsn) {
   EXPECT_EQ(engine_.counters().rcvd_seq_err, 1u);
 }
 
+// IBA 9.7.5.1.3 with rxe_comp.c's started_retry: more PSN Sequence Error NAKs for the PSN a
+// resend already started from (a responder that NAKs each out-of-order packet it saw, or a
+// duplicated NAK) start no second resend and spend no retry, so a link that only reorders
+// cannot exhaust retry_cnt 1; a NAK after progress starts a new resend with a fresh budget.
+TEST_F(RequesterTest, RepeatedSequenceNaksForOnePsnResendOnce) {
+  QpParams p;
+  p.retry_cnt = 1;
+  make_qp(p);
+  setup_buffers();
+  for (uint64_t id = 1; id <= 4; ++id) post_send_len(id, 10);  // PSNs kSqPsn .. kSqPsn + 3
+  clear_sent();
+  const uint8_t seq_nak = wire::make_nak(wire::NakCode::kPsnSequenceError);
+  ack(kSqPsn + 1, seq_nak);  // the responder saw kSqPsn + 2 before kSqPsn + 1
+  ASSERT_EQ(sent_count(), 3u);
+  ack(kSqPsn + 1, seq_nak);  // ... and kSqPsn + 3
+  ack(kSqPsn + 1, seq_nak);  // a copy of the first NAK
+  EXPECT_EQ(sent_count(), 3u);
+  EXPECT_EQ(engine_.counters().rcvd_seq_err, 3u);
+  EXPECT_EQ(engine_.counters().completer_retry_err, 1u);
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
+
+  clear_sent();
+  ack(kSqPsn + 2, seq_nak);  // kSqPsn + 1 arrived: progress, then a new gap
+  ASSERT_EQ(sent_count(), 2u);
+  EXPECT_EQ(sent(0).bth().psn(), kSqPsn + 2);
+  EXPECT_EQ(engine_.counters().completer_retry_err, 2u);
+  ack(kSqPsn + 3);
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 4u);
+  for (const ibv_wc& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc.wr_id;
+  EXPECT_EQ(engine_.counters().retry_exceeded_err, 0u);
+}
+
+// A local ACK timeout during a NAK's resend still retries, and is charged: retry_cnt 1 is one
+// NAK resend, then the timeout finds the budget spent (IBA 9.7.6.1.1).
+TEST_F(RequesterTest, TimeoutDuringANakResendIsStillCharged) {
+  QpParams p;
+  p.retry_cnt = 1;
+  make_qp(p);
+  setup_buffers();
+  post_send_len(1, 10);
+  post_send_len(2, 10);
+  ack(kSqPsn, wire::make_nak(wire::NakCode::kPsnSequenceError));
+  EXPECT_EQ(engine_.counters().completer_retry_err, 1u);
+  advance(timeout_ns());
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_EQ(wcs[1].status, IBV_WC_WR_FLUSH_ERR);
+}
+
 // IBA 9.7.5.1.5: RNR NAK → nothing is resent before the RNR timer (table 45), then the
 // NAK'ed request is resent.
 TEST_F(RequesterTest, RnrNakWaitsTheRnrTimer) {
