@@ -1,0 +1,189 @@
+# RDMA CM cases against rxe: Debian's rdmacm-utils and perftest -R, and the project's examples,
+# on both sides (ours under urdma on the host: our librdmacm and CM; Debian's librdmacm and the
+# kernel's rdma_cm in the guest), each in both directions: urdma->rxe (urdma is the client) and
+# rxe->urdma (rxe is the client). A case passes on what the programs print (rping's -V check, the
+# tools' "return status 0", the server's "Received data: ..." line, the REJECTED event and its
+# status), never on timing. NOTES-cm.md says what the two stacks do differently.
+
+# Filled per side: ADDR (this side's IP), PEER (the other side's), DEV, BIN (where the project's
+# binaries are on this side: the guest sees the build folder at $GUEST_SHARE).
+cm_side() {
+  if [ "$1" = guest ]; then
+    echo "ADDR=$GUEST_IP PEER=$HOST_IP DEV=$GUEST_DEV BIN=$GUEST_SHARE"
+  else
+    echo "ADDR=$HOST_IP PEER=$GUEST_IP DEV=$HOST_DEV BIN=$BUILD"
+  fi
+}
+
+# cm_server_side DIRECTION / cm_client_side DIRECTION: guest or host.
+cm_server_side() { [ "$1" = "urdma->rxe" ] && echo guest || echo host; }
+cm_client_side() { [ "$1" = "urdma->rxe" ] && echo host || echo guest; }
+
+# cm_start_server DIRECTION CMD: the server (job "server"), started and listening.
+cm_start_server() {
+  local side
+  side=$(cm_server_side "$1")
+  if [ "$side" = guest ]; then
+    guest_bg server "$(cm_side guest); $2" && guest_wait_listen cm
+  else
+    host_bg server "$(cm_side host); $2" && host_wait_listen cm
+  fi
+}
+
+# cm_client DIRECTION CMD: runs the client (job "client") to its end; its status.
+cm_client() {
+  if [ "$(cm_client_side "$1")" = guest ]; then
+    guest_bg client "$(cm_side guest); $2"
+    guest_wait client
+  else
+    host_bg client "$(cm_side host); $2"
+    host_wait client
+  fi
+}
+
+cm_wait_server() {
+  if [ "$(cm_server_side "$1")" = guest ]; then guest_wait server 60; else host_wait server 60; fi
+}
+
+# cm_log DIRECTION server|client: the job's output file.
+cm_log() {
+  local side
+  if [ "$2" = server ]; then side=$(cm_server_side "$1"); else side=$(cm_client_side "$1"); fi
+  echo "$OUT/$2.$side.log"
+}
+
+# cm_expect FILE PATTERN [COUNT]: FILE holds at least COUNT (default 1) lines matching PATTERN
+# (grep -E); says which when not.
+cm_expect() {
+  local n
+  n=$(grep -Ec -- "$2" "$1" 2>/dev/null)
+  [ "${n:-0}" -ge "${3:-1}" ] && return 0
+  echo "expected ${3:-1} line(s) matching '$2' in $1, found ${n:-0}"
+  return 1
+}
+
+# cm_pair DIRECTION SERVER_CMD CLIENT_CMD: both exit 0.
+cm_pair() {
+  cm_start_server "$1" "$2" || return 1
+  cm_client "$1" "$3" || { echo "client failed: $?"; return 1; }
+  cm_wait_server "$1" || { echo "server failed: $?"; return 1; }
+}
+
+# --------------------------------------------------------------------------- the cases
+
+# rping -V: every ping's data checked by both sides; 5 verified pings seen by each.
+cm_rping() {
+  cm_pair "$CASE_DIR" 'rping -s -v -V -C 5 -a $ADDR' 'rping -c -v -V -C 5 -a $PEER' &&
+    cm_expect "$(cm_log "$CASE_DIR" client)" '^ping data: rdma-ping-[0-4]: ' 5 &&
+    cm_expect "$(cm_log "$CASE_DIR" server)" 'server ping data: rdma-ping-[0-4]: ' 5
+}
+
+cm_ucmatose() {
+  cm_pair "$CASE_DIR" 'ucmatose -c 3 -C 5' 'ucmatose -c 3 -C 5 -s $PEER' &&
+    cm_expect "$(cm_log "$CASE_DIR" client)" '^return status 0$' &&
+    cm_expect "$(cm_log "$CASE_DIR" server)" '^return status 0$'
+}
+
+# UD: the client resolves the server's QPN and Q_Key with SIDR_REQ/SIDR_REP on QP1.
+cm_udaddy() {
+  cm_pair "$CASE_DIR" 'udaddy -c 2 -C 5' 'udaddy -c 2 -C 5 -s $PEER' &&
+    cm_expect "$(cm_log "$CASE_DIR" client)" '^return status 0$' &&
+    cm_expect "$(cm_log "$CASE_DIR" server)" '^return status 0$'
+}
+
+# The synchronous API (rdma_getaddrinfo, rdma_create_ep, rdma_get_request, NULL channel).
+cm_rdma_server_client() {
+  cm_pair "$CASE_DIR" 'rdma_server' 'rdma_client -s $PEER' &&
+    cm_expect "$(cm_log "$CASE_DIR" client)" '^rdma_client: end 0$' &&
+    cm_expect "$(cm_log "$CASE_DIR" server)" '^rdma_server: end 0$'
+}
+
+# perftest through rdma_cm: its out-of-band exchange and the measured QP both connect with it.
+cm_write_bw_R() {
+  cm_pair "$CASE_DIR" 'ib_write_bw -R -d $DEV -n 200 -s 4096' \
+    'ib_write_bw -R -d $DEV -n 200 -s 4096 $PEER' &&
+    cm_expect "$(cm_log "$CASE_DIR" client)" '^ *4096 +200 '
+}
+
+# The seed's example: the server's MR address and rkey travel in the REP's private data, the
+# client RDMA-WRITEs its message there. The guest runs the project's binaries (Debian's
+# libibverbs and librdmacm, rxe0).
+cm_write_example() {
+  cm_pair "$CASE_DIR" '$BIN/examples/write_server -d $DEV' \
+    '$BIN/examples/write_client -d $DEV $PEER' &&
+    cm_expect "$(cm_log "$CASE_DIR" server)" '^Received data: Hello from RDMA client!$'
+}
+
+# Nobody listens on the port: the client's REQ is answered with REJ reason 8 (IBA 12.6.7,
+# "invalid service ID"; Linux cm_match_req), which rdma_cm reports as REJECTED, status 8.
+cm_reject_no_listener() {
+  cm_client "$CASE_DIR" 'rping -c -v -C 1 -a $PEER -p 9999'
+  local rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "rping exited $rc, expected a failure"; return 1; }
+  cm_expect "$(cm_log "$CASE_DIR" client)" '^cma event RDMA_CM_EVENT_REJECTED, error 8$'
+}
+
+# The server rejects with private data: the client's REJECTED carries it and status 28
+# (consumer defined). urdma_rdmacm_peer is built against Debian's librdmacm.
+cm_reject_private_data() {
+  cm_pair "$CASE_DIR" '$BIN/tests/process/urdma_rdmacm_peer reject-server 7555 go-away' \
+    '$BIN/tests/process/urdma_rdmacm_peer client $PEER 7555' &&
+    cm_expect "$(cm_log "$CASE_DIR" client)" \
+      "^event RDMA_CM_EVENT_REJECTED status 28 private_data 'go-away'$"
+}
+
+# cm_kill_server DIRECTION: SIGKILL to the server's rping alone (the guest's kernel, or urdmad
+# for a urdma process, then tears its connection down with a DREQ).
+cm_kill_server() {
+  if [ "$(cm_server_side "$1")" = guest ]; then
+    guest 'pkill -KILL -x rping' > /dev/null
+  else
+    local p
+    for p in $(ip netns pids "$NS"); do
+      [ "$(cat "/proc/$p/comm" 2>/dev/null)" = rping ] && kill -KILL "$p"
+    done
+  fi
+}
+
+# cm_client_output DIRECTION: the running client's output so far.
+cm_client_output() {
+  if [ "$(cm_client_side "$1")" = guest ]; then
+    cat "$CTL/queue/${GUEST_JOBS[client]}.out" 2>/dev/null
+  else
+    cat "$OUT/client.host.log" 2>/dev/null
+  fi
+}
+
+# The server vanishes mid-run (SIGKILL): the client sees DISCONNECTED. (The client's output is
+# line-buffered so that its progress shows while it runs.)
+cm_peer_vanishes() {
+  cm_start_server "$CASE_DIR" 'rping -s -a $ADDR -C 1000000' || return 1
+  local client='stdbuf -oL rping -c -v -a $PEER -C 1000000'
+  if [ "$(cm_client_side "$CASE_DIR")" = guest ]; then
+    guest_bg client "$(cm_side guest); $client"
+  else
+    host_bg client "$(cm_side host); $client"
+  fi
+  local deadline=$((SECONDS + 60))
+  until cm_client_output "$CASE_DIR" | grep -q 'rdma-ping-5:'; do
+    [ $SECONDS -lt $deadline ] || { echo "the client never got to ping 20"; return 1; }
+    sleep 0.2
+  done
+  cm_kill_server "$CASE_DIR"
+  if [ "$(cm_client_side "$CASE_DIR")" = guest ]; then guest_wait client 90; else host_wait client 90; fi
+  local rc=$?
+  [ $rc -ne 124 ] || { echo "the client did not notice"; return 1; }
+  cm_expect "$(cm_log "$CASE_DIR" client)" 'client DISCONNECT EVENT\.\.\.'
+}
+
+for CASE_DIR in "urdma->rxe" "rxe->urdma"; do
+  case_run "rping -V" "$CASE_DIR" cm_rping
+  case_run "ucmatose" "$CASE_DIR" cm_ucmatose
+  case_run "udaddy (SIDR)" "$CASE_DIR" cm_udaddy
+  case_run "rdma_server/rdma_client" "$CASE_DIR" cm_rdma_server_client
+  case_run "ib_write_bw -R" "$CASE_DIR" cm_write_bw_R
+  case_run "write_server/write_client" "$CASE_DIR" cm_write_example
+  case_run "REJ: no listener" "$CASE_DIR" cm_reject_no_listener
+  case_run "REJ: private data" "$CASE_DIR" cm_reject_private_data
+  case_run "peer vanishes" "$CASE_DIR" cm_peer_vanishes
+done
