@@ -6,7 +6,7 @@
 # Uses the build in $URDMA_BUILD (default build/); prints a markdown table (also
 # $OUT/table.md) and "interop: N passed, M failed"; exit status non-zero on any failure.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 [ "$(id -u)" = 0 ] || { echo "interop.sh needs root (network namespace, tap, debootstrap)" >&2; exit 2; }
 
@@ -15,11 +15,12 @@ cd "$(dirname "$0")/.."
 need=()
 for t in qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap mkfs.ext4:e2fsprogs \
          cpio:cpio tcpdump:tcpdump tshark:tshark ibv_rc_pingpong:ibverbs-utils \
-         ib_write_bw:perftest rping:rdmacm-utils ss:iproute2 xz:xz-utils; do
+         ib_write_bw:perftest rping:rdmacm-utils cc:gcc ss:iproute2 xz:xz-utils; do
   command -v "${t%%:*}" > /dev/null || need+=("${t#*:}")
 done
 [ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null)" = "install ok installed" ] ||
   need+=(busybox-static)
+[ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "[interop] installing ${need[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
@@ -33,6 +34,7 @@ trap 'exit 130' INT TERM
 
 vm_up || { echo "interop: 0 passed, 1 failed (the rxe guest did not come up)"; exit 1; }
 for f in tests/interop/cases/*.sh; do . "$f"; done
+. tests/interop/wire_checks.sh
 vm_down
 
 results_table

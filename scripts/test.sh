@@ -3,7 +3,9 @@
 #   1. plain build (RelWithDebInfo, -Werror): unit, simulation, cross-check and replay tests;
 #   2. ASan+UBSan build (-O2, assertions on): the same tests again;
 #   3. TSan build: the provider, engine and runtime unit tests;
-#   4. libFuzzer build (clang): every fuzz target for URDMA_FUZZ_SECONDS (default 60) each.
+#   4. libFuzzer build (clang): every fuzz target for URDMA_FUZZ_SECONDS (default 60) each;
+#   5. as root: the live interop suite against Linux rxe in a qemu guest (scripts/interop.sh,
+#      URDMA_INTEROP=0 skips it).
 # Ends with one line "urdma: N passed, M failed". Exit status is non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +68,26 @@ echo "== libFuzzer (${fuzz_seconds}s per target)"
 CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_FUZZ=ON \
   -DURDMA_FUZZ_SECONDS="$fuzz_seconds" -DURDMA_SANITIZE=address,undefined,fuzzer-no-link \
   -DURDMA_BENCH=OFF && run_ctest build-fuzz -L fuzz
+
+echo "== interop with Linux rxe (qemu)"
+if [ "${URDMA_INTEROP:-1}" = 0 ]; then
+  echo "interop: skipped (URDMA_INTEROP=0)"
+elif [ "$(id -u)" != 0 ]; then
+  echo "interop: skipped (needs root: a network namespace, a tap device, debootstrap)"
+else
+  # The plain stage's build/; each case is one test. A stuck run is killed, never waited on.
+  log=$(mktemp)
+  URDMA_BUILD=$PWD/build timeout -k 30 1200 ./scripts/interop.sh 2>&1 | tee "$log"
+  counts=$(sed -n 's/^interop: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$log" | tail -1)
+  if [ -n "$counts" ]; then
+    passed=$((passed + ${counts% *}))
+    failed=$((failed + ${counts#* }))
+  else
+    echo "interop: no result (the suite did not finish)" >&2
+    failed=$((failed + 1))
+  fi
+  rm -f "$log"
+fi
 
 echo "urdma: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # The interop suite's machinery (sourced by scripts/interop.sh; README.md here says how to run).
 # One Linux rxe peer (a qemu guest, tests/interop/image.sh) on a bridge in a network namespace;
 # urdma runs on the host side of the bridge, in that namespace, under `urdma run`.

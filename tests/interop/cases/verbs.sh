@@ -1,14 +1,16 @@
+# shellcheck shell=bash
 # Verbs cases against rxe: the Debian ibverbs-utils and perftest programs on both sides (ours
 # under urdma on the host, Debian's on rxe0 in the guest), each case in both directions:
 # urdma->rxe (urdma is the client) and rxe->urdma (rxe is the client, urdma the server).
 # Function only (TCG is slow): small sizes and iteration counts; exit status 0 = pass.
 
 # pair DIRECTION PORT SERVER_CMD CLIENT_CMD: starts the server side, waits for its TCP port, runs
-# the client; both must exit 0. The commands get "$DEV", "$GID", "$PEER" filled per side.
+# the client; both must exit 0. The commands get "$DEV", "$GID", "$PEER" and "$BIN" (where this
+# file's own programs are) set per side.
 pair() {
   local dir=$1 port=$2 server=$3 client=$4
-  local gside="DEV=$GUEST_DEV GID=$GUEST_GID PEER=$HOST_IP"
-  local hside="DEV=$HOST_DEV GID=$HOST_GID PEER=$GUEST_IP"
+  local gside="DEV=$GUEST_DEV GID=$GUEST_GID PEER=$HOST_IP BIN=$GUEST_SHARE/interop-bin"
+  local hside="DEV=$HOST_DEV GID=$HOST_GID PEER=$GUEST_IP BIN=$BUILD/interop-bin"
   if [ "$dir" = "urdma->rxe" ]; then
     guest_bg server "$gside; $server" && guest_wait_listen "tcp:$port" &&
       host "$hside; $client" && guest_wait server 60
@@ -49,3 +51,13 @@ case_both "ib_send_bw" perftest ib_send_bw -s 65536 -n 50
 case_both "ib_atomic_bw" perftest ib_atomic_bw -n 50
 case_both "ib_write_lat" perftest ib_write_lat -s 64 -n 50
 case_both "ib_read_lat" perftest ib_read_lat -s 64 -n 50
+
+# bad_rkey.c, built here against Debian's libibverbs into the shared build dir: the host runs it
+# under urdma, the guest on rxe0.
+bad_rkey() { pair "$1" 18516 "\$BIN/bad_rkey -d \$DEV -g \$GID" "\$BIN/bad_rkey -d \$DEV -g \$GID \$PEER"; }
+build_bad_rkey() {
+  mkdir -p "$BUILD/interop-bin" &&
+    cc -O2 -Wall -o "$BUILD/interop-bin/bad_rkey" "$INTEROP_DIR/bad_rkey.c" -libverbs
+}
+case_run "bad_rkey.c: build" both build_bad_rkey
+case_both "RDMA WRITE, bad rkey -> remote access error" bad_rkey
