@@ -117,6 +117,17 @@ struct Path {
   uint16_t pkey = 0xFFFF;
 };
 
+// The flow label rdma_cm gives a RoCEv2 route (Linux cma.c cma_get_roce_udp_flow_label): an
+// IPv6 source's own flow label if it has one, else a hash of the IP ports. Both ends derive the
+// connection's UDP source port from it.
+constexpr uint32_t roce_flow_label(uint16_t src_port, uint16_t dst_port, uint32_t ipv6_flow = 0) {
+  constexpr uint32_t kFlowLabelMask = 0xFFFFF;
+  if (ipv6_flow & kFlowLabelMask) return ipv6_flow & kFlowLabelMask;
+  return (uint32_t{src_port} * 31 + dst_port) & kFlowLabelMask;
+}
+// rping's connection in tests/data/rxe-to-rxe.pcap: ports 0xac67 -> 7174, flow label 0x4fc7f.
+static_assert(roce_flow_label(0xac67, 7174) == 0x4fc7f);
+
 struct ConnectParams {
   Path path;
   uint64_t service_id = 0;

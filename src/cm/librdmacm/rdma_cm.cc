@@ -1156,8 +1156,11 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
   urdma::cm::ConnectParams cp;
   cp.path.local_gid = x->sgid;
   cp.path.remote_gid = x->dgid;
-  cp.service_id = urdma::wire::rdma_service_id(port_space(x->id.ps),
-                                               port_of(&x->id.route.addr.dst_addr));
+  const uint16_t dst_port = port_of(&x->id.route.addr.dst_addr);
+  const sockaddr_in6& src6 = x->id.route.addr.src_sin6;
+  cp.path.flow_label = urdma::cm::roce_flow_label(
+      x->local_port, dst_port, src6.sin6_family == AF_INET6 ? ntohl(src6.sin6_flowinfo) : 0);
+  cp.service_id = urdma::wire::rdma_service_id(port_space(x->id.ps), dst_port);
   cp.qpn = x->id.qp ? x->id.qp->qp_num : p->qp_num;
   cp.starting_psn = c.random_psn();
   if (p) {

@@ -166,8 +166,12 @@ ConnectParams rping_connect(const Mad& linux_req, const Gid& from, const Gid& to
   ConnectParams p;
   p.path.local_gid = from;
   p.path.remote_gid = to;
-  // rdma_cm's route: the flow label it derives from the ports is an input to the CM.
-  p.path.flow_label = req.primary_path().flow_label();
+  const wire::CmaHdrParse ip = wire::parse_cma_hdr(req.private_data());
+  EXPECT_TRUE(ip.ok());
+  p.ip = ip.address;
+  // rdma_cm's route: its flow label is derived from the ports, as Linux derived it.
+  p.path.flow_label = roce_flow_label(ip.address.src_port, 7174);
+  EXPECT_EQ(p.path.flow_label, req.primary_path().flow_label());
   p.path.hop_limit = 64;
   p.path.packet_life_time = kCmaIboePacketLifetime;
   p.path.mtu = IBV_MTU_1024;
@@ -178,9 +182,6 @@ ConnectParams rping_connect(const Mad& linux_req, const Gid& from, const Gid& to
   p.initiator_depth = 1;
   p.retry_count = 7;
   p.rnr_retry_count = 7;
-  const wire::CmaHdrParse ip = wire::parse_cma_hdr(req.private_data());
-  EXPECT_TRUE(ip.ok());
-  p.ip = ip.address;
   return p;
 }
 
