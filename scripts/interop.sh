@@ -32,7 +32,11 @@ declare -A GUEST_JOBS=() HOST_JOBS=()
 trap vm_down EXIT
 trap 'exit 130' INT TERM
 
-vm_up || { echo "interop: 0 passed, 1 failed (the rxe guest did not come up)"; exit 1; }
+if ! vm_up; then
+  echo "[interop] the rxe guest did not come up" >&2
+  echo "interop: 0 passed, 1 failed"
+  exit 1
+fi
 for f in tests/interop/cases/*.sh; do . "$f"; done
 . tests/interop/wire_checks.sh
 vm_down

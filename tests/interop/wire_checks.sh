@@ -44,6 +44,9 @@ check_rxe_counters() {
     [ "$value" = 0 ] || { echo "rxe $counter: ${value:-missing}"; failed=1; }
   done
   if grep -i 'icrc' "$OUT/dmesg.txt"; then echo "rxe logged bad ICRCs"; failed=1; fi
+  # Not asserted yet, an open bug of ours (NOTES.md): urdma resending what rxe already ACKed.
+  value=$(tr ' ' '\n' < "$OUT_ROOT/rxe-counters.txt" | grep -A1 -x duplicate_request | tail -n 1)
+  [ "$value" = 0 ] || echo "note: rxe duplicate_request $value (urdma resent requests rxe had ACKed)"
   return $failed
 }
 
