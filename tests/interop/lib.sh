@@ -48,7 +48,8 @@ net_up() {
 }
 
 capture_start() { # every RoCEv2 packet on the bridge, for the whole run
-  in_ns tcpdump -Z root -i br0 -U -s 0 -w "$OUT_ROOT/interop.pcap" udp port 4791 \
+  # ip netns exec, not in_ns: $! must be tcpdump itself (a backgrounded function is a subshell).
+  ip netns exec "$NS" tcpdump -Z root -i br0 -U -s 0 -w "$OUT_ROOT/interop.pcap" udp port 4791 \
     < /dev/null > /dev/null 2> "$OUT_ROOT/tcpdump.log" &
   TCPDUMP_PID=$!
   local i
@@ -79,7 +80,7 @@ vm_up() {
   net_up || return 1
   capture_start || return 1
   local t0=$SECONDS
-  in_ns qemu-system-x86_64 -name urdma-interop -machine pc,accel=tcg -cpu max -smp 2 -m 1024 \
+  ip netns exec "$NS" qemu-system-x86_64 -name urdma-interop -machine pc,accel=tcg -cpu max -smp 2 -m 1024 \
     -nodefaults -no-user-config -display none -vga none -no-reboot \
     -kernel "$CACHE/vmlinux" -initrd "$CACHE/initramfs.cpio.gz" \
     -append "console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off nokaslr interop.ip=$GUEST_IP/24 interop.peer=$HOST_IP interop.mtu=$MTU" \
