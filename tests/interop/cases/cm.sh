@@ -99,10 +99,26 @@ cm_rdma_server_client() {
 }
 
 # perftest through rdma_cm: its out-of-band exchange and the measured QP both connect with it.
-cm_write_bw_R() {
+cm_write_bw_R_once() {
   cm_pair "$CASE_DIR" 'ib_write_bw -R -d $DEV -n 200 -s 4096' \
     'ib_write_bw -R -d $DEV -n 200 -s 4096 $PEER' &&
     cm_expect "$(cm_log "$CASE_DIR" client)" '^ *4096 +200 '
+}
+
+# A known perftest 4.5-0.17 race (NOTES-cm.md), whichever side is the client: its second REQ
+# can arrive before the server listens again (REJ 8), and perftest's retry then crashes (abort
+# under urdma, SIGSEGV under Debian's librdmacm). That one failure is run once more, said on
+# stdout; a second one, or any other failure, fails the case.
+cm_write_bw_R() {
+  cm_write_bw_R_once && return 0
+  local client_log
+  client_log=$(cm_log "$CASE_DIR" client)
+  grep -q 'Event: RDMA_CM_EVENT_REJECTED; error: 8\.' "$client_log" || return 1
+  echo "perftest's listen race (REJ 8 before the server listened again): running once more"
+  cm_kill_server "$CASE_DIR" ib_write_bw
+  cm_wait_server "$CASE_DIR"
+  mv "$client_log" "$client_log.try1"
+  cm_write_bw_R_once
 }
 
 # The seed's example: the server's MR address and rkey travel in the REP's private data, the
@@ -119,7 +135,7 @@ cm_write_example() {
 cm_reject_no_listener() {
   cm_client "$CASE_DIR" 'rping -c -v -C 1 -a $PEER -p 9999'
   local rc=$?
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "rping exited $rc, expected a failure"; return 1; }
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then echo "rping exited $rc, expected a failure"; return 1; fi
   cm_expect "$(cm_log "$CASE_DIR" client)" '^cma event RDMA_CM_EVENT_REJECTED, error 8$'
 }
 
@@ -132,15 +148,15 @@ cm_reject_private_data() {
       "^event RDMA_CM_EVENT_REJECTED status 28 private_data 'go-away'$"
 }
 
-# cm_kill_server DIRECTION: SIGKILL to the server's rping alone (the guest's kernel, or urdmad
-# for a urdma process, then tears its connection down with a DREQ).
+# cm_kill_server DIRECTION PROGRAM: SIGKILL to the server's PROGRAM alone (the guest's kernel,
+# or urdmad for a urdma process, then tears its connections down with a DREQ).
 cm_kill_server() {
   if [ "$(cm_server_side "$1")" = guest ]; then
-    guest 'pkill -KILL -x rping' > /dev/null
+    guest "pkill -KILL -x $2" > /dev/null
   else
     local p
     for p in $(ip netns pids "$NS"); do
-      [ "$(cat "/proc/$p/comm" 2>/dev/null)" = rping ] && kill -KILL "$p"
+      [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$2" ] && kill -KILL "$p"
     done
   fi
 }
@@ -169,7 +185,7 @@ cm_peer_vanishes() {
     [ $SECONDS -lt $deadline ] || { echo "the client never got to ping 20"; return 1; }
     sleep 0.2
   done
-  cm_kill_server "$CASE_DIR"
+  cm_kill_server "$CASE_DIR" rping
   if [ "$(cm_client_side "$CASE_DIR")" = guest ]; then guest_wait client 90; else host_wait client 90; fi
   local rc=$?
   [ $rc -ne 124 ] || { echo "the client did not notice"; return 1; }
