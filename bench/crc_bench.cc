@@ -60,10 +60,15 @@ BENCHMARK(BM_Memcpy)->URDMA_CRC_SIZES;
 BENCHMARK(BM_Crc<crc32_isal>)->Name("BM_Crc/isal_crc32_gzip_refl")->URDMA_CRC_SIZES;
 BENCHMARK(BM_Crc<crc32_zlib>)->Name("BM_Crc/zlib_crc32")->URDMA_CRC_SIZES;
 BENCHMARK(BM_Crc<crc32_slicing_by_8>)->Name("BM_Crc/slicing_by_8")->URDMA_CRC_SIZES;
-// The ICRC's pieces: the 48-byte masked pseudo-header, a 96-byte WRITE Only of 64 B, 4 KiB.
-BENCHMARK(BM_Crc<crc32_isal_by8>)->Name("BM_Crc/isal_by8_sse")->Arg(48)->Arg(96)->Arg(4096);
-BENCHMARK(BM_Crc<crc32_isal_by16_10>)->Name("BM_Crc/isal_by16_10_avx512")->Arg(48)->Arg(96)->Arg(4096);
-BENCHMARK(BM_Crc<crc32_isal>)->Name("BM_Crc/isal_dispatched")->Arg(48)->Arg(96)->Arg(4096);
+// The ICRC's pieces: the 48-byte masked pseudo-header, a 96-byte WRITE Only of 64 B, and the
+// sizes between that and a 4 KiB packet, where by8 and by16_10 cross over.
+#define URDMA_CRC_CROSSOVER_SIZES \
+  Arg(48)->Arg(96)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Arg(4096)
+BENCHMARK(BM_Crc<crc32_isal_by8>)->Name("BM_Crc/isal_by8_sse")->URDMA_CRC_CROSSOVER_SIZES;
+BENCHMARK(BM_Crc<crc32_isal_by16_10>)
+    ->Name("BM_Crc/isal_by16_10_avx512")
+    ->URDMA_CRC_CROSSOVER_SIZES;
+BENCHMARK(BM_Crc<crc32_isal>)->Name("BM_Crc/isal_dispatched")->URDMA_CRC_CROSSOVER_SIZES;
 
 // A whole packet: UDP payload of BTH + `range(0)` bytes + ICRC.
 std::vector<uint8_t> packet(benchmark::State& state) {
