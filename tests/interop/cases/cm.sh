@@ -106,19 +106,23 @@ cm_write_bw_R_once() {
 }
 
 # A known perftest 4.5-0.17 race (NOTES-cm.md), whichever side is the client: its second REQ
-# can arrive before the server listens again (REJ 8), and perftest's retry then crashes (abort
-# under urdma, SIGSEGV under Debian's librdmacm). That one failure is run once more, said on
-# stdout; a second one, or any other failure, fails the case.
+# can arrive before the server listens again (REJ 8, which is right), and perftest's retry then
+# crashes (abort under urdma, SIGSEGV under Debian's librdmacm). It loses about half the runs
+# against the TCG-slowed guest, so that one failure is run again, up to 6 attempts in all, each
+# said on stdout. Any other failure fails the case at once; if every attempt ends in that race,
+# the case reports KNOWN_THIRD_PARTY (lib.sh): shown as such in the table, not counted as a pass.
 cm_write_bw_R() {
-  cm_write_bw_R_once && return 0
-  local client_log
-  client_log=$(cm_log "$CASE_DIR" client)
-  grep -q 'Event: RDMA_CM_EVENT_REJECTED; error: 8\.' "$client_log" || return 1
-  echo "perftest's listen race (REJ 8 before the server listened again): running once more"
-  cm_kill_server "$CASE_DIR" ib_write_bw
-  cm_wait_server "$CASE_DIR"
-  mv "$client_log" "$client_log.try1"
-  cm_write_bw_R_once
+  local attempt client_log
+  for attempt in 1 2 3 4 5 6; do
+    cm_write_bw_R_once && return 0
+    client_log=$(cm_log "$CASE_DIR" client)
+    grep -q 'Event: RDMA_CM_EVENT_REJECTED; error: 8\.' "$client_log" || return 1
+    echo "attempt $attempt: perftest's listen race (REJ 8 before the server listened again)"
+    cm_kill_server "$CASE_DIR" ib_write_bw
+    cm_wait_server "$CASE_DIR"
+    mv "$client_log" "$client_log.try$attempt"
+  done
+  return "$KNOWN_THIRD_PARTY"
 }
 
 # The seed's example: the server's MR address and rkey travel in the REP's private data, the
