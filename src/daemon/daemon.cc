@@ -246,7 +246,11 @@ bool Daemon::start_group(std::string* error) {
     *error = errno_text("dup slot 0");
     return false;
   }
-  gsi_io_ = net::UdpSocketIo::adopt(gsi_fd, error);
+  // A burst of CM MADs (a process's 200 connections torn down at once) overflowed the default
+  // receive buffer (~208 KiB: fewer than 200 MADs once skb overhead is counted) between two
+  // epoll wakes. 4 MiB when the daemon may pass net.core.rmem_max, else as much as it allows.
+  gsi_io_ = net::UdpSocketIo::adopt(
+      gsi_fd, error, net::UdpSocketIoOptions{.socket_buffer_bytes = net::kLargeSocketBufferBytes});
   if (!gsi_io_) return false;
   // Slot 0 is routed; every free slot is drained until it is leased.
   for (unsigned s = 0; s < group_.sockets.size(); ++s) {
@@ -373,12 +377,24 @@ int Daemon::run() {
           }
           break;
         case kClient:
-          serve(id_of(t));
+          if (events[i].events & EPOLLOUT) flush_backlog(id_of(t));
+          if (events[i].events & ~EPOLLOUT) serve(id_of(t));
           break;
       }
     }
   }
+  log_mad_drops();
   return exit_code_;
+}
+
+void Daemon::log_mad_drops() const {
+  std::string line;
+  for (size_t i = 0; i < kMadDropCount; ++i) {
+    if (counters_.mads_dropped[i] == 0) continue;
+    line += (line.empty() ? "" : ", ") + std::string(mad_drop_name(static_cast<MadDrop>(i))) +
+            " " + std::to_string(counters_.mads_dropped[i]);
+  }
+  if (!line.empty()) log("MADs dropped: " + line);
 }
 
 void Daemon::drain(unsigned slot) {
@@ -429,8 +445,7 @@ void Daemon::route_mads() {
           std::memcpy(d.dst_address, rx[i].dst.address.bytes().data(), 16);
           d.src_port = rx[i].src.port;
           d.dst_port = rx[i].dst.port;
-          // Non-blocking: a process that does not read its channel loses MADs (the CM retries).
-          if (send_record(clients_.at(ch->second).fd.get(), encode_mad(d, datagram)) != 0)
+          if (!deliver_mad(ch->second, clients_.at(ch->second), encode_mad(d, datagram)))
             drop = MadDrop::kChannelFull;
         }
       }
@@ -445,6 +460,29 @@ void Daemon::route_mads() {
       }
     }
   }
+}
+
+bool Daemon::deliver_mad(uint64_t id, Client& c, std::vector<uint8_t> record) {
+  const MadBacklog::Sent sent = c.backlog.send(c.fd.get(), std::move(record));
+  if (sent == MadBacklog::Sent::kQueued) watch_backlog(id, c);
+  return sent != MadBacklog::Sent::kDropped;
+}
+
+void Daemon::flush_backlog(uint64_t id) {
+  const auto it = clients_.find(id);
+  if (it == clients_.end()) return;
+  // A failed send is a closed channel: its hang-up drops the client.
+  (void)it->second.backlog.flush(it->second.fd.get());
+  watch_backlog(id, it->second);
+}
+
+void Daemon::watch_backlog(uint64_t id, Client& c) {
+  const bool want_out = !c.backlog.empty();
+  if (want_out == c.watching_out) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (want_out ? EPOLLOUT : 0u);
+  ev.data.u64 = tag(kClient, id);
+  if (epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) == 0) c.watching_out = want_out;
 }
 
 bool Daemon::take_release_drep(std::span<const uint8_t> datagram, const net::RxDatagram& rx) {

@@ -23,6 +23,7 @@
 
 #include "daemon/cm_agent.h"
 #include "daemon/gid_table.h"
+#include "daemon/mad_backlog.h"
 #include "daemon/mad_router.h"
 #include "daemon/protocol.h"
 #include "daemon/slot_table.h"
@@ -86,6 +87,8 @@ class Daemon {
     std::optional<unsigned> slot;
     bool watches_gids = false;
     std::optional<unsigned> channel_slot;  // a MAD channel for this slot
+    MadBacklog backlog;                    // MADs for the channel that did not fit yet
+    bool watching_out = false;             // EPOLLOUT asked for: the backlog is not empty
     std::string comm;                      // /proc/<pid>/comm at accept
     int64_t connected_ms = 0;
     uint32_t qpn_base = 0, qpn_count = 0;  // the slot's range
@@ -100,6 +103,12 @@ class Daemon {
   void unwatch(int fd);
   void accept_clients();
   void serve(uint64_t id);
+  // Delivers a routed MAD on its process's channel, now or from the backlog; false if dropped.
+  bool deliver_mad(uint64_t id, Client& c, std::vector<uint8_t> record);
+  // The channel has room again (EPOLLOUT): the backlog goes out.
+  void flush_backlog(uint64_t id);
+  // Asks for EPOLLOUT on a client's socket exactly while its backlog is not empty.
+  void watch_backlog(uint64_t id, Client& c);
   void drop_client(uint64_t id);
   void handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec,
                       std::vector<UniqueFd>& fds);
@@ -132,6 +141,8 @@ class Daemon {
   int channel_request(uint64_t id, Client& c, std::span<const uint8_t> rec);
   void reset_socket(int fd) const;
   void update_idle_timer();
+  // The MADs dropped, by reason (mad_router.h), at exit: what `urdma status` sums.
+  void log_mad_drops() const;
   void log(const std::string& line) const;
 
   DaemonOptions options_;
