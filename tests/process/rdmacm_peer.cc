@@ -6,8 +6,26 @@
 //                                         data; prints "rejected"
 //   rdmacm_peer client ADDR PORT          connect (with a QP); prints the event it got, its status
 //                                         and its private data as text
+//   rdmacm_peer recv-server PORT          listen; accept the first request (QP by rdma_create_qp,
+//                                         one RECV posted, "accepted" as private data); prints its
+//                                         QPN, each event, and the message the RECV got
+//   rdmacm_peer establish-client ADDR PORT TEXT
+//                                         connect with a QP of its own (not rdma_create_qp):
+//                                         prints the CONNECT_RESPONSE's fields, moves the QP to
+//                                         RTS with rdma_init_qp_attr + ibv_modify_qp, calls
+//                                         rdma_establish and SENDs TEXT
+//   rdmacm_peer migrate ADDR pending|acked|sync
+//                                         resolve ADDR on one channel, migrate the id to another
+//                                         (its event still queued, or taken and acked first):
+//                                         where events arrive; sync: to NULL (synchronous mode)
+//   rdmacm_peer bind-twice PORT           bind two ids to 127.0.0.1:PORT: the second's errno
+//   rdmacm_peer devices                   rdma_get_devices: the count and each device's name
 #include <arpa/inet.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +33,281 @@
 #include <string>
 
 namespace {
+
+sockaddr_in ipv4(const char* address, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (address) inet_pton(AF_INET, address, &addr.sin_addr);
+  return addr;
+}
+
+// The next event on `ec`, which must be `expected`; nullptr (and a line saying what came) if not.
+rdma_cm_event* expect_event(rdma_event_channel* ec, rdma_cm_event_type expected) {
+  rdma_cm_event* event = nullptr;
+  if (rdma_get_cm_event(ec, &event) != 0) {
+    std::printf("rdma_get_cm_event: errno %d\n", errno);
+    return nullptr;
+  }
+  if (event->event != expected) {
+    std::printf("expected %s, got %s status %d\n", rdma_event_str(expected),
+                rdma_event_str(event->event), event->status);
+    rdma_ack_cm_event(event);
+    return nullptr;
+  }
+  return event;
+}
+
+bool readable(rdma_event_channel* ec, int timeout_ms) {
+  pollfd p{ec->fd, POLLIN, 0};
+  return poll(&p, 1, timeout_ms) == 1;
+}
+
+int recv_server(int port) {
+  rdma_event_channel* ec = rdma_create_event_channel();
+  rdma_cm_id* listener = nullptr;
+  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
+  sockaddr_in addr = ipv4(nullptr, port);
+  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
+  if (rdma_listen(listener, 1) != 0) return 4;
+  std::printf("listening\n");
+  std::fflush(stdout);
+  rdma_cm_event* event = expect_event(ec, RDMA_CM_EVENT_CONNECT_REQUEST);
+  if (!event) return 5;
+  rdma_cm_id* id = event->id;
+  rdma_ack_cm_event(event);
+  ibv_qp_init_attr attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  char buffer[64] = {};
+  ibv_mr* mr = ibv_reg_mr(id->pd, buffer, sizeof buffer, IBV_ACCESS_LOCAL_WRITE);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buffer), sizeof buffer, mr ? mr->lkey : 0};
+  ibv_recv_wr wr{}, *bad = nullptr;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  if (!mr || ibv_post_recv(id->qp, &wr, &bad) != 0) return 7;
+  std::printf("server qp_num %u\n", id->qp->qp_num);
+  rdma_conn_param param{};
+  param.private_data = "accepted";
+  param.private_data_len = 9;
+  param.responder_resources = param.initiator_depth = 1;
+  if (rdma_accept(id, &param) != 0) return 8;
+  if (!(event = expect_event(ec, RDMA_CM_EVENT_ESTABLISHED))) return 9;
+  std::printf("event %s\n", rdma_event_str(event->event));
+  std::fflush(stdout);
+  rdma_ack_cm_event(event);
+  ibv_wc wc{};
+  int n = 0;
+  for (int i = 0; i < 10000 && n == 0; ++i) {  // up to ~10 s
+    n = ibv_poll_cq(id->recv_cq, 1, &wc);
+    if (n == 0) usleep(1000);
+  }
+  if (n != 1) return 10;
+  std::printf("recv status %s byte_len %u data '%.*s'\n", ibv_wc_status_str(wc.status), wc.byte_len,
+              static_cast<int>(strnlen(buffer, sizeof buffer)), buffer);
+  std::fflush(stdout);
+  if ((event = expect_event(ec, RDMA_CM_EVENT_DISCONNECTED))) rdma_ack_cm_event(event);
+  rdma_disconnect(id);
+  rdma_destroy_qp(id);
+  ibv_dereg_mr(mr);
+  rdma_destroy_id(id);
+  rdma_destroy_id(listener);
+  rdma_destroy_event_channel(ec);
+  return 0;
+}
+
+// Moves `qp` to `state` with the attributes rdma_init_qp_attr gives for it.
+bool move_qp(rdma_cm_id* id, ibv_qp* qp, ibv_qp_state state) {
+  ibv_qp_attr attr{};
+  int mask = 0;
+  attr.qp_state = state;
+  if (rdma_init_qp_attr(id, &attr, &mask) != 0) {
+    std::printf("rdma_init_qp_attr(%d): errno %d\n", state, errno);
+    return false;
+  }
+  if (const int e = ibv_modify_qp(qp, &attr, mask)) {
+    std::printf("ibv_modify_qp(%d, mask 0x%x): %d\n", state, mask, e);
+    return false;
+  }
+  return true;
+}
+
+int establish_client(const char* server, int port, const char* text) {
+  rdma_event_channel* ec = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (!ec || rdma_create_id(ec, &id, nullptr, RDMA_PS_TCP) != 0) return 2;
+  sockaddr_in addr = ipv4(server, port);
+  rdma_cm_event* event = nullptr;
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&addr), 2000) != 0 ||
+      !(event = expect_event(ec, RDMA_CM_EVENT_ADDR_RESOLVED)))
+    return 3;
+  rdma_ack_cm_event(event);
+  if (rdma_resolve_route(id, 2000) != 0 ||
+      !(event = expect_event(ec, RDMA_CM_EVENT_ROUTE_RESOLVED)))
+    return 4;
+  rdma_ack_cm_event(event);
+  // The application's own QP: rdma_create_qp is not called, so the CM leaves it alone.
+  ibv_pd* pd = ibv_alloc_pd(id->verbs);
+  ibv_cq* cq = pd ? ibv_create_cq(id->verbs, 4, nullptr, nullptr, 0) : nullptr;
+  if (!cq) return 5;
+  ibv_qp_init_attr init{};
+  init.send_cq = init.recv_cq = cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap.max_send_wr = init.cap.max_recv_wr = 1;
+  init.cap.max_send_sge = init.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd, &init);
+  if (!qp) return 6;
+  rdma_conn_param param{};
+  param.qp_num = qp->qp_num;
+  param.responder_resources = param.initiator_depth = 1;
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;
+  if (rdma_connect(id, &param) != 0) return 7;
+  if (!(event = expect_event(ec, RDMA_CM_EVENT_CONNECT_RESPONSE))) return 8;
+  const rdma_conn_param& c = event->param.conn;
+  std::printf("event %s status %d qp_num %u private_data '%.*s'\n", rdma_event_str(event->event),
+              event->status, c.qp_num,
+              c.private_data ? static_cast<int>(strnlen(static_cast<const char*>(c.private_data),
+                                                        c.private_data_len))
+                             : 0,
+              c.private_data ? static_cast<const char*>(c.private_data) : "");
+  rdma_ack_cm_event(event);
+  if (!move_qp(id, qp, IBV_QPS_INIT) || !move_qp(id, qp, IBV_QPS_RTR) ||
+      !move_qp(id, qp, IBV_QPS_RTS))
+    return 9;
+  if (rdma_establish(id) != 0) {
+    std::printf("rdma_establish: errno %d\n", errno);
+    return 10;
+  }
+  std::printf("established\n");
+  char buffer[64] = {};
+  std::snprintf(buffer, sizeof buffer, "%s", text);
+  ibv_mr* mr = ibv_reg_mr(pd, buffer, sizeof buffer, 0);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buffer), static_cast<uint32_t>(std::strlen(buffer) + 1),
+              mr ? mr->lkey : 0};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  if (!mr || ibv_post_send(qp, &wr, &bad) != 0) return 11;
+  ibv_wc wc{};
+  int n = 0;
+  for (int i = 0; i < 10000 && n == 0; ++i) {
+    n = ibv_poll_cq(cq, 1, &wc);
+    if (n == 0) usleep(1000);
+  }
+  if (n != 1) return 12;
+  std::printf("send status %s\n", ibv_wc_status_str(wc.status));
+  rdma_disconnect(id);
+  ibv_destroy_qp(qp);
+  ibv_dereg_mr(mr);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ec);
+  return 0;
+}
+
+// pending: the ADDR_RESOLVED event is still queued on the old channel when the id moves;
+// otherwise it was taken and acknowledged first.
+int migrate(const char* address, bool pending) {
+  rdma_event_channel* from = rdma_create_event_channel();
+  rdma_event_channel* to = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (!from || !to || rdma_create_id(from, &id, nullptr, RDMA_PS_TCP) != 0) return 2;
+  sockaddr_in addr = ipv4(address, 7999);
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&addr), 2000) != 0) return 3;
+  if (!readable(from, 5000)) return 4;
+  rdma_cm_event* event = nullptr;
+  if (!pending) {
+    if (!(event = expect_event(from, RDMA_CM_EVENT_ADDR_RESOLVED))) return 4;
+    rdma_ack_cm_event(event);
+  }
+  if (rdma_migrate_id(id, to) != 0) {
+    std::printf("rdma_migrate_id: errno %d\n", errno);
+    return 5;
+  }
+  std::printf("id channel is the new one: %s\n", id->channel == to ? "yes" : "no");
+  if (pending) {
+    std::printf("pending event on the old channel: %s\n", readable(from, 0) ? "yes" : "no");
+    if (!readable(to, 5000) || !(event = expect_event(to, RDMA_CM_EVENT_ADDR_RESOLVED))) return 6;
+    std::printf("new channel: %s\n", rdma_event_str(event->event));
+    rdma_ack_cm_event(event);
+  }
+  if (rdma_resolve_route(id, 2000) != 0) return 7;
+  if (!readable(to, 5000) || !(event = expect_event(to, RDMA_CM_EVENT_ROUTE_RESOLVED))) return 8;
+  std::printf("new channel: %s\n", rdma_event_str(event->event));
+  rdma_ack_cm_event(event);
+  std::printf("old channel after: %s\n", readable(from, 0) ? "an event" : "nothing");
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(to);
+  rdma_destroy_event_channel(from);
+  return 0;
+}
+
+// rdma_migrate_id(id, NULL): synchronous mode — rdma_resolve_route returns once the route is
+// resolved, no event to fetch.
+int migrate_to_sync(const char* address) {
+  rdma_event_channel* from = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (!from || rdma_create_id(from, &id, nullptr, RDMA_PS_TCP) != 0) return 2;
+  sockaddr_in addr = ipv4(address, 7999);
+  rdma_cm_event* event = nullptr;
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&addr), 2000) != 0 ||
+      !(event = expect_event(from, RDMA_CM_EVENT_ADDR_RESOLVED)))
+    return 3;
+  rdma_ack_cm_event(event);
+  if (rdma_migrate_id(id, nullptr) != 0) {
+    std::printf("rdma_migrate_id(NULL): errno %d\n", errno);
+    return 5;
+  }
+  const int ret = rdma_resolve_route(id, 2000);
+  std::printf("synchronous rdma_resolve_route %d, route paths %d\n", ret, id->route.num_paths);
+  std::printf("old channel after: %s\n", readable(from, 0) ? "an event" : "nothing");
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(from);
+  return 0;
+}
+
+int bind_twice(int port) {
+  rdma_event_channel* ec = rdma_create_event_channel();
+  rdma_cm_id *first = nullptr, *second = nullptr;
+  if (!ec || rdma_create_id(ec, &first, nullptr, RDMA_PS_TCP) != 0 ||
+      rdma_create_id(ec, &second, nullptr, RDMA_PS_TCP) != 0)
+    return 2;
+  sockaddr_in addr = ipv4("127.0.0.1", port);
+  if (rdma_bind_addr(first, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
+  errno = 0;
+  const int ret = rdma_bind_addr(second, reinterpret_cast<sockaddr*>(&addr));
+  const int err = errno;
+  std::printf("second bind %d errno %s\n", ret,
+              err == EADDRINUSE ? "EADDRINUSE" : std::strerror(err));
+  rdma_destroy_id(second);
+  rdma_destroy_id(first);
+  rdma_destroy_event_channel(ec);
+  return 0;
+}
+
+int devices() {
+  int n = -1;
+  ibv_context** list = rdma_get_devices(&n);
+  if (!list) {
+    std::printf("rdma_get_devices: errno %d\n", errno);
+    return 2;
+  }
+  int listed = 0;
+  for (ibv_context** c = list; *c; ++c, ++listed) {
+    ibv_device_attr attr{};
+    std::printf("device %s query %d\n", ibv_get_device_name((*c)->device),
+                ibv_query_device(*c, &attr));
+  }
+  std::printf("num_devices %d listed %d\n", n, listed);
+  rdma_free_devices(list);
+  return 0;
+}
 
 int reject_server(int port, const char* text) {
   rdma_event_channel* ec = rdma_create_event_channel();
@@ -74,8 +367,8 @@ int client(const char* server, int port) {
     data.assign(static_cast<const char*>(event->param.conn.private_data),
                 strnlen(static_cast<const char*>(event->param.conn.private_data),
                         event->param.conn.private_data_len));
-  std::printf("event %s status %d private_data '%s'\n", rdma_event_str(event->event),
-              event->status, data.c_str());
+  std::printf("event %s status %d private_data '%s'\n", rdma_event_str(event->event), event->status,
+              data.c_str());
   rdma_ack_cm_event(event);
   rdma_destroy_qp(id);
   ibv_destroy_cq(cq);
@@ -90,6 +383,19 @@ int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "reject-server") == 0)
     return reject_server(std::atoi(argv[2]), argv[3]);
   if (argc == 4 && std::strcmp(argv[1], "client") == 0) return client(argv[2], std::atoi(argv[3]));
-  std::fprintf(stderr, "usage: rdmacm_peer reject-server PORT TEXT | client ADDR PORT\n");
+  if (argc == 3 && std::strcmp(argv[1], "recv-server") == 0) return recv_server(std::atoi(argv[2]));
+  if (argc == 5 && std::strcmp(argv[1], "establish-client") == 0)
+    return establish_client(argv[2], std::atoi(argv[3]), argv[4]);
+  if (argc == 4 && std::strcmp(argv[1], "migrate") == 0)
+    return std::strcmp(argv[3], "sync") == 0
+               ? migrate_to_sync(argv[2])
+               : migrate(argv[2], std::strcmp(argv[3], "pending") == 0);
+  if (argc == 3 && std::strcmp(argv[1], "bind-twice") == 0) return bind_twice(std::atoi(argv[2]));
+  if (argc == 2 && std::strcmp(argv[1], "devices") == 0) return devices();
+  std::fprintf(
+      stderr,
+      "usage: rdmacm_peer reject-server PORT TEXT | client ADDR PORT | recv-server PORT"
+      " | establish-client ADDR PORT TEXT | migrate ADDR pending|acked|sync | bind-twice PORT "
+      "| devices\n");
   return 1;
 }

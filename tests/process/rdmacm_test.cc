@@ -120,21 +120,30 @@ TEST(Rdmacm, RpingOverIpv6Loopback) {
   }, 60);
 }
 
-// Many connections at once: 50 establish, move data and disconnect cleanly. (With 200, about one
-// run in ten the server waits forever for a DISCONNECTED: urdmad dropped MADs of the burst of
-// 200 DREQs, and the client, which exited right after its DREQs, is not there to resend.)
-TEST(Rdmacm, Ucmatose50Connections) {
+// Many connections at once: 50, then 200, establish, move data and disconnect cleanly. The
+// server's 200 DREQs reach urdmad as one burst; it used to lose some (slot 0's receive buffer
+// overflowed, the client's MAD channel was full), leaving them to the CM's retransmissions,
+// and about one run in ten a side waited forever for a DISCONNECTED (daemon/mad_backlog.h).
+void run_ucmatose(int connections) {
+  SCOPED_TRACE(connections);
+  const std::string c = std::to_string(connections);
+  const Started server = start("ucmatose -c " + c);
+  usleep(500000);
+  const ToolRun client = finish(start("ucmatose -s 127.0.0.1 -c " + c), 60000);
+  const ToolRun srv = finish(server, 30000);
+  EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+  EXPECT_EQ(srv.exit_code, 0) << srv.output;
+  EXPECT_NE(client.output.find("return status 0"), std::string::npos) << client.output;
+  EXPECT_NE(srv.output.find("disconnected"), std::string::npos) << srv.output;
+  EXPECT_NE(srv.output.find("return status 0"), std::string::npos) << srv.output;
+}
+
+TEST(Rdmacm, Ucmatose50And200Connections) {
   if (std::system("command -v ucmatose >/dev/null 2>&1") != 0) GTEST_SKIP() << "no ucmatose";
   in_fresh_netns([] {
-    const Started server = start("ucmatose -c 50");
-    usleep(500000);
-    const ToolRun client = finish(start("ucmatose -s 127.0.0.1 -c 50"), 60000);
-    const ToolRun srv = finish(server, 30000);
-    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
-    EXPECT_EQ(srv.exit_code, 0) << srv.output;
-    EXPECT_NE(client.output.find("return status 0"), std::string::npos) << client.output;
-    EXPECT_NE(srv.output.find("disconnected"), std::string::npos) << srv.output;
-  }, 100);
+    run_ucmatose(50);
+    run_ucmatose(200);
+  }, 110);
 }
 
 // udaddy: UD QPs, the server's QPN and Q_Key found by SIDR, datagrams both ways.
@@ -182,6 +191,103 @@ TEST(Rdmacm, RejectWithPrivateDataReachesTheClient) {
     EXPECT_NE(client.output.find("event RDMA_CM_EVENT_REJECTED status 28 private_data 'no-room'"),
               std::string::npos)
         << client.output;
+  });
+}
+
+// rdma_establish(3): a client that created its QP itself (no rdma_create_qp) gets
+// CONNECT_RESPONSE with the server's QPN and private data, moves the QP to RTS with
+// rdma_init_qp_attr(3) + ibv_modify_qp, and rdma_establish sends the RTU: the server sees
+// ESTABLISHED and its RECV gets the client's SEND.
+TEST(Rdmacm, EstablishAfterConnectResponseOnTheApplicationsOwnQp) {
+  in_fresh_netns([] {
+    const Started server = start(std::string(URDMA_RDMACM_PEER) + " recv-server 7181");
+    ASSERT_TRUE(wait_output(server, "listening", 10000)) << finish(server, 0).output;
+    const ToolRun client = finish(
+        start(std::string(URDMA_RDMACM_PEER) + " establish-client 127.0.0.1 7181 own-qp-data"),
+        20000);
+    const ToolRun srv = finish(server, 20000);
+    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+    EXPECT_EQ(srv.exit_code, 0) << srv.output;
+    unsigned server_qpn = 0;
+    const size_t at = srv.output.find("server qp_num ");
+    ASSERT_NE(at, std::string::npos) << srv.output;
+    server_qpn = static_cast<unsigned>(std::stoul(srv.output.substr(at + 14)));
+    EXPECT_NE(client.output.find("event RDMA_CM_EVENT_CONNECT_RESPONSE status 0 qp_num " +
+                                 std::to_string(server_qpn) + " private_data 'accepted'"),
+              std::string::npos)
+        << client.output;
+    EXPECT_NE(client.output.find("established\nsend status success"), std::string::npos)
+        << client.output;
+    EXPECT_NE(srv.output.find("event RDMA_CM_EVENT_ESTABLISHED"), std::string::npos) << srv.output;
+    EXPECT_NE(srv.output.find("recv status success byte_len 12 data 'own-qp-data'"),
+              std::string::npos)
+        << srv.output;
+  });
+}
+
+// rdma_migrate_id(3): after the move, the id's events arrive on the new channel, none on the old.
+TEST(Rdmacm, MigrateIdMovesLaterEvents) {
+  in_fresh_netns([] {
+    const ToolRun r = run(std::string(URDMA_RDMACM_PEER) + " migrate 127.0.0.1 acked", 20000);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("id channel is the new one: yes\n"
+                            "new channel: RDMA_CM_EVENT_ROUTE_RESOLVED\n"
+                            "old channel after: nothing\n"),
+              std::string::npos)
+        << r.output;
+  });
+}
+
+// rdma_migrate_id(3): "moves any pending events associated with the rdma_cm_id to the new
+// channel". DISABLED: src/cm/librdmacm/rdma_cm.cc rdma_migrate_id fails with EINVAL whenever the
+// id has an event queued or unacknowledged (x->pending_events) instead of moving the queued ones
+// (and blocking only while the application holds one unacknowledged).
+TEST(Rdmacm, DISABLED_MigrateIdMovesPendingEvents) {
+  in_fresh_netns([] {
+    const ToolRun r = run(std::string(URDMA_RDMACM_PEER) + " migrate 127.0.0.1 pending", 20000);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("id channel is the new one: yes\n"
+                            "pending event on the old channel: no\n"
+                            "new channel: RDMA_CM_EVENT_ADDR_RESOLVED\n"
+                            "new channel: RDMA_CM_EVENT_ROUTE_RESOLVED\n"
+                            "old channel after: nothing\n"),
+              std::string::npos)
+        << r.output;
+  });
+}
+
+// rdma_migrate_id(3): "If the channel parameter is NULL, the specified rdma_cm_id will be placed
+// into synchronous operation mode": rdma_resolve_route then returns with the route resolved.
+// DISABLED: src/cm/librdmacm/rdma_cm.cc rdma_migrate_id returns EINVAL for a NULL channel.
+TEST(Rdmacm, DISABLED_MigrateIdToNullIsSynchronous) {
+  in_fresh_netns([] {
+    const ToolRun r = run(std::string(URDMA_RDMACM_PEER) + " migrate 127.0.0.1 sync", 20000);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("synchronous rdma_resolve_route 0, route paths 1\n"
+                            "old channel after: nothing\n"),
+              std::string::npos)
+        << r.output;
+  });
+}
+
+// rdma_bind_addr(3) on an address and port another id holds: -1, errno EADDRINUSE.
+TEST(Rdmacm, BindToAPortAlreadyBoundIsEaddrinuse) {
+  in_fresh_netns([] {
+    const ToolRun r = run(std::string(URDMA_RDMACM_PEER) + " bind-twice 7182", 20000);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("second bind -1 errno EADDRINUSE"), std::string::npos) << r.output;
+  });
+}
+
+// rdma_get_devices(3): a NULL-terminated array of opened devices, as many as num_devices says,
+// each usable (ibv_query_device succeeds on it).
+TEST(Rdmacm, GetDevicesListsOpenedDevices) {
+  in_fresh_netns([] {
+    const ToolRun r = run(std::string(URDMA_RDMACM_PEER) + " devices", 20000);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("num_devices 1 listed 1"), std::string::npos) << r.output;
+    EXPECT_EQ(count(r.output, " query 0\n"), 1) << r.output;
+    EXPECT_NE(r.output.find("device urdma"), std::string::npos) << r.output;
   });
 }
 
