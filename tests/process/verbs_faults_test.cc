@@ -1,0 +1,269 @@
+// Debian's RC tools, unmodified, under URDMA_FAULTS on both sides (README: seeded loss,
+// reordering and duplication on each process's own sockets): ibv_rc_pingpong -c and
+// ibv_srq_pingpong -c (their buffer validation checks every byte), ib_write_bw, ib_read_bw and
+// ib_send_bw. RC's retransmission hides the faults, so every tool must finish exactly as on a
+// clean link: exit 0, the bytes and iterations asked for, no error line.
+//
+// The faults must be real, not merely configured: while a pair runs, the test reads
+// `urdma status --json` (each process pushes its counters to urdmad at most once a second,
+// under rxe's `rdma statistic` names, and a process's row leaves with it) and keeps, per
+// process, the largest completer_retry_err seen — retransmissions the requester started, on a
+// timeout or a NAK. A pair whose processes together report none fails. The iteration counts
+// are chosen so each pair runs for seconds, long enough for a report.
+//
+// UC and UD are not run here: they have no retransmission, a lost packet is a lost message by
+// design (IBA 9.7.7, 9.8), and ibv_uc_pingpong / ibv_ud_pingpong then wait forever for it.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "netns_harness.h"
+#include "tool_run.h"
+
+namespace urdma::process_test {
+namespace {
+
+// 1% loss, 1% reordering, 0.5% duplication (parts per million), a seed per side.
+std::string faults(int seed) {
+  return "URDMA_FAULTS=seed=" + std::to_string(seed) + ",loss=10000,reorder=10000,dup=5000 ";
+}
+
+// `urdma status --json` as "<pid> <completer_retry_err>" lines, one per process that reported.
+constexpr char kRetriesScript[] = R"PY(
+import json, sys
+s = json.load(sys.stdin)
+for c in s.get("clients", []):
+    k = c.get("counters")
+    if k is not None:
+        print(c["pid"], k["completer_retry_err"])
+)PY";
+
+// Per process, the largest completer_retry_err it reported.
+using Retries = std::map<long, long long>;
+
+void sample_retries(Retries* seen) {
+  const std::string cmd = std::string(URDMA_TOOL_PATH) + " status --json 2>/dev/null | " +
+                          "/usr/bin/python3 -c '" + kRetriesScript + "'";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return;
+  long pid;
+  long long n;
+  while (std::fscanf(p, "%ld %lld", &pid, &n) == 2) (*seen)[pid] = std::max((*seen)[pid], n);
+  pclose(p);
+}
+
+// A started program that has not exited yet (a zombie has exited: its row in urdmad is gone).
+bool running(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string pid_field, comm, state;
+  if (!(f >> pid_field >> comm >> state)) return false;
+  return state != "Z";
+}
+
+long long total(const Retries& r) {
+  long long sum = 0;
+  for (const auto& [pid, n] : r) sum += n;
+  return sum;
+}
+
+struct PairResult {
+  ToolRun server, client;
+  long long retries = 0;  // completer_retry_err over both processes, as last seen
+};
+
+// Server and client under faults (seeds 2k+1, 2k+2), the client until it exits or `timeout_ms`
+// passes, sampling urdmad's counters meanwhile.
+PairResult run_pair(const std::string& args, unsigned port, int seed, int timeout_ms) {
+  PairResult r;
+  const Started server = start(faults(2 * seed + 1) + args);
+  if (!wait_listening(port, 10000)) {
+    r.server = finish(server, 1000);
+    ADD_FAILURE() << "server did not listen (exit " << r.server.exit_code << "):\n"
+                  << r.server.output;
+    return r;
+  }
+  const Started client = start(faults(2 * seed + 2) + args + " 127.0.0.1");
+  Retries seen;
+  for (int waited = 0; waited < timeout_ms && running(client.pid); waited += 200) {
+    sample_retries(&seen);
+    usleep(200000);
+  }
+  r.client = finish(client, 1000);
+  r.server = finish(server, 10000);
+  r.retries = total(seen);
+  return r;
+}
+
+// ---- ibverbs-utils ----
+
+// "819200 bytes in 0.14 seconds" / "100 iters in 0.14 seconds": the number before `marker`.
+long long number_before(const std::string& out, const std::string& marker) {
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find(marker);
+    if (at == std::string::npos) continue;
+    const size_t sp = line.find_last_of(" \t", at - 1);
+    const std::string num = line.substr(sp == std::string::npos ? 0 : sp + 1,
+                                        at - (sp == std::string::npos ? 0 : sp + 1));
+    if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoll(num);
+  }
+  return -1;
+}
+
+void expect_pingpong_ok(const ToolRun& r, int size, int iters, const char* side) {
+  SCOPED_TRACE(side);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(number_before(r.output, " iters in "), iters) << r.output;
+  // One message each way per iteration.
+  EXPECT_EQ(number_before(r.output, " bytes in "), 2LL * size * iters) << r.output;
+  for (const char* bad : {"Failed", "Couldn't", "failed", "rror"})
+    EXPECT_EQ(r.output.find(bad), std::string::npos) << bad << " in:\n" << r.output;
+}
+
+struct PingpongCase {
+  const char* tool;
+  int size;
+  int iters;
+  bool events;  // -e: wait on a completion channel instead of busy-polling
+};
+
+class VerbsUtilsUnderFaults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* t : {"ibv_rc_pingpong", "ibv_srq_pingpong"})
+      if (!have_tool(t)) GTEST_SKIP() << t << " not installed (scripts/deps.sh: ibverbs-utils)";
+  }
+};
+
+// Each case as a pair under faults, on its own port: the data checked (-c), the counts printed,
+// the retransmissions seen.
+void run_pingpongs(const std::vector<PingpongCase>& cases, unsigned first_port) {
+  unsigned port = first_port;
+  int seed = 0;
+  for (const PingpongCase& c : cases) {
+    SCOPED_TRACE(std::string(c.tool) + " -s " + std::to_string(c.size) + (c.events ? " -e" : ""));
+    const std::string args = std::string(c.tool) + " -d urdma0 -g 0 -c -s " +
+                             std::to_string(c.size) + " -n " + std::to_string(c.iters) + " -p " +
+                             std::to_string(port) + (c.events ? " -e" : "");
+    const PairResult r = run_pair(args, port, seed++, 60000);
+    expect_pingpong_ok(r.client, c.size, c.iters, "client");
+    expect_pingpong_ok(r.server, c.size, c.iters, "server");
+    EXPECT_GT(r.retries, 0) << "no retransmission reported: were the faults applied?";
+    std::fprintf(stderr, "%s -s %d -n %d: %lld retransmissions\n", c.tool, c.size, c.iters,
+                 r.retries);
+    ++port;
+  }
+}
+
+// Busy-polling (the tools' default): see the -e test below.
+TEST_F(VerbsUtilsUnderFaults, RcPingpongChecksItsDataAndFinishes) {
+  in_fresh_netns([] { run_pingpongs({{"ibv_rc_pingpong", 4096, 1500, false}}, 18800); }, 140);
+}
+
+// KNOWN OPEN BUG (src/engine): at 65536 bytes (64 packets a message) one run in three under
+// these faults aborts a process: "requester.cc:162: send_rc_uc_packet: check failed: requester
+// PSN outside its WQE" (2026-11-30, three runs of this test). Enable once found.
+TEST_F(VerbsUtilsUnderFaults, DISABLED_RcPingpongOf64KiBChecksItsDataAndFinishes) {
+  in_fresh_netns([] { run_pingpongs({{"ibv_rc_pingpong", 65536, 400, false}}, 18810); }, 140);
+}
+
+// KNOWN OPEN BUG: ibv_srq_pingpong (16 RC QPs on one SRQ) under these faults ends in "Failed
+// status transport retry counter exceeded (12)" within its first second, every run (4 of 4) —
+// far more than 1% loss can explain with retry_cnt 7. Not yet investigated.
+TEST_F(VerbsUtilsUnderFaults, DISABLED_SrqPingpongChecksItsDataAndFinishes) {
+  in_fresh_netns([] { run_pingpongs({{"ibv_srq_pingpong", 4096, 1500, false}}, 18820); }, 140);
+}
+
+// KNOWN OPEN BUG (src/engine, Engine::retire): a send WQE's completion is pushed before its
+// slot leaves the send queue, and pushing it fires the armed CQ's event. ibv_rc_pingpong -e
+// (a send queue of 1 WR) wakes on that event, polls the completion and posts its next send
+// into a queue that is still full: ENOMEM, "Couldn't post send", and its peer waits forever.
+// Busy-polling rarely lands in that window; with -e under these faults 24 of 41 pairs failed
+// so (rxe retires the WQE first: rxe_comp.c do_complete). Enable once retire() pops first.
+TEST_F(VerbsUtilsUnderFaults, DISABLED_RcPingpongWithCompletionEvents) {
+  in_fresh_netns([] { run_pingpongs({{"ibv_rc_pingpong", 65536, 100, true}}, 18850); }, 140);
+}
+
+// ---- perftest ----
+
+// The numbers of perftest's result row (the line after the "#bytes" header).
+std::vector<double> result_row(const std::string& out) {
+  std::istringstream in(out);
+  bool header = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("#bytes") != std::string::npos) {
+      header = true;
+      continue;
+    }
+    if (!header) continue;
+    std::istringstream row(line);
+    std::vector<double> v;
+    for (double d; row >> d;) v.push_back(d);
+    if (!v.empty()) return v;
+  }
+  return {};
+}
+
+struct BwCase {
+  const char* tool;
+  int size;
+  int iters;
+};
+
+void expect_bw_ok(const ToolRun& r, const BwCase& c, const char* side) {
+  SCOPED_TRACE(side);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* bad : {"rror", "Couldn't", "Failed", "Unable", "failed"})
+    EXPECT_EQ(r.output.find(bad), std::string::npos) << bad << " in:\n" << r.output;
+  // #bytes #iterations BW_peak BW_average MsgRate
+  const std::vector<double> v = result_row(r.output);
+  ASSERT_GE(v.size(), 5u) << r.output;
+  EXPECT_EQ(v[0], c.size) << r.output;
+  EXPECT_EQ(v[1], c.iters) << r.output;
+  EXPECT_GT(v[3], 0.0) << r.output;
+}
+
+class PerftestUnderFaults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* t : {"ib_write_bw", "ib_read_bw", "ib_send_bw"})
+      if (!have_tool(t)) GTEST_SKIP() << t << " not installed (scripts/deps.sh: perftest)";
+  }
+};
+
+// -u 16 (a 268 ms ACK timeout) as in verbs_perftest_test.cc: a loaded 2-core machine may keep
+// a spinning peer off the CPU longer than 7 retries of perftest's default 67 ms.
+TEST_F(PerftestUnderFaults, BandwidthToolsFinishWithTheCountsAskedFor) {
+  in_fresh_netns(
+      [] {
+        const std::vector<BwCase> cases = {
+            {"ib_write_bw", 65536, 1500}, {"ib_read_bw", 65536, 1500}, {"ib_send_bw", 65536, 1500}};
+        unsigned port = 18900;
+        int seed = 10;
+        for (const BwCase& c : cases) {
+          SCOPED_TRACE(std::string(c.tool) + " -s " + std::to_string(c.size));
+          const std::string args = std::string(c.tool) + " -d urdma0 -x 0 -F -u 16 --report_gbits" +
+                                   " -s " + std::to_string(c.size) + " -n " +
+                                   std::to_string(c.iters) + " -p " + std::to_string(port);
+          const PairResult r = run_pair(args, port, seed++, 60000);
+          expect_bw_ok(r.client, c, "client");
+          expect_bw_ok(r.server, c, "server");
+          EXPECT_GT(r.retries, 0) << "no retransmission reported: were the faults applied?";
+          std::fprintf(stderr, "%s -s %d -n %d: %lld retransmissions\n", c.tool, c.size, c.iters,
+                       r.retries);
+          ++port;
+        }
+      },
+      140);
+}
+
+}  // namespace
+}  // namespace urdma::process_test
