@@ -239,10 +239,8 @@ TEST(Rdmacm, MigrateIdMovesLaterEvents) {
 }
 
 // rdma_migrate_id(3): "moves any pending events associated with the rdma_cm_id to the new
-// channel". DISABLED: src/cm/librdmacm/rdma_cm.cc rdma_migrate_id fails with EINVAL whenever the
-// id has an event queued or unacknowledged (x->pending_events) instead of moving the queued ones
-// (and blocking only while the application holds one unacknowledged).
-TEST(Rdmacm, DISABLED_MigrateIdMovesPendingEvents) {
+// channel".
+TEST(Rdmacm, MigrateIdMovesPendingEvents) {
   in_fresh_netns([] {
     const ToolRun r = run(std::string(URDMA_RDMACM_PEER) + " migrate 127.0.0.1 pending", 20000);
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -258,8 +256,7 @@ TEST(Rdmacm, DISABLED_MigrateIdMovesPendingEvents) {
 
 // rdma_migrate_id(3): "If the channel parameter is NULL, the specified rdma_cm_id will be placed
 // into synchronous operation mode": rdma_resolve_route then returns with the route resolved.
-// DISABLED: src/cm/librdmacm/rdma_cm.cc rdma_migrate_id returns EINVAL for a NULL channel.
-TEST(Rdmacm, DISABLED_MigrateIdToNullIsSynchronous) {
+TEST(Rdmacm, MigrateIdToNullIsSynchronous) {
   in_fresh_netns([] {
     const ToolRun r = run(std::string(URDMA_RDMACM_PEER) + " migrate 127.0.0.1 sync", 20000);
     EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -106,6 +106,7 @@ struct Id {
   ibv_qp_init_attr ep_attr{};
   ibv_pd* ep_pd = nullptr;
   bool own_cqs = false;  // rdma_create_qp made the CQs and their channels
+  ibv_sa_path_rec path{};  // id.route.path_rec once the route is resolved (or the REQ arrived)
   static Id* from(rdma_cm_id* x) { return reinterpret_cast<Id*>(x); }
 };
 
@@ -182,6 +183,7 @@ class Cma {
   uint32_t random_psn() { return static_cast<uint32_t>(rng_()) & 0xFFFFFF; }
   uint16_t ephemeral_port();
   int find_gid_index(const Gid& g, uint8_t* index);
+  void set_route_path(Id* x, uint32_t flow_label);
 
   // Under mu: after any Manager call, apply what it produced.
   void pump_locked();
@@ -292,6 +294,31 @@ int Cma::find_gid_index(const Gid& g, uint8_t* index) {
     }
   }
   return EADDRNOTAVAIL;
+}
+
+// The one path of a RoCE route, as Linux's cma_resolve_iboe_route fills it (and ucma_query_route
+// hands it to rdma-core): the GIDs, P_Key 0xFFFF, the port's active MTU, the rate of the link the
+// port reports (1X EDR: 25 Gb/s), hop limit 64, packet lifetime 16 (CMA_IBOE_PACKET_LIFETIME),
+// reversible, and the connection's flow label. Multi-byte fields in network order.
+void Cma::set_route_path(Id* x, uint32_t flow_label) {
+  ibv_sa_path_rec& p = x->path;
+  p = {};
+  std::memcpy(p.sgid.raw, x->sgid.data(), 16);
+  std::memcpy(p.dgid.raw, x->dgid.data(), 16);
+  p.flow_label = htonl(flow_label);
+  p.hop_limit = 64;
+  p.reversible = 1;
+  p.numb_path = 1;
+  p.pkey = htons(0xFFFF);
+  p.mtu_selector = 2;  // exactly (IB SA selector "="), as rdma_cm's IB_SA_EQ
+  ibv_port_attr pattr{};
+  p.mtu = ibv_query_port(verbs, 1, &pattr) == 0 ? pattr.active_mtu : IBV_MTU_1024;
+  p.rate_selector = 2;
+  p.rate = IBV_RATE_25_GBPS;
+  p.packet_life_time_selector = 2;
+  p.packet_life_time = 16;
+  x->id.route.path_rec = &p;
+  x->id.route.num_paths = 1;
 }
 
 void Cma::loop() {
@@ -548,6 +575,7 @@ void Cma::pump_locked() {
       child->local_port = l->local_port;
       set_sockaddr(&child->id.route.addr.src_storage, child->sgid, l->local_port);
       find_gid_index(ev.local_gid, &child->sgid_index);
+      set_route_path(child, urdma::cm::roce_flow_label(src_port, l->local_port));
       live.insert(child);
       by_conn[ev.id] = child;
       queue_event(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, &ev, l);
@@ -926,6 +954,10 @@ static int rdma_resolve_route_async(rdma_cm_id* id, int /*timeout_ms*/) {
   Id* x = live_id(c, id);
   if (!x || x->state != IdState::kAddrResolved) return fail(EINVAL);
   x->state = IdState::kRouteResolved;
+  const sockaddr_in6& src6 = x->id.route.addr.src_sin6;
+  c.set_route_path(x, urdma::cm::roce_flow_label(
+                          x->local_port, port_of(&x->id.route.addr.dst_addr),
+                          src6.sin6_family == AF_INET6 ? ntohl(src6.sin6_flowinfo) : 0));
   c.queue_event(x, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
   return 0;
 }
@@ -1358,13 +1390,65 @@ URDMA_EXPORT int rdma_set_option(rdma_cm_id* id, int level, int optname, void* o
   return fail(ENOSYS);
 }
 
+// rdma_migrate_id(3): the id's events still queued move to the new channel (one eventfd count
+// each, taken from the old fd and given to the new one); a NULL channel puts the id into
+// synchronous mode with a channel of its own; the call blocks while the application holds
+// events of this id it took from the old channel and has not acknowledged (as rdma-core's
+// waits for events_completed to reach events_reported).
 URDMA_EXPORT int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
   Cma& c = cma();
-  std::lock_guard lock(c.mu);
+  {
+    std::lock_guard lock(c.mu);
+    if (!live_id(c, id)) return fail(EINVAL);
+  }
+  const bool sync = channel == nullptr;
+  if (sync && !(channel = rdma_create_event_channel())) return -1;
+  std::unique_lock lock(c.mu);
   Id* x = live_id(c, id);
-  if (!x || !channel || x->pending_events) return fail(EINVAL);
-  x->chan = reinterpret_cast<Channel*>(channel);
+  if (!x) {
+    if (sync) rdma_destroy_event_channel(channel);
+    return fail(EINVAL);
+  }
+  Channel* from = x->chan;
+  auto* to = reinterpret_cast<Channel*>(channel);
+  if (from != to) {
+    for (auto it = from->queue.begin(); it != from->queue.end();) {
+      if (reinterpret_cast<Event*>(*it)->owner != x) {
+        ++it;
+        continue;
+      }
+      to->queue.push_back(*it);
+      it = from->queue.erase(it);
+      uint64_t v = 1;
+      const int fl = fcntl(from->ch.fd, F_GETFL);
+      fcntl(from->ch.fd, F_SETFL, fl | O_NONBLOCK);
+      (void)!read(from->ch.fd, &v, sizeof v);
+      fcntl(from->ch.fd, F_SETFL, fl);
+      v = 1;
+      (void)!write(to->ch.fd, &v, sizeof v);
+    }
+  }
+  if (x->sync && from != to) {
+    // Its own channel: the request event rdma_get_request left is acked, the channel goes.
+    if (x->id.event) {
+      delete reinterpret_cast<Event*>(x->id.event);
+      x->id.event = nullptr;
+      --x->pending_events;
+    }
+    for (rdma_cm_event* e : from->queue) delete reinterpret_cast<Event*>(e);
+    close(from->ch.fd);
+    delete from;
+  }
+  x->chan = to;
   x->id.channel = channel;
+  x->sync = sync;
+  // Events taken from the old channel and not acked: all of pending_events but those queued on
+  // the new channel (the moved ones and any that arrive meanwhile).
+  c.acked.wait(lock, [x, to] {
+    int queued = 0;
+    for (rdma_cm_event* e : to->queue) queued += reinterpret_cast<Event*>(e)->owner == x;
+    return x->pending_events <= queued;
+  });
   return 0;
 }
 
