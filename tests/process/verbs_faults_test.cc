@@ -145,6 +145,17 @@ class VerbsUtilsUnderFaults : public ::testing::Test {
   }
 };
 
+// The one way a pingpong under loss may fail without a fault of urdma: the client, done, exits
+// while the ACK of the server's last message is lost (or held back by the reordering); the
+// server's retransmissions then reach no QP and it ends in IBV_WC_RETRY_EXC_ERR —
+// exactly what an rxe or hardware pair does. Seen once in 19 such pairs.
+bool lost_last_ack(const PairResult& r, int iters) {
+  return r.client.exit_code == 0 && number_before(r.client.output, " iters in ") == iters &&
+         r.server.exit_code == 1 &&
+         r.server.output.find("transport retry counter exceeded (12) for wr_id 2") !=
+             std::string::npos;
+}
+
 // Each case as a pair under faults, on its own port: the data checked (-c), the counts printed,
 // the retransmissions seen.
 void run_pingpongs(const std::vector<PingpongCase>& cases, unsigned first_port) {
@@ -152,10 +163,16 @@ void run_pingpongs(const std::vector<PingpongCase>& cases, unsigned first_port) 
   int seed = 0;
   for (const PingpongCase& c : cases) {
     SCOPED_TRACE(std::string(c.tool) + " -s " + std::to_string(c.size) + (c.events ? " -e" : ""));
-    const std::string args = std::string(c.tool) + " -d urdma0 -g 0 -c -s " +
-                             std::to_string(c.size) + " -n " + std::to_string(c.iters) + " -p " +
-                             std::to_string(port) + (c.events ? " -e" : "");
-    const PairResult r = run_pair(args, port, seed++, 60000);
+    const auto args = [&](unsigned at) {
+      return std::string(c.tool) + " -d urdma0 -g 0 -c -s " + std::to_string(c.size) + " -n " +
+             std::to_string(c.iters) + " -p " + std::to_string(at) + (c.events ? " -e" : "");
+    };
+    PairResult r = run_pair(args(port), port, seed++, 60000);
+    if (lost_last_ack(r, c.iters)) {
+      std::fprintf(stderr, "%s: the ACK of the server's last send was lost after the client "
+                           "exited; running the pair again\n", c.tool);
+      r = run_pair(args(port + 100), port + 100, seed++, 60000);
+    }
     expect_pingpong_ok(r.client, c.size, c.iters, "client");
     expect_pingpong_ok(r.server, c.size, c.iters, "server");
     EXPECT_GT(r.retries, 0) << "no retransmission reported: were the faults applied?";
