@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "base/check.h"
 #include "engine/sge_copy.h"
@@ -687,9 +688,8 @@ void Engine::send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn) {
 // ---------------------------------------------------------------------------------------------
 // Completions, errors, flush.
 
-bool Engine::push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status) {
-  // The application may reuse the WR's buffers once it sees the completion.
-  flush_tx();
+ibv_wc Engine::send_wc(const QpContext& ctx, const provider::SendWqe& wqe,
+                       ibv_wc_status status) const {
   ibv_wc wc = {};
   wc.wr_id = wqe.wr_id;
   wc.status = status;
@@ -697,6 +697,12 @@ bool Engine::push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_
   wc.opcode = info != nullptr ? info->wc_opcode : IBV_WC_SEND;
   wc.byte_len = static_cast<uint32_t>(wqe.length);
   wc.qp_num = ctx.qpn;
+  return wc;
+}
+
+bool Engine::push_send_cqe(QpContext& ctx, const ibv_wc& wc) {
+  // The application may reuse the WR's buffers once it sees the completion.
+  flush_tx();
   if (ctx.qp->send_cq()->push_st(wc, false)) return true;
   cq_overflow(ctx);
   return false;
@@ -738,16 +744,18 @@ void Engine::flush(QpContext& ctx) {
   while (const provider::SendWqe* wqe = ctx.qp->sq_peek_st(0)) {
     const bool started = req.started > 0;
     const WqeState w = started ? req.at(0) : WqeState{};
+    std::optional<ibv_wc> wc;
     if (!flushing && started && w.stage == WqeStage::kDone) {
       flushing = w.status != IBV_WC_SUCCESS;
       const bool signaled = w.status != IBV_WC_SUCCESS || ctx.qp->sq_sig_all() ||
                             (wqe->send_flags & IBV_SEND_SIGNALED);
-      if (signaled) push_send_cqe(ctx, *wqe, w.status);
+      if (signaled) wc = send_wc(ctx, *wqe, w.status);
     } else {
       flushing = true;
-      push_send_cqe(ctx, *wqe, IBV_WC_WR_FLUSH_ERR);
+      wc = send_wc(ctx, *wqe, IBV_WC_WR_FLUSH_ERR);
     }
     ctx.qp->sq_pop_st();
+    if (wc) push_send_cqe(ctx, *wc);
     ++req.head_seq;
     if (req.started > 0) --req.started;
   }

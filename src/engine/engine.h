@@ -273,7 +273,11 @@ class Engine final : public provider::Doorbell {
   // ack_delay_ns > 0: the owed ACKs of earlier turns, and those due by now.
   void send_delayed_acks();
   // Completions. False when the CQ overflowed: the completion is lost and the QP is in ERR.
-  bool push_send_cqe(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status);
+  // A send completion is made from its WQE (send_wc) while the WQE is still queued, and pushed
+  // (push_send_cqe) only after the WQE left the send queue: an application that sees the
+  // completion may post again at once, and its slot must be free (a max_send_wr 1 QP).
+  ibv_wc send_wc(const QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status) const;
+  bool push_send_cqe(QpContext& ctx, const ibv_wc& wc);
   bool push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited);
   void cq_overflow(QpContext& ctx);
   // Moves the QP to ERR (RC, or any QP for a receive-side error) or SQE (UC/UD send error)

@@ -343,8 +343,9 @@ void Engine::retire(QpContext& ctx) {
     // IBA 10.7.1 / ibv_post_send(3): a successful unsignaled WR makes no completion.
     const bool signaled =
         w.status != IBV_WC_SUCCESS || ctx.qp->sq_sig_all() || (wqe->send_flags & IBV_SEND_SIGNALED);
-    if (signaled) push_send_cqe(ctx, *wqe, w.status);
+    const ibv_wc wc = send_wc(ctx, *wqe, w.status);
     ctx.qp->sq_pop_st();
+    if (signaled) push_send_cqe(ctx, wc);
     ++req.head_seq;
     --req.started;
     if (req.cur > 0) {

@@ -729,5 +729,52 @@ TEST_F(EngineE2eTest, UcGapDropsTheMessage) {
   EXPECT_GE(b_->engine.counters().drop_uc_message + b_->engine.counters().out_of_seq_request, 1u);
 }
 
+// An application that sees a send completion may post again at once, so the WQE's send-queue
+// slot must be free by then: with max_send_wr 1, a READ posted from inside the completion
+// notification of the previous one is accepted (qperf's rc_rdma_read_lat posts its next READ
+// right after polling the last one's completion; it failed with ENOMEM when the completion was
+// pushed before the WQE left the queue).
+TEST_F(EngineE2eTest, SendQueueSlotIsFreeWhenTheCompletionIsVisible) {
+  make_hosts();
+  QpParams p;
+  provider::QpInitAttr init;
+  init.qp_type = IBV_QPT_RC;
+  init.pd = a_->pd;
+  init.send_cq = a_->cq;
+  init.recv_cq = a_->cq;
+  init.cap = {1, 1, 1, 1, 0};
+  qa_ = a_->dev.create_qp(init).value();
+  qb_ = b_->create_qp(p);
+  QpParams pb = p;
+  std::swap(pb.sq_psn, pb.rq_psn);
+  connect(qa_, b_->addr, qb_->qp_num(), p);
+  connect(qb_, a_->addr, qa_->qp_num(), pb);
+  std::vector<uint8_t> remote(64), local(64, 0);
+  fill_pattern(remote, 9);
+  auto* mr_a = a_->reg(local.data(), local.size(), IBV_ACCESS_LOCAL_WRITE);
+  auto* mr_b = b_->reg(remote.data(), remote.size(), IBV_ACCESS_REMOTE_READ);
+  ibv_sge s = sge(local.data(), 64, mr_a);
+  auto read_wr = [&](uint64_t id) {
+    ibv_send_wr wr = send_wr(id, IBV_WR_RDMA_READ, &s);
+    wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(remote.data());
+    wr.wr.rdma.rkey = mr_b->rkey();
+    return wr;
+  };
+  std::vector<int> posted_from_the_notification;
+  a_->cq->set_notify([&](provider::Cq&) {
+    if (posted_from_the_notification.empty())
+      posted_from_the_notification.push_back(post_send(qa_, read_wr(2)));
+  });
+  a_->cq->req_notify(false);
+  ASSERT_EQ(post_send(qa_, read_wr(1)), 0);
+  auto ra = wait_cqes(*a_, 2);
+  EXPECT_EQ(posted_from_the_notification, std::vector<int>{0});
+  ASSERT_EQ(ra.size(), 2u);
+  EXPECT_EQ(ra[0].wr_id, 1u);
+  EXPECT_EQ(ra[1].wr_id, 2u);
+  EXPECT_EQ(ra[1].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(local, remote);
+}
+
 }  // namespace
 }  // namespace urdma::engine::testing
