@@ -25,13 +25,14 @@ void add_one(int fd) {
   } while (n < 0 && errno == EINTR);
 }
 
-// Takes one from the semaphore; 0 or an errno (EAGAIN on a non-blocking fd).
+// Takes one from the semaphore; 0 or an errno: EAGAIN on a non-blocking fd, and EINTR when a
+// signal interrupted the wait — not retried, because rdma-core's ibv_get_cq_event and
+// ibv_get_async_event are one read(2) and programs rely on the signal ending the wait (qperf's
+// SIGALRM ends a timed test blocked in ibv_get_cq_event).
 int take_one(int fd) {
   uint64_t value;
-  for (;;) {
-    if (read(fd, &value, sizeof value) == sizeof value) return 0;
-    if (errno != EINTR) return errno;
-  }
+  if (read(fd, &value, sizeof value) == sizeof value) return 0;
+  return errno;
 }
 
 }  // namespace
