@@ -288,7 +288,8 @@ class Engine final : public provider::Doorbell {
   // ---- requester.cc ----
   void run_requester(QpContext& ctx);
   bool has_send_work(const QpContext& ctx) const;
-  enum class ReqStep : uint8_t { kSent, kBlocked, kDone, kError };
+  // kIdle: nothing posted beyond the cursor; kBlocked: a posted WQE must wait (see run_requester).
+  enum class ReqStep : uint8_t { kSent, kIdle, kBlocked, kDone, kError };
   ReqStep start_or_continue(QpContext& ctx);
   ReqStep send_rc_uc_packet(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
   ReqStep send_ud(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);

@@ -71,11 +71,12 @@ void Engine::run_requester(QpContext& ctx) {
     if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) break;
     if (ctx.req.blocked || ctx.comp.rnr_deadline_ns != net::kNever) break;
     const ReqStep step = start_or_continue(ctx);
-    if (step == ReqStep::kBlocked) {
-      ctx.req.blocked = ctx.qp->sq_peek_st(ctx.req.cur) != nullptr;
-      break;
-    }
-    if (step == ReqStep::kError) break;
+    // Blocked only for a reason that holds a WQE back (SQD, fence, max_rd_atomic, the send
+    // window), never for an empty queue: a WR posted by another thread after the queue was seen
+    // empty rings the doorbell, and a `blocked` set then would hide it for good (only progress,
+    // a rewind or SQD → RTS clear it) — the hung ibv_rc_pingpong -e pair.
+    if (step == ReqStep::kBlocked) ctx.req.blocked = true;
+    if (step == ReqStep::kIdle || step == ReqStep::kBlocked || step == ReqStep::kError) break;
   }
   retire(ctx);
 }
@@ -83,7 +84,7 @@ void Engine::run_requester(QpContext& ctx) {
 Engine::ReqStep Engine::start_or_continue(QpContext& ctx) {
   Requester& req = ctx.req;
   const provider::SendWqe* wqe = ctx.qp->sq_peek_st(req.cur);
-  if (wqe == nullptr) return ReqStep::kBlocked;
+  if (wqe == nullptr) return ReqStep::kIdle;
   if (req.cur >= req.started) {
     req.at(req.cur) = WqeState{};
     req.started = req.cur + 1;

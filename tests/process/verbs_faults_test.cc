@@ -2,8 +2,8 @@
 // reordering and duplication on each process's own sockets): ibv_rc_pingpong -c and
 // ibv_srq_pingpong -c (their buffer validation checks every byte), ib_write_bw, ib_read_bw and
 // ib_send_bw. RC's retransmission hides the faults, so every tool must finish exactly as on a
-// clean link: exit 0, the bytes and iterations asked for, no error line. Three cases fail today
-// on urdma bugs and are DISABLED_ (each says why): ibv_rc_pingpong at 64 KiB and with -e, and
+// clean link: exit 0, the bytes and iterations asked for, no error line. Two cases fail today
+// on urdma bugs and are DISABLED_ (each says why): ibv_rc_pingpong at 64 KiB, and
 // ibv_srq_pingpong; run them with --gtest_also_run_disabled_tests.
 //
 // The faults must be real, not merely configured: while a pair runs, the test reads
@@ -201,14 +201,12 @@ TEST_F(VerbsUtilsUnderFaults, DISABLED_SrqPingpongChecksItsDataAndFinishes) {
   in_fresh_netns([] { run_pingpongs({{"ibv_srq_pingpong", 4096, 1500, false}}, 18820); }, 140);
 }
 
-// KNOWN OPEN BUG (src/engine, Engine::retire): a send WQE's completion is pushed before its
-// slot leaves the send queue, and pushing it fires the armed CQ's event. ibv_rc_pingpong -e
-// (a send queue of 1 WR) wakes on that event, polls the completion and posts its next send
-// into a queue that is still full: ENOMEM, "Couldn't post send", and its peer waits forever.
-// Busy-polling rarely lands in that window; with -e under these faults 24 of 41 pairs failed
-// so (rxe retires the WQE first: rxe_comp.c do_complete). Enable once retire() pops first.
-TEST_F(VerbsUtilsUnderFaults, DISABLED_RcPingpongWithCompletionEvents) {
-  in_fresh_netns([] { run_pingpongs({{"ibv_rc_pingpong", 65536, 100, true}}, 18850); }, 140);
+// Completion events (-e): the tool (a send queue of 1 WR) wakes on the CQ event, polls the
+// completion and posts its next send at once — the slot must be free by then (Engine::retire
+// pops the WQE before pushing its completion, as rxe's do_complete), and a WR posted while the
+// engine thread is mid-turn must be sent (the requester is not "blocked" by an empty queue).
+TEST_F(VerbsUtilsUnderFaults, RcPingpongWithCompletionEvents) {
+  in_fresh_netns([] { run_pingpongs({{"ibv_rc_pingpong", 4096, 1500, true}}, 18850); }, 140);
 }
 
 // ---- perftest ----
