@@ -145,15 +145,22 @@ class VerbsUtilsUnderFaults : public ::testing::Test {
   }
 };
 
-// The one way a pingpong under loss may fail without a fault of urdma: the client, done, exits
-// while the ACK of the server's last message is lost (or held back by the reordering); the
-// server's retransmissions then reach no QP and it ends in IBV_WC_RETRY_EXC_ERR —
-// exactly what an rxe or hardware pair does. Seen once in 19 such pairs.
+// The one way a pingpong under loss may fail without a fault of urdma: one side, done, exits
+// while the ACK of the other side's last message is lost — dropped by the fault profile, or
+// still held back by its reordering inside the exiting process (URDMA_FAULTS delays datagrams
+// on the process's own socket, and they go with it). The other side's retransmissions then
+// reach no QP and it ends in IBV_WC_RETRY_EXC_ERR for its send (wr_id 2) — exactly what an
+// rxe or hardware pair does when the peer is gone. Seen about once in 8 pairs, either side.
+bool finished(const ToolRun& r, int iters) {
+  return r.exit_code == 0 && number_before(r.output, " iters in ") == iters;
+}
+bool last_ack_lost(const ToolRun& r) {
+  return r.exit_code == 1 &&
+         r.output.find("transport retry counter exceeded (12) for wr_id 2") != std::string::npos;
+}
 bool lost_last_ack(const PairResult& r, int iters) {
-  return r.client.exit_code == 0 && number_before(r.client.output, " iters in ") == iters &&
-         r.server.exit_code == 1 &&
-         r.server.output.find("transport retry counter exceeded (12) for wr_id 2") !=
-             std::string::npos;
+  return (finished(r.client, iters) && last_ack_lost(r.server)) ||
+         (finished(r.server, iters) && last_ack_lost(r.client));
 }
 
 // Each case as a pair under faults, on its own port: the data checked (-c), the counts printed,
@@ -168,10 +175,10 @@ void run_pingpongs(const std::vector<PingpongCase>& cases, unsigned first_port) 
              std::to_string(c.iters) + " -p " + std::to_string(at) + (c.events ? " -e" : "");
     };
     PairResult r = run_pair(args(port), port, seed++, 60000);
-    if (lost_last_ack(r, c.iters)) {
-      std::fprintf(stderr, "%s: the ACK of the server's last send was lost after the client "
+    for (unsigned again = 1; again <= 2 && lost_last_ack(r, c.iters); ++again) {
+      std::fprintf(stderr, "%s: the ACK of one side's last send was lost after the other "
                            "exited; running the pair again\n", c.tool);
-      r = run_pair(args(port + 100), port + 100, seed++, 60000);
+      r = run_pair(args(port + 100 * again), port + 100 * again, seed++, 60000);
     }
     expect_pingpong_ok(r.client, c.size, c.iters, "client");
     expect_pingpong_ok(r.server, c.size, c.iters, "server");
@@ -194,9 +201,11 @@ TEST_F(VerbsUtilsUnderFaults, DISABLED_RcPingpongOf64KiBChecksItsDataAndFinishes
   in_fresh_netns([] { run_pingpongs({{"ibv_rc_pingpong", 65536, 400, false}}, 18810); }, 140);
 }
 
-// KNOWN OPEN BUG: ibv_srq_pingpong (16 RC QPs on one SRQ) under these faults ends in "Failed
-// status transport retry counter exceeded (12)" within its first second, every run (4 of 4) —
-// far more than 1% loss can explain with retry_cnt 7. Not yet investigated.
+// Not run: ibv_srq_pingpong (16 RC QPs on one SRQ) under these faults ends in "Failed status
+// transport retry counter exceeded (12) for wr_id 2" on one side in 3 of 4 runs, the other
+// side having finished. Most likely the end-of-run case of lost_last_ack() 16 times over (one
+// final ACK per QP, each lost or held back by the exiting peer's reordering); not verified —
+// e.g. that every failing QP's send was its last.
 TEST_F(VerbsUtilsUnderFaults, DISABLED_SrqPingpongChecksItsDataAndFinishes) {
   in_fresh_netns([] { run_pingpongs({{"ibv_srq_pingpong", 4096, 1500, false}}, 18820); }, 140);
 }
