@@ -132,6 +132,10 @@ void Engine::poll() {
     });
   }
   flush_backlog();
+  // The turn's time is taken before the socket is read: a timer fires only if it expired
+  // before we last looked for its ACK. Read after, a turn preempted between the two (a loaded
+  // host) judged an ACK that arrived in that gap, in time, as missing and resent the window.
+  const uint64_t now_ns = clock_.now_ns();
   receive_batch();
   // QPN order, as a scan of every QP would have it: timers fire and QPs are served in a
   // deterministic order (completions of QPs sharing a CQ interleave the same way every run).
@@ -139,7 +143,7 @@ void Engine::poll() {
             [](const QpContext* a, const QpContext* b) { return a->qpn < b->qpn; });
   // Blocked on transmit: packets still in our backlog have not left, so no timer may count
   // them as lost; and nothing new is generated until the backlog drains.
-  if (!tx_blocked()) fire_timers(clock_.now_ns());
+  if (!tx_blocked()) fire_timers(now_ns);
   for (size_t i = 0; i < active_.size(); ++i) serve(*active_[i]);
   std::erase_if(active_, [this](QpContext* ctx) {
     if (needs_service(*ctx)) return false;

@@ -122,6 +122,50 @@ TEST_F(RequesterTest, LocalAckTimeoutResendsFromOldestUnacked) {
   EXPECT_EQ(engine_.counters().completer_retry_err, 1u);
 }
 
+// An ACK that arrives in time, but after this turn read the socket (the engine was preempted
+// between reading and checking its timers), is no timeout: the timer is judged at the time
+// the socket was read, and the next turn takes the ACK. Here the responder's own ACK, sent
+// after the receive, is the moment the clock passes the deadline and the peer's ACK arrives.
+TEST_F(RequesterTest, AckArrivingAfterTheReceiveOfATurnIsNoTimeout) {
+  setup_buffers();
+  std::vector<uint8_t> rbuf(64);
+  provider::Mr* rmr = reg(rbuf.data(), rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_EQ(post_recv(qp_, 9, sge(rbuf.data(), 64, rmr)), 0);
+  post_send_len(1, 100);
+  ASSERT_EQ(sent_count(), 1u);
+  advance(timeout_ns() - 1);
+  clear_sent();
+  std::vector<uint8_t> peer_ack(kMaxPacketBytes);
+  auto built = wire::build_packet(peer_ack, op::kRcAck, {});
+  ASSERT_TRUE(built.has_value());
+  built->headers.bth().set_dest_qp(qp_->qp_num());
+  built->headers.bth().set_psn(kSqPsn);
+  built->headers.bth().set_pkey(0xFFFF);
+  built->headers.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+  peer_ack.resize(built->layout.total_length());
+  const net::Endpoint from{kPeer, kPeerPort};
+  const net::Endpoint to{kLocal, net::kRoceV2UdpPort};
+  test::seal_icrc(peer_ack, from, to);
+  bool arrived = false;
+  io_.on_send = [&](const net::TxDatagram&, std::span<const uint8_t>) {
+    if (arrived) return;
+    arrived = true;
+    clock_.advance(2);
+    io_.deliver(peer_ack, from, to);
+  };
+  const uint8_t payload[8] = {};
+  inject(op::kRcSendOnly, params_.rq_psn, payload);  // its ACK goes out after the receive
+  ASSERT_TRUE(arrived);
+  io_.on_send = nullptr;
+  engine_.poll();  // takes the peer's ACK
+  EXPECT_EQ(engine_.counters().completer_retry_err, 0u);
+  for (size_t i = 0; i < sent_count(); ++i) EXPECT_NE(sent(i).opcode(), op::kRcSendOnly);
+  bool sent_done = false;
+  for (const ibv_wc& wc : cqes())
+    if (wc.wr_id == 1) sent_done = wc.status == IBV_WC_SUCCESS;
+  EXPECT_TRUE(sent_done);
+}
+
 // IBA 9.7.6.1.1: retry_cnt exhausted → RETRY_EXC_ERR, QP → ERR, later WRs flush.
 TEST_F(RequesterTest, RetryCountExhausted) {
   QpParams p;
