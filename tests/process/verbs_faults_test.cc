@@ -191,7 +191,7 @@ void run_pingpongs(const std::vector<PingpongCase>& cases, unsigned first_port) 
 
 // Busy-polling (the tools' default): see the -e test below.
 TEST_F(VerbsUtilsUnderFaults, RcPingpongChecksItsDataAndFinishes) {
-  in_fresh_netns([] { run_pingpongs({{"ibv_rc_pingpong", 4096, 1500, false}}, 18800); }, 140);
+  in_fresh_netns([] { run_pingpongs({{"ibv_rc_pingpong", 4096, 1500, false}}, 18800); }, 290);
 }
 
 // KNOWN OPEN BUG (src/engine): at 65536 bytes (64 packets a message) one run in three under
@@ -215,7 +215,7 @@ TEST_F(VerbsUtilsUnderFaults, DISABLED_SrqPingpongChecksItsDataAndFinishes) {
 // pops the WQE before pushing its completion, as rxe's do_complete), and a WR posted while the
 // engine thread is mid-turn must be sent (the requester is not "blocked" by an empty queue).
 TEST_F(VerbsUtilsUnderFaults, RcPingpongWithCompletionEvents) {
-  in_fresh_netns([] { run_pingpongs({{"ibv_rc_pingpong", 4096, 1500, true}}, 18850); }, 140);
+  in_fresh_netns([] { run_pingpongs({{"ibv_rc_pingpong", 4096, 1500, true}}, 18850); }, 290);
 }
 
 // ---- perftest ----
@@ -288,7 +288,7 @@ TEST_F(PerftestUnderFaults, BandwidthToolsFinishWithTheCountsAskedFor) {
           ++port;
         }
       },
-      140);
+      290);
 }
 
 }  // namespace
