@@ -896,6 +896,28 @@ URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
   return 0;
 }
 
+namespace {
+
+// The rdma_cm IP header an active side puts at the start of its REQ / SIDR_REQ private data.
+urdma::wire::CmaAddress cma_address(const Id& x) {
+  urdma::wire::CmaAddress ip;
+  ip.ip_version = gid_is_v4(x.sgid) ? urdma::wire::kCmaIpVersion4 : urdma::wire::kCmaIpVersion6;
+  ip.src_port = x.local_port;
+  std::copy(x.sgid.begin(), x.sgid.end(), ip.src_addr.begin());
+  std::copy(x.dgid.begin(), x.dgid.end(), ip.dst_addr.begin());
+  return ip;
+}
+
+// The flow label of an active side's route, as Linux rdma_cm derives it from the IP ports (an
+// IPv6 source's own flow label when it has one).
+uint32_t active_flow_label(const Id& x) {
+  const sockaddr_in6& src6 = x.id.route.addr.src_sin6;
+  return urdma::cm::roce_flow_label(x.local_port, port_of(&x.id.route.addr.dst_addr),
+                                    src6.sin6_family == AF_INET6 ? ntohl(src6.sin6_flowinfo) : 0);
+}
+
+}  // namespace
+
 static int rdma_resolve_addr_async(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr,
                                    int /*timeout_ms*/) {
   if (!dst_addr || (dst_addr->sa_family != AF_INET && dst_addr->sa_family != AF_INET6))
@@ -954,10 +976,7 @@ static int rdma_resolve_route_async(rdma_cm_id* id, int /*timeout_ms*/) {
   Id* x = live_id(c, id);
   if (!x || x->state != IdState::kAddrResolved) return fail(EINVAL);
   x->state = IdState::kRouteResolved;
-  const sockaddr_in6& src6 = x->id.route.addr.src_sin6;
-  c.set_route_path(x, urdma::cm::roce_flow_label(
-                          x->local_port, port_of(&x->id.route.addr.dst_addr),
-                          src6.sin6_family == AF_INET6 ? ntohl(src6.sin6_flowinfo) : 0));
+  c.set_route_path(x, active_flow_label(*x));
   c.queue_event(x, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
   return 0;
 }
@@ -1165,12 +1184,7 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
     sp.path.remote_gid = x->dgid;
     sp.service_id = urdma::wire::rdma_service_id(port_space(x->id.ps),
                                                  port_of(&x->id.route.addr.dst_addr));
-    urdma::wire::CmaAddress uip;
-    uip.ip_version = gid_is_v4(x->sgid) ? urdma::wire::kCmaIpVersion4 : urdma::wire::kCmaIpVersion6;
-    uip.src_port = x->local_port;
-    std::copy(x->sgid.begin(), x->sgid.end(), uip.src_addr.begin());
-    std::copy(x->dgid.begin(), x->dgid.end(), uip.dst_addr.begin());
-    sp.ip = uip;
+    sp.ip = cma_address(*x);
     if (p && p->private_data)
       sp.private_data = {static_cast<const uint8_t*>(p->private_data), p->private_data_len};
     auto r = c.manager->sidr_query(sp);
@@ -1188,11 +1202,9 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
   urdma::cm::ConnectParams cp;
   cp.path.local_gid = x->sgid;
   cp.path.remote_gid = x->dgid;
-  const uint16_t dst_port = port_of(&x->id.route.addr.dst_addr);
-  const sockaddr_in6& src6 = x->id.route.addr.src_sin6;
-  cp.path.flow_label = urdma::cm::roce_flow_label(
-      x->local_port, dst_port, src6.sin6_family == AF_INET6 ? ntohl(src6.sin6_flowinfo) : 0);
-  cp.service_id = urdma::wire::rdma_service_id(port_space(x->id.ps), dst_port);
+  cp.path.flow_label = active_flow_label(*x);
+  cp.service_id =
+      urdma::wire::rdma_service_id(port_space(x->id.ps), port_of(&x->id.route.addr.dst_addr));
   cp.qpn = x->id.qp ? x->id.qp->qp_num : p->qp_num;
   cp.starting_psn = c.random_psn();
   if (p) {
@@ -1208,12 +1220,7 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
     cp.responder_resources = 0;
     cp.initiator_depth = 0;
   }
-  urdma::wire::CmaAddress ip;
-  ip.ip_version = gid_is_v4(x->sgid) ? urdma::wire::kCmaIpVersion4 : urdma::wire::kCmaIpVersion6;
-  ip.src_port = x->local_port;
-  std::copy(x->sgid.begin(), x->sgid.end(), ip.src_addr.begin());
-  std::copy(x->dgid.begin(), x->dgid.end(), ip.dst_addr.begin());
-  cp.ip = ip;
+  cp.ip = cma_address(*x);
   cp.manual_rtu = x->id.qp == nullptr;
   auto r = c.manager->connect(cp);
   if (!r.ok()) return fail(r.error());
