@@ -115,6 +115,39 @@ int gid_index_of(const std::string& devinfo, const std::string& ipv4) {
   return -1;
 }
 
+long long number_before(const std::string& out, const std::string& marker) {
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find(marker);
+    if (at == std::string::npos) continue;
+    const size_t end = line.find_last_not_of(" \t", at == 0 ? 0 : at - 1);
+    if (at == 0 || end == std::string::npos) return -1;
+    const size_t sp = line.find_last_of(" \t", end);
+    const std::string num = line.substr(sp == std::string::npos ? 0 : sp + 1,
+                                        end - (sp == std::string::npos ? 0 : sp + 1) + 1);
+    if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoll(num);
+  }
+  return -1;
+}
+
+std::vector<double> result_row(const std::string& out) {
+  std::istringstream in(out);
+  bool header = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("#bytes") != std::string::npos) {
+      header = true;
+      continue;
+    }
+    if (!header) continue;
+    std::istringstream row(line);
+    std::vector<double> v;
+    for (double d; row >> d;) v.push_back(d);
+    if (!v.empty()) return v;
+  }
+  return {};
+}
+
 int count(const std::string& text, const std::string& what) {
   int n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;

@@ -105,21 +105,6 @@ PairResult run_pair(const std::string& args, unsigned port, int seed, int timeou
 
 // ---- ibverbs-utils ----
 
-// "819200 bytes in 0.14 seconds" / "100 iters in 0.14 seconds": the number before `marker`.
-long long number_before(const std::string& out, const std::string& marker) {
-  std::istringstream in(out);
-  for (std::string line; std::getline(in, line);) {
-    const size_t at = line.find(marker);
-    if (at == std::string::npos) continue;
-    const size_t sp = line.find_last_of(" \t", at - 1);
-    const std::string num = line.substr(sp == std::string::npos ? 0 : sp + 1,
-                                        at - (sp == std::string::npos ? 0 : sp + 1));
-    if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) return -1;
-    return std::stoll(num);
-  }
-  return -1;
-}
-
 void expect_pingpong_ok(const ToolRun& r, int size, int iters, const char* side) {
   SCOPED_TRACE(side);
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -219,24 +204,6 @@ TEST_F(VerbsUtilsUnderFaults, RcPingpongWithCompletionEvents) {
 }
 
 // ---- perftest ----
-
-// The numbers of perftest's result row (the line after the "#bytes" header).
-std::vector<double> result_row(const std::string& out) {
-  std::istringstream in(out);
-  bool header = false;
-  for (std::string line; std::getline(in, line);) {
-    if (line.find("#bytes") != std::string::npos) {
-      header = true;
-      continue;
-    }
-    if (!header) continue;
-    std::istringstream row(line);
-    std::vector<double> v;
-    for (double d; row >> d;) v.push_back(d);
-    if (!v.empty()) return v;
-  }
-  return {};
-}
 
 struct BwCase {
   const char* tool;

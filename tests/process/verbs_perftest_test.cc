@@ -77,26 +77,6 @@ std::string perftest_args(const Case& c, unsigned port, int gid) {
   return a;
 }
 
-// The numbers of a result row (the line after the "#bytes" header).
-std::vector<double> result_row(const std::string& out) {
-  std::istringstream in(out);
-  std::string line;
-  bool header = false;
-  while (std::getline(in, line)) {
-    if (line.find("#bytes") != std::string::npos) {
-      header = true;
-      continue;
-    }
-    if (!header) continue;
-    std::istringstream row(line);
-    std::vector<double> v;
-    double d;
-    while (row >> d) v.push_back(d);
-    if (!v.empty()) return v;
-  }
-  return {};
-}
-
 // One side's output: exit 0, a result row for the size and iterations asked for, sane numbers,
 // no error lines. `needs_row`: a latency server prints no result.
 void expect_perftest_ok(const ToolRun& r, const Case& c, const char* side, bool needs_row) {

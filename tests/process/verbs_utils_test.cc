@@ -57,20 +57,6 @@ struct PingpongReport {
   long long iters = -1;
 };
 
-// The integer just before `marker` on the first line holding it, or -1.
-long long number_before(const std::string& out, const std::string& marker) {
-  for (const std::string& line : lines_of(out)) {
-    const size_t at = line.find(marker);
-    if (at == std::string::npos) continue;
-    const std::string head = trim(line.substr(0, at));
-    const size_t sp = head.find_last_of(" \t");
-    const std::string num = sp == std::string::npos ? head : head.substr(sp + 1);
-    if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos) return -1;
-    return std::stoll(num);
-  }
-  return -1;
-}
-
 PingpongReport parse_pingpong(const std::string& out) {
   return {number_before(out, " bytes in "), number_before(out, " iters in ")};
 }
