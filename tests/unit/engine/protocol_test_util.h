@@ -53,26 +53,41 @@ class ProtocolTest : public ::testing::Test {
     return dev_.reg_mr(pd_, buf, len, reinterpret_cast<uint64_t>(buf), access).value();
   }
 
-  // Builds a packet to our QP from the peer, seals its ICRC, queues it and polls the engine.
-  void inject(uint8_t opcode, uint32_t psn, std::span<const uint8_t> payload = {},
-              const HeaderFill& fill = {}, bool ack_req = true) {
+  // A packet to our QP from the peer (ICRC not sealed yet); empty if it could not be built.
+  std::vector<uint8_t> build(uint8_t opcode, uint32_t psn, std::span<const uint8_t> payload = {},
+                             const HeaderFill& fill = {}, bool ack_req = true) {
     std::vector<uint8_t> buf(kMaxPacketBytes);
     auto built = wire::build_packet(buf, opcode, payload);
-    ASSERT_TRUE(built.has_value());
+    EXPECT_TRUE(built.has_value());
+    if (!built) return {};
     built->headers.bth().set_dest_qp(qp_->qp_num());
     built->headers.bth().set_psn(psn);
     built->headers.bth().set_pkey(0xFFFF);
     built->headers.bth().set_ack_req(ack_req);
     if (fill) fill(built->headers);
     buf.resize(built->layout.total_length());
-    inject_raw(std::move(buf));
+    return buf;
   }
 
-  void inject_raw(std::vector<uint8_t> bytes, bool seal = true, net::Address src = kPeer) {
+  // Builds a packet to our QP from the peer, seals its ICRC, queues it and polls the engine.
+  void inject(uint8_t opcode, uint32_t psn, std::span<const uint8_t> payload = {},
+              const HeaderFill& fill = {}, bool ack_req = true) {
+    std::vector<uint8_t> bytes = build(opcode, psn, payload, fill, ack_req);
+    ASSERT_FALSE(bytes.empty());
+    inject_raw(std::move(bytes));
+  }
+
+  // Queues a datagram from the peer (its ICRC sealed unless `seal` is false), without polling:
+  // several land in one receive batch.
+  void deliver(std::vector<uint8_t> bytes, bool seal = true, net::Address src = kPeer) {
     const net::Endpoint from{src, kPeerPort};
     const net::Endpoint to{kLocal, net::kRoceV2UdpPort};
     if (seal) test::seal_icrc(bytes, from, to);
     io_.deliver(bytes, from, to);
+  }
+
+  void inject_raw(std::vector<uint8_t> bytes, bool seal = true, net::Address src = kPeer) {
+    deliver(std::move(bytes), seal, src);
     engine_.poll();
   }
 

@@ -73,24 +73,11 @@ TEST_F(ResponderTest, NoAckWithoutAckReq) {
 // responder owes leaves before a NAK of the same batch (responses stay in PSN order).
 TEST_F(ResponderTest, OneBatchOfRequestsIsAcknowledgedOnceAndBeforeANak) {
   for (uint64_t i = 0; i < 4; ++i) post_recv_buf(i, 16);
-  auto deliver = [&](uint32_t psn) {
-    std::vector<uint8_t> buf(kMaxPacketBytes);
-    const std::vector<uint8_t> payload = {1, 2, 3};
-    auto built = wire::build_packet(buf, op::kRcSendOnly, payload);
-    ASSERT_TRUE(built.has_value());
-    built->headers.bth().set_dest_qp(qp_->qp_num());
-    built->headers.bth().set_psn(psn);
-    built->headers.bth().set_pkey(0xFFFF);
-    built->headers.bth().set_ack_req(true);
-    buf.resize(built->layout.total_length());
-    const net::Endpoint from{kPeer, kPeerPort};
-    const net::Endpoint to{kLocal, net::kRoceV2UdpPort};
-    test::seal_icrc(buf, from, to);
-    io_.deliver(buf, from, to);
-  };
-  deliver(kRqPsn);
-  deliver(kRqPsn + 1);
-  deliver(kRqPsn + 2);
+  const std::vector<uint8_t> payload = {1, 2, 3};
+  auto send_only = [&](uint32_t psn) { deliver(build(op::kRcSendOnly, psn, payload)); };
+  send_only(kRqPsn);
+  send_only(kRqPsn + 1);
+  send_only(kRqPsn + 2);
   engine_.poll();
   ASSERT_EQ(sent_count(), 1u);
   EXPECT_TRUE(sent(0).aeth()->is_ack());
@@ -99,8 +86,8 @@ TEST_F(ResponderTest, OneBatchOfRequestsIsAcknowledgedOnceAndBeforeANak) {
   EXPECT_EQ(cqes().size(), 3u);
 
   clear_sent();
-  deliver(kRqPsn + 3);
-  deliver(kRqPsn + 7);  // a gap: PSN Sequence Error NAK carrying kRqPsn + 4
+  send_only(kRqPsn + 3);
+  send_only(kRqPsn + 7);  // a gap: PSN Sequence Error NAK carrying kRqPsn + 4
   engine_.poll();
   ASSERT_EQ(sent_count(), 2u);
   EXPECT_TRUE(sent(0).aeth()->is_ack());
@@ -125,24 +112,10 @@ class BatchedTxResponderTest : public ResponderTest {
 
 TEST_F(BatchedTxResponderTest, AWriteBehindAReadDoesNotChangeTheQueuedReadResponse) {
   constexpr uint32_t kLen = 64;
-  auto deliver = [&](uint8_t opcode, uint32_t psn, std::span<const uint8_t> payload) {
-    std::vector<uint8_t> buf(kMaxPacketBytes);
-    auto built = wire::build_packet(buf, opcode, payload);
-    ASSERT_TRUE(built.has_value());
-    built->headers.bth().set_dest_qp(qp_->qp_num());
-    built->headers.bth().set_psn(psn);
-    built->headers.bth().set_pkey(0xFFFF);
-    built->headers.bth().set_ack_req(true);
-    reth(mem_va(), mem_mr_->rkey(), kLen)(built->headers);
-    buf.resize(built->layout.total_length());
-    const net::Endpoint from{kPeer, kPeerPort};
-    const net::Endpoint to{kLocal, net::kRoceV2UdpPort};
-    test::seal_icrc(buf, from, to);
-    io_.deliver(buf, from, to);
-  };
   const std::vector<uint8_t> fresh(kLen, 0x55);
-  deliver(op::kRcReadRequest, kRqPsn, {});
-  deliver(op::kRcWriteOnly, kRqPsn + 1, fresh);
+  const HeaderFill at_mem = reth(mem_va(), mem_mr_->rkey(), kLen);
+  deliver(build(op::kRcReadRequest, kRqPsn, {}, at_mem));
+  deliver(build(op::kRcWriteOnly, kRqPsn + 1, fresh, at_mem));
   engine_.poll();
   ASSERT_EQ(sent_count(), 2u);
   const wire::PacketView response = sent(0);  // sent() checks the ICRC
