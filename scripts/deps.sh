@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
   python3 python3-scapy tshark       # independent decoders for the cross-checks
   iproute2 tcpdump                   # network namespaces and captures in process tests
+  gdb                                # a process test prints the stacks of a tool that hangs
   ibverbs-utils perftest qperf rdmacm-utils  # unmodified verbs/CM clients the process tests run on urdma
 )
 

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -48,16 +49,63 @@ Started start(const std::string& command) {
   return s;
 }
 
+namespace {
+
+// The output of a shell command line (stdout and stderr), at most `limit` bytes.
+std::string capture(const std::string& command, size_t limit = 64 * 1024) {
+  std::string out;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return "(popen failed)\n";
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
+    if (out.size() < limit) out.append(buf, std::min(n, limit - out.size()));
+  pclose(p);
+  return out;
+}
+
+// What a program that did not exit in time was doing, for the failure message: urdmad's view
+// of every process of this namespace (`urdma status --json`: per-process engine counters,
+// pushed once a second by a thread of their own, so a stuck engine still shows what it sent,
+// received and dropped) and each thread's stack (gdb, when installed). A killed tool loses its
+// buffered stdout, so without this a hang says nothing.
+std::string hang_report(pid_t pid) {
+  std::string report = "\n--- did not exit in time; urdma status --json:\n" +
+                       capture(std::string(URDMA_TOOL_PATH) + " status --json");
+  // The tool is the shell's child, or the shell itself when it exec'd the last command.
+  const std::string pids = std::to_string(pid) + " " +
+                           capture("cat /proc/" + std::to_string(pid) + "/task/*/children");
+  report += "--- threads of " + pids + ":\n";
+  const bool gdb = have_tool("gdb");
+  std::istringstream in(pids);
+  for (std::string p; in >> p;) {
+    if (read_file("/proc/" + p + "/comm") == "sh\n") continue;
+    if (gdb) {
+      report += capture("timeout 30 gdb -p " + p +
+                        " -batch -nx -ex 'set pagination off' -ex 'thread apply all bt' 2>&1 "
+                        "| grep -E '^(Thread|#)'");
+    } else {  // each thread's name and where it sleeps in the kernel
+      report += capture("for t in /proc/" + p + "/task/*; do echo \"$t $(cat $t/comm) " +
+                        "$(cat $t/wchan)\"; done");
+    }
+  }
+  return report;
+}
+
+}  // namespace
+
 ToolRun finish(const Started& s, int timeout_ms) {
   ToolRun r;
   const std::optional<int> status = wait_exit(s.pid, timeout_ms);
+  std::string hang;
   if (!status) {
+    hang = hang_report(s.pid);
     kill(s.pid, SIGKILL);
     waitpid(s.pid, nullptr, 0);
   } else if (WIFEXITED(*status)) {
     r.exit_code = WEXITSTATUS(*status);
   }
-  r.output = read_file(s.out_path);
+  r.output = read_file(s.out_path) + hang;
   unlink(s.out_path.c_str());
   return r;
 }

@@ -148,11 +148,13 @@ TEST_F(VerbsUtils, DevicesAndDevinfoShowASaneRoceDevice) {
   });
 }
 
-// KNOWN OPEN BUG: under a loaded CI (ctest -j2, ASan) a pair once hung — both sides still
-// running when their time ran out (ibv_rc_pingpong -e -s 65536), with no output (a killed tool
-// loses its buffered stdout); 30 runs by hand under load did not reproduce it. Until it is
-// found, a pair whose two sides both hang is run once more (said on stderr); a second hang, or
-// any other failure, fails the test.
+// KNOWN OPEN BUG: under a loaded CI (ctest -j2) a pair hung twice — both sides still running
+// when their time ran out: ibv_rc_pingpong -e -s 65536 here (ASan stage), ibv_uc_pingpong -s 64
+// across the veth pair below — with no output (a killed tool loses its buffered stdout); 750
+// pairs by hand under load did not reproduce it. Until it is found, a pair whose two sides both
+// hang is run once more, and what each side was doing goes to stderr (tool_run's hang report:
+// urdmad's per-process counters and every thread's stack); a second hang, or any other
+// failure, fails the test.
 TEST_F(VerbsUtils, PingpongsBetweenTwoProcessesOnOneHost) {
   in_fresh_netns(
       [] {
@@ -177,8 +179,10 @@ TEST_F(VerbsUtils, PingpongsBetweenTwoProcessesOnOneHost) {
                      << srv.output;
             }
             if (client.exit_code == -1 && srv.exit_code == -1) {
-              std::fprintf(stderr, "%s -s %d: both sides hung (known open bug); running it again\n",
-                           p.tool, size);
+              std::fprintf(stderr,
+                           "%s -s %d: both sides hung (known open bug); running it again. "
+                           "What they were doing:\nclient:\n%s\nserver:\n%s\n",
+                           p.tool, size, client.output.c_str(), srv.output.c_str());
               if (!run_pair(port + 1000, &client, &srv)) {
                 FAIL() << p.tool << " server did not listen (exit " << srv.exit_code << "):\n"
                        << srv.output;
@@ -253,6 +257,19 @@ TEST_F(VerbsUtils, PingpongsBetweenTwoNamespacesOverAVethPair) {
         ASSERT_GE(gid, 0) << info.output;
         // veth's 1500-byte MTU: the port's active MTU is 1024 (rxe computes the same).
         EXPECT_NE(info.output.find("active_mtu:\t\t1024 (3)"), std::string::npos) << info.output;
+        // One pair: B's server, then A's client. Empty, or why B did not do its part.
+        auto run_job = [&](const Job& job, ToolRun* client, Done* d) -> std::string {
+          if (!jobs.put(job)) return "B takes no jobs";
+          Ready r{};
+          if (!ready.get(&r, 10000)) return "B's server did not report";
+          if (r.gid < 0) return "B's server did not start or B has no GID for 10.89.0.2";
+          *client = run(pingpong_args(job.tool, job.size, job.port, gid, job.events) +
+                            " 10.89.0.2",
+                        20000);
+          // B's server may run 20 s, and a hang report (gdb) after that.
+          if (!done.get(d, 80000)) return "B's server did not finish";
+          return "";
+        };
         unsigned port = 18700;
         for (const Pingpong& p : pingpongs(1024)) {
           for (int size : p.sizes) {
@@ -261,15 +278,20 @@ TEST_F(VerbsUtils, PingpongsBetweenTwoNamespacesOverAVethPair) {
             job.size = size;
             job.port = port++;
             job.events = size != p.sizes[0];
-            ASSERT_TRUE(jobs.put(job));
-            Ready r{};
-            ASSERT_TRUE(ready.get(&r, 10000));
-            ASSERT_GE(r.gid, 0) << "B's server did not start or B has no GID for 10.89.0.2";
-            const ToolRun client =
-                run(pingpong_args(p.tool, size, job.port, gid, job.events) + " 10.89.0.2", 20000);
-            expect_pingpong_ok(client, p.tool, size, "client (A)");
+            ToolRun client;
             Done d{};
-            ASSERT_TRUE(done.get(&d, 25000));
+            ASSERT_EQ(run_job(job, &client, &d), "");
+            // The known open bug of PingpongsBetweenTwoProcessesOnOneHost, seen here once too
+            // (ibv_uc_pingpong -s 64, ASan stage): run once more, B printed its side.
+            if (client.exit_code == -1 && d.exit_code == -1) {
+              std::fprintf(stderr,
+                           "%s -s %d: both sides hung (known open bug); running it again. "
+                           "What A's client was doing:\n%s\n",
+                           p.tool, size, client.output.c_str());
+              job.port += 1000;
+              ASSERT_EQ(run_job(job, &client, &d), "");
+            }
+            expect_pingpong_ok(client, p.tool, size, "client (A)");
             SCOPED_TRACE(std::string(p.tool) + " server (B) -s " + std::to_string(size));
             EXPECT_EQ(d.exit_code, 0);
             EXPECT_EQ(d.iters, kIters);
