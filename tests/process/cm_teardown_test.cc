@@ -117,6 +117,58 @@ TEST(CmTeardown, KilledServersPeerSeesDisconnected) {
       90);
 }
 
+// A passive side that takes DISCONNECTED and neither calls rdma_disconnect nor destroys its id
+// (qperf 0.4.11's server: it destroys only the listening id, then the channel, then exits) still
+// answers the DREQ at once, as Linux does when the id's rdma_cm fd closes (ucma_close ->
+// ib_destroy_cm_id -> DREP). Before: no DREP came from the process; the client waited ~6 s
+// for its DREQ's retransmission, which urdmad answered for the exited server (each qperf -cm1
+// test took 7 s instead of 1).
+struct LeftServer {
+  Started server;
+  ToolRun client;
+};
+LeftServer leave_and_disconnect(const char* how) {
+  LeftServer r;
+  r.server = start(std::string(URDMA_RDMACM_PEER) + " leave-server 7192 " + how);
+  EXPECT_TRUE(wait_output(r.server, "listening", 10000)) << finish(r.server, 0).output;
+  r.client = run(std::string(URDMA_RDMACM_PEER) + " disconnect-client 127.0.0.1 7192", 40000);
+  return r;
+}
+
+// The channel destroyed, the process alive: only its librdmacm can have sent the DREP.
+TEST(CmTeardown, DestroyingTheChannelAnswersTheDreqOfAnIdLeftOnIt) {
+  in_fresh_netns(
+      [] {
+        LeftServer r = leave_and_disconnect("channel");
+        EXPECT_TRUE(wait_output(r.server, "channel destroyed", 5000));
+        kill(r.server.pid, SIGTERM);
+        const ToolRun srv = finish(r.server, 5000);
+        EXPECT_EQ(r.client.exit_code, 0) << r.client.output << srv.output;
+        EXPECT_NE(r.client.output.find("event RDMA_CM_EVENT_DISCONNECTED status 0"),
+                  std::string::npos)
+            << r.client.output;
+        EXPECT_EQ(daemon_counter("cm_dreps_sent"), 0) << "urdmad answered no DREQ";
+      },
+      90);
+}
+
+// exit() with the connected id never destroyed: the DREP is the exiting process's, not urdmad's
+// answer to the DREQ's retransmission.
+TEST(CmTeardown, ExitingAnswersTheDreqOfAnIdNeverDestroyed) {
+  in_fresh_netns(
+      [] {
+        LeftServer r = leave_and_disconnect("exit");
+        const ToolRun srv = finish(r.server, 5000);
+        EXPECT_EQ(srv.exit_code, 0) << srv.output;
+        EXPECT_EQ(r.client.exit_code, 0) << r.client.output << srv.output;
+        EXPECT_NE(r.client.output.find("event RDMA_CM_EVENT_DISCONNECTED status 0"),
+                  std::string::npos)
+            << r.client.output;
+        EXPECT_EQ(daemon_counter("cm_dreps_sent"), 0) << "urdmad answered no DREQ";
+      },
+      90);
+}
+
 // --- urdmad alone -----------------------------------------------------------------------------
 
 using daemon::Client;

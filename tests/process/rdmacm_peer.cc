@@ -20,6 +20,15 @@
 //                                         where events arrive; sync: to NULL (synchronous mode)
 //   rdmacm_peer bind-twice PORT           bind two ids to 127.0.0.1:PORT: the second's errno
 //   rdmacm_peer devices                   rdma_get_devices: the count and each device's name
+//   rdmacm_peer leave-server PORT channel|exit
+//                                         listen; accept the first request; take DISCONNECTED and
+//                                         never call rdma_disconnect nor destroy the id (as
+//                                         qperf 0.4.11's server): channel — destroy the event
+//                                         channel, print "channel destroyed" and stay until
+//                                         killed; exit — exit at once
+//   rdmacm_peer disconnect-client ADDR PORT
+//                                         connect, rdma_disconnect, print the DISCONNECTED
+//                                         event's status (or that none came within 30 s)
 #include <arpa/inet.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
@@ -377,6 +386,82 @@ int client(const char* server, int port) {
   return 0;
 }
 
+// The passive side of leave-server: its id and channel after the first request was accepted.
+int leave_server(int port, bool destroy_channel) {
+  rdma_event_channel* ec = rdma_create_event_channel();
+  rdma_cm_id* listener = nullptr;
+  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
+  sockaddr_in addr = ipv4(nullptr, port);
+  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
+  if (rdma_listen(listener, 1) != 0) return 4;
+  std::printf("listening\n");
+  std::fflush(stdout);
+  rdma_cm_event* event = expect_event(ec, RDMA_CM_EVENT_CONNECT_REQUEST);
+  if (!event) return 5;
+  rdma_cm_id* id = event->id;
+  rdma_ack_cm_event(event);
+  ibv_qp_init_attr attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  rdma_conn_param param{};
+  param.responder_resources = param.initiator_depth = 1;
+  if (rdma_accept(id, &param) != 0) return 7;
+  if (!(event = expect_event(ec, RDMA_CM_EVENT_ESTABLISHED))) return 8;
+  rdma_ack_cm_event(event);
+  if (!(event = expect_event(ec, RDMA_CM_EVENT_DISCONNECTED))) return 9;
+  rdma_ack_cm_event(event);
+  std::printf("disconnected\n");
+  std::fflush(stdout);
+  if (!destroy_channel) return 0;
+  rdma_destroy_id(listener);
+  rdma_destroy_event_channel(ec);
+  std::printf("channel destroyed\n");
+  std::fflush(stdout);
+  pause();
+  return 0;
+}
+
+int disconnect_client(const char* server, int port) {
+  rdma_event_channel* ec = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (!ec || rdma_create_id(ec, &id, nullptr, RDMA_PS_TCP) != 0) return 2;
+  sockaddr_in addr = ipv4(server, port);
+  rdma_cm_event* event = nullptr;
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&addr), 2000) != 0 ||
+      !(event = expect_event(ec, RDMA_CM_EVENT_ADDR_RESOLVED)))
+    return 4;
+  rdma_ack_cm_event(event);
+  if (rdma_resolve_route(id, 2000) != 0 || !(event = expect_event(ec, RDMA_CM_EVENT_ROUTE_RESOLVED)))
+    return 5;
+  rdma_ack_cm_event(event);
+  ibv_qp_init_attr attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  rdma_conn_param param{};
+  param.responder_resources = param.initiator_depth = 1;
+  param.retry_count = param.rnr_retry_count = 7;
+  if (rdma_connect(id, &param) != 0 || !(event = expect_event(ec, RDMA_CM_EVENT_ESTABLISHED)))
+    return 7;
+  rdma_ack_cm_event(event);
+  if (rdma_disconnect(id) != 0) return 8;
+  // The DREP ends the wait. Without one the DREQ is resent every ~4 s, 15 times.
+  if (!readable(ec, 30000)) {
+    std::printf("no DISCONNECTED within 30 s\n");
+    return 9;
+  }
+  if (!(event = expect_event(ec, RDMA_CM_EVENT_DISCONNECTED))) return 10;
+  std::printf("event %s status %d\n", rdma_event_str(event->event), event->status);
+  rdma_ack_cm_event(event);
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ec);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -392,6 +477,10 @@ int main(int argc, char** argv) {
                : migrate(argv[2], std::strcmp(argv[3], "pending") == 0);
   if (argc == 3 && std::strcmp(argv[1], "bind-twice") == 0) return bind_twice(std::atoi(argv[2]));
   if (argc == 2 && std::strcmp(argv[1], "devices") == 0) return devices();
+  if (argc == 4 && std::strcmp(argv[1], "leave-server") == 0)
+    return leave_server(std::atoi(argv[2]), std::strcmp(argv[3], "channel") == 0);
+  if (argc == 4 && std::strcmp(argv[1], "disconnect-client") == 0)
+    return disconnect_client(argv[2], std::atoi(argv[3]));
   std::fprintf(
       stderr,
       "usage: rdmacm_peer reject-server PORT TEXT | client ADDR PORT | recv-server PORT"

@@ -42,6 +42,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -98,6 +99,7 @@ struct Id {
   Gid dgid{};
   uint8_t sgid_index = 0;
   uint16_t local_port = 0;  // host order
+  bool owns_port = false;   // local_port is in ports_in_use for this id (not a request's child)
   int pending_events = 0;
   // Synchronous mode (created with a NULL channel): a channel of its own, waited on by the calls.
   bool sync = false;
@@ -187,6 +189,12 @@ class Cma {
 
   // Under mu: after any Manager call, apply what it produced.
   void pump_locked();
+  // Under mu: the id's connection and listen are forgotten, and the peer hears what it must.
+  void release_locked(Id* x);
+  // What the kernel does when an rdma_cm fd closes (ucma_close destroys every id of the file):
+  // for the ids of one channel, or of the whole process at exit.
+  void release_channel_locked(Channel* ch);
+  void release_all();
   void queue_event(Id* id, rdma_cm_event_type type, int status,
                    const urdma::cm::Event* src = nullptr, Id* listen = nullptr);
 
@@ -266,6 +274,9 @@ int Cma::open_locked() {
   if (wake_fd_ < 0) return open_errno = errno;
   thread_ = std::thread([this] { loop(); });
   thread_.detach();
+  // A process that exits with ids still open (qperf's server never destroys its connected
+  // id) must not leave its peers waiting: the kernel would destroy them as the fd closes.
+  std::atexit([] { cma().release_all(); });
   return 0;
 }
 
@@ -641,6 +652,49 @@ void Cma::pump_locked() {
   for (const urdma::cm::OutgoingMad& m : manager->take_outgoing()) send_mad_locked(m);
 }
 
+// Linux ib_destroy_cm_id, through Manager::destroy: a DREP for a DREQ received (qperf's server
+// takes DISCONNECTED and never calls rdma_disconnect: without this the client waited for its
+// DREQ's retransmission, ~6 s), a DREQ for an established connection, a REJ for a pending one.
+void Cma::release_locked(Id* x) {
+  if (x->has_conn) {
+    manager->destroy(x->conn);
+    by_conn.erase(x->conn);
+    x->has_conn = false;
+  }
+  if (x->listening) {
+    (void)manager->stop_listening(x->listen_sid);
+    listeners.erase(x->listen_sid);
+    if (slot_client) slot_client->unlisten(x->listen_sid);
+    x->listening = false;
+  }
+}
+
+void Cma::release_channel_locked(Channel* ch) {
+  for (Id* x : live) {
+    if (x->chan != ch) continue;
+    release_locked(x);
+    x->chan = nullptr;  // its queued events go with the channel; no more are queued
+  }
+  for (rdma_cm_event* e : ch->queue) {
+    auto* ev = reinterpret_cast<Event*>(e);
+    if (live.count(ev->owner)) --ev->owner->pending_events;
+    delete ev;
+  }
+  ch->queue.clear();
+  pump_locked();
+  wake();
+}
+
+void Cma::release_all() {
+  // Exit may come from a thread while another holds mu for a moment; never wait forever (a
+  // signal handler calling exit() on the thread that holds it).
+  std::unique_lock lock(mu, std::defer_lock);
+  for (int i = 0; i < 1000 && !lock.try_lock(); ++i) usleep(1000);
+  if (!lock.owns_lock() || !manager) return;
+  for (Id* x : live) release_locked(x);
+  pump_locked();
+}
+
 // Whole-library entry: the device and the CM thread.
 int ensure_open(Cma& c) {
   if (int e = c.open_locked()) return e;
@@ -681,8 +735,8 @@ URDMA_EXPORT void rdma_destroy_event_channel(rdma_event_channel* channel) {
   auto* ch = reinterpret_cast<Channel*>(channel);
   {
     std::lock_guard lock(cma().mu);
-    for (rdma_cm_event* e : ch->queue) delete reinterpret_cast<Event*>(e);
-    ch->queue.clear();
+    // rdma-core's ids live in the channel's fd: closing it destroys those the application left.
+    cma().release_channel_locked(ch);
   }
   close(ch->ch.fd);
   delete ch;
@@ -791,16 +845,8 @@ URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
   std::unique_lock lock(c.mu);
   Id* x = live_id(c, id);
   if (!x) return fail(EINVAL);
-  if (x->has_conn) {
-    c.manager->destroy(x->conn);
-    c.by_conn.erase(x->conn);
-  }
-  if (x->listening) {
-    (void)c.manager->stop_listening(x->listen_sid);
-    c.listeners.erase(x->listen_sid);
-    if (c.slot_client) c.slot_client->unlisten(x->listen_sid);
-  }
-  if (x->local_port && !x->has_conn) c.ports_in_use.erase(x->local_port);
+  if (x->owns_port && !x->has_conn) c.ports_in_use.erase(x->local_port);
+  c.release_locked(x);
   // Events still queued for it are dropped (the application acked what it took).
   if (x->chan) {
     auto& q = x->chan->queue;
@@ -863,6 +909,7 @@ URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
   }
   c.ports_in_use.insert(port);
   x->local_port = port;
+  x->owns_port = true;
   std::memset(&x->id.route.addr.src_storage, 0, sizeof x->id.route.addr.src_storage);
   std::memcpy(&x->id.route.addr.src_storage, addr, sockaddr_size(addr));
   if (addr->sa_family == AF_INET)
@@ -937,6 +984,7 @@ static int rdma_resolve_addr_async(rdma_cm_id* id, sockaddr* src_addr, sockaddr*
   if (x->state == IdState::kIdle) {
     x->local_port = c.ephemeral_port();
     c.ports_in_use.insert(x->local_port);
+    x->owns_port = true;
   }
   x->dgid = gid_of(dst_addr);
   std::memset(&x->id.route.addr.dst_storage, 0, sizeof x->id.route.addr.dst_storage);
