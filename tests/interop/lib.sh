@@ -77,6 +77,7 @@ vm_up() {
     return 1
   fi
   rm -rf "$OUT_ROOT" && mkdir -p "$CTL/queue" "$OUT_ROOT/cases" && : > "$RESULTS"
+  NS_OWNED=1  # from here on vm_down removes the namespace (not another run's, found above)
   net_up || return 1
   capture_start || return 1
   local t0=$SECONDS
@@ -110,7 +111,8 @@ for d in json.load(sys.stdin)["devices"]:
 }
 
 # vm_down: power the guest off (qemu killed by pid after 20 s), stop the capture, stop the
-# namespace's urdmad, remove the namespace. Safe to call twice and after a failed vm_up.
+# namespace's urdmad, remove the namespace (only one this run made). Safe to call twice and after
+# a failed vm_up.
 vm_down() {
   if qemu_alive; then
     touch "$CTL/poweroff"
@@ -121,11 +123,12 @@ vm_down() {
   fi
   QEMU_PID=
   capture_stop
-  if ip netns list | awk '{print $1}' | grep -qx "$NS"; then
+  if [ -n "${NS_OWNED:-}" ] && ip netns list | awk '{print $1}' | grep -qx "$NS"; then
     local pid
     for pid in $(ip netns pids "$NS"); do kill -TERM "$pid" 2>/dev/null; done
     ip netns del "$NS"
   fi
+  NS_OWNED=
 }
 
 # ------------------------------------------------------------------------------ the guest side
@@ -258,6 +261,44 @@ case_run() {
     for f in "$out"/*.log; do echo "  --- $f (exit $rc)"; tail -n 25 "$f" | sed 's/^/  | /'; done
   fi
   return 0
+}
+
+# ------------------------------------------------------------- helpers shared by the case files
+
+# pair DIRECTION PORT SERVER_CMD CLIENT_CMD: starts the server side, waits for its TCP port, runs
+# the client (jobs "server" and "client": $OUT/server.SIDE.log, $OUT/client.SIDE.log); both must
+# exit 0. The commands get "$DEV", "$GID", "$PEER" and "$BIN" (where the suite's own C programs
+# are, $BUILD/interop-bin as each side sees it) set per side.
+pair() {
+  local dir=$1 port=$2 server=$3 client=$4
+  local gside="DEV=$GUEST_DEV GID=$GUEST_GID PEER=$HOST_IP BIN=$GUEST_SHARE/interop-bin"
+  local hside="DEV=$HOST_DEV GID=$HOST_GID PEER=$GUEST_IP BIN=$BUILD/interop-bin"
+  if [ "$dir" = "urdma->rxe" ]; then
+    guest_bg server "$gside; $server" && guest_wait_listen "tcp:$port" &&
+      host_bg client "$hside; $client" && host_wait client && guest_wait server 60
+  else
+    host_bg server "$hside; $server" && host_wait_listen "tcp:$port" &&
+      guest_bg client "$gside; $client" && guest_wait client && host_wait server 60
+  fi
+}
+
+CASE_FN_SEQ=0
+
+pingpong() { # pingpong DIRECTION PROGRAM ARGS: ibv_*_pingpong, server and client
+  local dir=$1 prog=$2; shift 2
+  pair "$dir" 18515 "$prog -d \$DEV -g \$GID $*" "$prog -d \$DEV -g \$GID $* \$PEER"
+}
+
+perftest() { # perftest DIRECTION PROGRAM ARGS: a perftest pair, server then client
+  local dir=$1 prog=$2; shift 2
+  pair "$dir" 18515 "$prog -d \$DEV -x \$GID -F $*" "$prog -d \$DEV -x \$GID -F $* \$PEER"
+}
+
+# case_both NAME COMMAND...: one case per direction; COMMAND runs with the direction as its first word.
+case_both() {
+  local name=$1 dir fn=case_fn_$((++CASE_FN_SEQ)); shift
+  eval "$fn() { $(printf '%q ' "$1") \"\$CASE_DIR\" $(printf '%q ' "${@:2}"); }"
+  for dir in "urdma->rxe" "rxe->urdma"; do CASE_DIR=$dir case_run "$name" "$dir" "$fn"; done
 }
 
 # results_table: the markdown table (case x direction) of $RESULTS, into $OUT_ROOT/table.md.

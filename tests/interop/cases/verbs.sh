@@ -2,42 +2,8 @@
 # Verbs cases against rxe: the Debian ibverbs-utils and perftest programs on both sides (ours
 # under urdma on the host, Debian's on rxe0 in the guest), each case in both directions:
 # urdma->rxe (urdma is the client) and rxe->urdma (rxe is the client, urdma the server).
-# Function only (TCG is slow): small sizes and iteration counts; exit status 0 = pass.
-
-# pair DIRECTION PORT SERVER_CMD CLIENT_CMD: starts the server side, waits for its TCP port, runs
-# the client; both must exit 0. The commands get "$DEV", "$GID", "$PEER" and "$BIN" (where this
-# file's own programs are) set per side.
-pair() {
-  local dir=$1 port=$2 server=$3 client=$4
-  local gside="DEV=$GUEST_DEV GID=$GUEST_GID PEER=$HOST_IP BIN=$GUEST_SHARE/interop-bin"
-  local hside="DEV=$HOST_DEV GID=$HOST_GID PEER=$GUEST_IP BIN=$BUILD/interop-bin"
-  if [ "$dir" = "urdma->rxe" ]; then
-    guest_bg server "$gside; $server" && guest_wait_listen "tcp:$port" &&
-      host "$hside; $client" && guest_wait server 60
-  else
-    host_bg server "$hside; $server" && host_wait_listen "tcp:$port" &&
-      guest "$gside; $client" && host_wait server 60
-  fi
-}
-
-CASE_FN_SEQ=0
-
-pingpong() { # pingpong DIRECTION PROGRAM ARGS: ibv_*_pingpong, server and client
-  local dir=$1 prog=$2; shift 2
-  pair "$dir" 18515 "$prog -d \$DEV -g \$GID $*" "$prog -d \$DEV -g \$GID $* \$PEER"
-}
-
-perftest() { # perftest DIRECTION PROGRAM ARGS: a perftest pair, server then client
-  local dir=$1 prog=$2; shift 2
-  pair "$dir" 18515 "$prog -d \$DEV -x \$GID -F $*" "$prog -d \$DEV -x \$GID -F $* \$PEER"
-}
-
-# case_both NAME COMMAND...: one case per direction; COMMAND runs with the direction as its first word.
-case_both() {
-  local name=$1 dir fn=case_fn_$((++CASE_FN_SEQ)); shift
-  eval "$fn() { $(printf '%q ' "$1") \"\$CASE_DIR\" $(printf '%q ' "${@:2}"); }"
-  for dir in "urdma->rxe" "rxe->urdma"; do CASE_DIR=$dir case_run "$name" "$dir" "$fn"; done
-}
+# Function only (TCG is slow): small sizes and iteration counts; exit status 0 = pass. The
+# helpers (pair, pingpong, perftest, case_both) are in lib.sh: cases/loss.sh uses them too.
 
 for size in 1 1024 4096 65536; do
   case_both "ibv_rc_pingpong -s $size -c" pingpong ibv_rc_pingpong -s "$size" -n 20 -c
