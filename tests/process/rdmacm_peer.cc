@@ -26,6 +26,11 @@
 //                                         qperf 0.4.11's server): channel — destroy the event
 //                                         channel, print "channel destroyed" and stay until
 //                                         killed; exit — exit at once
+//   rdmacm_peer late-listen-server PORT MS
+//                                         bind, print "bound", wait MS milliseconds, then listen
+//                                         (qperf 0.4.11's order: it tells the client its port
+//                                         before rdma_listen); accept the first request; print
+//                                         "established" and wait for DISCONNECTED
 //   rdmacm_peer disconnect-client ADDR PORT
 //                                         connect, rdma_disconnect, print the DISCONNECTED
 //                                         event's status (or that none came within 30 s)
@@ -386,6 +391,41 @@ int client(const char* server, int port) {
   return 0;
 }
 
+int late_listen_server(int port, int delay_ms) {
+  rdma_event_channel* ec = rdma_create_event_channel();
+  rdma_cm_id* listener = nullptr;
+  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
+  sockaddr_in addr = ipv4(nullptr, port);
+  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
+  std::printf("bound\n");
+  std::fflush(stdout);
+  usleep(static_cast<useconds_t>(delay_ms) * 1000);
+  if (rdma_listen(listener, 1) != 0) return 4;
+  rdma_cm_event* event = expect_event(ec, RDMA_CM_EVENT_CONNECT_REQUEST);
+  if (!event) return 5;
+  rdma_cm_id* id = event->id;
+  rdma_ack_cm_event(event);
+  ibv_qp_init_attr attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  rdma_conn_param param{};
+  param.responder_resources = param.initiator_depth = 1;
+  if (rdma_accept(id, &param) != 0) return 7;
+  if (!(event = expect_event(ec, RDMA_CM_EVENT_ESTABLISHED))) return 8;
+  rdma_ack_cm_event(event);
+  std::printf("established\n");
+  std::fflush(stdout);
+  if ((event = expect_event(ec, RDMA_CM_EVENT_DISCONNECTED))) rdma_ack_cm_event(event);
+  rdma_disconnect(id);
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+  rdma_destroy_id(listener);
+  rdma_destroy_event_channel(ec);
+  return 0;
+}
+
 // The passive side of leave-server: its id and channel after the first request was accepted.
 int leave_server(int port, bool destroy_channel) {
   rdma_event_channel* ec = rdma_create_event_channel();
@@ -479,6 +519,8 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "devices") == 0) return devices();
   if (argc == 4 && std::strcmp(argv[1], "leave-server") == 0)
     return leave_server(std::atoi(argv[2]), std::strcmp(argv[3], "channel") == 0);
+  if (argc == 4 && std::strcmp(argv[1], "late-listen-server") == 0)
+    return late_listen_server(std::atoi(argv[2]), std::atoi(argv[3]));
   if (argc == 4 && std::strcmp(argv[1], "disconnect-client") == 0)
     return disconnect_client(argv[2], std::atoi(argv[3]));
   std::fprintf(

@@ -51,7 +51,9 @@
 #include <condition_variable>
 #include <mutex>
 #include <random>
+#include <optional>
 #include <set>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -65,6 +67,7 @@
 #include "wire/icrc.h"
 #include "wire/opcode.h"
 #include "wire/packet.h"
+#include "wire/cm.h"
 #include "wire/rdma_cm_ip.h"
 
 #define URDMA_EXPORT extern "C" __attribute__((visibility("default")))
@@ -95,6 +98,7 @@ struct Id {
   ConnId conn = 0;
   uint64_t listen_sid = 0;
   bool listening = false;
+  bool claimed = false;  // listen_sid is registered with urdmad (rdma_bind_addr or rdma_listen)
   Gid sgid{};
   Gid dgid{};
   uint8_t sgid_index = 0;
@@ -171,6 +175,18 @@ urdma::wire::RdmaPortSpace port_space(rdma_port_space ps) {
   }
 }
 
+// The service ID a REQ or SIDR_REQ asks for; nullopt for any other MAD.
+std::optional<uint64_t> request_service_id(std::span<const uint8_t> payload) {
+  if (payload.size() < urdma::wire::kMadSize) return std::nullopt;
+  const urdma::wire::CmParse cm = urdma::wire::parse_cm(payload.first(urdma::wire::kMadSize));
+  if (!cm.ok()) return std::nullopt;
+  if (const auto* req = std::get_if<urdma::wire::CmReqView>(&cm.message.view))
+    return req->service_id();
+  if (const auto* sidr = std::get_if<urdma::wire::CmSidrReqView>(&cm.message.view))
+    return sidr->service_id();
+  return std::nullopt;
+}
+
 class Cma {
  public:
   std::mutex mu;
@@ -191,6 +207,15 @@ class Cma {
   void pump_locked();
   // Under mu: the id's connection and listen are forgotten, and the peer hears what it must.
   void release_locked(Id* x);
+  // Under mu: the service ID of a bound id is registered with urdmad, so a REQ that comes before
+  // rdma_listen waits here for it (Linux answers it REJ 8; qperf 0.4.11 sends its port to the
+  // client before calling rdma_listen, and about one first connection in ten lost that race).
+  int claim_locked(Id* x, uint64_t sid);
+  // Under mu: a bound id that will not listen gives its service ID back; what waited for it is
+  // answered as Linux answers it (REJ 8, SIDR_REP status 1).
+  void unclaim_locked(Id* x);
+  // Under mu: the requests that waited for this listener, to the Manager now.
+  void replay_parked_locked(uint64_t sid);
   // What the kernel does when an rdma_cm fd closes (ucma_close destroys every id of the file):
   // for the ids of one channel, or of the whole process at exit.
   void release_channel_locked(Channel* ch);
@@ -201,6 +226,15 @@ class Cma {
   std::unique_ptr<urdma::cm::Manager> manager;
   std::map<ConnId, Id*> by_conn;
   std::map<uint64_t, Id*> listeners;  // service ID -> listening id
+  std::set<uint64_t> claimed;         // service IDs of bound ids not listening yet
+  // A REQ / SIDR_REQ for a claimed service ID, as it came (the Manager takes it at rdma_listen).
+  struct Parked {
+    Gid src{};
+    uint32_t src_qpn = 0;
+    std::vector<uint8_t> mad;
+  };
+  static constexpr size_t kMaxParked = 64;  // per service ID; beyond, answered at once
+  std::map<uint64_t, std::vector<Parked>> parked;
   std::set<Id*> live;
   std::set<uint16_t> ports_in_use;
   urdma::daemon::Client* slot_client = nullptr;
@@ -392,7 +426,41 @@ void Cma::receive_locked(const urdma::daemon::MadDelivery& info,
     ok = urdma::wire::verify_icrc_ipv6(h, dgram);
   }
   if (!ok) return;
+  if (const auto sid = request_service_id(parsed->payload()); sid && claimed.count(*sid)) {
+    auto& waiting = parked[*sid];
+    if (waiting.size() < kMaxParked) {
+      waiting.push_back({src, parsed->deth()->src_qp(),
+                         {parsed->payload().begin(), parsed->payload().end()}});
+      return;
+    }
+  }
   manager->receive(src, parsed->deth()->src_qp(), parsed->payload());
+}
+
+int Cma::claim_locked(Id* x, uint64_t sid) {
+  if (!slot_client) return ENODEV;
+  if (int e = slot_client->listen(sid)) return e;
+  claimed.insert(sid);
+  x->listen_sid = sid;
+  x->claimed = true;
+  return 0;
+}
+
+void Cma::unclaim_locked(Id* x) {
+  if (!x->claimed || x->listening) return;
+  x->claimed = false;
+  claimed.erase(x->listen_sid);
+  if (slot_client) slot_client->unlisten(x->listen_sid);
+  replay_parked_locked(x->listen_sid);  // no listener: the Manager refuses them
+}
+
+void Cma::replay_parked_locked(uint64_t sid) {
+  const auto it = parked.find(sid);
+  if (it == parked.end()) return;
+  const std::vector<Parked> waiting = std::move(it->second);
+  parked.erase(it);
+  for (const Parked& p : waiting) manager->receive(p.src, p.src_qpn, p.mad);
+  pump_locked();
 }
 
 void Cma::send_mad_locked(const urdma::cm::OutgoingMad& m) {
@@ -656,6 +724,7 @@ void Cma::pump_locked() {
 // takes DISCONNECTED and never calls rdma_disconnect: without this the client waited for its
 // DREQ's retransmission, ~6 s), a DREQ for an established connection, a REJ for a pending one.
 void Cma::release_locked(Id* x) {
+  unclaim_locked(x);
   if (x->has_conn) {
     manager->destroy(x->conn);
     by_conn.erase(x->conn);
@@ -666,6 +735,7 @@ void Cma::release_locked(Id* x) {
     listeners.erase(x->listen_sid);
     if (slot_client) slot_client->unlisten(x->listen_sid);
     x->listening = false;
+    x->claimed = false;
   }
 }
 
@@ -892,17 +962,25 @@ URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
   std::lock_guard lock(c.mu);
   Id* x = live_id(c, id);
   if (!x || x->state != IdState::kIdle) return fail(EINVAL);
-  uint16_t port = port_of(addr);
-  if (port == 0) {
-    port = c.ephemeral_port();
-  } else if (c.ports_in_use.count(port)) {
-    return fail(EADDRINUSE);
-  }
   const Gid g = gid_of(addr);
   static constexpr Gid kZero{};
   static constexpr Gid kAnyV4{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0, 0, 0};
+  uint8_t sgid_index = 0;
+  if (g != kZero && g != kAnyV4 && c.find_gid_index(g, &sgid_index) != 0)
+    return fail(EADDRNOTAVAIL);
+  // The port is the namespace's, as rdma_cm's ports are: urdmad refuses one another process
+  // holds (EADDRINUSE; an ephemeral port is chosen again).
+  uint16_t port = port_of(addr);
+  if (port != 0 && c.ports_in_use.count(port)) return fail(EADDRINUSE);
+  const bool ephemeral = port == 0;
+  for (int attempt = 0;; ++attempt) {
+    if (ephemeral) port = c.ephemeral_port();
+    const int e = c.claim_locked(x, urdma::wire::rdma_service_id(port_space(x->id.ps), port));
+    if (e == 0) break;
+    if (!ephemeral || e != EADDRINUSE || attempt == 16) return fail(e);
+  }
   if (g != kZero && g != kAnyV4) {
-    if (c.find_gid_index(g, &x->sgid_index) != 0) return fail(EADDRNOTAVAIL);
+    x->sgid_index = sgid_index;
     x->sgid = g;
     x->id.verbs = c.verbs;
     x->id.port_num = 1;
@@ -935,11 +1013,15 @@ URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
   c.listeners[sid] = x;
   x->listen_sid = sid;
   x->listening = true;
+  x->claimed = true;
   x->state = IdState::kListening;
   if (!x->id.verbs) {
     x->id.verbs = c.verbs;
     x->id.port_num = 1;
   }
+  c.claimed.erase(sid);
+  c.replay_parked_locked(sid);  // the REQs that came between bind and listen
+  c.wake();
   return 0;
 }
 
@@ -981,6 +1063,7 @@ static int rdma_resolve_addr_async(rdma_cm_id* id, sockaddr* src_addr, sockaddr*
   std::lock_guard lock(c.mu);
   Id* x = live_id(c, id);
   if (!x) return fail(EINVAL);
+  c.unclaim_locked(x);  // an active side: it will not listen on its port
   if (x->state == IdState::kIdle) {
     x->local_port = c.ephemeral_port();
     c.ports_in_use.insert(x->local_port);
