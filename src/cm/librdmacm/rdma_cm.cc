@@ -255,6 +255,7 @@ class Cma {
   uint32_t mad_psn_ = 0;
   int wake_fd_ = -1;
   std::thread thread_;
+  pid_t opener_pid_ = 0;  // a forked child's exit closes only its copy of the fd: nothing to do
 };
 
 Cma& cma() {
@@ -310,6 +311,7 @@ int Cma::open_locked() {
   thread_.detach();
   // A process that exits with ids still open (qperf's server never destroys its connected
   // id) must not leave its peers waiting: the kernel would destroy them as the fd closes.
+  opener_pid_ = getpid();
   std::atexit([] { cma().release_all(); });
   return 0;
 }
@@ -756,6 +758,7 @@ void Cma::release_channel_locked(Channel* ch) {
 }
 
 void Cma::release_all() {
+  if (getpid() != opener_pid_) return;
   // Exit may come from a thread while another holds mu for a moment; never wait forever (a
   // signal handler calling exit() on the thread that holds it).
   std::unique_lock lock(mu, std::defer_lock);
