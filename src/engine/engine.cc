@@ -167,8 +167,8 @@ void Engine::activate(QpContext& ctx) {
 void Engine::serve(QpContext& ctx) {
   // The receive side answers in RTR, RTS, SQD and SQE (IBA 10.3.1): paced READ responses and
   // the requests waiting behind them.
-  if (ctx.qp->state() != IBV_QPS_ERR && !tx_blocked()) run_responder(ctx);
-  const ibv_qp_state st = ctx.qp->state();
+  if (qp_state(ctx) != IBV_QPS_ERR && !tx_blocked()) run_responder(ctx);
+  const ibv_qp_state st = qp_state(ctx);
   if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
     flush(ctx);  // SQE: the send queue only
     return;
@@ -176,14 +176,14 @@ void Engine::serve(QpContext& ctx) {
   if (tx_blocked()) return;  // stays active; served once the backlog drained
   run_requester(ctx);
   // A completion lost to a full CQ moved the QP to ERR without flushing (cq_overflow).
-  const ibv_qp_state now = ctx.qp->state();
+  const ibv_qp_state now = qp_state(ctx);
   if (now == IBV_QPS_ERR || now == IBV_QPS_SQE) flush(ctx);
 }
 
 // Whether poll() must keep serving the QP: what the doorbells, packets and modifies that put
 // it on the active list do not cover any more.
 bool Engine::needs_service(const QpContext& ctx) const {
-  const ibv_qp_state st = ctx.qp->state();
+  const ibv_qp_state st = qp_state(ctx);
   if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
     const bool rq_waiting = st == IBV_QPS_ERR && ctx.qp->srq() == nullptr && ctx.qp->rq_size() > 0;
     return ctx.qp->sq_peek_st(0) != nullptr || rq_waiting ||
@@ -200,7 +200,7 @@ uint64_t Engine::next_deadline_ns() const {
   for (const QpContext* ctx : acks_pending_)
     if (ctx->resp.ack_pending) t = std::min(t, ctx->resp.ack_due_ns);
   for (const QpContext* ctx : active_) {
-    const ibv_qp_state st = ctx->qp->state();
+    const ibv_qp_state st = qp_state(*ctx);
     if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
       if (needs_service(*ctx)) return 0;
       continue;
@@ -217,7 +217,8 @@ void Engine::fire_timers(uint64_t now_ns) {
   // Only QPs on the active list can have a timer armed (needs_service keeps them there).
   for (QpContext* ctx_ptr : active_) {
     QpContext& ctx = *ctx_ptr;
-    if (ctx.qp->state() != IBV_QPS_RTS && ctx.qp->state() != IBV_QPS_SQD) continue;
+    const ibv_qp_state st = qp_state(ctx);
+    if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) continue;
     fire_completer_timers(ctx, now_ns);
   }
 }
@@ -287,6 +288,7 @@ void Engine::apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) 
   }
   activate(*ctx);
   refresh(*ctx);
+  ctx->applied_state = to;
   if (to == IBV_QPS_RTR && from != IBV_QPS_RTR) {
     ctx->resp = Responder{};
     ctx->resp.epsn = ctx->attr.rq_psn & wire::kPsnMask;
@@ -329,6 +331,16 @@ void Engine::memory_released() {
 EngineCounters Engine::counters_snapshot() const {
   std::lock_guard lock(mutex_);
   return counters_;
+}
+
+ibv_qp_state Engine::qp_state(const QpContext& ctx) const {
+  // RESET < INIT < RTR < the states of a QP that sends (RTS, SQD, SQE); ERR from anywhere.
+  const auto rank = [](ibv_qp_state s) {
+    return s == IBV_QPS_RESET ? 0 : s == IBV_QPS_INIT ? 1 : s == IBV_QPS_RTR ? 2 : 3;
+  };
+  const ibv_qp_state st = ctx.qp->state();
+  if (st != IBV_QPS_ERR && rank(ctx.applied_state) < rank(st)) return ctx.applied_state;
+  return st;
 }
 
 void Engine::refresh(QpContext& ctx) {
@@ -426,7 +438,7 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
   }
   // rxe check_type_state, before check_addr: a QP that has no path yet (RESET, INIT) fails
   // here, on its state.
-  const ibv_qp_state st = ctx->qp->state();
+  const ibv_qp_state st = qp_state(*ctx);
   const bool request = pkt.info().is(wire::kRequest);
   // IBA 10.3.1 (QP states): the receive side works in RTR, RTS, SQD and SQE; responses are
   // for a requester, which exists in RTS and SQD.
@@ -734,7 +746,7 @@ void Engine::qp_error(QpContext& ctx, ibv_qp_state to) {
 }
 
 void Engine::flush(QpContext& ctx) {
-  const ibv_qp_state st = ctx.qp->state();
+  const ibv_qp_state st = qp_state(ctx);
   if (st != IBV_QPS_ERR && st != IBV_QPS_SQE) return;
   // Send queue: WQEs already finished complete with their own status, in order, up to the
   // first one that failed or had not finished; that one and every later one complete with

@@ -230,6 +230,12 @@ class Engine final : public provider::Doorbell {
   QpContext* find(uint32_t qp_num);
   void forget(uint32_t qp_num);
   void refresh(QpContext& ctx);
+  // The QP's state as the engine acts on it: the provider's, except that RTR and RTS count only
+  // once the engine has applied the modify that entered them (QpContext::applied_state). An
+  // application thread's modify to RTS and post_send can both land while a turn runs; that turn
+  // must not send the WQE with the PSNs, MTU and destination of INIT. SQD, SQE and ERR only stop
+  // work and take effect at once.
+  ibv_qp_state qp_state(const QpContext& ctx) const;
   // The active list: QPs poll() serves.
   void activate(QpContext& ctx);
   void serve(QpContext& ctx);

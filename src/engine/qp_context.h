@@ -207,6 +207,11 @@ struct QpContext {
   Responder resp;
   bool last_wqe_event_raised = false;  // SRQ: IBV_EVENT_QP_LAST_WQE_REACHED sent once
   bool active = false;                 // on the engine's active list (served by poll)
+  // The state of the last modify the engine applied (Engine::apply_modify). The provider's state
+  // changes when ibv_modify_qp returns; the engine takes the transition's attributes (expected
+  // and send PSNs, path MTU, destination QP) only when it runs the queued command: see
+  // Engine::qp_state.
+  ibv_qp_state applied_state = IBV_QPS_RESET;
 };
 
 }  // namespace urdma::engine

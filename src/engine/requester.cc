@@ -55,7 +55,7 @@ uint32_t packets_for(uint64_t length, uint32_t mtu) {
 }  // namespace
 
 bool Engine::has_send_work(const QpContext& ctx) const {
-  const ibv_qp_state st = ctx.qp->state();
+  const ibv_qp_state st = qp_state(ctx);
   if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) return false;
   if (ctx.req.blocked || ctx.comp.rnr_deadline_ns != net::kNever) return false;
   if (ctx.req.started > 0 && ctx.req.at(0).stage == WqeStage::kDone) return true;  // to retire
@@ -67,7 +67,7 @@ void Engine::run_requester(QpContext& ctx) {
   // loop; what is left keeps next_deadline_ns() at "now".
   retire(ctx);
   for (int i = 0; i < kMaxPacketsPerTurn; ++i) {
-    const ibv_qp_state st = ctx.qp->state();
+    const ibv_qp_state st = qp_state(ctx);
     if (st != IBV_QPS_RTS && st != IBV_QPS_SQD) break;
     if (ctx.req.blocked || ctx.comp.rnr_deadline_ns != net::kNever) break;
     const ReqStep step = start_or_continue(ctx);
@@ -100,7 +100,7 @@ Engine::ReqStep Engine::start_or_continue(QpContext& ctx) {
   }
   if (w.stage == WqeStage::kNew) {
     // SQD (IBA 10.3.1.3): no new WQE starts; the drained event comes when nothing is in flight.
-    if (ctx.qp->state() == IBV_QPS_SQD) {
+    if (qp_state(ctx) == IBV_QPS_SQD) {
       if (!oldest_outstanding(ctx)) ctx.qp->sq_drained_st();
       return ReqStep::kBlocked;
     }
@@ -357,7 +357,7 @@ void Engine::retire(QpContext& ctx) {
         req.next_psn = wire::psn_next(w.last_psn());
     }
   }
-  if (ctx.qp->state() == IBV_QPS_SQD && !oldest_outstanding(ctx)) ctx.qp->sq_drained_st();
+  if (qp_state(ctx) == IBV_QPS_SQD && !oldest_outstanding(ctx)) ctx.qp->sq_drained_st();
 }
 
 void Engine::rewind(QpContext& ctx, uint32_t psn) {

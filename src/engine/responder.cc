@@ -596,7 +596,7 @@ bool Engine::responder_busy(const QpContext& ctx) const {
 void Engine::run_responder(QpContext& ctx) {
   Responder& resp = ctx.resp;
   for (int i = 0; i < kMaxPacketsPerTurn && responder_busy(ctx); ++i) {
-    if (ctx.qp->state() == IBV_QPS_ERR) return;  // flushed: nothing more to answer
+    if (qp_state(ctx) == IBV_QPS_ERR) return;  // flushed: nothing more to answer
     if (resp.read_reply.active) {
       send_read_response(ctx);
       continue;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "protocol_test_util.h"
@@ -467,6 +468,93 @@ TEST_F(RequesterTest, BindAndLocalInvalidateWindow) {
   ASSERT_EQ(wcs.size(), 1u);
   EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
   EXPECT_FALSE(mw->bound());
+}
+
+// ibv_modify_qp changes the provider's state at once and queues a command for the engine, which
+// a turn already running applies only in its next turn. An application thread can bring a QP to
+// RTS and post a SEND in that gap (ibv_rc_pingpong does both right after connecting): the turn
+// must leave the WQE alone until it has applied RTS — sent before, it went out with INIT's
+// attributes (PSN 0, destination QP 0, a 256-byte MTU), and once RTS was applied its PSNs lay
+// outside the WQE (a 64 KiB message aborted the process: "requester PSN outside its WQE";
+// a small one was resent to nobody until RETRY_EXC_ERR).
+TEST_F(RequesterTest, WorkPostedBeforeTheEngineAppliedRtsWaitsForIt) {
+  setup_buffers();
+  provider::Cq* late_cq = dev_.create_cq(16).value();
+  provider::QpInitAttr init;
+  init.qp_type = IBV_QPT_RC;
+  init.pd = pd_;
+  init.send_cq = late_cq;
+  init.recv_cq = late_cq;
+  init.cap = cap_;
+  provider::Qp* late = dev_.create_qp(init).value();
+  constexpr uint32_t kLateSqPsn = 0x345678;
+  constexpr uint32_t kLatePeerQpn = 0x77;
+  ibv_qp_attr a = {};
+  a.port_num = provider::kPortNum;
+  a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.port_num = provider::kPortNum;
+  a.ah_attr.grh.dgid = gid_of(kPeer);
+  a.ah_attr.grh.hop_limit = 64;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = kLatePeerQpn;
+  a.rq_psn = 0x10;
+  a.sq_psn = kLateSqPsn;
+  a.max_dest_rd_atomic = 1;
+  a.max_rd_atomic = 1;
+  a.min_rnr_timer = 1;
+  a.timeout = 10;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  const auto modify = [&](ibv_qp_state from, ibv_qp_state to) {
+    a.qp_state = to;
+    return late->modify(a, mask_for(from, to, IBV_QPT_RC)).error();
+  };
+  // INIT, applied at once (no turn runs): the engine knows the QP, with INIT's attributes.
+  ASSERT_EQ(modify(IBV_QPS_RESET, IBV_QPS_INIT), 0);
+
+  // The next turn takes a SEND for the other QP; its completion wakes "the application", whose
+  // thread moves the late QP to RTR and RTS and posts 2500 bytes while the turn holds the engine.
+  std::vector<uint8_t> in(64, 0);
+  ASSERT_EQ(post_recv(qp_, 9, sge(in.data(), 64, reg(in.data(), in.size(), IBV_ACCESS_LOCAL_WRITE))),
+            0);
+  std::vector<int> app_results;
+  cq_->set_notify([&](provider::Cq&) {
+    std::thread app([&] {
+      app_results.push_back(modify(IBV_QPS_INIT, IBV_QPS_RTR));
+      app_results.push_back(modify(IBV_QPS_RTR, IBV_QPS_RTS));
+      ibv_sge s = sge(buf_.data(), 2500, mr_);
+      app_results.push_back(post_send(late, send_wr(5, IBV_WR_SEND, &s)));
+    });
+    app.join();
+  });
+  cq_->req_notify(false);
+  clear_sent();
+  const std::vector<uint8_t> payload(16, 0xAB);
+  inject(op::kRcSendOnly, 0x200, payload);
+  ASSERT_EQ(app_results, (std::vector<int>{0, 0, 0}));
+  engine_.poll();  // the commands, then the requester
+
+  // Three packets at the path MTU of RTR, from RTS's sq_psn, to RTS's destination.
+  std::vector<wire::PacketView> requests;
+  for (size_t i = 0; i < sent_count(); ++i)
+    if (sent(i).opcode() != op::kRcAck) requests.push_back(sent(i));
+  ASSERT_EQ(requests.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(requests[i].bth().dest_qp(), kLatePeerQpn);
+    EXPECT_EQ(requests[i].bth().psn(), kLateSqPsn + i);
+  }
+  EXPECT_EQ(requests[0].opcode(), op::kRcSendFirst);
+  EXPECT_EQ(requests[2].opcode(), op::kRcSendLast);
+  // The peer's ACK of the last PSN completes it.
+  inject(op::kRcAck, kLateSqPsn + 2, {}, [&](const wire::PacketHeaders& h) {
+    h.bth().set_dest_qp(late->qp_num());
+    h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+  });
+  ibv_wc wc = {};
+  ASSERT_EQ(late_cq->poll(1, &wc), 1);
+  EXPECT_EQ(wc.wr_id, 5u);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
 }
 
 // UD: a message longer than the PMTU → LOC_LEN_ERR and the send queue enters SQE
