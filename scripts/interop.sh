@@ -4,7 +4,9 @@
 #   sudo scripts/interop.sh                       all cases
 #   URDMA_INTEROP_CASES='rc_pingpong' sudo scripts/interop.sh   the cases whose "NAME DIRECTION" match
 # Uses the build in $URDMA_BUILD (default build/); prints a markdown table (also
-# $OUT/table.md) and "interop: N passed, M failed"; exit status non-zero on any failure.
+# $OUT/table.md), compares it with docs/COMPATIBILITY.md's (a difference is a failure, unless
+# URDMA_INTEROP_CASES selected a subset) and prints "interop: N passed, M failed"; exit status
+# non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -15,7 +17,7 @@ cd "$(dirname "$0")/.." || exit 2
 need=()
 for t in qemu-system-x86_64:qemu-system-x86 debootstrap:debootstrap mkfs.ext4:e2fsprogs \
          cpio:cpio tcpdump:tcpdump tshark:tshark ibv_rc_pingpong:ibverbs-utils \
-         ib_write_bw:perftest rping:rdmacm-utils cc:gcc ss:iproute2 xz:xz-utils; do
+         ib_write_bw:perftest rping:rdmacm-utils cc:gcc ss:iproute2 xz:xz-utils nft:nftables; do
   command -v "${t%%:*}" > /dev/null || need+=("${t#*:}")
 done
 [ "$(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null)" = "install ok installed" ] ||
@@ -44,6 +46,14 @@ vm_down
 results_table
 passed=$(grep -c '|pass|' "$RESULTS")
 failed=$(grep -c '|fail|' "$RESULTS")
+# The document's table must be this run's (tests/interop/check_table.py), unless only some cases ran.
+if [ -z "$CASE_FILTER" ]; then
+  python3 tests/interop/check_table.py docs/COMPATIBILITY.md "$OUT_ROOT/table.md" ||
+    { echo "interop: docs/COMPATIBILITY.md's table is not this run's (update it, or fix the run)"
+      failed=$((failed + 1)); }
+else
+  echo "interop: some cases selected (URDMA_INTEROP_CASES): docs/COMPATIBILITY.md's table not compared"
+fi
 known=$(grep -c '|known|' "$RESULTS")
 [ "$known" -eq 0 ] || echo "interop: $known case(s) ended only in a known third-party bug (tests/interop/NOTES*.md)"
 echo "interop: $passed passed, $failed failed"
