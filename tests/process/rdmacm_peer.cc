@@ -34,9 +34,21 @@
 //   rdmacm_peer disconnect-client ADDR PORT
 //                                         connect, rdma_disconnect, print the DISCONNECTED
 //                                         event's status (or that none came within 30 s)
+//   rdmacm_peer srq-server PORT N        listen; on the request, rdma_create_srq on the new id
+//                                         (no PD: the id's), N RECVs posted to id->srq, then
+//                                         rdma_create_qp with no SRQ named (the id's is used);
+//                                         accept, print N received SENDs' bytes and checksum,
+//                                         its QP's traffic class, then destroy QP, SRQ and id
+//   rdmacm_peer send-client ADDR PORT N TOS TIMEOUT
+//                                         rdma_set_option TOS and ACK_TIMEOUT (-1: not set)
+//                                         before rdma_resolve_route, connect, print the
+//                                         connected QP's traffic class and timeout
+//                                         (ibv_query_qp), SEND N 64-byte messages and print
+//                                         their checksum
 #include <arpa/inet.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -502,6 +514,176 @@ int disconnect_client(const char* server, int port) {
   return 0;
 }
 
+// The bytes of SEND i (of a run of N): distinct per message, so a lost or repeated one shows.
+constexpr uint32_t kSrqMessageSize = 64;
+uint8_t message_byte(int message, uint32_t offset) {
+  return static_cast<uint8_t>(message * 7 + offset * 13 + 1);
+}
+
+// The connected QP's GRH traffic class and local ACK timeout, as ibv_query_qp reports them.
+void print_qp_route(const char* who, ibv_qp* qp) {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (ibv_query_qp(qp, &attr, IBV_QP_AV | IBV_QP_TIMEOUT, &init) != 0) {
+    std::printf("%s ibv_query_qp: errno %d\n", who, errno);
+    return;
+  }
+  std::printf("%s traffic_class %u timeout %u\n", who, attr.ah_attr.grh.traffic_class,
+              attr.timeout);
+}
+
+int srq_server(int port, int messages) {
+  rdma_event_channel* ec = rdma_create_event_channel();
+  rdma_cm_id* listener = nullptr;
+  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
+  sockaddr_in addr = ipv4(nullptr, port);
+  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
+  if (rdma_listen(listener, 1) != 0) return 4;
+  std::printf("listening\n");
+  std::fflush(stdout);
+  rdma_cm_event* event = expect_event(ec, RDMA_CM_EVENT_CONNECT_REQUEST);
+  if (!event) return 5;
+  rdma_cm_id* id = event->id;
+  rdma_ack_cm_event(event);
+  ibv_srq_init_attr srq_attr{};
+  srq_attr.attr.max_wr = static_cast<uint32_t>(messages);
+  srq_attr.attr.max_sge = 1;
+  if (rdma_create_srq(id, nullptr, &srq_attr) != 0) {
+    std::printf("rdma_create_srq: errno %d\n", errno);
+    return 6;
+  }
+  std::printf("srq created: %s, pd %s\n", id->srq ? "yes" : "no", id->pd ? "set" : "none");
+  std::string buffer(static_cast<size_t>(messages) * kSrqMessageSize, '\0');
+  ibv_mr* mr = ibv_reg_mr(id->pd, buffer.data(), buffer.size(), IBV_ACCESS_LOCAL_WRITE);
+  if (!mr) return 7;
+  for (int i = 0; i < messages; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(&buffer[i * kSrqMessageSize]), kSrqMessageSize,
+                mr->lkey};
+    ibv_recv_wr wr{}, *bad = nullptr;
+    wr.wr_id = static_cast<uint64_t>(i);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    if (ibv_post_srq_recv(id->srq, &wr, &bad) != 0) return 8;
+  }
+  ibv_qp_init_attr attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = 1;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_wr = static_cast<uint32_t>(messages);  // sizes the recv CQ rdma_cm makes
+  if (rdma_create_qp(id, nullptr, &attr) != 0) return 9;
+  std::printf("qp on the id's srq: %s\n", id->qp->srq == id->srq ? "yes" : "no");
+  rdma_conn_param param{};
+  param.responder_resources = param.initiator_depth = 1;
+  if (rdma_accept(id, &param) != 0) return 10;
+  if (!(event = expect_event(ec, RDMA_CM_EVENT_ESTABLISHED))) return 11;
+  rdma_ack_cm_event(event);
+  print_qp_route("server", id->qp);
+  uint32_t bytes = 0, checksum = 0;
+  int received = 0, failed = 0;
+  for (int i = 0; i < 10000 && received < messages; ++i) {  // up to ~10 s
+    ibv_wc wc{};
+    if (ibv_poll_cq(id->recv_cq, 1, &wc) != 1) {
+      usleep(1000);
+      continue;
+    }
+    ++received;
+    if (wc.status != IBV_WC_SUCCESS) ++failed;
+    bytes += wc.byte_len;
+    for (uint32_t b = 0; b < wc.byte_len; ++b)
+      checksum = checksum * 31 + static_cast<uint8_t>(buffer[wc.wr_id * kSrqMessageSize + b]);
+  }
+  std::printf("received %d failed %d bytes %u checksum %08x\n", received, failed, bytes, checksum);
+  std::fflush(stdout);
+  if ((event = expect_event(ec, RDMA_CM_EVENT_DISCONNECTED))) rdma_ack_cm_event(event);
+  rdma_destroy_qp(id);
+  rdma_destroy_srq(id);
+  std::printf("srq destroyed: %s\n", id->srq ? "no" : "yes");
+  ibv_dereg_mr(mr);
+  rdma_destroy_id(id);
+  rdma_destroy_id(listener);
+  rdma_destroy_event_channel(ec);
+  return 0;
+}
+
+int send_client(const char* server, int port, int messages, int tos, int timeout) {
+  rdma_event_channel* ec = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (!ec || rdma_create_id(ec, &id, nullptr, RDMA_PS_TCP) != 0) return 2;
+  int wrong_size = 0;
+  std::printf("tos optlen %zu: errno %d\n", sizeof wrong_size,
+              rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &wrong_size,
+                              sizeof wrong_size) == 0 ? 0 : errno);
+  sockaddr_in addr = ipv4(server, port);
+  rdma_cm_event* event = nullptr;
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&addr), 2000) != 0 ||
+      !(event = expect_event(ec, RDMA_CM_EVENT_ADDR_RESOLVED)))
+    return 3;
+  rdma_ack_cm_event(event);
+  uint8_t tos_value = static_cast<uint8_t>(tos), timeout_value = static_cast<uint8_t>(timeout);
+  if (tos >= 0 && rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos_value, 1) != 0)
+    return 4;
+  if (timeout >= 0 &&
+      rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &timeout_value, 1) != 0)
+    return 4;
+  if (rdma_resolve_route(id, 2000) != 0 ||
+      !(event = expect_event(ec, RDMA_CM_EVENT_ROUTE_RESOLVED)))
+    return 5;
+  rdma_ack_cm_event(event);
+  std::printf("route traffic_class %u\n", id->route.path_rec->traffic_class);
+  ibv_qp_init_attr attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = static_cast<uint32_t>(messages);
+  attr.cap.max_recv_wr = 1;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  rdma_conn_param param{};
+  param.responder_resources = param.initiator_depth = 1;
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;
+  if (rdma_connect(id, &param) != 0) return 7;
+  if (!(event = expect_event(ec, RDMA_CM_EVENT_ESTABLISHED))) return 8;
+  rdma_ack_cm_event(event);
+  print_qp_route("client", id->qp);
+  std::string buffer(static_cast<size_t>(messages) * kSrqMessageSize, '\0');
+  uint32_t checksum = 0;
+  for (int i = 0; i < messages; ++i)
+    for (uint32_t b = 0; b < kSrqMessageSize; ++b) {
+      buffer[i * kSrqMessageSize + b] = static_cast<char>(message_byte(i, b));
+      checksum = checksum * 31 + message_byte(i, b);
+    }
+  ibv_mr* mr = ibv_reg_mr(id->pd, buffer.data(), buffer.size(), 0);
+  if (!mr) return 9;
+  for (int i = 0; i < messages; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(&buffer[i * kSrqMessageSize]), kSrqMessageSize,
+                mr->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    if (ibv_post_send(id->qp, &wr, &bad) != 0) return 10;
+  }
+  int done = 0, failed = 0;
+  for (int i = 0; i < 10000 && done < messages; ++i) {
+    ibv_wc wc{};
+    if (ibv_poll_cq(id->send_cq, 1, &wc) != 1) {
+      usleep(1000);
+      continue;
+    }
+    ++done;
+    if (wc.status != IBV_WC_SUCCESS) ++failed;
+  }
+  std::printf("sent %d failed %d bytes %u checksum %08x\n", done, failed,
+              static_cast<uint32_t>(done) * kSrqMessageSize, checksum);
+  rdma_disconnect(id);
+  if ((event = expect_event(ec, RDMA_CM_EVENT_DISCONNECTED))) rdma_ack_cm_event(event);
+  rdma_destroy_qp(id);
+  ibv_dereg_mr(mr);
+  rdma_destroy_id(id);
+  rdma_destroy_event_channel(ec);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -523,6 +705,11 @@ int main(int argc, char** argv) {
     return late_listen_server(std::atoi(argv[2]), std::atoi(argv[3]));
   if (argc == 4 && std::strcmp(argv[1], "disconnect-client") == 0)
     return disconnect_client(argv[2], std::atoi(argv[3]));
+  if (argc == 4 && std::strcmp(argv[1], "srq-server") == 0)
+    return srq_server(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (argc == 7 && std::strcmp(argv[1], "send-client") == 0)
+    return send_client(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]),
+                       std::atoi(argv[6]));
   std::fprintf(
       stderr,
       "usage: rdmacm_peer reject-server PORT TEXT | client ADDR PORT | recv-server PORT"

@@ -225,6 +225,42 @@ TEST(Rdmacm, EstablishAfterConnectResponseOnTheApplicationsOwnQp) {
   });
 }
 
+// rdma_create_srq(3): the server's SRQ comes from rdma_create_srq on the request's id (the id's
+// PD), rdma_create_qp puts the QP on it, and eight SENDs land in the SRQ's RECVs with the
+// client's bytes; the QP goes before the SRQ, which then leaves the id. The client's
+// rdma_set_option TOS 0x48 (before rdma_resolve_route) is the traffic class of its route and
+// of both connected QPs (the REQ carries it), its ACK_TIMEOUT 14 the timeout of its QP instead
+// of the path's 19 (the server's, which set none); a TOS of the wrong size is EINVAL.
+TEST(Rdmacm, SrqFromRdmaCreateSrqAndOptionsThatTakeEffect) {
+  in_fresh_netns([] {
+    const Started server = start(std::string(URDMA_RDMACM_PEER) + " srq-server 7182 8");
+    ASSERT_TRUE(wait_output(server, "listening", 10000)) << finish(server, 0).output;
+    const ToolRun client =
+        finish(start(std::string(URDMA_RDMACM_PEER) + " send-client 127.0.0.1 7182 8 72 14"),
+               20000);
+    const ToolRun srv = finish(server, 20000);
+    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+    EXPECT_EQ(srv.exit_code, 0) << srv.output;
+    const size_t at = client.output.find("checksum ");
+    ASSERT_NE(at, std::string::npos) << client.output;
+    const std::string checksum = client.output.substr(at + 9, 8);
+    EXPECT_NE(client.output.find("sent 8 failed 0 bytes 512 checksum"), std::string::npos)
+        << client.output;
+    EXPECT_NE(srv.output.find("srq created: yes, pd set"), std::string::npos) << srv.output;
+    EXPECT_NE(srv.output.find("qp on the id's srq: yes"), std::string::npos) << srv.output;
+    EXPECT_NE(srv.output.find("received 8 failed 0 bytes 512 checksum " + checksum),
+              std::string::npos)
+        << srv.output << "\n--- client:\n" << client.output;
+    EXPECT_NE(srv.output.find("srq destroyed: yes"), std::string::npos) << srv.output;
+    EXPECT_NE(client.output.find("tos optlen 4: errno 22"), std::string::npos) << client.output;
+    EXPECT_NE(client.output.find("route traffic_class 72"), std::string::npos) << client.output;
+    EXPECT_NE(client.output.find("client traffic_class 72 timeout 14"), std::string::npos)
+        << client.output;
+    EXPECT_NE(srv.output.find("server traffic_class 72 timeout 19"), std::string::npos)
+        << srv.output;
+  });
+}
+
 // rdma_migrate_id(3): after the move, the id's events arrive on the new channel, none on the old.
 TEST(Rdmacm, MigrateIdMovesLaterEvents) {
   in_fresh_netns([] {

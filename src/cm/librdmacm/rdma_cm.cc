@@ -23,10 +23,10 @@
 //
 // Port spaces: RDMA_PS_TCP and RDMA_PS_IB are RC connections (REQ/REP/RTU), RDMA_PS_UDP and
 // RDMA_PS_IPOIB UD QPs found by SIDR. Not built, with rdma-core's error for an unsupported
-// operation: multicast (rdma_join_multicast[_ex], rdma_leave_multicast: ENOSYS), SRQs on ids
-// (rdma_create_srq[_ex]: ENOSYS), ECE (EOPNOTSUPP), rdma_create_qp_ex beyond a PD (ENOSYS),
-// rsockets (every r* call: -1, errno ENOSYS). rdma_set_option accepts TOS, REUSEADDR, AFONLY
-// and ACK_TIMEOUT without effect yet; other options are ENOSYS.
+// operation: multicast (rdma_join_multicast[_ex], rdma_leave_multicast: ENOSYS), ECE
+// (EOPNOTSUPP), rdma_create_qp_ex beyond a PD (ENOSYS), rsockets (every r* call: -1, errno
+// ENOSYS). rdma_set_option: TOS and ACK_TIMEOUT take effect,
+// REUSEADDR and AFONLY are accepted without effect; other options are ENOSYS.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -113,8 +113,19 @@ struct Id {
   ibv_pd* ep_pd = nullptr;
   bool own_cqs = false;  // rdma_create_qp made the CQs and their channels
   ibv_sa_path_rec path{};  // id.route.path_rec once the route is resolved (or the REQ arrived)
+  // rdma_set_option: the route's traffic class (taken at rdma_resolve_route, as Linux's
+  // cma_resolve_iboe_route takes id_priv->tos) and the QP's local ACK timeout, which replaces
+  // the path's in every RTS attribute set (Linux rdma_init_qp_attr, cma_modify_qp_rts).
+  uint8_t tos = 0;
+  bool ack_timeout_set = false;
+  uint8_t ack_timeout = 0;
   static Id* from(rdma_cm_id* x) { return reinterpret_cast<Id*>(x); }
 };
+
+// RDMA_OPTION_ID_ACK_TIMEOUT replaces the timeout the path gave an RTS attribute set.
+void apply_ack_timeout(const Id& x, ibv_qp_attr* attr, int mask) {
+  if (x.ack_timeout_set && (mask & IBV_QP_TIMEOUT)) attr->timeout = x.ack_timeout;
+}
 
 // An event with the storage its private data points into.
 struct Event {
@@ -353,6 +364,7 @@ void Cma::set_route_path(Id* x, uint32_t flow_label) {
   std::memcpy(p.sgid.raw, x->sgid.data(), 16);
   std::memcpy(p.dgid.raw, x->dgid.data(), 16);
   p.flow_label = htonl(flow_label);
+  p.traffic_class = x->tos;
   p.hop_limit = 64;
   p.reversible = 1;
   p.numb_path = 1;
@@ -559,6 +571,7 @@ void Cma::apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q) {
     if (find_gid_index(q.sgid, &index) == 0) id->sgid_index = index;
     attr.ah_attr.grh.sgid_index = index;
   }
+  apply_ack_timeout(*id, &attr, q.mask);
   ibv_modify_qp(id->id.qp, &attr, q.mask);
 }
 
@@ -1117,6 +1130,52 @@ static int rdma_resolve_route_async(rdma_cm_id* id, int /*timeout_ms*/) {
 
 // ---- QPs ----
 
+// rdma_create_srq(3): the id's SRQ, on the given PD or the id's (the device's default PD when the
+// id has none yet, which rdma_create_qp then uses too); rdma_create_qp gives it to the id's QP.
+// The type must be named, as rdma-core asks; XRC SRQs fail in ibv_create_srq_ex (no XRC), so
+// the CQ rdma-core creates for an XRC SRQ is never needed.
+URDMA_EXPORT int rdma_create_srq_ex(rdma_cm_id* id, ibv_srq_init_attr_ex* attr) {
+  if (!attr || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE)) return fail(EINVAL);
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || !x->id.verbs || x->id.srq) return fail(EINVAL);
+  if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
+    if (!x->id.pd && !c.default_pd) c.default_pd = ibv_alloc_pd(c.verbs);
+    attr->pd = x->id.pd ? x->id.pd : c.default_pd;
+    if (!attr->pd) return -1;
+    attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
+  }
+  if (attr->pd->context != x->id.verbs) return fail(EINVAL);
+  ibv_srq* srq = ibv_create_srq_ex(x->id.verbs, attr);
+  if (!srq) return -1;
+  if (!x->id.pd) x->id.pd = attr->pd;
+  x->id.srq = srq;
+  return 0;
+}
+
+URDMA_EXPORT int rdma_create_srq(rdma_cm_id* id, ibv_pd* pd, ibv_srq_init_attr* attr) {
+  if (!attr) return fail(EINVAL);
+  ibv_srq_init_attr_ex ex{};
+  ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+  ex.srq_type = IBV_SRQT_BASIC;
+  ex.srq_context = attr->srq_context;
+  ex.attr = attr->attr;
+  ex.pd = pd;
+  const int r = rdma_create_srq_ex(id, &ex);
+  attr->attr = ex.attr;
+  return r;
+}
+
+// The QP on the SRQ goes first (rdma_destroy_srq(3)); ibv_destroy_srq's EBUSY otherwise keeps it.
+URDMA_EXPORT void rdma_destroy_srq(rdma_cm_id* id) {
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x || !x->id.srq) return;
+  if (ibv_destroy_srq(x->id.srq) == 0) x->id.srq = nullptr;
+}
+
 URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
   if (!qp_init_attr) return fail(EINVAL);
   Cma& c = cma();
@@ -1125,12 +1184,14 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
   if (!x || !x->id.verbs || x->id.qp) return fail(EINVAL);
   const bool ud = is_ud_ps(x->id.ps);
   if (qp_init_attr->qp_type != (ud ? IBV_QPT_UD : IBV_QPT_RC)) return fail(ENOSYS);
+  if (!pd) pd = x->id.pd;  // rdma_create_srq's
   if (!pd) {
     if (!c.default_pd) c.default_pd = ibv_alloc_pd(c.verbs);
     if (!c.default_pd) return -1;
     pd = c.default_pd;
   }
   if (pd->context != x->id.verbs) return fail(EINVAL);
+  if (!qp_init_attr->srq) qp_init_attr->srq = x->id.srq;
   // No CQs given: one per direction with a completion channel each (rdma_verbs.h's
   // rdma_get_send_comp / rdma_get_recv_comp wait on them).
   bool own_cqs = false;
@@ -1337,6 +1398,7 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
   cp.path.local_gid = x->sgid;
   cp.path.remote_gid = x->dgid;
   cp.path.flow_label = active_flow_label(*x);
+  cp.path.traffic_class = x->path.traffic_class;
   cp.service_id =
       urdma::wire::rdma_service_id(port_space(x->id.ps), port_of(&x->id.route.addr.dst_addr));
   cp.qpn = x->id.qp ? x->id.qp->qp_num : p->qp_num;
@@ -1408,6 +1470,7 @@ static int rdma_accept_async(rdma_cm_id* id, rdma_conn_param* p) {
         if (c.find_gid_index(q.sgid, &index) == 0) x->sgid_index = index;
         attr.ah_attr.grh.sgid_index = index;
       }
+      apply_ack_timeout(*x, &attr, q.mask);
       return ibv_modify_qp(x->id.qp, &attr, q.mask);
     };
     if (apply(r->rtr) != 0 || apply(r->rts) != 0) {
@@ -1497,6 +1560,7 @@ URDMA_EXPORT int rdma_init_qp_attr(rdma_cm_id* id, ibv_qp_attr* qp_attr, int* qp
     c.find_gid_index(q->sgid, &index);
     qp_attr->ah_attr.grh.sgid_index = index;
   }
+  apply_ack_timeout(*x, qp_attr, q->mask);
   *qp_attr_mask = q->mask;
   return 0;
 }
@@ -1521,14 +1585,44 @@ URDMA_EXPORT __be16 rdma_get_dst_port(rdma_cm_id* id) {
                                                        : id->route.addr.dst_sin.sin_port;
 }
 
+// rdma_set_option as Linux's ucma_set_option_id: each option's value has its own size (EINVAL
+// otherwise), an unknown option or level is ENOSYS.
 URDMA_EXPORT int rdma_set_option(rdma_cm_id* id, int level, int optname, void* optval,
                                  size_t optlen) {
-  if (!id || (optlen && !optval)) return fail(EINVAL);
-  if (level == RDMA_OPTION_ID &&
-      (optname == RDMA_OPTION_ID_TOS || optname == RDMA_OPTION_ID_REUSEADDR ||
-       optname == RDMA_OPTION_ID_AFONLY || optname == RDMA_OPTION_ID_ACK_TIMEOUT))
-    return 0;  // accepted; these do not change urdma's behaviour yet
-  return fail(ENOSYS);
+  if (!id || !optval) return fail(EINVAL);
+  if (level != RDMA_OPTION_ID) return fail(ENOSYS);
+  Cma& c = cma();
+  std::lock_guard lock(c.mu);
+  Id* x = live_id(c, id);
+  if (!x) return fail(EINVAL);
+  switch (optname) {
+    case RDMA_OPTION_ID_TOS:  // the next rdma_resolve_route's traffic class
+      if (optlen != sizeof(uint8_t)) return fail(EINVAL);
+      x->tos = *static_cast<uint8_t*>(optval);
+      return 0;
+    case RDMA_OPTION_ID_ACK_TIMEOUT:  // Linux rdma_set_ack_timeout: RC ids only
+      if (optlen != sizeof(uint8_t)) return fail(EINVAL);
+      if (is_ud_ps(x->id.ps)) return fail(EINVAL);
+      x->ack_timeout = *static_cast<uint8_t*>(optval);
+      x->ack_timeout_set = true;
+      return 0;
+    // Accepted where Linux accepts them (rdma_set_reuseaddr's and rdma_set_afonly's states) and
+    // without effect: a port is one id's at a time, and a destroyed id's port is free at once
+    // (docs/COMPATIBILITY.md).
+    case RDMA_OPTION_ID_REUSEADDR: {
+      if (optlen != sizeof(int)) return fail(EINVAL);
+      const bool reuse = *static_cast<int*>(optval) != 0;
+      if (!(reuse && x->state != IdState::kListening) && x->state != IdState::kIdle)
+        return fail(EINVAL);
+      return 0;
+    }
+    case RDMA_OPTION_ID_AFONLY:
+      if (optlen != sizeof(int)) return fail(EINVAL);
+      if (x->state != IdState::kIdle && x->state != IdState::kBound) return fail(EINVAL);
+      return 0;
+    default:
+      return fail(ENOSYS);
+  }
 }
 
 // rdma_migrate_id(3): the id's events still queued move to the new channel (one eventfd count
@@ -1732,9 +1826,6 @@ URDMA_EXPORT void rdma_freeaddrinfo(rdma_addrinfo* res) {
     res = next;
   }
 }
-URDMA_EXPORT int rdma_create_srq(rdma_cm_id*, ibv_pd*, ibv_srq_init_attr*) { return fail(ENOSYS); }
-URDMA_EXPORT int rdma_create_srq_ex(rdma_cm_id*, ibv_srq_init_attr_ex*) { return fail(ENOSYS); }
-URDMA_EXPORT void rdma_destroy_srq(rdma_cm_id*) {}
 URDMA_EXPORT int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) { return fail(ENOSYS); }
 URDMA_EXPORT int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) {
   return fail(ENOSYS);
