@@ -34,11 +34,14 @@
 //   rdmacm_peer disconnect-client ADDR PORT
 //                                         connect, rdma_disconnect, print the DISCONNECTED
 //                                         event's status (or that none came within 30 s)
-//   rdmacm_peer srq-server PORT N        listen; on the request, rdma_create_srq on the new id
+//   rdmacm_peer srq-server PORT N id|ep  listen; on the request, rdma_create_srq on the new id
 //                                         (no PD: the id's), N RECVs posted to id->srq, then
 //                                         rdma_create_qp with no SRQ named (the id's is used);
 //                                         accept, print N received SENDs' bytes and checksum,
-//                                         its QP's traffic class, then destroy QP, SRQ and id
+//                                         its QP's traffic class, then destroy QP, SRQ and id;
+//                                         ep: SRQ and QP on a PD of its own, rdma_destroy_ep
+//                                         alone, then ibv_dealloc_pd's result (EBUSY: the SRQ
+//                                         was left)
 //   rdmacm_peer send-client ADDR PORT N TOS TIMEOUT
 //                                         rdma_set_option TOS and ACK_TIMEOUT (-1: not set)
 //                                         before rdma_resolve_route, connect, print the
@@ -532,7 +535,7 @@ void print_qp_route(const char* who, ibv_qp* qp) {
               attr.timeout);
 }
 
-int srq_server(int port, int messages) {
+int srq_server(int port, int messages, bool ep) {
   rdma_event_channel* ec = rdma_create_event_channel();
   rdma_cm_id* listener = nullptr;
   if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
@@ -545,10 +548,12 @@ int srq_server(int port, int messages) {
   if (!event) return 5;
   rdma_cm_id* id = event->id;
   rdma_ack_cm_event(event);
+  ibv_pd* own_pd = ep ? ibv_alloc_pd(id->verbs) : nullptr;
+  if (ep && !own_pd) return 6;
   ibv_srq_init_attr srq_attr{};
   srq_attr.attr.max_wr = static_cast<uint32_t>(messages);
   srq_attr.attr.max_sge = 1;
-  if (rdma_create_srq(id, nullptr, &srq_attr) != 0) {
+  if (rdma_create_srq(id, own_pd, &srq_attr) != 0) {
     std::printf("rdma_create_srq: errno %d\n", errno);
     return 6;
   }
@@ -570,7 +575,7 @@ int srq_server(int port, int messages) {
   attr.cap.max_send_wr = 1;
   attr.cap.max_send_sge = 1;
   attr.cap.max_recv_wr = static_cast<uint32_t>(messages);  // sizes the recv CQ rdma_cm makes
-  if (rdma_create_qp(id, nullptr, &attr) != 0) return 9;
+  if (rdma_create_qp(id, own_pd, &attr) != 0) return 9;
   std::printf("qp on the id's srq: %s\n", id->qp->srq == id->srq ? "yes" : "no");
   rdma_conn_param param{};
   param.responder_resources = param.initiator_depth = 1;
@@ -595,11 +600,16 @@ int srq_server(int port, int messages) {
   std::printf("received %d failed %d bytes %u checksum %08x\n", received, failed, bytes, checksum);
   std::fflush(stdout);
   if ((event = expect_event(ec, RDMA_CM_EVENT_DISCONNECTED))) rdma_ack_cm_event(event);
-  rdma_destroy_qp(id);
-  rdma_destroy_srq(id);
-  std::printf("srq destroyed: %s\n", id->srq ? "no" : "yes");
   ibv_dereg_mr(mr);
-  rdma_destroy_id(id);
+  if (ep) {
+    rdma_destroy_ep(id);
+    std::printf("pd dealloc after rdma_destroy_ep: %d\n", ibv_dealloc_pd(own_pd));
+  } else {
+    rdma_destroy_qp(id);
+    rdma_destroy_srq(id);
+    std::printf("srq destroyed: %s\n", id->srq ? "no" : "yes");
+    rdma_destroy_id(id);
+  }
   rdma_destroy_id(listener);
   rdma_destroy_event_channel(ec);
   return 0;
@@ -705,8 +715,8 @@ int main(int argc, char** argv) {
     return late_listen_server(std::atoi(argv[2]), std::atoi(argv[3]));
   if (argc == 4 && std::strcmp(argv[1], "disconnect-client") == 0)
     return disconnect_client(argv[2], std::atoi(argv[3]));
-  if (argc == 4 && std::strcmp(argv[1], "srq-server") == 0)
-    return srq_server(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (argc == 5 && std::strcmp(argv[1], "srq-server") == 0)
+    return srq_server(std::atoi(argv[2]), std::atoi(argv[3]), std::strcmp(argv[4], "ep") == 0);
   if (argc == 7 && std::strcmp(argv[1], "send-client") == 0)
     return send_client(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]),
                        std::atoi(argv[6]));

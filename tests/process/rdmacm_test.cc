@@ -233,7 +233,7 @@ TEST(Rdmacm, EstablishAfterConnectResponseOnTheApplicationsOwnQp) {
 // of the path's 19 (the server's, which set none); a TOS of the wrong size is EINVAL.
 TEST(Rdmacm, SrqFromRdmaCreateSrqAndOptionsThatTakeEffect) {
   in_fresh_netns([] {
-    const Started server = start(std::string(URDMA_RDMACM_PEER) + " srq-server 7182 8");
+    const Started server = start(std::string(URDMA_RDMACM_PEER) + " srq-server 7182 8 id");
     ASSERT_TRUE(wait_output(server, "listening", 10000)) << finish(server, 0).output;
     const ToolRun client =
         finish(start(std::string(URDMA_RDMACM_PEER) + " send-client 127.0.0.1 7182 8 72 14"),
@@ -258,6 +258,27 @@ TEST(Rdmacm, SrqFromRdmaCreateSrqAndOptionsThatTakeEffect) {
         << client.output;
     EXPECT_NE(srv.output.find("server traffic_class 72 timeout 19"), std::string::npos)
         << srv.output;
+  });
+}
+
+// rdma_destroy_ep takes the endpoint's SRQ with its QP and id (rdma-core's order): the PD they
+// were on is free after it.
+TEST(Rdmacm, DestroyEpDestroysTheSrq) {
+  in_fresh_netns([] {
+    const Started server = start(std::string(URDMA_RDMACM_PEER) + " srq-server 7183 2 ep");
+    ASSERT_TRUE(wait_output(server, "listening", 10000)) << finish(server, 0).output;
+    const ToolRun client =
+        finish(start(std::string(URDMA_RDMACM_PEER) + " send-client 127.0.0.1 7183 2 -1 -1"),
+               20000);
+    const ToolRun srv = finish(server, 20000);
+    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+    EXPECT_EQ(srv.exit_code, 0) << srv.output;
+    EXPECT_NE(srv.output.find("srq created: yes, pd set"), std::string::npos) << srv.output;
+    EXPECT_NE(srv.output.find("received 2 failed 0 bytes 128"), std::string::npos) << srv.output;
+    EXPECT_NE(srv.output.find("pd dealloc after rdma_destroy_ep: 0"), std::string::npos)
+        << srv.output;
+    EXPECT_NE(client.output.find("client traffic_class 0 timeout 19"), std::string::npos)
+        << client.output;
   });
 }
 

@@ -1723,6 +1723,7 @@ URDMA_EXPORT int rdma_create_ep(rdma_cm_id** id, rdma_addrinfo* res, ibv_pd* pd,
 URDMA_EXPORT void rdma_destroy_ep(rdma_cm_id* id) {
   if (!id) return;
   rdma_destroy_qp(id);
+  rdma_destroy_srq(id);  // as rdma-core's: the endpoint's SRQ goes with it
   rdma_destroy_id(id);
 }
 URDMA_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
