@@ -185,6 +185,58 @@ TEST_F(ResponderTest, DuplicateSendIsReackedNotRedelivered) {
   EXPECT_EQ(engine_.counters().duplicate_request, 1u);
 }
 
+// IBA 9.7.5.2.2 on a QP of an SRQ (ibv_srq_pingpong's case): a multi-packet SEND resent whole
+// after its ACK was lost — every packet a duplicate — is acknowledged again up to the last PSN
+// received, delivered once, and takes no second WQE from the SRQ: the next SEND gets the next one.
+TEST_F(ProtocolTest, DuplicateSendToAnSrqQpIsReackedAndTakesNoWqe) {
+  ibv_srq_attr srq_attr = {};
+  srq_attr.max_wr = 4;
+  srq_attr.max_sge = 1;
+  provider::Srq* srq = dev_.create_srq(pd_, srq_attr).value();
+  QpParams p;
+  p.srq = srq;
+  make_qp(p);
+  std::vector<uint8_t> bufs(2 * 4096, 0);
+  provider::Mr* mr = reg(bufs.data(), bufs.size(), IBV_ACCESS_LOCAL_WRITE);
+  for (uint64_t id : {1, 2}) {
+    ibv_sge s = sge(bufs.data() + (id - 1) * 4096, 4096, mr);
+    ibv_recv_wr wr = {};
+    wr.wr_id = id;
+    wr.sg_list = &s;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_EQ(srq->post_recv(&wr, &bad).error(), 0);
+  }
+  constexpr uint32_t kPsn = 0x200;  // QpParams' rq_psn
+  std::vector<uint8_t> msg(2500);
+  for (size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<uint8_t>(i * 13);
+  const std::span<const uint8_t> m(msg);
+  const auto send_message = [&] {
+    inject(op::kRcSendFirst, kPsn, m.subspan(0, 1024), {}, false);
+    inject(op::kRcSendMiddle, kPsn + 1, m.subspan(1024, 1024), {}, false);
+    inject(op::kRcSendLast, kPsn + 2, m.subspan(2048));
+  };
+  send_message();
+  ASSERT_EQ(sent_count(), 1u);
+  EXPECT_EQ(sent(0).bth().psn(), kPsn + 2);
+  clear_sent();
+  send_message();  // the go-back-N resend: three duplicates, three ACKs of the last PSN
+  ASSERT_EQ(sent_count(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(sent(i).aeth()->is_ack());
+    EXPECT_EQ(sent(i).bth().psn(), kPsn + 2);
+  }
+  EXPECT_EQ(engine_.counters().duplicate_request, 3u);
+  inject(op::kRcSendOnly, kPsn + 3, std::vector<uint8_t>{7});
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);
+  EXPECT_EQ(wcs[0].byte_len, 2500u);
+  EXPECT_EQ(wcs[1].wr_id, 2u);
+  EXPECT_EQ(wcs[1].byte_len, 1u);
+  EXPECT_EQ(0, std::memcmp(bufs.data(), msg.data(), msg.size()));
+}
+
 // IBA 9.7.5.2.1: a PSN beyond the expected one → one PSN Sequence Error NAK carrying the
 // expected PSN, and no second NAK for the same gap.
 TEST_F(ResponderTest, OutOfSequenceNakOncePerGap) {
