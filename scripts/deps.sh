@@ -13,6 +13,7 @@ packages=(
   iproute2 tcpdump                   # network namespaces and captures in process tests
   gdb                                # a process test prints the stacks of a tool that hangs
   ibverbs-utils perftest qperf rdmacm-utils  # unmodified verbs/CM clients the process tests run on urdma
+  python3-pyverbs                    # rdma-core's Python binding (for /usr/bin/python3), run on urdma
 )
 
 missing=()

@@ -1,0 +1,250 @@
+#!/usr/bin/python3
+"""pyverbs (Debian's python3-pyverbs, unmodified) on urdma: run by pyverbs_test.cc with
+LD_LIBRARY_PATH naming the build's lib/ directory, so pyverbs' libibverbs.so.1 and
+librdmacm.so.1 are ours.
+
+Each mode prints what it observed as `name=value` lines for the test to assert on; a pyverbs
+call that fails raises PyverbsRDMAError (with the errno) and the script exits non-zero.
+
+  device  the device list, the device, port 1 and GID 0 as pyverbs' query calls return them
+  rc      two RC QPs of this process joined by a GRH address: SEND with immediate, RDMA WRITE
+          and RDMA WRITE with immediate of a 64 KiB buffer, checked by CRC-32
+  cm_server PORT, cm_client PORT
+          pyverbs.cmid's synchronous RDMA CM on 127.0.0.1: the client connects to the server,
+          each sends the other a 4 KiB message (the server once it printed "listening")
+"""
+import ipaddress
+import os
+import sys
+import time
+import zlib
+
+import pyverbs.cm_enums as ce
+import pyverbs.enums as e
+from pyverbs.addr import AHAttr, GlobalRoute
+from pyverbs.cmid import CMID, AddrInfo
+from pyverbs.cq import CQ
+from pyverbs.device import Context, get_device_list
+from pyverbs.mr import MR
+from pyverbs.pd import PD, ParentDomain, ParentDomainInitAttr
+from pyverbs.pyverbs_error import PyverbsRDMAError
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.wr import SGE, RecvWR, SendWR
+from pyverbs.xrcd import XRCD, XRCDInitAttr
+
+SIZE = 64 * 1024
+IMM = 0x1234ABCD
+POLL_DEADLINE_S = 10
+
+
+def say(name, value):
+    print(f"{name}={value}", flush=True)
+
+
+def gid_text(gid):
+    """pyverbs prints a GID as eight groups of four hex digits; an IPv4-mapped one as
+    ::ffff:a.b.c.d."""
+    address = ipaddress.IPv6Address(str(gid))
+    return f"::ffff:{address.ipv4_mapped}" if address.ipv4_mapped else str(address)
+
+
+def device():
+    say("devices", ",".join(d.name.decode() for d in get_device_list()))
+    ctx = Context(name="urdma0")
+    attr = ctx.query_device()
+    for field in ("max_qp", "max_qp_wr", "max_cq", "max_cqe", "max_mr", "max_mr_size",
+                  "max_pd", "max_sge", "phys_port_cnt"):
+        say(field, getattr(attr, field))
+    port = ctx.query_port(1)
+    say("port_state", e.ibv_port_state(port.state).name)
+    say("link_layer", port.link_layer)
+    say("active_mtu", e.ibv_mtu(port.active_mtu).name)
+    say("gid_tbl_len", port.gid_tbl_len)
+    say("gid0", gid_text(ctx.query_gid(1, 0)))
+    say("gid0_type", e.ibv_gid_type(ctx.query_gid_ex(1, 0).gid_type).name)
+    say("ex_max_qp", ctx.query_device_ex().orig_attr.max_qp)
+    unsupported(ctx)
+    ctx.close()
+
+
+def unsupported(ctx):
+    """What urdma answers EOPNOTSUPP, as a device without the feature does: no hardware clock,
+    no XRC, no parent domains. Prints the errno of each (0: it worked)."""
+    pd = PD(ctx)
+    calls = {
+        "rt_values": ctx.query_rt_values_ex,
+        "xrcd": lambda: XRCD(ctx, XRCDInitAttr(e.IBV_XRCD_INIT_ATTR_FD |
+                                               e.IBV_XRCD_INIT_ATTR_OFLAGS, os.O_CREAT, -1)),
+        "parent_domain": lambda: ParentDomain(ctx, ParentDomainInitAttr(pd=pd)),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+            say(f"{name}_errno", 0)
+        except PyverbsRDMAError as error:
+            say(f"{name}_errno", error.error_code)
+    pd.close()
+
+
+def poll_one(cq):
+    """The next completion of `cq`; fails after POLL_DEADLINE_S rather than hanging."""
+    deadline = time.monotonic() + POLL_DEADLINE_S
+    while time.monotonic() < deadline:
+        n, wcs = cq.poll(1)
+        if n == 1:
+            return wcs[0]
+    sys.exit(f"no completion within {POLL_DEADLINE_S} s")
+
+
+def say_wc(prefix, wc):
+    say(f"{prefix}_status", wc.status)
+    say(f"{prefix}_opcode", e.ibv_wc_opcode(wc.opcode).name)
+    say(f"{prefix}_byte_len", wc.byte_len)
+    say(f"{prefix}_wr_id", wc.wr_id)
+    if wc.wc_flags & e.IBV_WC_WITH_IMM:
+        say(f"{prefix}_imm", hex(wc.imm_data))
+
+
+class Side:
+    """One RC QP with its own CQ and a 64 KiB MR open to remote writes."""
+
+    def __init__(self, ctx, pd):
+        access = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
+                  e.IBV_ACCESS_REMOTE_READ)
+        self.mr = MR(pd, SIZE, access)
+        self.cq = CQ(ctx, 16, None, None, 0)
+        cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
+        init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap)
+        self.qp = QP(pd, init)
+
+    def connect(self, peer, gid, mtu):
+        attr = QPAttr(port_num=1)
+        attr.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
+                                e.IBV_ACCESS_REMOTE_READ)
+        attr.dest_qp_num = peer.qp.qp_num
+        attr.path_mtu = mtu
+        attr.rq_psn = 0
+        attr.sq_psn = 0
+        attr.max_dest_rd_atomic = 1
+        attr.max_rd_atomic = 1
+        attr.min_rnr_timer = 12
+        attr.timeout = 14
+        attr.retry_cnt = 7
+        attr.rnr_retry = 7
+        attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=gid, sgid_index=0), is_global=1, port_num=1)
+        self.qp.to_rts(attr)
+
+    def sge(self):
+        return SGE(self.mr.buf, SIZE, self.mr.lkey)
+
+    def post_recv(self, wr_id):
+        self.qp.post_recv(RecvWR(wr_id=wr_id, num_sge=1, sg=[self.sge()]))
+
+    def post_send(self, wr_id, opcode, remote=None, imm=None):
+        kwargs = {"imm_data": imm} if imm is not None else {}
+        wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[self.sge()],
+                    send_flags=e.IBV_SEND_SIGNALED, **kwargs)
+        if remote is not None:
+            wr.set_wr_rdma(remote.mr.rkey, remote.mr.buf)
+        self.qp.post_send(wr)
+
+    def crc(self):
+        return zlib.crc32(self.mr.read(SIZE, 0))
+
+
+def rc():
+    ctx = Context(name="urdma0")
+    pd = PD(ctx)
+    a, b = Side(ctx, pd), Side(ctx, pd)
+    gid = ctx.query_gid(1, 0)
+    mtu = ctx.query_port(1).active_mtu
+    a.connect(b, gid, mtu)
+    b.connect(a, gid, mtu)
+    say("qp_state", e.ibv_qp_state(a.qp.query(e.IBV_QP_STATE)[0].qp_state).name)
+
+    steps = (("send_imm", e.IBV_WR_SEND_WITH_IMM, None, IMM, True),
+             ("write", e.IBV_WR_RDMA_WRITE, b, None, False),
+             ("write_imm", e.IBV_WR_RDMA_WRITE_WITH_IMM, b, IMM + 1, True))
+    for n, (name, opcode, remote, imm, receives) in enumerate(steps, start=1):
+        a.mr.write(os.urandom(SIZE), SIZE, 0)
+        b.mr.write(bytes(SIZE), SIZE, 0)
+        if receives:
+            b.post_recv(100 + n)
+        a.post_send(n, opcode, remote, imm)
+        say_wc(f"{name}_sender", poll_one(a.cq))
+        if receives:
+            say_wc(f"{name}_receiver", poll_one(b.cq))
+        say(f"{name}_crc_sent", a.crc())
+        say(f"{name}_crc_received", b.crc())
+    for side in (a, b):
+        side.qp.close()
+        side.cq.close()
+        side.mr.close()
+    pd.close()
+    ctx.close()
+
+
+CM_MSG = 4096
+
+
+def cm_qp_attr():
+    cap = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
+    return QPInitAttr(qp_type=e.IBV_QPT_RC, cap=cap, sq_sig_all=1)
+
+
+def cm_buffers(cmid):
+    """A receive buffer, posted before the connection exists, and a send buffer."""
+    recv_mr = cmid.reg_msgs(CM_MSG)
+    send_mr = cmid.reg_msgs(CM_MSG)
+    cmid.post_recv(recv_mr)
+    return recv_mr, send_mr
+
+
+def cm_exchange(cmid, role, recv_mr, send_mr, message):
+    """Sends `message`, then reports both completions and the CRC of what arrived."""
+    send_mr.write(message, CM_MSG, 0)
+    cmid.post_send(send_mr)
+    say_wc(f"{role}_send", cmid.get_send_comp())
+    say_wc(f"{role}_recv", cmid.get_recv_comp())
+    say(f"{role}_received_crc", zlib.crc32(recv_mr.read(CM_MSG, 0)))
+    say(f"{role}_sent_crc", zlib.crc32(message))
+
+
+def cm_message(role):
+    """Each side's own bytes, so a message that came back to its sender would show."""
+    return bytes((i * 7 + ord(role[0])) & 0xFF for i in range(CM_MSG))
+
+
+def cm_server(port):
+    info = AddrInfo(src="127.0.0.1", src_service=port, port_space=ce.RDMA_PS_TCP,
+                    flags=ce.RAI_PASSIVE)
+    listener = CMID(creator=info, qp_init_attr=cm_qp_attr())
+    listener.listen()
+    print("listening", flush=True)
+    conn = listener.get_request()
+    recv_mr, send_mr = cm_buffers(conn)
+    conn.accept()
+    say("server_device", conn.dev_name)
+    cm_exchange(conn, "server", recv_mr, send_mr, cm_message("server"))
+    conn.disconnect()
+    conn.close()
+    listener.close()
+
+
+def cm_client(port):
+    info = AddrInfo(dst="127.0.0.1", dst_service=port, port_space=ce.RDMA_PS_TCP)
+    cmid = CMID(creator=info, qp_init_attr=cm_qp_attr())
+    recv_mr, send_mr = cm_buffers(cmid)
+    cmid.connect()
+    cm_exchange(cmid, "client", recv_mr, send_mr, cm_message("client"))
+    cmid.close()
+
+
+def main():
+    modes = {"device": device, "rc": rc, "cm_server": cm_server, "cm_client": cm_client}
+    modes[sys.argv[1]](*sys.argv[2:])
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+// Debian's python3-pyverbs (rdma-core's Python binding), unmodified, on urdma (issue #8): the
+// script pyverbs_rc.py runs under /usr/bin/python3 (the interpreter Debian's package is built
+// for) with LD_LIBRARY_PATH naming the build's lib/ directory (tool_run.h), so the
+// libibverbs.so.1 and librdmacm.so.1 pyverbs links are ours; every test body runs in a fresh
+// network namespace (netns_harness.h) where our library starts its urdmad.
+//
+// The script prints what pyverbs returned as `name=value` lines; the assertions are here:
+// the device list, query_device(_ex)/query_port/query_gid(_ex), the EOPNOTSUPP answers; an RC SEND with immediate, RDMA WRITE and
+// WRITE with immediate of 64 KiB between two QPs of one process (CQE fields, CRC-32 of the
+// buffers); and a pyverbs.cmid client and server exchanging a SEND each way. Skipped when
+// /usr/bin/python3 cannot import pyverbs (scripts/deps.sh installs python3-pyverbs).
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "netns_harness.h"
+#include "tool_run.h"
+
+namespace urdma::process_test {
+namespace {
+
+const std::string kPython = "/usr/bin/python3";
+
+std::string script(const std::string& args) {
+  return kPython + " " + URDMA_PYVERBS_SCRIPT + " " + args;
+}
+
+void skip_without_pyverbs() {
+  if (std::system((kPython + " -c 'import pyverbs.device' >/dev/null 2>&1").c_str()) != 0)
+    skip_test("/usr/bin/python3 cannot import pyverbs (scripts/deps.sh installs python3-pyverbs)");
+}
+
+// The script's `name=value` lines.
+std::map<std::string, std::string> fields_of(const std::string& out) {
+  std::map<std::string, std::string> fields;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    const size_t eq = line.find('=');
+    if (eq != std::string::npos && eq > 0) fields[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return fields;
+}
+
+long long number(const std::map<std::string, std::string>& f, const std::string& name) {
+  const auto it = f.find(name);
+  return it == f.end() ? -1 : std::atoll(it->second.c_str());
+}
+
+std::string text(const std::map<std::string, std::string>& f, const std::string& name) {
+  const auto it = f.find(name);
+  return it == f.end() ? "(missing)" : it->second;
+}
+
+// A work completion the script printed as <prefix>_status, _opcode, _byte_len, _imm.
+void expect_wc(const std::map<std::string, std::string>& f, const std::string& prefix,
+               const std::string& opcode) {
+  SCOPED_TRACE(prefix);
+  EXPECT_EQ(number(f, prefix + "_status"), 0);  // IBV_WC_SUCCESS
+  EXPECT_EQ(text(f, prefix + "_opcode"), opcode);
+}
+
+TEST(Pyverbs, ListsOpensAndQueriesUrdma0) {
+  in_fresh_netns([] {
+    skip_without_pyverbs();
+    const ToolRun r = run(script("device"), 30000);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto f = fields_of(r.output);
+    EXPECT_EQ(text(f, "devices"), "urdma0") << r.output;
+    for (const char* positive : {"max_qp", "max_qp_wr", "max_cq", "max_cqe", "max_mr",
+                                 "max_mr_size", "max_pd", "max_sge"}) {
+      // max_mr_size is 2^64-1 (any size): atoll saturates, still positive.
+      EXPECT_GT(number(f, positive), 0) << positive << "\n" << r.output;
+    }
+    EXPECT_EQ(number(f, "phys_port_cnt"), 1);
+    EXPECT_EQ(text(f, "port_state"), "IBV_PORT_ACTIVE");
+    EXPECT_EQ(number(f, "link_layer"), 2);  // IBV_LINK_LAYER_ETHERNET
+    EXPECT_EQ(text(f, "active_mtu"), "IBV_MTU_4096");
+    EXPECT_GT(number(f, "gid_tbl_len"), 0);
+    EXPECT_EQ(text(f, "gid0"), "::ffff:127.0.0.1");
+    EXPECT_EQ(text(f, "gid0_type"), "IBV_GID_TYPE_ROCE_V2");
+    EXPECT_EQ(number(f, "ex_max_qp"), number(f, "max_qp"));
+    // No hardware clock, no XRC, no parent domains: EOPNOTSUPP, as from a device without them.
+    for (const char* call : {"rt_values_errno", "xrcd_errno", "parent_domain_errno"})
+      EXPECT_EQ(number(f, call), EOPNOTSUPP) << call;
+  }, 60);
+}
+
+TEST(Pyverbs, RcSendWithImmAndRdmaWrite64KiB) {
+  in_fresh_netns([] {
+    skip_without_pyverbs();
+    const ToolRun r = run(script("rc"), 60000);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto f = fields_of(r.output);
+    EXPECT_EQ(text(f, "qp_state"), "IBV_QPS_RTS") << r.output;
+
+    expect_wc(f, "send_imm_sender", "IBV_WC_SEND");
+    expect_wc(f, "send_imm_receiver", "IBV_WC_RECV");
+    EXPECT_EQ(number(f, "send_imm_receiver_byte_len"), 65536);
+    EXPECT_EQ(number(f, "send_imm_receiver_wr_id"), 101);
+    EXPECT_EQ(text(f, "send_imm_receiver_imm"), "0x1234abcd");
+
+    expect_wc(f, "write_sender", "IBV_WC_RDMA_WRITE");
+    EXPECT_EQ(number(f, "write_sender_wr_id"), 2);
+    EXPECT_EQ(f.count("write_receiver_status"), 0u);  // a plain WRITE takes no receive
+
+    expect_wc(f, "write_imm_sender", "IBV_WC_RDMA_WRITE");
+    expect_wc(f, "write_imm_receiver", "IBV_WC_RECV_RDMA_WITH_IMM");
+    EXPECT_EQ(number(f, "write_imm_receiver_byte_len"), 65536);
+    EXPECT_EQ(text(f, "write_imm_receiver_imm"), "0x1234abce");
+
+    // Each step fills the sender's buffer with fresh random bytes and zeroes the receiver's.
+    for (const std::string step : {"send_imm", "write", "write_imm"}) {
+      EXPECT_NE(text(f, step + "_crc_sent"), "(missing)") << r.output;
+      EXPECT_EQ(text(f, step + "_crc_received"), text(f, step + "_crc_sent")) << step;
+    }
+  }, 90);
+}
+
+TEST(Pyverbs, CmidClientAndServerSendEachWay) {
+  in_fresh_netns([] {
+    skip_without_pyverbs();
+    const Started server = start(script("cm_server 7471"));
+    ASSERT_TRUE(wait_output(server, "listening", 30000));
+    const ToolRun client = run(script("cm_client 7471"), 30000);
+    const ToolRun served = finish(server, 30000);
+    ASSERT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << served.output;
+    ASSERT_EQ(served.exit_code, 0) << served.output;
+    const auto c = fields_of(client.output);
+    const auto s = fields_of(served.output);
+    EXPECT_EQ(text(s, "server_device"), "urdma0");
+    for (const auto* side : {&c, &s}) {
+      const std::string role = side == &c ? "client" : "server";
+      expect_wc(*side, role + "_send", "IBV_WC_SEND");
+      expect_wc(*side, role + "_recv", "IBV_WC_RECV");
+      EXPECT_EQ(number(*side, role + "_recv_byte_len"), 4096) << role;
+    }
+    // What each side received is what the other sent, and the two messages differ.
+    EXPECT_EQ(text(c, "client_received_crc"), text(s, "server_sent_crc"));
+    EXPECT_EQ(text(s, "server_received_crc"), text(c, "client_sent_crc"));
+    EXPECT_NE(text(c, "client_sent_crc"), text(s, "server_sent_crc"));
+  }, 120);
+}
+
+}  // namespace
+}  // namespace urdma::process_test
