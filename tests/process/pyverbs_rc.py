@@ -8,7 +8,8 @@ call that fails raises PyverbsRDMAError (with the errno) and the script exits no
 
   device  the device list, the device, port 1 and GID 0 as pyverbs' query calls return them
   rc      two RC QPs of this process joined by a GRH address: SEND with immediate, RDMA WRITE
-          and RDMA WRITE with immediate of a 64 KiB buffer, checked by CRC-32
+          and RDMA WRITE with immediate of a 64 KiB buffer, checked by CRC-32; the receiving
+          side waits for its completions on a completion channel (req_notify, get_cq_event)
   cm_server PORT, cm_client PORT
           pyverbs.cmid's synchronous RDMA CM on 127.0.0.1: the client connects to the server,
           each sends the other a 4 KiB message (the server once it printed "listening")
@@ -23,7 +24,7 @@ import pyverbs.cm_enums as ce
 import pyverbs.enums as e
 from pyverbs.addr import AHAttr, GlobalRoute
 from pyverbs.cmid import CMID, AddrInfo
-from pyverbs.cq import CQ
+from pyverbs.cq import CQ, CompChannel
 from pyverbs.device import Context, get_device_list
 from pyverbs.mr import MR
 from pyverbs.pd import PD, ParentDomain, ParentDomainInitAttr
@@ -106,13 +107,15 @@ def say_wc(prefix, wc):
 
 
 class Side:
-    """One RC QP with its own CQ and a 64 KiB MR open to remote writes."""
+    """One RC QP with its own CQ (on `channel` if given) and a 64 KiB MR open to remote
+    writes."""
 
-    def __init__(self, ctx, pd):
+    def __init__(self, ctx, pd, channel=None):
         access = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
                   e.IBV_ACCESS_REMOTE_READ)
         self.mr = MR(pd, SIZE, access)
-        self.cq = CQ(ctx, 16, None, None, 0)
+        self.channel = channel
+        self.cq = CQ(ctx, 16, None, channel, 0)
         cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
         init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap)
         self.qp = QP(pd, init)
@@ -155,7 +158,8 @@ class Side:
 def rc():
     ctx = Context(name="urdma0")
     pd = PD(ctx)
-    a, b = Side(ctx, pd), Side(ctx, pd)
+    channel = CompChannel(ctx)
+    a, b = Side(ctx, pd), Side(ctx, pd, channel)
     gid = ctx.query_gid(1, 0)
     mtu = ctx.query_port(1).active_mtu
     a.connect(b, gid, mtu)
@@ -170,9 +174,13 @@ def rc():
         b.mr.write(bytes(SIZE), SIZE, 0)
         if receives:
             b.post_recv(100 + n)
+            b.cq.req_notify()
         a.post_send(n, opcode, remote, imm)
         say_wc(f"{name}_sender", poll_one(a.cq))
         if receives:
+            channel.get_cq_event(b.cq)
+            b.cq.ack_events(1)
+            say(f"{name}_receiver_event", 1)
             say_wc(f"{name}_receiver", poll_one(b.cq))
         say(f"{name}_crc_sent", a.crc())
         say(f"{name}_crc_received", b.crc())
@@ -180,6 +188,7 @@ def rc():
         side.qp.close()
         side.cq.close()
         side.mr.close()
+    channel.close()
     pd.close()
     ctx.close()
 

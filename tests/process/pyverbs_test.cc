@@ -7,7 +7,7 @@
 // The script prints what pyverbs returned as `name=value` lines; the assertions are here:
 // the device list, query_device(_ex)/query_port/query_gid(_ex), the EOPNOTSUPP answers; an RC SEND with immediate, RDMA WRITE and
 // WRITE with immediate of 64 KiB between two QPs of one process (CQE fields, CRC-32 of the
-// buffers); and a pyverbs.cmid client and server exchanging a SEND each way. Skipped when
+// buffers; the receiver waits on a completion channel); and a pyverbs.cmid client and server exchanging a SEND each way. Skipped when
 // /usr/bin/python3 cannot import pyverbs (scripts/deps.sh installs python3-pyverbs).
 #include <gtest/gtest.h>
 
@@ -102,6 +102,7 @@ TEST(Pyverbs, RcSendWithImmAndRdmaWrite64KiB) {
     EXPECT_EQ(number(f, "send_imm_receiver_byte_len"), 65536);
     EXPECT_EQ(number(f, "send_imm_receiver_wr_id"), 101);
     EXPECT_EQ(text(f, "send_imm_receiver_imm"), "0x1234abcd");
+    EXPECT_EQ(number(f, "send_imm_receiver_event"), 1);  // woken by its completion channel
 
     expect_wc(f, "write_sender", "IBV_WC_RDMA_WRITE");
     EXPECT_EQ(number(f, "write_sender_wr_id"), 2);
@@ -111,6 +112,7 @@ TEST(Pyverbs, RcSendWithImmAndRdmaWrite64KiB) {
     expect_wc(f, "write_imm_receiver", "IBV_WC_RECV_RDMA_WITH_IMM");
     EXPECT_EQ(number(f, "write_imm_receiver_byte_len"), 65536);
     EXPECT_EQ(text(f, "write_imm_receiver_imm"), "0x1234abce");
+    EXPECT_EQ(number(f, "write_imm_receiver_event"), 1);
 
     // Each step fills the sender's buffer with fresh random bytes and zeroes the receiver's.
     for (const std::string step : {"send_imm", "write", "write_imm"}) {
