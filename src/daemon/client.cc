@@ -462,7 +462,15 @@ void Client::keep_loop() {
     pollfd p[2] = {{k.stop.get(), POLLIN, 0}, {fd_.get(), POLLRDHUP, 0}};
     const int r = poll(p, 2, k.counters ? kReportIntervalMs : -1);
     if (r < 0 && errno != EINTR) return;
-    if (p[0].revents) return;
+    if (p[0].revents) {
+      // The process closes its device: one last report, so a run shorter than the interval
+      // is counted too (urdmad keeps it after the connection closes: ClientRole::kDeparted).
+      if (k.counters) {
+        const CounterReport now = k.counters();
+        if (!reported || now != last) (void)report_counters(now);
+      }
+      return;
+    }
     if (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
       // The daemon is gone. Reconnect (starting one when nobody serves) and hand the slot over,
       // backing off while that fails; the slot's socket keeps working meanwhile.

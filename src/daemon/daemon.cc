@@ -792,7 +792,7 @@ std::vector<uint8_t> Daemon::clients_page(std::span<const uint8_t> rec, int* err
   const int64_t now = now_ms();
   const ClientsPage page{.uptime_ms = static_cast<uint64_t>(now - start_ms_),
                          .netns_inode = ns.st_ino,
-                         .total = static_cast<uint32_t>(clients_.size()),
+                         .total = static_cast<uint32_t>(clients_.size() + departed_.size()),
                          .first = q.first,
                          .count = 0,
                          .takeover = takeover_,
@@ -820,6 +820,21 @@ std::vector<uint8_t> Daemon::clients_page(std::span<const uint8_t> rec, int* err
       e.report = *c.report;
       e.report_age_ms = static_cast<uint64_t>(now - c.report_ms);
     }
+    entries.push_back(e);
+  }
+  for (const Departed& d : departed_) {
+    if (index++ < q.first) continue;
+    if (entries.size() == kClientsPerPage) break;
+    ClientEntry e{};
+    e.pid = static_cast<uint32_t>(d.pid);
+    e.uid = static_cast<uint32_t>(d.uid);
+    e.slot = d.slot;
+    e.role = static_cast<uint16_t>(ClientRole::kDeparted);
+    e.flags = kClientReported;
+    std::strncpy(e.comm, d.comm.c_str(), sizeof e.comm - 1);
+    e.connected_ms = static_cast<uint64_t>(now - d.left_ms);
+    e.report = d.report;
+    e.report_age_ms = static_cast<uint64_t>(now - d.report_ms);
     entries.push_back(e);
   }
   return encode_clients(page, entries);
@@ -919,6 +934,10 @@ void Daemon::drop_client(uint64_t id) {
   if (c.channel_slot) {
     const auto ch = channels_.find(*c.channel_slot);
     if (ch != channels_.end() && ch->second == id) channels_.erase(ch);
+  }
+  if (c.slot && c.report) {
+    departed_.push_back({c.pid, c.uid, c.comm, *c.slot, *c.report, c.report_ms, now_ms()});
+    if (departed_.size() > kDepartedKept) departed_.pop_front();
   }
   if (c.slot) {
     // The slot's service IDs and MAD channel go with it.

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -159,6 +160,18 @@ class Daemon {
   SlotGroup group_;
   SlotTable slots_;
   std::map<uint64_t, Client> clients_;
+  // Slot holders that left with a counter report (ClientRole::kDeparted), oldest first.
+  struct Departed {
+    pid_t pid = 0;
+    uid_t uid = 0;
+    std::string comm;
+    unsigned slot = 0;
+    CounterReport report{};
+    int64_t report_ms = 0;
+    int64_t left_ms = 0;
+  };
+  static constexpr size_t kDepartedKept = 64;
+  std::deque<Departed> departed_;
   // Slot 0 through the engine's own UDP I/O (batches, IP_PKTINFO for the destination address).
   std::unique_ptr<net::UdpSocketIo> gsi_io_;
   std::map<uint64_t, unsigned> listeners_;  // service ID -> slot

@@ -211,6 +211,10 @@ enum class ClientRole : uint16_t {
   kSlotHolder = 1,
   kGidWatcher = 2,
   kMadChannel = 3,
+  // A slot holder that has left: its last counter report, kept (the newest 64) so that what a
+  // finished process counted stays visible, as rxe's port counters outlive the processes that
+  // moved them. connected_ms is then how long ago it left.
+  kDeparted = 4,
 };
 inline constexpr uint32_t kNotASlot = 0xFFFFFFFF;
 inline constexpr uint16_t kClientReattached = 1;  // its slot came back through kReattach

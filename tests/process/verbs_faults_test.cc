@@ -7,8 +7,9 @@
 // --gtest_also_run_disabled_tests.
 //
 // The faults must be real, not merely configured: while a pair runs, the test reads
-// `urdma status --json` (each process pushes its counters to urdmad at most once a second,
-// under rxe's `rdma statistic` names, and a process's row leaves with it) and keeps, per
+// `urdma status --json` (each process pushes its counters to urdmad at most once a second and
+// as it closes its device, under rxe's `rdma statistic` names; a process that left stays as a
+// "departed" row with its last report) and keeps, per
 // process, the largest completer_retry_err seen — retransmissions the requester started, on a
 // timeout or a NAK. A pair whose processes together report none fails. The iteration counts
 // are chosen so each pair runs for seconds, long enough for a report.
@@ -84,6 +85,10 @@ struct PairResult {
 // passes, sampling urdmad's counters meanwhile.
 PairResult run_pair(const std::string& args, unsigned port, int seed, int timeout_ms) {
   PairResult r;
+  // The rows already there are earlier pairs' (urdmad keeps departed processes' counters):
+  // not this pair's.
+  Retries earlier;
+  sample_retries(&earlier);
   const Started server = start(faults(2 * seed + 1) + args);
   if (!wait_listening(port, 10000)) {
     r.server = finish(server, 1000);
@@ -99,6 +104,8 @@ PairResult run_pair(const std::string& args, unsigned port, int seed, int timeou
   }
   r.client = finish(client, 1000);
   r.server = finish(server, 10000);
+  sample_retries(&seen);  // the last reports, made as the two closed their devices
+  for (const auto& [pid, n] : earlier) seen.erase(pid);
   r.retries = total(seen);
   return r;
 }

@@ -197,6 +197,36 @@ TEST_F(VerbsUtils, PingpongsBetweenTwoProcessesOnOneHost) {
       90);
 }
 
+// What a finished process counted stays in `urdma status`, as rxe's port counters outlive the
+// processes that moved them: each process reports its engine counters once more as it closes
+// its device, and urdmad keeps a slot holder's last report as a "departed" row. A 20-iteration
+// pair ends well inside the once-a-second report interval, so without the last report neither
+// side would show up at all.
+TEST_F(VerbsUtils, AFinishedPairsCountersStayInUrdmaStatus) {
+  in_fresh_netns([] {
+    const std::string args = pingpong_args("ibv_rc_pingpong", 1024, 18650, 0, false);
+    const Started server = start(args);
+    ASSERT_TRUE(wait_listening(18650, 10000));
+    const ToolRun client = run(args + " 127.0.0.1", 20000);
+    const ToolRun srv = finish(server, 10000);
+    ASSERT_EQ(client.exit_code, 0) << client.output;
+    ASSERT_EQ(srv.exit_code, 0) << srv.output;
+    // "<role> <rdma_sends> <rdma_recvs>" per row.
+    const ToolRun status = run(std::string(URDMA_TOOL_PATH) +
+                               " status --json | /usr/bin/python3 -c 'import json, sys\n"
+                               "for c in json.load(sys.stdin)[\"clients\"]:\n"
+                               "    k = c.get(\"counters\") or {}\n"
+                               "    print(c[\"role\"], k.get(\"rdma_sends\", -1), "
+                               "k.get(\"rdma_recvs\", -1))'");
+    ASSERT_EQ(status.exit_code, 0) << status.output;
+    // Each side sent and received one message per iteration.
+    EXPECT_EQ(count(status.output, "departed " + std::to_string(kIters) + " " +
+                                       std::to_string(kIters)),
+              2)
+        << status.output;
+  });
+}
+
 // Host A is this namespace, host B a child in a namespace of its own (its own urdmad, started
 // by the library in B's server process); a veth pair joins them. Each side passes -g with the
 // GID index its ibv_devinfo shows for its 10.89.0.x address.

@@ -91,6 +91,8 @@ const char* role_name(uint16_t role) {
       return "gid-watcher";
     case ClientRole::kMadChannel:
       return "mad-channel";
+    case ClientRole::kDeparted:
+      return "departed";
     case ClientRole::kConnection:
       break;
   }

@@ -6,8 +6,8 @@
 #   - the drop rules' own counters are non-zero in both directions;
 #   - every stack that sends requests in the case retransmitted: rxe's completer_retry_err
 #     (`rdma statistic`, before and after the case) and urdma's (`urdma status --json`, sampled
-#     while the programs run: a process's row leaves with it) are above 0 — or, for urdma, when
-#     the case ended before its last counter report, rxe's responder saw a request PSN again or
+#     while the programs run; a process that left stays as a "departed" row with its last
+#     report) are above 0 — or, for urdma, when no report with them was seen, rxe's responder saw a request PSN again or
 #     a gap (duplicate_request, out_of_seq_request) in a transfer that completed.
 # (rping: both directions' drops and both stacks' retransmissions together, see under_loss.)
 # The drops are nftables rules on tap0 in the namespace (netdev family: egress towards the guest,
@@ -46,25 +46,39 @@ rxe_counters() {
 
 # urdma_sampler_start / _stop: `urdma status --json` every 0.2 s into $OUT/urdma-status.json.
 urdma_sampler_start() {
+  # Processes already listed (earlier cases' departed rows) are not this case's.
+  in_ns "$URDMA" status --json > "$OUT/urdma-status-before.json" 2> /dev/null
   (while :; do in_ns "$URDMA" status --json 2> /dev/null && echo; sleep 0.2; done) \
     > "$OUT/urdma-status.json" &
   URDMA_SAMPLER=$!
 }
-urdma_sampler_stop() { kill "$URDMA_SAMPLER" 2> /dev/null; wait "$URDMA_SAMPLER" 2> /dev/null; }
+urdma_sampler_stop() {
+  kill "$URDMA_SAMPLER" 2> /dev/null
+  wait "$URDMA_SAMPLER" 2> /dev/null
+  # The last reports, made as the programs closed their devices (kept as departed rows).
+  in_ns "$URDMA" status --json > "$OUT/urdma-status-last.json" 2> /dev/null
+}
 
 # urdma_counters: per counter, the sum over urdma's processes of the largest value each reported.
 urdma_counters() {
-  python3 - "$OUT/urdma-status.json" << 'PY'
+  python3 - "$OUT/urdma-status-before.json" "$OUT/urdma-status.json" \
+    "$OUT/urdma-status-last.json" << 'PY'
 import json, sys
-text, dec, pos, best = open(sys.argv[1]).read(), json.JSONDecoder(), 0, {}
-while True:
-    while pos < len(text) and text[pos].isspace(): pos += 1
-    if pos >= len(text): break
-    try: doc, pos = dec.raw_decode(text, pos)
-    except ValueError: break  # the last sample, cut off by the sampler's stop
-    for c in doc.get("clients", []):
-        for name, v in (c.get("counters") or {}).items():
-            if isinstance(v, int): best[(c["pid"], name)] = max(best.get((c["pid"], name), 0), v)
+try: earlier = {c["pid"] for c in json.load(open(sys.argv[1])).get("clients", [])}
+except (OSError, ValueError): earlier = set()
+dec, best = json.JSONDecoder(), {}
+for path in sys.argv[2:]:
+    try: text, pos = open(path).read(), 0
+    except OSError: continue
+    while True:
+        while pos < len(text) and text[pos].isspace(): pos += 1
+        if pos >= len(text): break
+        try: doc, pos = dec.raw_decode(text, pos)
+        except ValueError: break  # the last sample, cut off by the sampler's stop
+        for c in doc.get("clients", []):
+            if c["pid"] in earlier: continue
+            for name, v in (c.get("counters") or {}).items():
+                if isinstance(v, int): best[(c["pid"], name)] = max(best.get((c["pid"], name), 0), v)
 total = {}
 for (pid, name), v in best.items(): total[name] = total.get(name, 0) + v
 for name in sorted(total): print(name, total[name])
@@ -111,8 +125,9 @@ under_loss() {
       n=$(value "$OUT/rxe-counters-delta.txt" completer_retry_err)
     else
       n=$(value "$OUT/urdma-counters.txt" completer_retry_err)
-      # urdma's counters reach urdmad at most once a second and leave with the process, so a
-      # short case can end before its last report (CI: ib_write_bw and ib_read_bw in ~1 s).
+      # urdma's counters reach urdmad at most once a second and at close; a build from before
+      # the close report, or a process that died, may leave none (CI once: ib_write_bw and
+      # ib_read_bw in ~1 s).
       # Then rxe's responder tells: a request PSN it had already seen (duplicate_request), or a
       # gap it saw (out_of_seq_request) in a transfer that still completed, came from urdma
       # resending — nothing else sends urdma's requests, and the link does not duplicate.
