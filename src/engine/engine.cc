@@ -92,6 +92,13 @@ void Engine::forget(uint32_t qp_num) {
   auto it = contexts_.find(qp_num);
   if (it == contexts_.end()) return;
   QpContext* ctx = it->second.get();
+  // An ACK still owed (EngineConfig::ack_delay_ns) acknowledges requests this side already
+  // completed: it leaves now, or the peer retries into a QP that is gone (a program that
+  // destroys its QP and exits right after its last receive completion).
+  if (ctx->resp.ack_pending) {
+    send_pending_ack(*ctx);
+    flush_tx();
+  }
   std::erase(active_, ctx);
   std::erase(acks_pending_, ctx);
   by_handle_[ctx->qp->handle()] = nullptr;
@@ -302,7 +309,10 @@ void Engine::apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) 
     ctx->comp.rnr_retry_left = ctx->attr.rnr_retry;
   }
   if (to == IBV_QPS_RTS) ctx->req.blocked = false;  // SQD → RTS resumes
-  if (to == IBV_QPS_ERR) flush(*ctx);
+  if (to == IBV_QPS_ERR) {
+    send_pending_ack(*ctx);  // as in forget(): the requests it acknowledges were completed
+    flush(*ctx);
+  }
   doorbell_rung_.store(true, std::memory_order_release);
 }
 

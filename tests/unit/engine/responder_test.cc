@@ -172,6 +172,39 @@ TEST_F(DelayedAckTest, TheReplyLeavesBeforeTheAckAndTheAckWithinTheDelay) {
   EXPECT_EQ(sent(0).aeth()->msn(), 2u);
 }
 
+// An ACK still owed when the QP goes — to ERR (rdma_disconnect), or destroyed (a program that
+// exits right after its last receive completion: ibv_rc_pingpong's end) — acknowledges a SEND
+// this side completed: it leaves then, not never (the peer would retry into nothing and fail
+// with RETRY_EXC_ERR).
+TEST_F(DelayedAckTest, AnAckOwedWhenTheQpGoesStillLeaves) {
+  make_qp();
+  std::vector<uint8_t> buf(64, 7);
+  provider::Mr* mr = reg(buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_EQ(post_recv(qp_, 1, sge(buf.data(), 32, mr)), 0);
+  ASSERT_EQ(post_recv(qp_, 2, sge(buf.data(), 32, mr)), 0);
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{1, 2});
+  EXPECT_EQ(sent_count(), 0u);  // owed
+  ibv_qp_attr a = {};
+  a.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(qp_->modify(a, IBV_QP_STATE).error(), 0);
+  engine_.poll();
+  ASSERT_EQ(sent_count(), 1u);
+  EXPECT_TRUE(sent(0).aeth()->is_ack());
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn);
+  EXPECT_EQ(sent(0).aeth()->msn(), 1u);
+
+  clear_sent();
+  make_qp();  // a second QP, destroyed with its ACK owed
+  ASSERT_EQ(post_recv(qp_, 3, sge(buf.data(), 32, mr)), 0);
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{3});
+  EXPECT_EQ(sent_count(), 0u);
+  ASSERT_EQ(dev_.destroy_qp(qp_).error(), 0);
+  qp_ = nullptr;
+  ASSERT_EQ(sent_count(), 1u);
+  EXPECT_TRUE(sent(0).aeth()->is_ack());
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn);
+}
+
 // IBA 9.7.5.2.2: a duplicate SEND is acknowledged again and not delivered twice.
 TEST_F(ResponderTest, DuplicateSendIsReackedNotRedelivered) {
   post_recv_buf(5);
