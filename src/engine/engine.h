@@ -92,10 +92,9 @@ struct EngineConfig {
   size_t rx_batch = 32;
   // Datagrams queued before they go to the PacketIo in one send_batch (sendmmsg), 1 ..
   // net::kMaxBatch; the queue is also flushed at the end of every poll() and before a send
-  // completion. 1 (the default) sends every packet as it is built. Larger batches are not the
-  // default yet: with them the runtime test RuntimeMemory.DeregAndFreeUnderIncomingWritesAndReads
-  // sees WR_FLUSH_ERR or RETRY_EXC_ERR before the expected REM_ACCESS_ERR (cause not found yet;
-  // docs/PERFORMANCE.md). The loopback benchmark measures both (--tx-batch).
+  // completion. 1 (the default here) sends every packet as it is built; processes run with 64
+  // (verbs/device.cc, URDMA_TX_BATCH: measured in docs/PERFORMANCE.md). The loopback
+  // benchmark measures both (--tx-batch).
   size_t tx_batch = 1;
   // Delayed ACKs: 0 (the default) sends an owed ACK at the end of the received batch. > 0 keeps
   // it into the next turn — so a reply the application posts after seeing the completion

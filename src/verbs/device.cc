@@ -132,6 +132,41 @@ bool debug_enabled() {
   return v && *v && std::strcmp(v, "0") != 0;
 }
 
+// The engine settings a process runs with, each overridable by an environment variable (for
+// measuring; docs/PERFORMANCE.md has the numbers behind the defaults):
+//   URDMA_TX_BATCH       packets per sendmmsg, 1..net::kMaxBatch (default 64)
+//   URDMA_ACK_DELAY_US   how long an owed ACK may wait for a reply to carry it off the latency
+//                        path, 0..1000 us (default 0: sent at the end of the received batch)
+// 0, or EINVAL with a sentence for a value that is not a number in range.
+constexpr uint64_t kDefaultTxBatch = 64;
+constexpr uint64_t kDefaultAckDelayUs = 0;
+
+int env_number(const char* name, uint64_t lo, uint64_t hi, uint64_t* value, std::string* why) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (errno != 0 || *end != '\0' || v[0] == '-' || n < lo || n > hi) {
+    *why = std::string(name) + "=" + v + " is not a number in " + std::to_string(lo) + ".." +
+           std::to_string(hi);
+    std::fprintf(stderr, "urdma: %s\n", why->c_str());  // a setting the user made: always said
+    return EINVAL;
+  }
+  *value = n;
+  return 0;
+}
+
+int engine_settings(engine::EngineConfig* engine, std::string* why) {
+  uint64_t tx_batch = kDefaultTxBatch;
+  uint64_t ack_delay_us = kDefaultAckDelayUs;
+  if (int err = env_number("URDMA_TX_BATCH", 1, net::kMaxBatch, &tx_batch, why)) return err;
+  if (int err = env_number("URDMA_ACK_DELAY_US", 0, 1000, &ack_delay_us, why)) return err;
+  engine->tx_batch = tx_batch;
+  engine->ack_delay_ns = ack_delay_us * 1000;
+  return 0;
+}
+
 // A GID table for the provider's port from urdmad's entries (indices beyond the port's table
 // are left out).
 std::vector<ibv_gid> port_gids(const std::vector<daemon::GidEntry>& entries) {
@@ -149,6 +184,7 @@ int open_runtime(Process& p, std::string* why) {
   std::vector<daemon::GidEntry> entries;
   if (int err = watcher->start(&entries, why)) return err;
   runtime::RuntimeConfig cfg;
+  if (int err = engine_settings(&cfg.engine, why)) return err;
   cfg.device.node_guid_be = the_device().node_guid_be;
   cfg.device.max_mtu = IBV_MTU_4096;
   cfg.device.gids = port_gids(entries);

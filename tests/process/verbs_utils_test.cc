@@ -227,6 +227,30 @@ TEST_F(VerbsUtils, AFinishedPairsCountersStayInUrdmaStatus) {
   });
 }
 
+// The engine settings a process takes from its environment (README, "Tuning"): a value out of
+// range fails ibv_open_device with EINVAL and says why on stderr, whatever URDMA_DEBUG is; the
+// settings other than the defaults (one packet per sendmmsg, delayed ACKs) still move data.
+TEST_F(VerbsUtils, EngineSettingsComeFromTheEnvironment) {
+  in_fresh_netns([] {
+    for (const char* bad : {"URDMA_TX_BATCH=0", "URDMA_TX_BATCH=65", "URDMA_TX_BATCH=4x",
+                            "URDMA_ACK_DELAY_US=-1", "URDMA_ACK_DELAY_US=1001"}) {
+      const ToolRun r = run(std::string(bad) + " ibv_devinfo -d urdma0", 10000);
+      EXPECT_NE(r.exit_code, 0) << bad << ":\n" << r.output;
+      const std::string setting(bad);
+      EXPECT_NE(r.output.find("urdma: " + setting + " is not a number in "), std::string::npos)
+          << r.output;
+    }
+    const std::string env = "URDMA_TX_BATCH=1 URDMA_ACK_DELAY_US=20 ";
+    const std::string args = pingpong_args("ibv_rc_pingpong", 4096, 18660, 0, false);
+    const Started server = start(env + args);
+    ASSERT_TRUE(wait_listening(18660, 10000));
+    const ToolRun client = run(env + args + " 127.0.0.1", 20000);
+    const ToolRun srv = finish(server, 10000);
+    expect_pingpong_ok(client, "ibv_rc_pingpong", 4096, "client");
+    expect_pingpong_ok(srv, "ibv_rc_pingpong", 4096, "server");
+  });
+}
+
 // Host A is this namespace, host B a child in a namespace of its own (its own urdmad, started
 // by the library in B's server process); a veth pair joins them. Each side passes -g with the
 // GID index its ibv_devinfo shows for its 10.89.0.x address.
