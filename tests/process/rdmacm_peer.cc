@@ -4,8 +4,9 @@
 //
 //   rdmacm_peer reject-server PORT TEXT   listen; reject the first request with TEXT as private
 //                                         data; prints "rejected"
-//   rdmacm_peer client ADDR PORT          connect (with a QP); prints the event it got, its status
-//                                         and its private data as text
+//   rdmacm_peer client ADDR PORT [err-qp] connect (with a QP); prints the event it got, its status
+//                                         and its private data as text; err-qp: the QP is moved
+//                                         to ERR before rdma_connect (it cannot reach RTR)
 //   rdmacm_peer recv-server PORT          listen; accept the first request (QP by rdma_create_qp,
 //                                         one RECV posted, "accepted" as private data); prints its
 //                                         QPN, each event, and the message the RECV got
@@ -362,7 +363,7 @@ int reject_server(int port, const char* text) {
   return 0;
 }
 
-int client(const char* server, int port) {
+int client(const char* server, int port, bool err_qp) {
   rdma_event_channel* ec = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   if (!ec || rdma_create_id(ec, &id, nullptr, RDMA_PS_TCP) != 0) return 2;
@@ -386,6 +387,11 @@ int client(const char* server, int port) {
   attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
   attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
   if (!cq || rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  if (err_qp) {
+    ibv_qp_attr to_err{};
+    to_err.qp_state = IBV_QPS_ERR;
+    if (ibv_modify_qp(id->qp, &to_err, IBV_QP_STATE) != 0) return 9;
+  }
   rdma_conn_param param{};
   param.retry_count = 7;
   param.rnr_retry_count = 7;
@@ -699,7 +705,9 @@ int send_client(const char* server, int port, int messages, int tos, int timeout
 int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "reject-server") == 0)
     return reject_server(std::atoi(argv[2]), argv[3]);
-  if (argc == 4 && std::strcmp(argv[1], "client") == 0) return client(argv[2], std::atoi(argv[3]));
+  if ((argc == 4 || (argc == 5 && std::strcmp(argv[4], "err-qp") == 0)) &&
+      std::strcmp(argv[1], "client") == 0)
+    return client(argv[2], std::atoi(argv[3]), argc == 5);
   if (argc == 3 && std::strcmp(argv[1], "recv-server") == 0) return recv_server(std::atoi(argv[2]));
   if (argc == 5 && std::strcmp(argv[1], "establish-client") == 0)
     return establish_client(argv[2], std::atoi(argv[3]), argv[4]);
@@ -722,7 +730,7 @@ int main(int argc, char** argv) {
                        std::atoi(argv[6]));
   std::fprintf(
       stderr,
-      "usage: rdmacm_peer reject-server PORT TEXT | client ADDR PORT | recv-server PORT"
+      "usage: rdmacm_peer reject-server PORT TEXT | client ADDR PORT [err-qp] | recv-server PORT"
       " | establish-client ADDR PORT TEXT | migrate ADDR pending|acked|sync | bind-twice PORT "
       "| devices\n");
   return 1;

@@ -194,6 +194,29 @@ TEST(Rdmacm, RejectWithPrivateDataReachesTheClient) {
   });
 }
 
+// RDMA_CM_EVENT_CONNECT_ERROR, as librdmacm makes it (ucma_process_conn_resp): the client's QP
+// (rdma_create_qp's) cannot move to RTR after the REP — it was put in ERR before rdma_connect —
+// so the client gets CONNECT_ERROR with status -1 and sends no RTU; destroying its id sends a
+// REJ (consumer defined, 28), which the server sees as REJECTED instead of ESTABLISHED.
+TEST(Rdmacm, AQpThatCannotMoveAfterTheRepIsAConnectError) {
+  in_fresh_netns([] {
+    const Started server = start(std::string(URDMA_RDMACM_PEER) + " recv-server 7182");
+    ASSERT_TRUE(wait_output(server, "listening", 10000)) << finish(server, 0).output;
+    const ToolRun client =
+        finish(start(std::string(URDMA_RDMACM_PEER) + " client 127.0.0.1 7182 err-qp"), 20000);
+    const ToolRun srv = finish(server, 20000);
+    EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+    EXPECT_NE(client.output.find("event RDMA_CM_EVENT_CONNECT_ERROR status -1 private_data "
+                                 "'accepted'"),
+              std::string::npos)
+        << client.output;
+    EXPECT_NE(srv.output.find("expected RDMA_CM_EVENT_ESTABLISHED, got RDMA_CM_EVENT_REJECTED "
+                              "status 28"),
+              std::string::npos)
+        << srv.output;
+  });
+}
+
 // rdma_establish(3): a client that created its QP itself (no rdma_create_qp) gets
 // CONNECT_RESPONSE with the server's QPN and private data, moves the QP to RTS with
 // rdma_init_qp_attr(3) + ibv_modify_qp, and rdma_establish sends the RTU: the server sees

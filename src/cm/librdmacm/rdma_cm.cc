@@ -254,7 +254,7 @@ class Cma {
   void loop();
   void receive_locked(const urdma::daemon::MadDelivery& info, const std::vector<uint8_t>& dgram);
   void send_mad_locked(const urdma::cm::OutgoingMad& m);
-  void apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q);
+  int apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q);  // ibv_modify_qp's result
   void to_error_locked(Id* id);
 
   urdma::net::MonotonicClock clock_;
@@ -563,8 +563,8 @@ void Cma::send_mad_locked(const urdma::cm::OutgoingMad& m) {
   (void)sendmsg(send_fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);  // lost: the CM retransmits
 }
 
-void Cma::apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q) {
-  if (!id->id.qp) return;
+int Cma::apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q) {
+  if (!id->id.qp) return 0;
   ibv_qp_attr attr = q.attr;
   if (q.mask & IBV_QP_AV) {
     uint8_t index = id->sgid_index;
@@ -572,7 +572,7 @@ void Cma::apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q) {
     attr.ah_attr.grh.sgid_index = index;
   }
   apply_ack_timeout(*id, &attr, q.mask);
-  ibv_modify_qp(id->id.qp, &attr, q.mask);
+  return ibv_modify_qp(id->id.qp, &attr, q.mask);
 }
 
 void Cma::to_error_locked(Id* id) {
@@ -688,19 +688,34 @@ void Cma::pump_locked() {
           queue_event(id, RDMA_CM_EVENT_UNREACHABLE, ev.sidr_status, &ev);
         }
         break;
-      case T::kConnectResponse:
-        queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &ev);
-        break;
-      case T::kEstablished:
-        if (id->id.qp) {
-          // Active side: the REP told the Manager the peer's QPN; the RTU is queued — move the
-          // QP before it leaves (the passive side moved its QP at rdma_accept).
-          for (ibv_qp_state s : {IBV_QPS_RTR, IBV_QPS_RTS}) {
-            if (id->state != IdState::kConnecting) break;
-            auto q = manager->qp_attrs(ev.id, s);
-            if (q.ok()) apply_qp_locked(id, *q);
-          }
+      case T::kConnectResponse: {
+        if (id->state != IdState::kConnecting) break;
+        if (!id->id.qp) {  // the application moves its own QP, then calls rdma_establish
+          queue_event(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, &ev);
+          break;
         }
+        // Active side with rdma_create_qp's QP (librdmacm's ucma_process_conn_resp): move it
+        // to RTR and RTS, then send the RTU. A QP that cannot move (the application put it in
+        // ERR, say) ends in ERR with no RTU: CONNECT_ERROR, status -1; destroying the id then
+        // sends the REJ (consumer defined) that tells the passive side.
+        int err = 0;
+        for (ibv_qp_state s : {IBV_QPS_RTR, IBV_QPS_RTS}) {
+          auto q = manager->qp_attrs(ev.id, s);
+          err = q.ok() ? apply_qp_locked(id, *q) : q.error();
+          if (err != 0) break;
+        }
+        if (err == 0) err = manager->establish(ev.id).error();
+        if (err == 0) {
+          id->state = IdState::kConnected;
+          queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &ev);
+        } else {
+          to_error_locked(id);
+          id->state = IdState::kDisconnected;
+          queue_event(id, RDMA_CM_EVENT_CONNECT_ERROR, -1, &ev);
+        }
+        break;
+      }
+      case T::kEstablished:  // the passive side's RTU (its QP moved at rdma_accept)
         id->state = IdState::kConnected;
         queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &ev);
         break;
@@ -1417,7 +1432,9 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
     cp.initiator_depth = 0;
   }
   cp.ip = cma_address(*x);
-  cp.manual_rtu = x->id.qp == nullptr;
+  // The RTU always waits: for rdma_establish without a QP, and with one until the CM thread
+  // has moved it (kConnectResponse in pump_locked).
+  cp.manual_rtu = true;
   auto r = c.manager->connect(cp);
   if (!r.ok()) return fail(r.error());
   x->conn = *r;
