@@ -257,6 +257,10 @@ TEST(Qperf, RcTestsThroughRdmaCm) {
           for (const std::string& t : *list) tests += " " + t;
         const ToolRun events = run("qperf -lp 19801 -cm1 -t 1 127.0.0.1" + tests, 120000);
         const ToolRun polling = run("qperf -lp 19801 -cm1 -cp1 -t 1 127.0.0.1 rc_lat", 30000);
+        // uc_* and ud_* never use the CM: qperf hands the peer's LID to RTR / ibv_create_ah with
+        // no GRH, which a RoCE device refuses (EINVAL) — on rxe and RoCE NICs as here.
+        const ToolRun uc = run("qperf -lp 19801 -t 1 127.0.0.1 uc_lat", 30000);
+        const ToolRun ud = run("qperf -lp 19801 -t 1 127.0.0.1 ud_lat", 30000);
         kill(server.pid, SIGTERM);
         finish(server, 5000);
         EXPECT_EQ(events.exit_code, 0) << events.output;
@@ -268,6 +272,12 @@ TEST(Qperf, RcTestsThroughRdmaCm) {
         EXPECT_EQ(count(events.output, "msg_rate  ="), 4) << events.output;
         EXPECT_EQ(polling.exit_code, 0) << polling.output;
         EXPECT_EQ(count(polling.output, "latency  ="), 1) << polling.output;
+        EXPECT_NE(uc.exit_code, 0) << uc.output;
+        EXPECT_NE(uc.output.find("failed to modify QP to RTR"), std::string::npos) << uc.output;
+        EXPECT_NE(ud.exit_code, 0) << ud.output;
+        EXPECT_NE(ud.output.find("failed to create address handle: Invalid argument"),
+                  std::string::npos)
+            << ud.output;
         for (const ToolRun* r : {static_cast<const ToolRun*>(&events), &polling})
           for (const char* bad : {"failed", "error", "mismatch", "timed out"})
             EXPECT_EQ(r->output.find(bad), std::string::npos) << bad << " in:\n" << r->output;
