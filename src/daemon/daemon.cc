@@ -431,8 +431,16 @@ void Daemon::route_mads() {
         } else {
           slot = l->second;
         }
-      } else if (route.by == MadRoute::By::kSlot &&
-                 (slot == 0 || slot >= slots_.slot_count() || !slots_.leased(slot))) {
+      } else if (route.by == MadRoute::By::kRequester) {
+        const auto s = requesters_.take(rx[i].src.address, route.sender_comm_id);
+        if (s) {
+          slot = *s;
+        } else {
+          drop = MadDrop::kNoSlot;  // a REQ we never routed, or long ago
+        }
+      }
+      if (drop == MadDrop::kNone && route.by != MadRoute::By::kServiceId &&
+          (slot == 0 || slot >= slots_.slot_count() || !slots_.leased(slot))) {
         drop = MadDrop::kNoSlot;
       }
       if (drop == MadDrop::kNone) {
@@ -451,6 +459,8 @@ void Daemon::route_mads() {
       }
       if (drop == MadDrop::kNone) {
         ++counters_.mads_forwarded;
+        if (route.by == MadRoute::By::kServiceId && route.sender_comm_id != 0)
+          requesters_.remember(rx[i].src.address, route.sender_comm_id, slot);
         // Learnt from what its process will accept (it checks the ICRC too).
         if (icrc_ok(datagram, rx[i].src, rx[i].dst))
           conns_.observe(slot, rx[i].src.address, rx[i].dst.address, mad_of(datagram));
@@ -940,9 +950,10 @@ void Daemon::drop_client(uint64_t id) {
     if (departed_.size() > kDepartedKept) departed_.pop_front();
   }
   if (c.slot) {
-    // The slot's service IDs and MAD channel go with it.
+    // The slot's service IDs, MAD channel and pending requests go with it.
     std::erase_if(listeners_, [&](const auto& l) { return l.second == *c.slot; });
     channels_.erase(*c.slot);
+    requesters_.forget_slot(*c.slot);
     // Reclaim: whatever the dead process left queued is read and dropped, then the slot waits
     // at the back of the free list and will hand out its next QPN range.
     const unsigned s = *c.slot;

@@ -177,6 +177,7 @@ class Daemon {
   std::map<uint64_t, unsigned> listeners_;  // service ID -> slot
   std::map<unsigned, uint64_t> channels_;   // slot -> the client id of its MAD channel
   ConnTable conns_;                         // each slot's established connections
+  RequesterTable requesters_;               // where a REJ with RemoteCommID 0 goes
   Releases releases_;                       // DREQs of dead processes awaiting their DREP
   uint32_t gmp_psn_ = 0;
   uint64_t next_dreq_tid_ = 1;

@@ -61,16 +61,47 @@ MadRoute route_mad(std::span<const uint8_t> udp_payload) {
         using M = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<M, wire::CmClassPortInfoView>) {
           return drop(MadDrop::kClassPortInfo);
-        } else if constexpr (std::is_same_v<M, wire::CmReqView> ||
-                             std::is_same_v<M, wire::CmSidrReqView>) {
+        } else if constexpr (std::is_same_v<M, wire::CmReqView>) {
+          MadRoute r = by_service(m.service_id());
+          r.sender_comm_id = m.local_comm_id();
+          return r;
+        } else if constexpr (std::is_same_v<M, wire::CmSidrReqView>) {
           return by_service(m.service_id());
         } else if constexpr (std::is_same_v<M, wire::CmSidrRepView>) {
           return by_id(m.request_id());
+        } else if constexpr (std::is_same_v<M, wire::CmRejView>) {
+          if (m.remote_comm_id() != 0) return by_id(m.remote_comm_id());
+          return MadRoute{.by = MadRoute::By::kRequester, .sender_comm_id = m.local_comm_id()};
         } else {
           return by_id(m.remote_comm_id());
         }
       },
       cm.message.view);
+}
+
+void RequesterTable::remember(const net::Address& requester, uint32_t comm_id, unsigned slot) {
+  const Key key{requester, comm_id};
+  const uint64_t seq = next_seq_++;
+  slots_[key] = Entry{slot, seq};
+  order_.emplace_back(key, seq);
+  while (order_.size() > kCapacity) {
+    const auto& [old_key, old_seq] = order_.front();
+    const auto it = slots_.find(old_key);
+    if (it != slots_.end() && it->second.seq == old_seq) slots_.erase(it);
+    order_.pop_front();
+  }
+}
+
+std::optional<unsigned> RequesterTable::take(const net::Address& requester, uint32_t comm_id) {
+  const auto it = slots_.find(Key{requester, comm_id});
+  if (it == slots_.end()) return std::nullopt;
+  const unsigned slot = it->second.slot;
+  slots_.erase(it);
+  return slot;
+}
+
+void RequesterTable::forget_slot(unsigned slot) {
+  std::erase_if(slots_, [slot](const auto& kv) { return kv.second.slot == slot; });
 }
 
 }  // namespace urdma::daemon

@@ -6,14 +6,23 @@
 //  * REQ and SIDR_REQ go to the process listening on their service ID (kListen);
 //  * every other CM message names the receiver's communication ID (REP, RTU, MRA, REJ, DREQ,
 //    DREP, LAP, APR: RemoteCommID; SIDR_REP: RequestID), and a process chooses its own IDs with
-//    its slot number in the top 8 bits (comm_id_for_slot) — so the ID names the slot.
+//    its slot number in the top 8 bits (comm_id_for_slot) — so the ID names the slot;
+//  * except a REJ whose RemoteCommID is 0: an active side that gave up before it heard the
+//    passive side's ID (REJ "timeout" when it destroys a connecting id, Linux cm_destroy_id)
+//    names only its own, which the daemon learnt from the REQ it routed (RequesterTable).
 // Anything else (not a UD SEND to QP1, not a CM MAD, ClassPortInfo, a slot nobody holds) is
 // dropped and counted by reason.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
 #include <span>
+#include <utility>
+
+#include "net/address.h"
 
 namespace urdma::daemon {
 
@@ -45,14 +54,43 @@ inline constexpr size_t kMadDropCount = static_cast<size_t>(MadDrop::kCount);
 const char* mad_drop_name(MadDrop d);
 
 struct MadRoute {
-  enum class By : uint8_t { kDrop, kServiceId, kSlot };
+  enum class By : uint8_t { kDrop, kServiceId, kSlot, kRequester };
   By by = By::kDrop;
   MadDrop drop = MadDrop::kNone;  // for kDrop
   uint64_t service_id = 0;        // for kServiceId
   unsigned slot = 0;              // for kSlot (not yet checked against the table)
+  // The sender's own communication ID: a REQ's (kServiceId, 0 for SIDR_REQ), or the REJ's that
+  // goes by it (kRequester).
+  uint32_t sender_comm_id = 0;
 };
 
 // Where one datagram of slot 0 goes, from its bytes alone (the ICRC is the receiver's to check).
 MadRoute route_mad(std::span<const uint8_t> udp_payload);
+
+// Which slot each recent REQ went to, by the requester's address and communication ID: where a
+// REJ with RemoteCommID 0 from that requester goes. Bounded: the oldest entries go first (a
+// REQ's life — its retries — is seconds; a requester that waits longer than kCapacity newer
+// REQs has its REJ dropped, and the passive side's own REP retries end the connection).
+class RequesterTable {
+ public:
+  static constexpr size_t kCapacity = 4096;
+  void remember(const net::Address& requester, uint32_t comm_id, unsigned slot);
+  // The slot, taken out of the table (one REJ ends the request).
+  std::optional<unsigned> take(const net::Address& requester, uint32_t comm_id);
+  void forget_slot(unsigned slot);  // its process is gone: its requests with it
+  size_t size() const { return slots_.size(); }
+
+ private:
+  using Key = std::pair<net::Address, uint32_t>;
+  struct Entry {
+    unsigned slot;
+    uint64_t seq;  // which remember() made it
+  };
+  std::map<Key, Entry> slots_;
+  // Oldest first, at most kCapacity: an entry names its key only while the seqs match (the key
+  // may have been taken, or remembered again since).
+  std::deque<std::pair<Key, uint64_t>> order_;
+  uint64_t next_seq_ = 0;
+};
 
 }  // namespace urdma::daemon

@@ -254,6 +254,22 @@ void GidWatcher::set_ifindexes(const std::vector<daemon::GidEntry>& entries) {
   ifindex_ = std::move(v);
 }
 
+// After a takeover (README "Takeover after a restart") the table comes again, whole, from the
+// new urdmad: reconnect with back-off (the stop eventfd still ends the wait) and apply it as an
+// update, so addresses that changed while no daemon ran are seen too.
+bool GidWatcher::reconnect(std::vector<daemon::GidEntry>* entries) {
+  for (int backoff_ms = 20;; backoff_ms = std::min(backoff_ms * 2, 1000)) {
+    daemon::Client fresh;
+    std::string why;
+    if (daemon::Client::connect_or_spawn({}, &fresh, &why) == 0 && fresh.watch_gids(entries) == 0) {
+      client_ = std::move(fresh);
+      return true;
+    }
+    pollfd stop{stop_fd_, POLLIN, 0};
+    if (poll(&stop, 1, backoff_ms) > 0) return false;
+  }
+}
+
 void GidWatcher::loop(provider::Device* device) {
   for (;;) {
     pollfd fds[2] = {{stop_fd_, POLLIN, 0}, {client_.fd(), POLLIN, 0}};
@@ -265,7 +281,12 @@ void GidWatcher::loop(provider::Device* device) {
     std::vector<daemon::GidEntry> entries;
     const int err = client_.next_gid_update(&entries);
     if (err == EAGAIN || err == EINTR) continue;
-    if (err != 0) return;  // the daemon went away: the table stays as it was
+    if (err == ECONNRESET || (fds[1].revents & (POLLHUP | POLLERR | POLLNVAL))) {
+      // The daemon went away (the table stays as it was meanwhile).
+      if (!reconnect(&entries)) return;
+    } else if (err != 0) {
+      continue;  // a record we could not read: dropped
+    }
     const std::vector<ibv_gid> gids = port_gids(entries);
     bool changed = false;
     for (uint32_t i = 0; i < gids.size(); ++i) {

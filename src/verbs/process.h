@@ -36,6 +36,7 @@ class GidWatcher {
 
  private:
   void loop(provider::Device* device);
+  bool reconnect(std::vector<daemon::GidEntry>* entries);  // false: asked to stop
 
   daemon::Client client_;
   int stop_fd_ = -1;

@@ -25,6 +25,7 @@
 #include "daemon/cm_agent.h"
 #include "daemon/mad_router.h"
 #include "netns_harness.h"
+#include "support/daemon_view.h"
 #include "tool_run.h"
 #include "wire/cm.h"
 #include "wire/headers.h"
@@ -191,6 +192,77 @@ TEST(CmTeardown, ARequestBeforeListenWaitsForIt) {
         EXPECT_EQ(daemon_counter("cm_rejects_sent"), 0);
       },
       60);
+}
+
+// A client that destroys its connecting id before any answer sends REJ "timeout" with
+// RemoteCommID 0 (it never heard the server's ID; Linux cm_destroy_id does the same) and its CA
+// GUID as ARI. urdmad routes it by the client's own comm ID to the process its REQ went to, and
+// the server, still holding the request, gets REJECTED with status 4 (timeout) on that id;
+// accepting it afterwards fails. Before, urdmad dropped the REJ (no slot in a comm ID of 0): the
+// server heard nothing, and its REP would have been retried for seconds.
+TEST(CmTeardown, AClientThatGivesUpBeforeAnyAnswerIsRejectedOnTheServer) {
+  in_fresh_netns(
+      [] {
+        const Started server = start(std::string(URDMA_RDMACM_PEER) + " hold-server 7195 5000");
+        ASSERT_TRUE(wait_output(server, "listening", 10000)) << finish(server, 0).output;
+        const ToolRun client =
+            run(std::string(URDMA_RDMACM_PEER) + " client 127.0.0.1 7195 abandon", 20000);
+        const ToolRun srv = finish(server, 20000);
+        EXPECT_EQ(client.exit_code, 0) << client.output;
+        EXPECT_NE(client.output.find("abandoned"), std::string::npos) << client.output;
+        EXPECT_EQ(srv.exit_code, 0) << srv.output;
+        EXPECT_NE(srv.output.find("request\nevent RDMA_CM_EVENT_REJECTED status 4 on the "
+                                  "request's id: yes"),
+                  std::string::npos)
+            << srv.output;
+        EXPECT_NE(srv.output.find("accept -1"), std::string::npos) << srv.output;
+      },
+      60);
+}
+
+// A process's rdma_cm outlives its urdmad. The daemon is killed (SIGKILL) while a server
+// listens; the server's library starts a new one and hands its slot over (README "Takeover after
+// a restart"), reopens its MAD channel and its GID watcher with it, and the listen is registered
+// again. An address added afterwards reaches the server's GID table through the new daemon: a
+// client connecting to that address is accepted and its SEND arrives. Before, the CM thread
+// and the GID watcher stopped when the daemon hung up: no mad-channel connection came back and
+// the REQ went unanswered.
+TEST(CmTeardown, AListenerAcceptsAfterUrdmadIsKilledAndTakenOver) {
+  in_fresh_netns(
+      [] {
+        setenv("URDMA_TAKEOVER_GRACE_MS", "300", 1);
+        const Started server = start(std::string(URDMA_RDMACM_PEER) + " recv-server 7194");
+        ASSERT_TRUE(wait_output(server, "listening", 10000)) << finish(server, 0).output;
+        const auto before = test::view_daemon();
+        ASSERT_TRUE(before);
+        const pid_t peer = before->slot_holder();
+        ASSERT_GT(peer, 0);
+        ASSERT_TRUE(before->has(peer, daemon::ClientRole::kMadChannel));
+        ASSERT_TRUE(before->has(peer, daemon::ClientRole::kGidWatcher));
+        ASSERT_EQ(kill(before->pid, SIGKILL), 0);
+        const auto after = test::wait_daemon(
+            [&](const test::DaemonView& v) {
+              return v.pid != before->pid && v.takeover == daemon::kTakeoverDone &&
+                     v.has(peer, daemon::ClientRole::kSlotHolder) &&
+                     v.has(peer, daemon::ClientRole::kMadChannel) &&
+                     v.has(peer, daemon::ClientRole::kGidWatcher);
+            },
+            10000);
+        ASSERT_TRUE(after) << "no new daemon with the server's slot, MAD channel and GID watcher";
+        ASSERT_EQ(std::system("ip addr add 10.57.0.1/32 dev lo"), 0);
+        const ToolRun client = finish(
+            start(std::string(URDMA_RDMACM_PEER) + " establish-client 10.57.0.1 7194 taken-over"),
+            30000);
+        const ToolRun srv = finish(server, 20000);
+        EXPECT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << srv.output;
+        EXPECT_EQ(srv.exit_code, 0) << srv.output;
+        EXPECT_NE(client.output.find("established\nsend status success"), std::string::npos)
+            << client.output;
+        EXPECT_NE(srv.output.find("recv status success byte_len 11 data 'taken-over'"),
+                  std::string::npos)
+            << srv.output;
+      },
+      90);
 }
 
 // --- urdmad alone -----------------------------------------------------------------------------

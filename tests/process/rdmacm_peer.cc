@@ -4,9 +4,16 @@
 //
 //   rdmacm_peer reject-server PORT TEXT   listen; reject the first request with TEXT as private
 //                                         data; prints "rejected"
-//   rdmacm_peer client ADDR PORT [err-qp] connect (with a QP); prints the event it got, its status
+//   rdmacm_peer client ADDR PORT [err-qp|abandon]
+//                                         connect (with a QP); prints the event it got, its status
 //                                         and its private data as text; err-qp: the QP is moved
-//                                         to ERR before rdma_connect (it cannot reach RTR)
+//                                         to ERR before rdma_connect (it cannot reach RTR);
+//                                         abandon: no event expected — after 500 ms it prints
+//                                         "abandoned" and destroys the connecting id
+//   rdmacm_peer hold-server PORT MS      listen; take the first request and neither accept nor
+//                                         reject it; print the next event on the channel within
+//                                         MS milliseconds (or "no event"), then rdma_accept's
+//                                         result
 //   rdmacm_peer recv-server PORT          listen; accept the first request (QP by rdma_create_qp,
 //                                         one RECV posted, "accepted" as private data); prints its
 //                                         QPN, each event, and the message the RECV got
@@ -363,7 +370,7 @@ int reject_server(int port, const char* text) {
   return 0;
 }
 
-int client(const char* server, int port, bool err_qp) {
+int client(const char* server, int port, bool err_qp, bool abandon) {
   rdma_event_channel* ec = rdma_create_event_channel();
   rdma_cm_id* id = nullptr;
   if (!ec || rdma_create_id(ec, &id, nullptr, RDMA_PS_TCP) != 0) return 2;
@@ -396,6 +403,17 @@ int client(const char* server, int port, bool err_qp) {
   param.retry_count = 7;
   param.rnr_retry_count = 7;
   if (rdma_connect(id, &param) != 0) return 7;
+  if (abandon) {
+    // Long before the REQ's first retry (rdma_cm's CM response timeout is ~4 s).
+    if (readable(ec, 500)) return 10;
+    std::printf("abandoned\n");
+    std::fflush(stdout);
+    rdma_destroy_qp(id);
+    ibv_destroy_cq(cq);
+    rdma_destroy_id(id);
+    rdma_destroy_event_channel(ec);
+    return 0;
+  }
   if (rdma_get_cm_event(ec, &event) != 0) return 8;
   std::string data;
   if (event->param.conn.private_data && event->param.conn.private_data_len)
@@ -408,6 +426,46 @@ int client(const char* server, int port, bool err_qp) {
   rdma_destroy_qp(id);
   ibv_destroy_cq(cq);
   rdma_destroy_id(id);
+  rdma_destroy_event_channel(ec);
+  return 0;
+}
+
+int hold_server(int port, int wait_ms) {
+  rdma_event_channel* ec = rdma_create_event_channel();
+  rdma_cm_id* listener = nullptr;
+  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
+  sockaddr_in addr = ipv4(nullptr, port);
+  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
+  if (rdma_listen(listener, 1) != 0) return 4;
+  std::printf("listening\n");
+  std::fflush(stdout);
+  rdma_cm_event* event = expect_event(ec, RDMA_CM_EVENT_CONNECT_REQUEST);
+  if (!event) return 5;
+  rdma_cm_id* id = event->id;
+  rdma_ack_cm_event(event);
+  std::printf("request\n");
+  std::fflush(stdout);
+  if (readable(ec, wait_ms) && rdma_get_cm_event(ec, &event) == 0) {
+    std::printf("event %s status %d on the request's id: %s\n", rdma_event_str(event->event),
+                event->status, event->id == id ? "yes" : "no");
+    rdma_ack_cm_event(event);
+  } else {
+    std::printf("no event\n");
+  }
+  ibv_qp_init_attr attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  rdma_conn_param param{};
+  param.responder_resources = param.initiator_depth = 1;
+  errno = 0;
+  const int accepted = rdma_accept(id, &param);
+  std::printf("accept %d errno %d\n", accepted, accepted ? errno : 0);
+  std::fflush(stdout);
+  rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+  rdma_destroy_id(listener);
   rdma_destroy_event_channel(ec);
   return 0;
 }
@@ -705,9 +763,13 @@ int send_client(const char* server, int port, int messages, int tos, int timeout
 int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "reject-server") == 0)
     return reject_server(std::atoi(argv[2]), argv[3]);
-  if ((argc == 4 || (argc == 5 && std::strcmp(argv[4], "err-qp") == 0)) &&
+  if ((argc == 4 || (argc == 5 && (std::strcmp(argv[4], "err-qp") == 0 ||
+                                    std::strcmp(argv[4], "abandon") == 0))) &&
       std::strcmp(argv[1], "client") == 0)
-    return client(argv[2], std::atoi(argv[3]), argc == 5);
+    return client(argv[2], std::atoi(argv[3]), argc == 5 && std::strcmp(argv[4], "err-qp") == 0,
+                  argc == 5 && std::strcmp(argv[4], "abandon") == 0);
+  if (argc == 4 && std::strcmp(argv[1], "hold-server") == 0)
+    return hold_server(std::atoi(argv[2]), std::atoi(argv[3]));
   if (argc == 3 && std::strcmp(argv[1], "recv-server") == 0) return recv_server(std::atoi(argv[2]));
   if (argc == 5 && std::strcmp(argv[1], "establish-client") == 0)
     return establish_client(argv[2], std::atoi(argv[3]), argv[4]);
@@ -730,7 +792,8 @@ int main(int argc, char** argv) {
                        std::atoi(argv[6]));
   std::fprintf(
       stderr,
-      "usage: rdmacm_peer reject-server PORT TEXT | client ADDR PORT [err-qp] | recv-server PORT"
+      "usage: rdmacm_peer reject-server PORT TEXT | client ADDR PORT [err-qp|abandon] | "
+      "hold-server PORT MS | recv-server PORT"
       " | establish-client ADDR PORT TEXT | migrate ADDR pending|acked|sync | bind-twice PORT "
       "| devices\n");
   return 1;

@@ -821,6 +821,22 @@ TEST_F(UrdmadProcess, CmMadsReachTheProcessTheyBelongTo) {
     ASSERT_TRUE(got) << "the REP to our communication ID";
     EXPECT_EQ(*got, rep);
 
+    // The requester gives up before hearing our ID: its REJ (timeout, RemoteCommID 0) names
+    // only its own, and goes where its REQ went — once; another of its IDs goes nowhere.
+    const auto rej_of = [](uint32_t requester_id) {
+      return cm_datagram<wire::CmRej>([requester_id](wire::CmRej m) {
+        m.set_local_comm_id(requester_id);
+        m.set_remote_comm_id(0);
+        m.set_reason(static_cast<uint16_t>(wire::CmRejReason::kTimeout));
+      });
+    };
+    send_datagram("127.0.0.1", rej_of(0xAB000001));
+    got = next_mad_within(channel, &info, 2000);
+    ASSERT_TRUE(got) << "the REJ of the requester whose REQ we got";
+    EXPECT_EQ(*got, rej_of(0xAB000001));
+    send_datagram("127.0.0.1", rej_of(0xAB000001));
+    send_datagram("127.0.0.1", rej_of(0xAB0000FF));
+
     // Nobody's: an unknown service, a slot nobody holds. Dropped and counted.
     send_datagram("127.0.0.1",
                   cm_datagram<wire::CmReq>([](wire::CmReq m) { m.set_service_id(0x9999); }));
@@ -832,8 +848,8 @@ TEST_F(UrdmadProcess, CmMadsReachTheProcessTheyBelongTo) {
     ASSERT_EQ(connect_client(&q), 0);
     daemon::StatusInfo st;
     ASSERT_EQ(q.query_status(&st), 0);
-    EXPECT_EQ(st.mads_forwarded, 2u);
-    EXPECT_GE(st.mads_dropped, 2u);
+    EXPECT_EQ(st.mads_forwarded, 3u);
+    EXPECT_GE(st.mads_dropped, 4u);
     // Unlisten frees the service (so does the end of the process's connection).
     EXPECT_EQ(c.unlisten(0x1234), 0);
     EXPECT_EQ(c.unlisten(0x1234), ENOENT);

@@ -252,6 +252,7 @@ class Cma {
 
  private:
   void loop();
+  bool reopen_mad_channel();
   void receive_locked(const urdma::daemon::MadDelivery& info, const std::vector<uint8_t>& dgram);
   void send_mad_locked(const urdma::cm::OutgoingMad& m);
   int apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q);  // ibv_modify_qp's result
@@ -259,7 +260,8 @@ class Cma {
 
   urdma::net::MonotonicClock clock_;
   std::mt19937_64 rng_{std::random_device{}()};
-  urdma::daemon::Client mad_channel_;
+  urdma::daemon::Client mad_channel_;  // the CM thread's alone once it runs
+  unsigned slot_ = 0;
   int send_fd_ = -1;
   int send_family_ = AF_INET6;
   uint16_t send_port_ = 0;
@@ -301,8 +303,9 @@ int Cma::open_locked() {
   send_port_ = port_of(reinterpret_cast<sockaddr*>(&local));
 
   std::string why;
+  slot_ = slot->info.slot;
   if (int e = urdma::daemon::Client::connect_or_spawn({}, &mad_channel_, &why)) return open_errno = e;
-  if (int e = mad_channel_.open_mad_channel(slot->info.slot)) return open_errno = e;
+  if (int e = mad_channel_.open_mad_channel(slot_)) return open_errno = e;
 
   ibv_device_attr dattr{};
   urdma::cm::ManagerConfig cfg;
@@ -380,33 +383,67 @@ void Cma::set_route_path(Id* x, uint32_t flow_label) {
   x->id.route.num_paths = 1;
 }
 
+// A new urdmad (a takeover, README "Takeover after a restart") knows the slot once this
+// process's keeper has reattached it (daemon/client.h); until then the channel is refused
+// (EPERM) and the CM thread tries again.
+bool Cma::reopen_mad_channel() {
+  urdma::daemon::Client fresh;
+  std::string why;
+  if (urdma::daemon::Client::connect_or_spawn({}, &fresh, &why) != 0) return false;
+  if (fresh.open_mad_channel(slot_) != 0) return false;
+  mad_channel_ = std::move(fresh);
+  return true;
+}
+
 void Cma::loop() {
+  // While urdmad is gone the Manager's timers still run (a REQ's retries, a DREQ's, TimeWait)
+  // and the channel is reopened with back-off; MADs sent meanwhile are lost as on a lossy
+  // fabric, and their senders' retries find the new channel.
+  uint64_t reopen_at = 0;
+  uint64_t reopen_backoff_ns = 20'000'000;
   for (;;) {
+    if (!mad_channel_.connected() && clock_.now_ns() >= reopen_at) {
+      if (reopen_mad_channel()) {
+        reopen_backoff_ns = 20'000'000;
+      } else {
+        reopen_at = clock_.now_ns() + reopen_backoff_ns;
+        reopen_backoff_ns = std::min<uint64_t>(reopen_backoff_ns * 2, 1'000'000'000);
+      }
+    }
     uint64_t deadline;
     {
       std::lock_guard lock(mu);
       deadline = manager->next_deadline_ns();
     }
+    if (!mad_channel_.connected()) deadline = std::min(deadline, reopen_at);
     int timeout_ms = -1;
     if (deadline != urdma::net::kNever) {
       const uint64_t now = clock_.now_ns();
       timeout_ms = deadline <= now ? 0 : static_cast<int>(std::min<uint64_t>(
                                               (deadline - now + 999'999) / 1'000'000, 60'000));
     }
-    pollfd fds[2] = {{mad_channel_.fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    // A negative fd is skipped by poll: only the wake-up and the timers while the channel is down.
+    pollfd fds[2] = {{mad_channel_.connected() ? mad_channel_.fd() : -1, POLLIN, 0},
+                     {wake_fd_, POLLIN, 0}};
     const int r = poll(fds, 2, timeout_ms);
     if (r < 0 && errno != EINTR) return;
     if (fds[1].revents & POLLIN) {
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof v);
     }
-    if (fds[0].revents & (POLLHUP | POLLERR)) return;  // urdmad went away: no more MADs
+    bool hung_up = (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
     std::lock_guard lock(mu);
-    for (;;) {
+    while (mad_channel_.connected()) {
       urdma::daemon::MadDelivery info{};
       std::vector<uint8_t> dgram;
-      if (mad_channel_.next_mad(&info, &dgram) != 0) break;
+      const int e = mad_channel_.next_mad(&info, &dgram);
+      if (e == ECONNRESET || e == EPIPE || e == ENOTCONN) hung_up = true;  // urdmad's end closed
+      if (e != 0) break;  // none queued (EAGAIN), or a record we could not read: dropped
       receive_locked(info, dgram);
+    }
+    if (hung_up) {
+      mad_channel_ = urdma::daemon::Client{};  // urdmad went away: reopen it (above)
+      reopen_at = clock_.now_ns();
     }
     if (manager->next_deadline_ns() <= clock_.now_ns()) manager->run_timers();
     pump_locked();

@@ -72,6 +72,46 @@ TEST(MadRouter, EverythingElseGoesByTheReceiversId) {
   expect_slot9(cm_datagram<wire::CmSidrRep>([&](wire::CmSidrRep m) { m.set_request_id(ours); }));
 }
 
+// A REJ with RemoteCommID 0 (an active side that gave up before it heard ours: REJ "timeout"
+// from Linux cm_destroy_id) cannot name our slot; it goes by its sender's comm ID, the one the
+// REQ carried.
+TEST(MadRouter, ARejWithoutOurIdGoesByTheRequestersId) {
+  const auto req = route_mad(cm_datagram<wire::CmReq>([](wire::CmReq m) {
+    m.set_service_id(5);
+    m.set_local_comm_id(0xAABBCCDD);
+  }));
+  EXPECT_EQ(req.sender_comm_id, 0xAABBCCDDu);
+  const auto rej = route_mad(cm_datagram<wire::CmRej>([](wire::CmRej m) {
+    m.set_local_comm_id(0xAABBCCDD);
+    m.set_remote_comm_id(0);
+    m.set_reason(static_cast<uint16_t>(wire::CmRejReason::kTimeout));
+  }));
+  EXPECT_EQ(rej.by, MadRoute::By::kRequester);
+  EXPECT_EQ(rej.sender_comm_id, 0xAABBCCDDu);
+}
+
+TEST(RequesterTable, FindsTheSlotOnceAndForgetsTheOldestAndADeadSlots) {
+  const net::Address a = net::Address::from_v4(10, 0, 0, 1);
+  const net::Address b = net::Address::from_v4(10, 0, 0, 2);
+  RequesterTable t;
+  t.remember(a, 7, 3);
+  t.remember(b, 7, 4);
+  EXPECT_EQ(t.take(b, 7), 4u) << "the same comm ID from another host is another request";
+  EXPECT_EQ(t.take(b, 7), std::nullopt) << "one REJ ends the request";
+  EXPECT_EQ(t.take(a, 8), std::nullopt);
+  t.forget_slot(3);
+  EXPECT_EQ(t.take(a, 7), std::nullopt) << "the slot's process is gone";
+  // Bounded: the oldest go first; a key remembered again is as new as its last REQ.
+  for (uint32_t id = 0; id < RequesterTable::kCapacity; ++id) t.remember(a, id, 5);
+  t.remember(a, 0, 6);  // a retransmitted REQ, routed again
+  t.remember(b, 1, 5);  // one more: the oldest still-current entry (a, 1) goes
+  EXPECT_EQ(t.size(), RequesterTable::kCapacity);
+  EXPECT_EQ(t.take(a, 1), std::nullopt);
+  EXPECT_EQ(t.take(a, 0), 6u);
+  EXPECT_EQ(t.take(a, 2), 5u);
+  EXPECT_EQ(t.take(b, 1), 5u);
+}
+
 TEST(MadRouter, DropsWhatIsNotACmMadForQp1) {
   EXPECT_EQ(route_mad(std::vector<uint8_t>(7)).drop, MadDrop::kNotRoce);
   const auto rtu = cm_datagram<wire::CmRtu>([](wire::CmRtu) {}, /*dest_qp=*/2);
