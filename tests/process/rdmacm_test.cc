@@ -19,6 +19,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "netns_harness.h"
 #include "tool_run.h"
@@ -368,53 +370,104 @@ TEST(Rdmacm, GetDevicesListsOpenedDevices) {
   });
 }
 
-// Two hosts: the server in a namespace of its own (its own urdmad), a veth pair between them.
-TEST(Rdmacm, WritePairAndRpingBetweenTwoNamespaces) {
-  in_fresh_netns([] {
-    Pipe b_pid_pipe, veth_made, result;
-    const pid_t b = fork_process([&] {
-      if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
-      b_pid_pipe.put(getpid());
-      char ch;
-      if (!veth_made.get(&ch, 5000)) return 11;
-      if (std::system("ip addr add 10.90.0.2/24 dev vb && ip link set vb up") != 0) return 12;
-      const Started server = start(URDMA_WRITE_SERVER);
-      if (!wait_output(server, "Server listening on port", 10000)) return 13;
+// Two hosts: each server in a namespace of its own (B, with its own urdmad), its client in the
+// test's namespace (A), a veth pair between them (10.90.0.1 - 10.90.0.2).
+struct TwoHostStep {
+  std::string server;                     // run in B
+  const char* ready;                      // what the server prints when it listens; nullptr: 0.5 s
+  std::string client;                     // run in A against 10.90.0.2
+  std::vector<std::string> server_says;   // each must appear in the server's output
+  std::vector<std::string> client_says;   // each must appear in the client's output
+  std::pair<const char*, int> client_count{nullptr, 0};  // a line the client prints N times
+};
+
+void run_between_two_namespaces(const std::vector<TwoHostStep>& steps) {
+  Pipe b_pid_pipe, veth_made, result;
+  const pid_t b = fork_process([&] {
+    if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
+    b_pid_pipe.put(getpid());
+    char ch;
+    if (!veth_made.get(&ch, 5000)) return 11;
+    if (std::system("ip addr add 10.90.0.2/24 dev vb && ip link set vb up") != 0) return 12;
+    int failed = 0;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const TwoHostStep& st = steps[i];
+      const Started server = start(st.server);
+      bool listening = true;
+      if (st.ready) {
+        listening = wait_output(server, st.ready, 10000);
+      } else {
+        usleep(500000);  // these tools say nothing when they listen
+      }
+      if (!listening && !failed) failed = 20 + static_cast<int>(i);
       result.put('r');
       const ToolRun srv = finish(server, 30000);
-      std::fprintf(stderr, "B's server:\n%s\n", srv.output.c_str());
-      if (srv.exit_code != 0) return 14;
-      if (srv.output.find("Received data: Hello from RDMA client!") == std::string::npos) return 15;
-      // Then rping -V across the veth.
-      const Started rping = start("rping -s -V -C 5 -a 10.90.0.2 -p 7190");
-      usleep(500000);
-      result.put('p');
-      const ToolRun rsrv = finish(rping, 30000);
-      std::fprintf(stderr, "B's rping:\n%s\n", rsrv.output.c_str());
-      return rsrv.exit_code == 0 ? 0 : 16;
-    });
-    pid_t b_pid;
-    ASSERT_TRUE(b_pid_pipe.get(&b_pid));
-    if (std::system(("ip link add va type veth peer name vb netns " + std::to_string(b_pid) +
-                     " 2>&1").c_str()) != 0)
-      skip_test("cannot create a veth pair between two namespaces");
-    ASSERT_TRUE(sh("ip addr add 10.90.0.1/24 dev va && ip link set va up"));
-    veth_made.put('x');
+      bool ok = srv.exit_code == 0;
+      for (const std::string& says : st.server_says) ok &= srv.output.find(says) != std::string::npos;
+      if (!ok) {
+        std::fprintf(stderr, "B's %s (exit %d):\n%s\n", st.server.c_str(), srv.exit_code,
+                     srv.output.c_str());
+        if (!failed) failed = 40 + static_cast<int>(i);
+      }
+    }
+    return failed;
+  });
+  pid_t b_pid;
+  ASSERT_TRUE(b_pid_pipe.get(&b_pid));
+  if (std::system(("ip link add va type veth peer name vb netns " + std::to_string(b_pid) +
+                   " 2>&1").c_str()) != 0)
+    skip_test("cannot create a veth pair between two namespaces");
+  ASSERT_TRUE(sh("ip addr add 10.90.0.1/24 dev va && ip link set va up"));
+  veth_made.put('x');
+  for (const TwoHostStep& st : steps) {
+    SCOPED_TRACE(st.client);
     char ch;
-    ASSERT_TRUE(result.get(&ch, 15000));
-    const ToolRun client = finish(start(std::string(URDMA_WRITE_CLIENT) + " 10.90.0.2"), 30000);
+    ASSERT_TRUE(result.get(&ch, 20000)) << "B's server never started";
+    const ToolRun client = finish(start(st.client), 40000);
     EXPECT_EQ(client.exit_code, 0) << client.output;
-    EXPECT_NE(client.output.find("RDMA Write completed successfully!"), std::string::npos)
-        << client.output;
-    ASSERT_TRUE(result.get(&ch, 40000));
-    const ToolRun rping = finish(start("rping -c -V -v -C 5 -a 10.90.0.2 -p 7190"), 30000);
-    EXPECT_EQ(rping.exit_code, 0) << rping.output;
-    EXPECT_EQ(count(rping.output, "ping data: rdma-ping-"), 5) << rping.output;
-    const std::optional<int> status = wait_exit(b, 30000);
-    ASSERT_TRUE(status.has_value());
-    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
-        << "B exited " << (WIFEXITED(*status) ? WEXITSTATUS(*status) : -1);
-  }, 90);
+    for (const std::string& says : st.client_says)
+      EXPECT_NE(client.output.find(says), std::string::npos) << says << "\n" << client.output;
+    if (st.client_count.first) {
+      EXPECT_EQ(count(client.output, st.client_count.first), st.client_count.second)
+          << client.output;
+    }
+  }
+  const std::optional<int> status = wait_exit(b, 40000);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << "B exited " << (WIFEXITED(*status) ? WEXITSTATUS(*status) : -1)
+      << " (20+i: step i's server never listened; 40+i: its output or exit was wrong)";
+}
+
+// The seed's three example pairs and rping -V.
+TEST(Rdmacm, ExamplesAndRpingBetweenTwoNamespaces) {
+  in_fresh_netns([] {
+    std::vector<TwoHostStep> steps;
+    for (const Pair& p : kPairs)
+      steps.push_back({p.server, "Server listening on port", std::string(p.client) + " 10.90.0.2",
+                       {p.server_says}, {p.client_says}});
+    steps.push_back({"rping -s -V -C 5 -a 10.90.0.2 -p 7190", nullptr,
+                     "rping -c -V -v -C 5 -a 10.90.0.2 -p 7190", {}, {},
+                     {"ping data: rdma-ping-", 5}});
+    run_between_two_namespaces(steps);
+  }, 110);
+}
+
+// ucmatose (RC, several connections), udaddy (UD by SIDR), rdma_server/rdma_client (the
+// synchronous API), with the checks of their one-host tests above.
+TEST(Rdmacm, RdmacmUtilsBetweenTwoNamespaces) {
+  for (const char* tool : {"ucmatose", "udaddy", "rdma_server"})
+    if (!have_tool(tool)) GTEST_SKIP() << "no " << tool;
+  in_fresh_netns([] {
+    run_between_two_namespaces({
+        {"ucmatose -c 4 -C 10", nullptr, "ucmatose -s 10.90.0.2 -c 4 -C 10",
+         {"return status 0"}, {"data transfers complete", "return status 0"}},
+        {"udaddy -c 2 -C 10", nullptr, "udaddy -s 10.90.0.2 -c 2 -C 10", {"return status 0"},
+         {"data transfers complete"}},
+        {"rdma_server -p 7472", nullptr, "rdma_client -s 10.90.0.2 -p 7472",
+         {"rdma_server: end 0"}, {"rdma_client: end 0"}},
+    });
+  }, 110);
 }
 
 }  // namespace
