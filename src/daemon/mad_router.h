@@ -68,9 +68,9 @@ struct MadRoute {
 MadRoute route_mad(std::span<const uint8_t> udp_payload);
 
 // Which slot each recent REQ went to, by the requester's address and communication ID: where a
-// REJ with RemoteCommID 0 from that requester goes. Bounded: the oldest entries go first (a
-// REQ's life — its retries — is seconds; a requester that waits longer than kCapacity newer
-// REQs has its REJ dropped, and the passive side's own REP retries end the connection).
+// REJ with RemoteCommID 0 from that requester goes. Bounded: the oldest entries go first. A
+// REQ's life (its retries) is seconds; a requester that gives up only after kCapacity newer
+// REQs came has its REJ dropped, and the passive side's own REP retries end the connection.
 class RequesterTable {
  public:
   static constexpr size_t kCapacity = 4096;

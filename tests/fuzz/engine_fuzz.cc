@@ -213,9 +213,18 @@ class World {
   void build_arena();
   provider::Qp* make_qp(ibv_qp_type type, provider::Srq* srq, uint32_t rq_psn);
   void post_requests();
-  // Exactly one of qp and srq is given. Not inlined: gcc 12 -O3 propagates the null qp of the
-  // SRQ call into the branch that is not taken and fails -Werror=nonnull (noinline is not enough).
-  [[gnu::noipa]] void post_recv_rc_like(provider::Qp* qp, provider::Srq* srq, uint32_t tag);
+  // The next receive WQE of an RC-like queue (tag 1: the RC QP's, 2: the SRQ's), its SGEs in
+  // `s`; post_recv_rc_like posts it to a QP or an SRQ. (One function taking both, one of them
+  // null, tripped gcc 12 -O3's -Werror=nonnull in the branch not taken.)
+  ibv_recv_wr rc_like_recv(uint32_t tag, std::array<ibv_sge, 2>& s);
+  template <class Queue>
+  void post_recv_rc_like(Queue* queue, uint32_t tag) {
+    std::array<ibv_sge, 2> s{};
+    ibv_recv_wr wr = rc_like_recv(tag, s);
+    ibv_recv_wr* bad = nullptr;
+    const auto st = queue->post_recv(&wr, &bad);
+    REQUIRE(st.ok(), "post_recv tag %u: errno %d", tag, st.error());
+  }
   void post_recv_ud();
   void top_up_receives();
   void settle();
@@ -430,12 +439,11 @@ void World::post_requests() {
 // for RC, 16 for the SRQ): 600 bytes in one SGE; 300 + 300 in two; 64 bytes then 64 bytes of
 // the NOACCESS region (a longer SEND must fail with a protection error and leave NOACCESS
 // untouched); 32 bytes only (a longer SEND is a length error).
-void World::post_recv_rc_like(provider::Qp* qp, provider::Srq* srq, uint32_t tag) {
+ibv_recv_wr World::rc_like_recv(uint32_t tag, std::array<ibv_sge, 2>& s) {
   const uint32_t seq = recv_seq_[tag]++;
   const size_t slot = (tag == 1 ? 0 : 16) + seq % 16;
   uint8_t* base = region_addr(kRecv) + slot * kRecvSlotBytes;
   const uint32_t lk = mr_[kRecv]->lkey();
-  std::array<ibv_sge, 2> s{};
   int n = 1;
   switch (seq % 4) {
     case 0:
@@ -461,9 +469,7 @@ void World::post_recv_rc_like(provider::Qp* qp, provider::Srq* srq, uint32_t tag
   wr.wr_id = recv_wr_id(tag, total);
   wr.sg_list = s.data();
   wr.num_sge = n;
-  ibv_recv_wr* bad = nullptr;
-  const auto st = srq != nullptr ? srq->post_recv(&wr, &bad) : qp->post_recv(&wr, &bad);
-  REQUIRE(st.ok(), "post_recv tag %u: errno %d", tag, st.error());
+  return wr;
 }
 
 // UD receive WQEs (after the 32 RC/SRQ slots), in this order: GRH + 1024 in one SGE; a 40-byte
@@ -502,8 +508,8 @@ void World::top_up_receives() {
   if (starve_) return;
   // A QP in ERR flushes what is posted; stop feeding it.
   if (rc_->state() != IBV_QPS_ERR)
-    while (rc_->rq_size() < kRqDepth) post_recv_rc_like(rc_, nullptr, 1);
-  while (srq_->size() < kRqDepth) post_recv_rc_like(nullptr, srq_, 2);
+    while (rc_->rq_size() < kRqDepth) post_recv_rc_like(rc_, 1);
+  while (srq_->size() < kRqDepth) post_recv_rc_like(srq_, 2);
   if (ud_->state() != IBV_QPS_ERR)
     while (ud_->rq_size() < kRqDepth) post_recv_ud();
 }
