@@ -194,6 +194,31 @@ TEST(CmTeardown, ARequestBeforeListenWaitsForIt) {
       60);
 }
 
+// A REQ sent to a local address that is no GID of the device (127.0.0.2: all of 127/8 reaches
+// lo, but only 127.0.0.1 is an interface address) is rejected at once with REJ 12 "invalid GID",
+// as Linux's cm_req_handler rejects a path it cannot build. Before, the server accepted it and
+// its QP answered from 127.0.0.1: rping to 127.0.0.2 connected, then both sides failed with
+// RETRY_EXC_ERR.
+TEST(CmTeardown, ARequestToALocalAddressThatIsNoGidIsRejectedWithInvalidGid) {
+  in_fresh_netns(
+      [] {
+        const Started server = start(std::string(URDMA_RDMACM_PEER) + " recv-server 7196");
+        ASSERT_TRUE(wait_output(server, "listening", 10000)) << finish(server, 0).output;
+        const ToolRun client =
+            run(std::string(URDMA_RDMACM_PEER) + " client 127.0.0.2 7196", 20000);
+        kill(server.pid, SIGTERM);
+        const ToolRun srv = finish(server, 5000);
+        EXPECT_EQ(client.exit_code, 0) << client.output;
+        EXPECT_NE(client.output.find("event RDMA_CM_EVENT_REJECTED status 12 private_data ''"),
+                  std::string::npos)
+            << client.output;
+        EXPECT_EQ(srv.output.find("server qp_num"), std::string::npos)
+            << "the server never saw the request\n"
+            << srv.output;
+      },
+      60);
+}
+
 // A client that destroys its connecting id before any answer sends REJ "timeout" with
 // RemoteCommID 0 (it never heard the server's ID; Linux cm_destroy_id does the same) and its CA
 // GUID as ARI. urdmad routes it by the client's own comm ID to the process its REQ went to, and

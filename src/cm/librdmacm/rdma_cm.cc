@@ -671,6 +671,19 @@ void Cma::pump_locked() {
         manager->destroy(ev.id);
         continue;
       }
+      // Linux cm_req_handler: a REQ whose path our GID table cannot carry — sent to a local
+      // address that is no GID here (127.0.0.2: all of 127/8 reaches lo), or to one removed
+      // meanwhile — is REJ "invalid GID" (12) with our GID 0 as ARI. Accepted, its QP would
+      // answer from another address and both sides would end in RETRY_EXC_ERR.
+      uint8_t local_index = 0;
+      if (ev.type == T::kConnectRequest && find_gid_index(ev.local_gid, &local_index) != 0) {
+        ibv_gid gid0{};
+        urdma::cm::RejectParams rej;
+        rej.reason = static_cast<uint16_t>(urdma::wire::CmRejReason::kInvalidGid);
+        if (ibv_query_gid(verbs, 1, 0, &gid0) == 0) rej.ari = std::span<const uint8_t>(gid0.raw);
+        (void)manager->reject(ev.id, rej);
+        continue;
+      }
       Id* l = lit->second;
       auto* child = new Id();
       child->id.verbs = verbs;
