@@ -100,24 +100,52 @@ bool readable(rdma_event_channel* ec, int timeout_ms) {
   return poll(&p, 1, timeout_ms) == 1;
 }
 
-int recv_server(int port) {
-  rdma_event_channel* ec = rdma_create_event_channel();
+// A server's first steps: an event channel, an RC id bound to PORT on every address (after
+// printing "bound" and sleeping listen_delay_ms when that is > 0: qperf's order), rdma_listen
+// ("listening" printed), then the first CONNECT_REQUEST, acked. 0, or the exit code of the step
+// that failed: 2 channel or id, 3 bind, 4 listen, 5 no request.
+struct Server {
+  rdma_event_channel* ec = nullptr;
   rdma_cm_id* listener = nullptr;
-  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
+  rdma_cm_id* id = nullptr;  // the request's
+};
+int take_first_request(int port, Server* s, int listen_delay_ms = 0) {
+  s->ec = rdma_create_event_channel();
+  if (!s->ec || rdma_create_id(s->ec, &s->listener, nullptr, RDMA_PS_TCP) != 0) return 2;
   sockaddr_in addr = ipv4(nullptr, port);
-  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
-  if (rdma_listen(listener, 1) != 0) return 4;
+  if (rdma_bind_addr(s->listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
+  if (listen_delay_ms > 0) {
+    std::printf("bound\n");
+    std::fflush(stdout);
+    usleep(static_cast<useconds_t>(listen_delay_ms) * 1000);
+  }
+  if (rdma_listen(s->listener, 1) != 0) return 4;
   std::printf("listening\n");
   std::fflush(stdout);
-  rdma_cm_event* event = expect_event(ec, RDMA_CM_EVENT_CONNECT_REQUEST);
+  rdma_cm_event* event = expect_event(s->ec, RDMA_CM_EVENT_CONNECT_REQUEST);
   if (!event) return 5;
-  rdma_cm_id* id = event->id;
+  s->id = event->id;
   rdma_ack_cm_event(event);
+  return 0;
+}
+
+// rdma_create_qp's RC QP with one WR and one SGE each way, on the id's PD and implicit CQs.
+int create_small_rc_qp(rdma_cm_id* id) {
   ibv_qp_init_attr attr{};
   attr.qp_type = IBV_QPT_RC;
   attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
   attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  return rdma_create_qp(id, nullptr, &attr);
+}
+
+int recv_server(int port) {
+  Server srv;
+  if (int e = take_first_request(port, &srv)) return e;
+  rdma_event_channel* ec = srv.ec;
+  rdma_cm_id* listener = srv.listener;
+  rdma_cm_id* id = srv.id;
+  rdma_cm_event* event = nullptr;
+  if (create_small_rc_qp(id) != 0) return 6;
   char buffer[64] = {};
   ibv_mr* mr = ibv_reg_mr(id->pd, buffer, sizeof buffer, IBV_ACCESS_LOCAL_WRITE);
   ibv_sge sge{reinterpret_cast<uintptr_t>(buffer), sizeof buffer, mr ? mr->lkey : 0};
@@ -347,21 +375,11 @@ int devices() {
 }
 
 int reject_server(int port, const char* text) {
-  rdma_event_channel* ec = rdma_create_event_channel();
-  rdma_cm_id* listener = nullptr;
-  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
-  if (rdma_listen(listener, 1) != 0) return 4;
-  std::printf("listening\n");
-  std::fflush(stdout);
-  rdma_cm_event* event = nullptr;
-  if (rdma_get_cm_event(ec, &event) != 0) return 5;
-  if (event->event != RDMA_CM_EVENT_CONNECT_REQUEST) return 6;
-  rdma_cm_id* id = event->id;
-  rdma_ack_cm_event(event);
+  Server srv;
+  if (int e = take_first_request(port, &srv)) return e;
+  rdma_event_channel* ec = srv.ec;
+  rdma_cm_id* listener = srv.listener;
+  rdma_cm_id* id = srv.id;
   if (rdma_reject(id, text, static_cast<uint8_t>(std::strlen(text) + 1)) != 0) return 7;
   std::printf("rejected\n");
   rdma_destroy_id(id);
@@ -431,18 +449,12 @@ int client(const char* server, int port, bool err_qp, bool abandon) {
 }
 
 int hold_server(int port, int wait_ms) {
-  rdma_event_channel* ec = rdma_create_event_channel();
-  rdma_cm_id* listener = nullptr;
-  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
-  sockaddr_in addr = ipv4(nullptr, port);
-  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
-  if (rdma_listen(listener, 1) != 0) return 4;
-  std::printf("listening\n");
-  std::fflush(stdout);
-  rdma_cm_event* event = expect_event(ec, RDMA_CM_EVENT_CONNECT_REQUEST);
-  if (!event) return 5;
-  rdma_cm_id* id = event->id;
-  rdma_ack_cm_event(event);
+  Server srv;
+  if (int e = take_first_request(port, &srv)) return e;
+  rdma_event_channel* ec = srv.ec;
+  rdma_cm_id* listener = srv.listener;
+  rdma_cm_id* id = srv.id;
+  rdma_cm_event* event = nullptr;
   std::printf("request\n");
   std::fflush(stdout);
   if (readable(ec, wait_ms) && rdma_get_cm_event(ec, &event) == 0) {
@@ -452,11 +464,7 @@ int hold_server(int port, int wait_ms) {
   } else {
     std::printf("no event\n");
   }
-  ibv_qp_init_attr attr{};
-  attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
-  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  if (create_small_rc_qp(id) != 0) return 6;
   rdma_conn_param param{};
   param.responder_resources = param.initiator_depth = 1;
   errno = 0;
@@ -471,24 +479,13 @@ int hold_server(int port, int wait_ms) {
 }
 
 int late_listen_server(int port, int delay_ms) {
-  rdma_event_channel* ec = rdma_create_event_channel();
-  rdma_cm_id* listener = nullptr;
-  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
-  sockaddr_in addr = ipv4(nullptr, port);
-  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
-  std::printf("bound\n");
-  std::fflush(stdout);
-  usleep(static_cast<useconds_t>(delay_ms) * 1000);
-  if (rdma_listen(listener, 1) != 0) return 4;
-  rdma_cm_event* event = expect_event(ec, RDMA_CM_EVENT_CONNECT_REQUEST);
-  if (!event) return 5;
-  rdma_cm_id* id = event->id;
-  rdma_ack_cm_event(event);
-  ibv_qp_init_attr attr{};
-  attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
-  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  Server srv;
+  if (int e = take_first_request(port, &srv, delay_ms)) return e;
+  rdma_event_channel* ec = srv.ec;
+  rdma_cm_id* listener = srv.listener;
+  rdma_cm_id* id = srv.id;
+  rdma_cm_event* event = nullptr;
+  if (create_small_rc_qp(id) != 0) return 6;
   rdma_conn_param param{};
   param.responder_resources = param.initiator_depth = 1;
   if (rdma_accept(id, &param) != 0) return 7;
@@ -507,23 +504,13 @@ int late_listen_server(int port, int delay_ms) {
 
 // The passive side of leave-server: its id and channel after the first request was accepted.
 int leave_server(int port, bool destroy_channel) {
-  rdma_event_channel* ec = rdma_create_event_channel();
-  rdma_cm_id* listener = nullptr;
-  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
-  sockaddr_in addr = ipv4(nullptr, port);
-  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
-  if (rdma_listen(listener, 1) != 0) return 4;
-  std::printf("listening\n");
-  std::fflush(stdout);
-  rdma_cm_event* event = expect_event(ec, RDMA_CM_EVENT_CONNECT_REQUEST);
-  if (!event) return 5;
-  rdma_cm_id* id = event->id;
-  rdma_ack_cm_event(event);
-  ibv_qp_init_attr attr{};
-  attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
-  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  Server srv;
+  if (int e = take_first_request(port, &srv)) return e;
+  rdma_event_channel* ec = srv.ec;
+  rdma_cm_id* listener = srv.listener;
+  rdma_cm_id* id = srv.id;
+  rdma_cm_event* event = nullptr;
+  if (create_small_rc_qp(id) != 0) return 6;
   rdma_conn_param param{};
   param.responder_resources = param.initiator_depth = 1;
   if (rdma_accept(id, &param) != 0) return 7;
@@ -555,11 +542,7 @@ int disconnect_client(const char* server, int port) {
   if (rdma_resolve_route(id, 2000) != 0 || !(event = expect_event(ec, RDMA_CM_EVENT_ROUTE_RESOLVED)))
     return 5;
   rdma_ack_cm_event(event);
-  ibv_qp_init_attr attr{};
-  attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = attr.cap.max_recv_wr = 1;
-  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id, nullptr, &attr) != 0) return 6;
+  if (create_small_rc_qp(id) != 0) return 6;
   rdma_conn_param param{};
   param.responder_resources = param.initiator_depth = 1;
   param.retry_count = param.rnr_retry_count = 7;
@@ -600,18 +583,12 @@ void print_qp_route(const char* who, ibv_qp* qp) {
 }
 
 int srq_server(int port, int messages, bool ep) {
-  rdma_event_channel* ec = rdma_create_event_channel();
-  rdma_cm_id* listener = nullptr;
-  if (!ec || rdma_create_id(ec, &listener, nullptr, RDMA_PS_TCP) != 0) return 2;
-  sockaddr_in addr = ipv4(nullptr, port);
-  if (rdma_bind_addr(listener, reinterpret_cast<sockaddr*>(&addr)) != 0) return 3;
-  if (rdma_listen(listener, 1) != 0) return 4;
-  std::printf("listening\n");
-  std::fflush(stdout);
-  rdma_cm_event* event = expect_event(ec, RDMA_CM_EVENT_CONNECT_REQUEST);
-  if (!event) return 5;
-  rdma_cm_id* id = event->id;
-  rdma_ack_cm_event(event);
+  Server srv;
+  if (int e = take_first_request(port, &srv)) return e;
+  rdma_event_channel* ec = srv.ec;
+  rdma_cm_id* listener = srv.listener;
+  rdma_cm_id* id = srv.id;
+  rdma_cm_event* event = nullptr;
   ibv_pd* own_pd = ep ? ibv_alloc_pd(id->verbs) : nullptr;
   if (ep && !own_pd) return 6;
   ibv_srq_init_attr srq_attr{};

@@ -676,7 +676,8 @@ void Cma::pump_locked() {
       // meanwhile — is REJ "invalid GID" (12) with our GID 0 as ARI. Accepted, its QP would
       // answer from another address and both sides would end in RETRY_EXC_ERR.
       uint8_t local_index = 0;
-      if (ev.type == T::kConnectRequest && find_gid_index(ev.local_gid, &local_index) != 0) {
+      const bool local_gid_known = find_gid_index(ev.local_gid, &local_index) == 0;
+      if (ev.type == T::kConnectRequest && !local_gid_known) {
         ibv_gid gid0{};
         urdma::cm::RejectParams rej;
         rej.reason = static_cast<uint16_t>(urdma::wire::CmRejReason::kInvalidGid);
@@ -718,7 +719,7 @@ void Cma::pump_locked() {
       }
       child->local_port = l->local_port;
       set_sockaddr(&child->id.route.addr.src_storage, child->sgid, l->local_port);
-      find_gid_index(ev.local_gid, &child->sgid_index);
+      child->sgid_index = local_index;  // found above (0 for a SIDR request's unknown GID)
       set_route_path(child, urdma::cm::roce_flow_label(src_port, l->local_port));
       live.insert(child);
       by_conn[ev.id] = child;
