@@ -240,6 +240,14 @@ TEST_F(VerbsUtils, EngineSettingsComeFromTheEnvironment) {
       EXPECT_NE(r.output.find("urdma: " + setting + " is not a number in "), std::string::npos)
           << r.output;
     }
+    // The errno ibv_open_device left: ibv_devinfo does not print it, pyverbs' error does.
+    if (std::system("/usr/bin/python3 -c 'import pyverbs.device' 2>/dev/null") == 0) {
+      const ToolRun r = run(
+          "URDMA_TX_BATCH=0 /usr/bin/python3 -c 'import pyverbs.device as d; "
+          "d.Context(name=\"urdma0\")'",
+          10000);
+      EXPECT_NE(r.output.find("Errno: 22, Invalid argument"), std::string::npos) << r.output;
+    }
     const std::string env = "URDMA_TX_BATCH=1 URDMA_ACK_DELAY_US=20 ";
     const std::string args = pingpong_args("ibv_rc_pingpong", 4096, 18660, 0, false);
     const Started server = start(env + args);
