@@ -17,7 +17,7 @@
 
 namespace urdma::daemon {
 
-inline constexpr unsigned kMaxGids = 128;
+inline constexpr unsigned kMaxGids = 1024;  // as many as the device reports (rxe's 1024)
 
 struct GidEntry {
   uint32_t index = 0;

@@ -69,7 +69,7 @@ inline constexpr char kDefaultSocketName[] = "urdma/v1";
 inline constexpr uint32_t kProtocolMagic = 0x75724d44;  // "urMD"
 inline constexpr uint16_t kProtocolVersion = 1;
 // Room for the largest record (kGids with kMaxGids entries).
-inline constexpr size_t kMaxMessageBytes = 8192;
+inline constexpr size_t kMaxMessageBytes = 32768;
 
 enum class MsgType : uint16_t {
   kAcquireSlot = 1,

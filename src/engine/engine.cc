@@ -288,7 +288,8 @@ void Engine::apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) 
     ctx->qp = &qp;
     ctx->qpn = qp.qp_num();
     ctx->type = qp.type();
-    ctx->req.wqe.resize(size_t{qp.cap().max_send_wr} + 1);
+    ctx->req.wqe_slots = size_t{qp.cap().max_send_wr} + 1;
+    ctx->req.wqe = std::make_unique_for_overwrite<WqeState[]>(ctx->req.wqe_slots);
     base::check(qp.handle() < by_handle_.size(), "QP handle beyond the device's QP table");
     by_handle_[qp.handle()] = ctx;
     contexts_.emplace(qp.qp_num(), std::move(owned));

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -68,14 +69,16 @@ enum class WqeStage : uint8_t {
   kDone,     // finished: `status` says how; the completer retires it in order
 };
 
+// Trivial (no member initialisers): the ring of them is allocated untouched, and a WQE's state
+// is set to WqeState{} (all zero: kNew, SUCCESS) when the requester starts it.
 struct WqeState {
-  WqeStage stage = WqeStage::kNew;
-  ibv_wc_status status = IBV_WC_SUCCESS;
-  uint32_t first_psn = 0;
-  uint32_t npkts = 0;       // PSNs consumed (READ: response packets expected); 0 for local ops
-  bool rd_atomic = false;   // READ or ATOMIC: counts against max_rd_atomic until done
-  uint32_t resp_psn = 0;    // READ/ATOMIC: the next response PSN expected
-  uint64_t resp_bytes = 0;  // READ: bytes of response data placed so far
+  WqeStage stage;
+  ibv_wc_status status;
+  uint32_t first_psn;
+  uint32_t npkts;       // PSNs consumed (READ: response packets expected); 0 for local ops
+  bool rd_atomic;       // READ or ATOMIC: counts against max_rd_atomic until done
+  uint32_t resp_psn;    // READ/ATOMIC: the next response PSN expected
+  uint64_t resp_bytes;  // READ: bytes of response data placed so far
   uint32_t last_psn() const { return (first_psn + npkts - 1) & 0xFFFFFF; }
 };
 
@@ -85,11 +88,14 @@ struct Requester {
   uint64_t cur_offset = 0;  // bytes of it already sent (READ: response bytes requested before)
   uint32_t started = 0;     // WQEs from the head whose WqeState is initialised
   uint32_t rd_atomic_outstanding = 0;
-  uint64_t head_seq = 0;      // WQEs retired so far: the head's sequence number
-  bool blocked = false;       // stopped by fence / max_rd_atomic / SQD until the completer moves
-  std::vector<WqeState> wqe;  // ring of sq capacity + 1 entries, indexed by sequence number
-  WqeState& at(uint32_t offset) { return wqe[(head_seq + offset) % wqe.size()]; }
-  const WqeState& at(uint32_t offset) const { return wqe[(head_seq + offset) % wqe.size()]; }
+  uint64_t head_seq = 0;  // WQEs retired so far: the head's sequence number
+  bool blocked = false;   // stopped by fence / max_rd_atomic / SQD until the completer moves
+  // Ring of sq capacity + 1 entries, indexed by sequence number; only the `started` ones from
+  // the head hold a state. Allocated untouched: a 2^20-WR QP costs its pages as WQEs use them.
+  std::unique_ptr<WqeState[]> wqe;
+  size_t wqe_slots = 0;
+  WqeState& at(uint32_t offset) { return wqe[(head_seq + offset) % wqe_slots]; }
+  const WqeState& at(uint32_t offset) const { return wqe[(head_seq + offset) % wqe_slots]; }
 };
 
 // What the completer asks of the requester (instead of reaching into it — rxe's completer sets

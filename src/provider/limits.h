@@ -1,9 +1,11 @@
 // Device limits: the one table of every bound the provider core enforces.
 //
-// Design: values follow Linux rxe (drivers/infiniband/sw/rxe/rxe_param.h) where rxe's value
-// is reasonable for a user-space device, and are smaller where rxe's would make a table
-// needlessly large (every table here is preallocated and bounded). `Device` reports these
-// through ibv_query_device/ibv_query_port; every create/modify verb checks against them.
+// Design: values are at least Linux rxe's (drivers/infiniband/sw/rxe/rxe_param.h, kernel 6.1)
+// wherever the device can honour them. Tables and queues cost memory for what is used, not for
+// the bound (ObjectTable and MrTable grow in chunks; rings are allocated but not touched), so
+// the bounds are rxe's; the exception is max_qp, which is the process's share of the host's
+// QPN space (see below). `Device` reports these through ibv_query_device/ibv_query_port;
+// every create/modify verb checks against them.
 #pragma once
 
 #include <cstddef>
@@ -46,17 +48,19 @@ struct DeviceLimits {
 };
 
 inline constexpr DeviceLimits kLimits = {
-    .max_pd = 4096,
+    .max_pd = 1u << 20,  // rxe RXE_MAX_PD
+    // A slot's QPN range (urdmad gives each process 4096 QPNs of the 24-bit space, steered by
+    // DestQP), and the doorbell bitmap (engine/rung_qps.h). rxe: 2^20 - 16.
     .max_qp = 4096,
-    .max_cq = 4096,
-    .max_mr = 16384,
-    .max_mw = 4096,
-    .max_srq = 1024,
-    .max_ah = 4096,
-    .max_qp_wr = 0x4000,        // rxe RXE_MAX_QP_WR
+    .max_cq = 1u << 20,
+    .max_mr = (1u << 19) - 1,  // rxe RXE_MAX_MR: indices 1..2^19 - 1
+    .max_mw = (1u << 19) - 1,  // the key indices after the MRs', below 2^24
+    .max_srq = 1u << 20,
+    .max_ah = (1u << 15) - 1,   // rxe RXE_MAX_AH
+    .max_qp_wr = 1u << 20,      // rxe RXE_MAX_QP_WR
     .max_cqe = (1u << 15) - 1,  // rxe RXE_MAX_CQE
-    .max_srq_wr = 0x4000,
-    .max_sge = 32,  // rxe RXE_MAX_SGE
+    .max_srq_wr = 1u << 20,     // rxe RXE_MAX_SRQ_WR
+    .max_sge = 32,              // rxe RXE_MAX_SGE
     .max_sge_rd = 32,
     .max_srq_sge = 27,             // rxe RXE_MAX_SRQ_SGE
     .max_inline_data_bytes = 512,  // rxe: 32 SGEs * 16 bytes of WQE space
@@ -66,7 +70,7 @@ inline constexpr DeviceLimits kLimits = {
     .max_mr_size_bytes = ~uint64_t{0},
     .page_size_cap = 0xfffff000,     // rxe RXE_PAGE_SIZE_CAP
     .max_msg_size_bytes = 1u << 31,  // IBA 9.7.2: 2^31 bytes
-    .gid_table_len = 16,
+    .gid_table_len = 1024,           // rxe RXE_PORT_GID_TBL_LEN; urdmad's table holds as many
     .pkey_table_len = 1,
     .local_ca_ack_delay = 15,
 };

@@ -3,6 +3,7 @@
 
 #include <cassert>
 #include <mutex>
+#include <new>
 
 namespace urdma::provider {
 namespace {
@@ -41,7 +42,7 @@ const char* mem_error_name(MemError e) {
 }
 
 MrTable::MrTable(uint32_t max_mr, uint32_t max_mw, std::optional<uint64_t> key_seed)
-    : max_mr_(max_mr), max_mw_(max_mw), mrs_(max_mr), mws_(max_mw) {
+    : max_mr_(max_mr), max_mw_(max_mw) {
   assert(uint64_t{max_mr} + max_mw < (uint64_t{1} << (32 - kKeyBits)));
   if (key_seed) {
     std::seed_seq seed{static_cast<uint32_t>(*key_seed), static_cast<uint32_t>(*key_seed >> 32)};
@@ -51,29 +52,36 @@ MrTable::MrTable(uint32_t max_mr, uint32_t max_mw, std::optional<uint64_t> key_s
     std::seed_seq seed{entropy(), entropy(), entropy(), entropy()};
     rng_.seed(seed);
   }
-  free_mrs_.reserve(max_mr);
-  for (uint32_t i = 1; i <= max_mr; ++i) {
-    mrs_[i - 1].index_ = i;
-    free_mrs_.push_back(i);
+}
+
+template <class Slot>
+bool MrTable::grow(SlotChunks<Slot>& slots, uint32_t limit, uint32_t first_index,
+                   std::vector<uint32_t>& free_list) {
+  const uint32_t old_size = slots.size();
+  try {
+    free_list.reserve(free_list.size() + SlotChunks<Slot>::kChunk);
+    if (slots.grow(limit) == 0) return false;
+  } catch (const std::bad_alloc&) {
+    return false;
   }
-  free_mws_.reserve(max_mw);
-  for (uint32_t j = 0; j < max_mw; ++j) {
-    mws_[j].index_ = max_mr + 1 + j;
-    free_mws_.push_back(max_mr + 1 + j);
+  for (uint32_t i = old_size; i < slots.size(); ++i) {
+    Slot& slot = slots[i];
+    slot.index_ = first_index + i;
+    // A random "previous" key byte, so that the slot's first key is random too.
+    slot.last_key_byte_ = static_cast<uint8_t>(rng_());
+    free_list.push_back(slot.index_);
   }
-  // Slots start with random "previous" key bytes so the first key of a slot is random too.
-  for (Mr& mr : mrs_) mr.last_key_byte_ = static_cast<uint8_t>(rng_());
-  for (Mw& mw : mws_) mw.last_key_byte_ = static_cast<uint8_t>(rng_());
+  return true;
 }
 
 Mr* MrTable::mr_slot(uint32_t index) const {
-  if (index == 0 || index > max_mr_) return nullptr;
-  return const_cast<Mr*>(&mrs_[index - 1]);
+  if (index == 0 || index > mrs_.size()) return nullptr;
+  return &mrs_[index - 1];
 }
 
 Mw* MrTable::mw_slot(uint32_t index) const {
-  if (index <= max_mr_ || index - max_mr_ - 1 >= max_mw_) return nullptr;
-  return const_cast<Mw*>(&mws_[index - max_mr_ - 1]);
+  if (index <= max_mr_ || index - max_mr_ - 1 >= mws_.size()) return nullptr;
+  return &mws_[index - max_mr_ - 1];
 }
 
 uint8_t MrTable::fresh_key_byte(uint8_t previous) {
@@ -100,7 +108,7 @@ Result<Mr*> MrTable::reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int
   if (wraps(iova, length)) return Status(EINVAL);
 
   std::unique_lock lock(mutex_);
-  if (free_mrs_.empty()) return Status(ENOMEM);
+  if (free_mrs_.empty() && !grow(mrs_, max_mr_, 1, free_mrs_)) return Status(ENOMEM);
   Mr& mr = mrs_[take_random(free_mrs_) - 1];
   assert(!mr.live_);
   mr.last_key_byte_ = fresh_key_byte(mr.last_key_byte_);
@@ -179,7 +187,7 @@ Result<Mw*> MrTable::alloc_mw(Pd* pd, ibv_mw_type type) {
   if (pd == nullptr) return Status(EINVAL);
   if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return Status(EINVAL);
   std::unique_lock lock(mutex_);
-  if (free_mws_.empty()) return Status(ENOMEM);
+  if (free_mws_.empty() && !grow(mws_, max_mw_, max_mr_ + 1, free_mws_)) return Status(ENOMEM);
   Mw& mw = mws_[take_random(free_mws_) - max_mr_ - 1];
   mw.last_key_byte_ = fresh_key_byte(mw.last_key_byte_);
   mw.key_ = (mw.index_ << kKeyBits) | mw.last_key_byte_;
@@ -330,7 +338,8 @@ Status MrTable::invalidate_st(uint32_t rkey, const Pd* qp_pd, uint32_t qp_num, b
 
 void MrTable::unbind_qp_windows(uint32_t qp_num) {
   std::unique_lock lock(mutex_);
-  for (Mw& mw : mws_) {
+  for (uint32_t i = 0; i < mws_.size(); ++i) {
+    Mw& mw = mws_[i];
     if (mw.live_ && mw.bound_ && mw.type_ == IBV_MW_TYPE_2 && mw.qp_num_ == qp_num)
       unbind_locked(mw);
   }

@@ -3,7 +3,9 @@
 // Design
 // * One key space for MRs and MWs: key = (index << 8) | key byte (IBA 10.6.3.1 leaves the
 //   split to the CA; rxe uses the same). MR indices are 1..max_mr, MW indices follow them.
-//   The slot index is drawn at random among the free slots and the key byte comes from a
+//   The slot index is drawn at random among the free slots (slots are made 4096 at a time as
+//   registrations need them, so the draw is among at least the rest of the newest chunk) and
+//   the key byte comes from a
 //   generator seeded by std::random_device (getrandom) — or by the caller's key_seed, so that
 //   a deterministic simulation replays the same keys — never equal to the slot's previous
 //   byte: a peer cannot guess an rkey from one it has seen, and a stale key of a
@@ -19,8 +21,8 @@
 //   requester does, so the rules of IBA 10.6.7.2 are checked there.
 // * Locking: one shared_mutex. Lookups (engine thread, frequent) share it; reg/rereg/dereg/
 //   alloc/dealloc (application threads) and bind/invalidate (engine thread) take it
-//   exclusively. The slot arrays never move, so an Mr*/Mw* stays a valid object address for
-//   the table's lifetime.
+//   exclusively. The slots live in chunks that never move (SlotChunks), so an Mr*/Mw* stays a
+//   valid object address for the table's lifetime while the table grows.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +35,7 @@
 
 #include "provider/limits.h"
 #include "provider/pd.h"
+#include "provider/slot_chunks.h"
 #include "provider/status.h"
 
 namespace urdma::provider {
@@ -191,13 +194,18 @@ class MrTable {
   Mw* mw_slot(uint32_t index) const;
   uint8_t fresh_key_byte(uint8_t previous);
   uint32_t take_random(std::vector<uint32_t>& free_list);
+  // Makes the next chunk of slots (indices from first_index + slots.size()) and puts them on
+  // free_list; false at the limit or when memory ran out.
+  template <class Slot>
+  bool grow(SlotChunks<Slot>& slots, uint32_t limit, uint32_t first_index,
+            std::vector<uint32_t>& free_list);
   void unbind_locked(Mw& mw);
 
   const uint32_t max_mr_;
   const uint32_t max_mw_;
   mutable std::shared_mutex mutex_;
-  std::vector<Mr> mrs_;  // index i at mrs_[i - 1]
-  std::vector<Mw> mws_;  // index max_mr_ + 1 + j at mws_[j]
+  SlotChunks<Mr> mrs_;  // index i at mrs_[i - 1]
+  SlotChunks<Mw> mws_;  // index max_mr_ + 1 + j at mws_[j]
   std::vector<uint32_t> free_mrs_;
   std::vector<uint32_t> free_mws_;
   std::mt19937_64 rng_;

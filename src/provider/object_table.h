@@ -1,19 +1,22 @@
 // Bounded handle tables for provider objects (PD, CQ, QP, SRQ, AH).
 //
-// Design: a fixed number of slots decided at device creation; an object's handle is its slot
-// index, which the verbs layer stores in the `handle` field of the matching ibv_* struct
-// (ibv_pd.handle, ibv_ah.handle, ...) the way rdma-core's kernel providers store the kernel's
-// object handle. Creating past the bound fails with ENOMEM, as a device's full table does.
-// Lookups by handle take a shared lock so the posting fast path never contends with another
-// reader; create/destroy take it exclusively. Freed handles go to the back of a FIFO, so a
-// handle (and the QPN derived from it) is reused as late as possible: stray packets for a
-// destroyed QP do not reach its successor at once (rxe allocates QPNs cyclically too).
+// Design: at most max_objects slots; an object's handle is its slot index, which the verbs
+// layer stores in the `handle` field of the matching ibv_* struct (ibv_pd.handle,
+// ibv_ah.handle, ...) the way rdma-core's kernel providers store the kernel's object handle.
+// Slots are made as objects need them, so a bound as large as rxe's (2^20 PDs) costs nothing
+// until used. Creating past the bound, or when memory runs out, fails with ENOMEM, as a
+// device's full table does. Lookups by handle take a shared lock so the posting fast path
+// never contends with another reader; create/destroy take it exclusively. Handles never used
+// are taken first, in order; freed ones wait in a FIFO after them, so a handle (and the QPN
+// derived from it) is reused as late as possible: stray packets for a destroyed QP do not
+// reach its successor at once (rxe allocates QPNs cyclically too).
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 #include <vector>
 
@@ -24,18 +27,26 @@ namespace urdma::provider {
 template <class T>
 class ObjectTable {
  public:
-  explicit ObjectTable(uint32_t max_objects) : slots_(max_objects) {
-    for (uint32_t i = 0; i < max_objects; ++i) free_.push_back(i);
-  }
+  explicit ObjectTable(uint32_t max_objects) : max_objects_(max_objects) {}
 
   // Constructs T(handle, args...) in a free slot.
   template <class... Args>
   Result<T*> create(Args&&... args) {
     std::unique_lock lock(mutex_);
-    if (free_.empty()) return Status(ENOMEM);
-    const uint32_t handle = free_.front();
-    free_.pop_front();
-    slots_[handle] = std::make_unique<T>(handle, std::forward<Args>(args)...);
+    const bool fresh = slots_.size() < max_objects_;
+    if (!fresh && free_.empty()) return Status(ENOMEM);
+    const auto handle = fresh ? static_cast<uint32_t>(slots_.size()) : free_.front();
+    try {
+      auto object = std::make_unique<T>(handle, std::forward<Args>(args)...);
+      if (fresh) {
+        slots_.push_back(std::move(object));
+      } else {
+        slots_[handle] = std::move(object);
+        free_.pop_front();
+      }
+    } catch (const std::bad_alloc&) {
+      return Status(ENOMEM);
+    }
     return slots_[handle].get();
   }
 
@@ -60,6 +71,7 @@ class ObjectTable {
   }
 
  private:
+  const uint32_t max_objects_;
   mutable std::shared_mutex mutex_;
   std::vector<std::unique_ptr<T>> slots_;
   std::deque<uint32_t> free_;

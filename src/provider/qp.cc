@@ -124,7 +124,8 @@ Qp::Qp(uint32_t handle, const QpInitAttr& init, Device& device)
       attr_(default_attr()),
       wqe_size_(init.cap.max_inline_data),
       sq_ring_(init.cap.max_send_wr),
-      sq_side_(std::make_unique<uint8_t[]>(size_t{sq_ring_.slots()} * wqe_size_ + 1)) {
+      sq_side_(
+          std::make_unique_for_overwrite<uint8_t[]>(size_t{sq_ring_.slots()} * wqe_size_ + 1)) {
   assert(qp_num_ <= wire::kQpnMask);
   if (init.srq == nullptr)
     rq_ = std::make_unique<RecvQueue>(init.cap.max_recv_wr, init.cap.max_recv_sge);

@@ -15,7 +15,9 @@
 #include <atomic>
 #include <bit>
 #include <cassert>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <new>
 #include <type_traits>
@@ -23,6 +25,22 @@
 namespace urdma::provider {
 
 inline constexpr size_t kCacheLineBytes = 64;
+
+// n entries of a trivially copyable T from malloc, which creates them (implicit-lifetime
+// objects, C++20) without running a constructor or writing a byte: a ring sized for 2^20 WRs
+// costs pages only as entries are written. Throws std::bad_alloc.
+template <class T>
+struct FreeDeleter {
+  void operator()(T* p) const { std::free(p); }
+};
+template <class T>
+std::unique_ptr<T[], FreeDeleter<T>> make_untouched_array(size_t n) {
+  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>);
+  static_assert(alignof(T) <= alignof(std::max_align_t));
+  T* p = static_cast<T*>(std::malloc(n * sizeof(T)));
+  if (p == nullptr && n != 0) throw std::bad_alloc();
+  return std::unique_ptr<T[], FreeDeleter<T>>(p);
+}
 
 // The usable capacity of a ring that must hold at least `n` entries: 2^k - 1 >= n.
 inline constexpr uint32_t ring_capacity_for(uint32_t n) {
@@ -38,7 +56,7 @@ class SpscRing {
   explicit SpscRing(uint32_t min_capacity)
       : slots_(std::bit_ceil(min_capacity + 1u)),
         mask_(slots_ - 1),
-        entries_(std::make_unique<T[]>(slots_)) {}
+        entries_(make_untouched_array<T>(slots_)) {}
 
   SpscRing(const SpscRing&) = delete;
   SpscRing& operator=(const SpscRing&) = delete;
@@ -106,7 +124,7 @@ class SpscRing {
  private:
   const uint32_t slots_;
   const uint32_t mask_;
-  std::unique_ptr<T[]> entries_;
+  std::unique_ptr<T[], FreeDeleter<T>> entries_;
   alignas(kCacheLineBytes) std::atomic<uint32_t> head_{0};  // consumer-owned
   alignas(kCacheLineBytes) std::atomic<uint32_t> tail_{0};  // producer-owned
 };

@@ -67,7 +67,8 @@ class RecvQueue {
   RecvQueue(uint32_t max_wr, uint32_t max_sge)
       : ring_(max_wr),
         max_sge_(max_sge),
-        sges_(std::make_unique<ibv_sge[]>(size_t{ring_.slots()} * (max_sge ? max_sge : 1))) {}
+        sges_(std::make_unique_for_overwrite<ibv_sge[]>(size_t{ring_.slots()} *
+                                                        (max_sge ? max_sge : 1))) {}
 
   uint32_t max_wr() const { return ring_.capacity(); }
   uint32_t max_sge() const { return max_sge_; }

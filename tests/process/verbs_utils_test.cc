@@ -144,6 +144,13 @@ TEST_F(VerbsUtils, DevicesAndDevinfoShowASaneRoceDevice) {
     }
     EXPECT_GE(std::stoll(field("max_sge")), 32);
     EXPECT_GE(std::stoll(field("max_cqe")), 32767);
+    // rxe's (6.1) limits, as the issue quotes them, through the unmodified tool.
+    EXPECT_GE(std::stoll(field("max_qp_wr")), 1 << 20);
+    EXPECT_GE(std::stoll(field("max_srq_wr")), 1 << 20);
+    EXPECT_GE(std::stoll(field("max_mr")), 524287);
+    EXPECT_GE(std::stoll(field("max_pd")), 1 << 20);
+    EXPECT_GE(std::stoll(field("max_ah")), 32767);
+    EXPECT_GE(std::stoll(field("gid_tbl_len")), 1024);
     EXPECT_EQ(gid_index_of(o, "127.0.0.1"), 0) << o;
   });
 }

@@ -53,7 +53,8 @@ TEST_F(AhTest, Validation) {
   attr = global_ah_attr(ipv4_gid(10, 1, 2, 3));
   attr.grh.sgid_index = 1;  // empty entry
   EXPECT_EQ(dev_.create_ah(pd(), attr).error(), EINVAL);
-  attr.grh.sgid_index = static_cast<uint8_t>(kLimits.gid_table_len);
+  attr.grh.sgid_index = 255;  // the highest index an AH can name: inside the table, empty
+  static_assert(kLimits.gid_table_len > 255);
   EXPECT_EQ(dev_.create_ah(pd(), attr).error(), EINVAL);
   attr = global_ah_attr(ipv4_gid(10, 1, 2, 3));
   attr.grh.flow_label = 1u << 20;
