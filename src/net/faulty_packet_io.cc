@@ -173,7 +173,15 @@ FaultyPacketIo::FaultyPacketIo(std::unique_ptr<PacketIo> inner, const Clock& clo
   held_.reserve(profile_.held_max);
 }
 
-FaultyPacketIo::~FaultyPacketIo() = default;
+// What is in flight on a link still arrives after its sender is gone: the held copies go now,
+// in the order they were due (a process that exits right after its last ACK must not take that
+// ACK with it). Copies the inner I/O would block on are lost, as on a full link.
+FaultyPacketIo::~FaultyPacketIo() {
+  std::sort(held_.begin(), held_.end(), [](const Held& a, const Held& b) {
+    return a.release_ns != b.release_ns ? a.release_ns < b.release_ns : a.order < b.order;
+  });
+  for (Held& h : held_) send_held(h);
+}
 
 bool FaultyPacketIo::send_held(Held& h) {
   const iovec v{h.bytes.data(), h.bytes.size()};

@@ -15,7 +15,9 @@
 // Held-back datagrams (delayed or reordered) are copies in a bounded queue (held_max; when it
 // is full the earliest due is sent early — lost if the inner I/O would block — and counted), sent
 // by the next send/send_batch/recv_batch call at or after their time — the engine polls regularly;
-// a thread that sleeps wakes by next_deadline_ns() (PacketIo's, so the runtime needs no cast). A
+// a thread that sleeps wakes by next_deadline_ns() (PacketIo's, so the runtime needs no cast) —
+// or, at the latest, when the decorator is destroyed (the device closed: what was in flight on a
+// link still arrives after its sender is gone). A
 // datagram that passes with no fault goes to the inner I/O as it came (its iovecs, no copy). With
 // faults on, send_batch sends one datagram per inner send: this is a testing tool, not the fast
 // path (URDMA_FAULTS unset means no decorator at all).

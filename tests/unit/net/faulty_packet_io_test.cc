@@ -34,6 +34,7 @@ class RecordingIo final : public PacketIo {
       const auto* p = static_cast<const uint8_t*>(v.iov_base);
       s.bytes.insert(s.bytes.end(), p, p + v.iov_len);
     }
+    if (log != nullptr) log->push_back(s);
     sent.push_back(std::move(s));
     return TxStatus::kSent;
   }
@@ -48,6 +49,7 @@ class RecordingIo final : public PacketIo {
   uint16_t source_port(uint16_t wanted) const override { return wanted | 1; }
 
   std::vector<Sent> sent;
+  std::vector<Sent>* log = nullptr;  // a copy of `sent` that outlives this object
   bool block = false;
 };
 
@@ -233,6 +235,36 @@ TEST(FaultyPacketIoTest, DelayHoldsUntilItsTime) {
   EXPECT_EQ(rig.numbers(), std::vector<uint32_t>{5});
   EXPECT_EQ(rig.io->fault_counters().delayed, 1u);
   EXPECT_EQ(rig.io->next_deadline_ns(), kNever);
+}
+
+TEST(FaultyPacketIoTest, HeldCopiesLeaveWhenTheDecoratorIsDestroyedInTheOrderTheyWereDue) {
+  std::vector<RecordingIo::Sent> log;
+  FaultProfile p;
+  p.delay_min_ns = 1'000;
+  p.delay_max_ns = 1'000'000;
+  p.seed = 7;
+  Rig rig(p);
+  rig.inner->log = &log;
+  for (uint32_t i = 0; i < 20; ++i) rig.send_number(i);
+  ASSERT_EQ(rig.io->held(), 20u) << "every copy delayed, none due yet";
+  rig.io.reset();  // the device closed before any delay ran out
+  ASSERT_EQ(log.size(), 20u) << "held copies were lost at destruction";
+  std::vector<uint32_t> got;
+  for (const auto& s : log) {
+    uint32_t words[2];
+    std::memcpy(words, s.bytes.data(), sizeof words);
+    got.push_back(words[0]);
+  }
+  std::vector<uint32_t> sorted = got;
+  std::sort(sorted.begin(), sorted.end());
+  for (uint32_t i = 0; i < 20; ++i) EXPECT_EQ(sorted[i], i);
+  EXPECT_NE(got, sorted) << "a delay spread reorders: released by due time, not send order";
+  // The same seed, left to run out its delays: the same order.
+  Rig waited(p);
+  for (uint32_t i = 0; i < 20; ++i) waited.send_number(i);
+  waited.clock.advance(p.delay_max_ns);
+  waited.io->release_due();
+  EXPECT_EQ(waited.numbers(), got);
 }
 
 TEST(FaultyPacketIoTest, HeldQueueIsBoundedAndWouldBlockIsRetried) {
