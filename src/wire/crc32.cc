@@ -18,8 +18,28 @@ uint32_t crc32(uint32_t crc, std::span<const uint8_t> data) {
   return crc32_isal(crc, data);
 }
 
+namespace {
+
+// isa-l 2.30 (Debian 12) returns from its AVX-512 variant, crc32_gzip_refl_by16_10, without a
+// vzeroupper: the upper halves of zmm0-15 stay dirty, and on Intel cores every legacy-SSE
+// instruction after it (ours are built for baseline x86-64, which is SSE) pays an SSE/AVX
+// transition. Measured on a 2-vCPU Intel Xeon (docs/PERFORMANCE.md, "AVX-512 on an Intel
+// Xeon"): urdma_engine_bench BM_Write/64 752 -> 302 ns per packet, BM_IcrcSealVerify 64 B
+// 289 -> 77 ns, with perf putting the time on our first `pxor` after the call and isa-l's first
+// VEX instruction on entry. A vzeroupper after each call clears the state. It only exists
+// with AVX; without AVX isa-l never dirtied anything.
+const bool kCpuHasAvx = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx") != 0;
+}();
+
+}  // namespace
+
 uint32_t crc32_isal(uint32_t crc, std::span<const uint8_t> data) {
-  return crc32_gzip_refl(crc, data.data(), data.size());
+  const auto result = static_cast<uint32_t>(crc32_gzip_refl(crc, data.data(), data.size()));
+  // Only the upper halves of ymm/zmm0-15 change, which code built without AVX never holds.
+  if (kCpuHasAvx) asm volatile("vzeroupper");
+  return result;
 }
 
 uint32_t crc32_zlib(uint32_t crc, std::span<const uint8_t> data) {
