@@ -212,9 +212,13 @@ void Runtime::run() {
     if (busy_poll_ns_ != 0) {
       // Busy-poll window: keep taking turns while work may come soon.
       const uint64_t until = now + busy_poll_ns_;
+      // Ends at once on a post (the doorbell), a due timer, or a datagram (epoll with no
+      // timeout: the socket, doorbell and timer are its fds; what it reports stays pending).
       bool more = false;
+      epoll_event ready[3];
       while (!more && clock_.now_ns() < until && !stop_.load(std::memory_order_relaxed))
-        more = doorbell_.load(std::memory_order_seq_cst) || clock_.now_ns() >= deadline;
+        more = doorbell_.load(std::memory_order_seq_cst) || clock_.now_ns() >= deadline ||
+               epoll_wait(epoll_fd_, ready, 3, 0) > 0;
       if (more) continue;
     }
     sleep_until(deadline);

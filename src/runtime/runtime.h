@@ -24,7 +24,9 @@
 //   a busy engine costs the poster no syscall. The engine thread sleeps in epoll_wait on the
 //   socket, the doorbell eventfd and a timerfd armed at the earlier of engine.next_deadline_ns()
 //   and the PacketIo's next_deadline_ns() (a fault wrapper's held datagrams); an idle
-//   process costs no CPU. RuntimeConfig::busy_poll_ns spins that long before sleeping.
+//   process costs no CPU. RuntimeConfig::busy_poll_ns (URDMA_BUSY_POLL_US) spins that long
+//   before sleeping; a post, a due timer or a readable socket (epoll_wait with no timeout)
+//   ends the spin at once.
 // * MEMORY LIFETIME: dereg_mr / rereg_mr / dealloc_mw call Doorbell::memory_released after the
 //   MR table changed; the engine waits until its turn epoch has moved past every turn that was
 //   running (engine.h), so no pointer looked up before the change is used after the verb

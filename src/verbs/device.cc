@@ -137,6 +137,8 @@ bool debug_enabled() {
 //   URDMA_TX_BATCH       packets per sendmmsg, 1..net::kMaxBatch (default 64)
 //   URDMA_ACK_DELAY_US   how long an owed ACK may wait for a reply to carry it off the latency
 //                        path, 0..1000 us (default 0: sent at the end of the received batch)
+//   URDMA_BUSY_POLL_US   how long the engine thread spins after a turn before it sleeps,
+//                        0..1000 us (default 0; RuntimeConfig::busy_poll_ns)
 // 0, or EINVAL with a sentence for a value that is not a number in range.
 constexpr uint64_t kDefaultTxBatch = 64;
 constexpr uint64_t kDefaultAckDelayUs = 0;
@@ -157,11 +159,14 @@ int env_number(const char* name, uint64_t lo, uint64_t hi, uint64_t* value, std:
   return 0;
 }
 
-int engine_settings(engine::EngineConfig* engine, std::string* why) {
+int engine_settings(engine::EngineConfig* engine, uint64_t* busy_poll_ns, std::string* why) {
   uint64_t tx_batch = kDefaultTxBatch;
   uint64_t ack_delay_us = kDefaultAckDelayUs;
+  uint64_t busy_poll_us = 0;
   if (int err = env_number("URDMA_TX_BATCH", 1, net::kMaxBatch, &tx_batch, why)) return err;
   if (int err = env_number("URDMA_ACK_DELAY_US", 0, 1000, &ack_delay_us, why)) return err;
+  if (int err = env_number("URDMA_BUSY_POLL_US", 0, 1000, &busy_poll_us, why)) return err;
+  *busy_poll_ns = busy_poll_us * 1000;
   engine->tx_batch = tx_batch;
   engine->ack_delay_ns = ack_delay_us * 1000;
   return 0;
@@ -184,7 +189,7 @@ int open_runtime(Process& p, std::string* why) {
   std::vector<daemon::GidEntry> entries;
   if (int err = watcher->start(&entries, why)) return err;
   runtime::RuntimeConfig cfg;
-  if (int err = engine_settings(&cfg.engine, why)) return err;
+  if (int err = engine_settings(&cfg.engine, &cfg.busy_poll_ns, why)) return err;
   cfg.device.node_guid_be = the_device().node_guid_be;
   cfg.device.max_mtu = IBV_MTU_4096;
   cfg.device.gids = port_gids(entries);

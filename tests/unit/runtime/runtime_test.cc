@@ -185,6 +185,30 @@ TEST_P(RuntimeIdle, AnIdleEngineThreadSleeps) {
 
 INSTANTIATE_TEST_SUITE_P(BusyPollWindow, RuntimeIdle, ::testing::Values(0u, 1'000'000u));
 
+// A datagram ends the busy-poll window at once: with a window of 3 s on both sides, a WRITE
+// posted while B's engine thread spins (its last turn 200 ms ago) completes on A — which needs
+// B to place it and send the ACK — long before B's window would run out. (The window used to
+// watch only the doorbell and the timers: B took the datagram when the 3 s were over.)
+TEST(RuntimeBusyPoll, ADatagramEndsTheWindow) {
+  constexpr uint64_t kWindowNs = 3'000'000'000;
+  auto [a, b] = make_hosts({.busy_poll_ns = kWindowNs});
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  RcPair p = connect_rc(a, cqa, b, cqb);
+  std::vector<uint8_t> src(4096), dst(4096);
+  fill_pattern(src, 3);
+  provider::Mr* ms = a.reg(src.data(), src.size());
+  provider::Mr* md = b.reg(dst.data(), dst.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(post_write_all(*p.qa, src, ms, dst, md).ok());
+  expect_success(wait_cqes(*a.rt, cqa, 1, false));
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, std::chrono::nanoseconds(kWindowNs / 2))
+      << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+}
+
 // Several application threads, each with its own QP pair and CQ on the same two runtimes,
 // post WRITEs concurrently (half of them also driving the engine from their poll loop);
 // every byte arrives.
