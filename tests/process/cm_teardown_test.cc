@@ -219,6 +219,31 @@ TEST(CmTeardown, ARequestToALocalAddressThatIsNoGidIsRejectedWithInvalidGid) {
       60);
 }
 
+// The same for a SIDR_REQ (udaddy: UD, the server's QPN found by SIDR): it carries no path, and
+// the address rdma_cm's header says it went to, 127.0.0.2, is no GID. Linux answers SIDR_REP
+// status 2 ("reject"; cma_ib_req_handler fails and cm_destroy_id rejects the request), and the
+// client's udaddy ends at once with UNREACHABLE, error 2. Before, the server got the request,
+// could not make the reply AH ("failed to create reply AH") and the client waited until killed.
+TEST(CmTeardown, ASidrRequestToALocalAddressThatIsNoGidIsRejected) {
+  if (std::system("command -v udaddy >/dev/null 2>&1") != 0) GTEST_SKIP() << "no udaddy";
+  in_fresh_netns(
+      [] {
+        const Started server = start("stdbuf -oL udaddy -c 1 -C 2");
+        ASSERT_TRUE(wait_output(server, "starting server", 10000)) << finish(server, 0).output;
+        usleep(500000);  // listening (udaddy says nothing more until a request comes)
+        const ToolRun client = run("udaddy -s 127.0.0.2 -c 1 -C 2", 20000);
+        kill(server.pid, SIGTERM);
+        const ToolRun srv = finish(server, 5000);
+        EXPECT_NE(client.output.find("RDMA_CM_EVENT_UNREACHABLE, error: 2"), std::string::npos)
+            << client.output;
+        EXPECT_EQ(srv.output.find("reply AH"), std::string::npos) << srv.output;
+        EXPECT_EQ(srv.output.find("receiving data transfers"), std::string::npos)
+            << "the server got the request\n"
+            << srv.output;
+      },
+      60);
+}
+
 // A client that destroys its connecting id before any answer sends REJ "timeout" with
 // RemoteCommID 0 (it never heard the server's ID; Linux cm_destroy_id does the same) and its CA
 // GUID as ARI. urdmad routes it by the client's own comm ID to the process its REQ went to, and

@@ -675,14 +675,26 @@ void Cma::pump_locked() {
       // address that is no GID here (127.0.0.2: all of 127/8 reaches lo), or to one removed
       // meanwhile — is REJ "invalid GID" (12) with our GID 0 as ARI. Accepted, its QP would
       // answer from another address and both sides would end in RETRY_EXC_ERR.
+      // A SIDR_REQ carries no path: its local address is the one rdma_cm's private data says
+      // it was sent to. Linux answers one it cannot serve the same way (cma_ib_req_handler
+      // fails, and cm_destroy_id rejects the SIDR request): SIDR_REP status 2, "reject".
+      Gid local = ev.local_gid;
+      if (ev.type == T::kSidrRequest && ev.ip)
+        std::copy(ev.ip->dst_addr.begin(), ev.ip->dst_addr.end(), local.begin());
       uint8_t local_index = 0;
-      const bool local_gid_known = find_gid_index(ev.local_gid, &local_index) == 0;
+      const bool local_gid_known = find_gid_index(local, &local_index) == 0;
       if (ev.type == T::kConnectRequest && !local_gid_known) {
         ibv_gid gid0{};
         urdma::cm::RejectParams rej;
         rej.reason = static_cast<uint16_t>(urdma::wire::CmRejReason::kInvalidGid);
         if (ibv_query_gid(verbs, 1, 0, &gid0) == 0) rej.ari = std::span<const uint8_t>(gid0.raw);
         (void)manager->reject(ev.id, rej);
+        continue;
+      }
+      if (ev.type == T::kSidrRequest && ev.ip && !local_gid_known) {
+        urdma::cm::SidrAnswerParams no;
+        no.status = static_cast<uint8_t>(urdma::wire::CmSidrStatus::kReject);
+        (void)manager->sidr_answer(ev.id, no);
         continue;
       }
       Id* l = lit->second;
@@ -719,7 +731,7 @@ void Cma::pump_locked() {
       }
       child->local_port = l->local_port;
       set_sockaddr(&child->id.route.addr.src_storage, child->sgid, l->local_port);
-      child->sgid_index = local_index;  // found above (0 for a SIDR request's unknown GID)
+      child->sgid_index = local_index;  // found above (0 for a SIDR request without an address)
       set_route_path(child, urdma::cm::roce_flow_label(src_port, l->local_port));
       live.insert(child);
       by_conn[ev.id] = child;
