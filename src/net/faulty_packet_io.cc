@@ -177,9 +177,7 @@ FaultyPacketIo::FaultyPacketIo(std::unique_ptr<PacketIo> inner, const Clock& clo
 // in the order they were due (a process that exits right after its last ACK must not take that
 // ACK with it). Copies the inner I/O would block on are lost, as on a full link.
 FaultyPacketIo::~FaultyPacketIo() {
-  std::sort(held_.begin(), held_.end(), [](const Held& a, const Held& b) {
-    return a.release_ns != b.release_ns ? a.release_ns < b.release_ns : a.order < b.order;
-  });
+  std::sort(held_.begin(), held_.end(), Held::due_before);
   for (Held& h : held_) send_held(h);
 }
 
@@ -200,19 +198,16 @@ bool FaultyPacketIo::send_held(Held& h) {
 
 void FaultyPacketIo::release(uint64_t now, bool earliest_only) {
   if (held_.empty()) return;
-  auto before = [](const Held* a, const Held* b) {
-    return a->release_ns != b->release_ns ? a->release_ns < b->release_ns : a->order < b->order;
-  };
   std::array<Held*, kMaxBatch> due;
   size_t n = 0;
   if (earliest_only) {
-    due[n++] = &*std::min_element(held_.begin(), held_.end(),
-                                  [&](const Held& a, const Held& b) { return before(&a, &b); });
+    due[n++] = &*std::min_element(held_.begin(), held_.end(), Held::due_before);
   } else {
     for (Held& h : held_)
       if ((h.release_ns <= now || seq_ >= h.release_seq) && n < due.size()) due[n++] = &h;
     if (n == 0) return;
-    std::sort(due.begin(), due.begin() + static_cast<std::ptrdiff_t>(n), before);
+    std::sort(due.begin(), due.begin() + static_cast<std::ptrdiff_t>(n),
+              [](const Held* a, const Held* b) { return Held::due_before(*a, *b); });
   }
   size_t sent = 0;
   for (; sent < n; ++sent) {

@@ -123,6 +123,10 @@ class FaultyPacketIo final : public PacketIo {
     uint8_t traffic_class = 0;
     uint8_t hop_limit = 0;
     std::vector<uint8_t> bytes;
+    // Release order: by due time, then by the order they were held.
+    static bool due_before(const Held& a, const Held& b) {
+      return a.release_ns != b.release_ns ? a.release_ns < b.release_ns : a.order < b.order;
+    }
   };
 
   // Sends one held copy; false if the inner I/O would block (it stays held).
