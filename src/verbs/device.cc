@@ -142,6 +142,7 @@ bool debug_enabled() {
 // 0, or EINVAL with a sentence for a value that is not a number in range.
 constexpr uint64_t kDefaultTxBatch = 64;
 constexpr uint64_t kDefaultAckDelayUs = 0;
+constexpr uint64_t kDefaultBusyPollUs = 0;
 
 int env_number(const char* name, uint64_t lo, uint64_t hi, uint64_t* value, std::string* why) {
   const char* v = std::getenv(name);
@@ -159,16 +160,16 @@ int env_number(const char* name, uint64_t lo, uint64_t hi, uint64_t* value, std:
   return 0;
 }
 
-int engine_settings(engine::EngineConfig* engine, uint64_t* busy_poll_ns, std::string* why) {
+int engine_settings(runtime::RuntimeConfig* cfg, std::string* why) {
   uint64_t tx_batch = kDefaultTxBatch;
   uint64_t ack_delay_us = kDefaultAckDelayUs;
-  uint64_t busy_poll_us = 0;
+  uint64_t busy_poll_us = kDefaultBusyPollUs;
   if (int err = env_number("URDMA_TX_BATCH", 1, net::kMaxBatch, &tx_batch, why)) return err;
   if (int err = env_number("URDMA_ACK_DELAY_US", 0, 1000, &ack_delay_us, why)) return err;
   if (int err = env_number("URDMA_BUSY_POLL_US", 0, 1000, &busy_poll_us, why)) return err;
-  *busy_poll_ns = busy_poll_us * 1000;
-  engine->tx_batch = tx_batch;
-  engine->ack_delay_ns = ack_delay_us * 1000;
+  cfg->engine.tx_batch = tx_batch;
+  cfg->engine.ack_delay_ns = ack_delay_us * 1000;
+  cfg->busy_poll_ns = busy_poll_us * 1000;
   return 0;
 }
 
@@ -189,7 +190,7 @@ int open_runtime(Process& p, std::string* why) {
   std::vector<daemon::GidEntry> entries;
   if (int err = watcher->start(&entries, why)) return err;
   runtime::RuntimeConfig cfg;
-  if (int err = engine_settings(&cfg.engine, &cfg.busy_poll_ns, why)) return err;
+  if (int err = engine_settings(&cfg, why)) return err;
   cfg.device.node_guid_be = the_device().node_guid_be;
   cfg.device.max_mtu = IBV_MTU_4096;
   cfg.device.gids = port_gids(entries);
