@@ -24,8 +24,8 @@ namespace {
 // vzeroupper: the upper halves of zmm0-15 stay dirty, and on Intel cores every legacy-SSE
 // instruction after it (ours are built for baseline x86-64, which is SSE) pays an SSE/AVX
 // transition. Measured on a 2-vCPU Intel Xeon (docs/PERFORMANCE.md, "AVX-512 on an Intel
-// Xeon"): urdma_engine_bench BM_Write/64 752 -> 302 ns per packet, BM_IcrcSealVerify 64 B
-// 289 -> 77 ns, with perf putting the time on our first `pxor` after the call and isa-l's first
+// Xeon"): urdma_engine_bench BM_Write/64 744 -> 288 ns per packet, BM_IcrcSealVerify 64 B
+// 282 -> 73 ns, with perf putting the time on our first `pxor` after the call and isa-l's first
 // VEX instruction on entry. A vzeroupper after each call clears the state. It only exists
 // with AVX; without AVX isa-l never dirtied anything.
 const bool kCpuHasAvx = [] {
