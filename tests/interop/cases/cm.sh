@@ -192,6 +192,15 @@ cm_peer_vanishes() {
   cm_kill_server "$CASE_DIR" rping
   if [ "$(cm_client_side "$CASE_DIR")" = guest ]; then guest_wait client 90; else host_wait client 90; fi
   local rc=$?
+  # Linux's rping (rxe->urdma: the client is the guest's) can hang in its own teardown after it
+  # printed the DISCONNECT: CI at 2a99230 saw "client DISCONNECT EVENT...", "wait for
+  # RDMA_WRITE_COMPLETE state 10", TIMEWAIT_EXIT, then no exit for 90 s (its main thread joins a
+  # CQ thread that no completion wakes). It did notice; a urdma client must still exit.
+  if [ $rc -eq 124 ] && [ "$CASE_DIR" = "rxe->urdma" ] &&
+     grep -q 'client DISCONNECT EVENT\.\.\.' "$(cm_log "$CASE_DIR" client)"; then
+    echo "rxe's rping noticed (DISCONNECT) but did not exit: its own teardown"
+    return 0
+  fi
   [ $rc -ne 124 ] || { echo "the client did not notice"; return 1; }
   cm_expect "$(cm_log "$CASE_DIR" client)" 'client DISCONNECT EVENT\.\.\.'
 }
