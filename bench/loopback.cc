@@ -3,6 +3,7 @@
 //
 //   build-bench/bench/urdma_loopback_bench [--seconds S] [--rounds N] [--tx-batch N]
 //                                          [--ack-delay-us U] [--no-engine-thread] [--no-netns]
+//                                          [--no-gso]
 //
 // Two processes (fork): host A (127.0.0.1, the requester; it prints) and host B (127.0.0.2).
 // Each runs a runtime::Runtime with its engine thread over a net::UdpSocketIo on its own UDP
@@ -14,7 +15,9 @@
 // threads drive the engines (B's busy-polls try_progress() during the WRITE streams), which
 // shows what the engine thread's wake-ups cost. --tx-batch N sets EngineConfig::tx_batch (packets
 // per sendmmsg; default 1, as the runtime runs today); --ack-delay-us U sets
-// EngineConfig::ack_delay_ns (delayed ACKs; default 0).
+// EngineConfig::ack_delay_ns (delayed ACKs; default 0); --no-gso turns off UDP segmentation
+// offload (UdpSocketIoOptions::gso, URDMA_UDP_GSO=0 for processes), which a tx batch above 1
+// uses for the packets of one message.
 //
 // What it measures (each RC row beside its raw-UDP limit, same processes, same run):
 //  * latency: 8-byte ping-pong. Raw: sendto + busy-polling recv(MSG_DONTWAIT) on both sides.
@@ -219,7 +222,7 @@ int bind_udp(const net::Address& a, uint16_t port) {
 }
 
 void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool engine_thread,
-               size_t tx_batch, uint64_t ack_delay_ns) {
+               size_t tx_batch, uint64_t ack_delay_ns, bool gso) {
   h.addr = addr;
   h.peer = peer;
   std::string err;
@@ -227,6 +230,7 @@ void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool
   // drops a window's burst of 4 KiB packets.
   net::UdpSocketIoOptions options;
   options.socket_buffer_bytes = net::kLargeSocketBufferBytes;
+  options.gso = gso;
   auto io = net::UdpSocketIo::adopt(bind_udp(addr, net::kRoceV2UdpPort), &err, options);
   require(io != nullptr, "UdpSocketIo::adopt");
   runtime::RuntimeConfig cfg;
@@ -575,7 +579,7 @@ Stream rc_write_stream(Host& h, int ctl, Phase phase, const HostInfo& peer, uint
 }
 
 int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double seconds,
-          uint32_t rounds, size_t tx_batch, uint64_t ack_delay_ns) {
+          uint32_t rounds, size_t tx_batch, uint64_t ack_delay_ns, bool gso) {
   for (int s = 0; s < kRecvDepth; ++s) post_recv_slot(h, s);
   // Warm-up: both paths once, untimed.
   (void)raw_latency(h, ctl, 1000);
@@ -597,9 +601,9 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
   const CountersMsg ca = counters_of(h);
 
   std::printf("urdma loopback benchmark: two processes, 127.0.0.1 <-> 127.0.0.2, runtime %s "
-              "over UdpSocketIo, engine tx_batch %zu ack_delay %.1f us\n",
+              "over UdpSocketIo, engine tx_batch %zu ack_delay %.1f us, UDP GSO %s\n",
               h.rt->engine_tid() != 0 ? "with engine threads" : "without engine threads",
-              tx_batch, static_cast<double>(ack_delay_ns) / 1000);
+              tx_batch, static_cast<double>(ack_delay_ns) / 1000, gso ? "on" : "off");
   std::printf("%-44s %14s %14s %8s %8s\n", "measurement", "RC", "raw UDP", "ratio", "target");
   std::printf("%-44s %11.2f us %11.2f us %8.2f %8s\n", "one-way latency 8 B, median (half RTT)",
               rc.median_us, raw.median_us, rc.median_us / raw.median_us, "<= 1.3");
@@ -646,6 +650,7 @@ int main(int argc, char** argv) {
   bool engine_thread = true;
   size_t tx_batch = 1;
   uint64_t ack_delay_ns = 0;
+  bool gso = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--seconds" && i + 1 < argc) {
@@ -660,8 +665,10 @@ int main(int argc, char** argv) {
       engine_thread = false;
     } else if (a == "--no-netns") {
       netns = false;
+    } else if (a == "--no-gso") {
+      gso = false;
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds S] [--rounds N] [--tx-batch N] [--ack-delay-us U] [--no-engine-thread] [--no-netns]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seconds S] [--rounds N] [--tx-batch N] [--ack-delay-us U] [--no-engine-thread] [--no-netns] [--no-gso]\n", argv[0]);
       return 2;
     }
   }
@@ -681,7 +688,7 @@ int main(int argc, char** argv) {
   close(is_a ? sv[1] : sv[0]);
 
   Host h;
-  open_host(h, is_a ? a_addr : b_addr, is_a ? b_addr : a_addr, engine_thread, tx_batch, ack_delay_ns);
+  open_host(h, is_a ? a_addr : b_addr, is_a ? b_addr : a_addr, engine_thread, tx_batch, ack_delay_ns, gso);
   // Exchange QPNs and keys, then bring the QPs up towards the peer.
   ctl_send(ctl, info_of(h));
   ctl_send(ctl, h.rate_mr->rkey());
@@ -694,7 +701,7 @@ int main(int argc, char** argv) {
     h.rt.reset();
     return 0;
   }
-  const int rc = run_a(h, ctl, peer, peer_rate_rkey, seconds, rounds, tx_batch, ack_delay_ns);
+  const int rc = run_a(h, ctl, peer, peer_rate_rkey, seconds, rounds, tx_batch, ack_delay_ns, gso);
   h.rt.reset();  // the engine thread stops before the buffers go
   int status = 0;
   waitpid(child, &status, 0);

@@ -10,7 +10,7 @@ packages=(
   libpcap-dev                        # urdma decode: pcap/pcapng reading
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
   python3 python3-scapy tshark       # independent decoders for the cross-checks
-  iproute2 tcpdump                   # network namespaces and captures in process tests
+  iproute2 tcpdump ethtool           # network namespaces and captures in process tests
   gdb                                # a process test prints the stacks of a tool that hangs
   ibverbs-utils perftest qperf rdmacm-utils  # unmodified verbs/CM clients the process tests run on urdma
   python3-pyverbs                    # rdma-core's Python binding (for /usr/bin/python3), run on urdma

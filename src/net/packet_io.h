@@ -85,6 +85,10 @@ struct IoCounters {
   uint64_t tx_bytes = 0;
   uint64_t tx_would_block = 0;
   uint64_t tx_rejected = 0;
+  // Datagrams that left as segments of one send with UDP segmentation offload (UDP_SEGMENT),
+  // and how many such sends there were (udp_socket_io.h, "Segmentation offload").
+  uint64_t tx_gso_datagrams = 0;
+  uint64_t tx_gso_sends = 0;
   uint64_t rx_datagrams = 0;
   uint64_t rx_bytes = 0;
   uint64_t rx_truncated = 0;

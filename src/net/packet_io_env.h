@@ -5,6 +5,9 @@
 //                 fault profile (faulty_packet_io.h: "seed=1,loss=10000,dup=1000,reorder=10000,
 //                 delay_us=0-200,corrupt=100", probabilities in ppm) applied to every datagram
 //                 this process sends. A malformed value is an error, never ignored.
+//   URDMA_UDP_GSO  unset or 1: runs of one message's packets leave as one segmented send (UDP
+//                 GSO, udp_socket_io.h); 0: every packet is a send of its own. Anything else
+//                 is an error.
 #pragma once
 
 #include <memory>
@@ -16,6 +19,7 @@
 namespace urdma::net {
 
 inline constexpr const char* kFaultsEnvVar = "URDMA_FAULTS";
+inline constexpr const char* kUdpGsoEnvVar = "URDMA_UDP_GSO";
 
 // Wraps `io` in a FaultyPacketIo for the profile `faults` (the variable's value; null or empty =
 // none: `io` is returned as is). A malformed profile: null, with the reason in *error (`io` is
@@ -24,7 +28,8 @@ std::unique_ptr<PacketIo> wrap_with_faults(std::unique_ptr<PacketIo> io, const C
                                            const char* faults, std::string* error);
 
 // Adopts the bound UDP socket `fd` (a urdmad slot socket) as a UdpSocketIo with
-// kDefaultSourcePorts per-flow source ports, wrapped per URDMA_FAULTS from the environment.
+// kDefaultSourcePorts per-flow source ports and UDP GSO per URDMA_UDP_GSO, wrapped per
+// URDMA_FAULTS from the environment.
 // Null with the reason in *error when either fails (the fd is closed).
 std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, std::string* error);
 

@@ -5,13 +5,15 @@
 #include <linux/filter.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
+#include <netinet/udp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-
 #include <cstring>
+
+#include "wire/icrc.h"
 
 namespace urdma::net {
 namespace {
@@ -44,6 +46,23 @@ void set_buffer(int fd, int force_name, int name, size_t bytes) {
 
 // Candidate ports tried per pool slot before the slot falls back to the main socket's port.
 constexpr size_t kPoolPortProbes = 16;
+
+// Two datagrams of one flow: they may share one segmented send.
+bool same_flow(const TxDatagram& a, const TxDatagram& b) {
+  return a.src_port == b.src_port && a.dst == b.dst && a.src == b.src &&
+         a.traffic_class == b.traffic_class && a.hop_limit == b.hop_limit;
+}
+
+// Copies the last `n` bytes of a gather list into `out`; false if it holds fewer.
+bool copy_tail(std::span<const iovec> iov, uint8_t* out, size_t n) {
+  for (size_t i = iov.size(); i-- > 0 && n > 0;) {
+    const size_t take = std::min(n, iov[i].iov_len);
+    n -= take;
+    std::memcpy(out + n, static_cast<const uint8_t*>(iov[i].iov_base) + iov[i].iov_len - take,
+                take);
+  }
+  return n == 0;
+}
 
 }  // namespace
 
@@ -108,6 +127,8 @@ std::unique_ptr<UdpSocketIo> UdpSocketIo::adopt(int fd, std::string* error,
     return fail("source_ports must be 0 or a power of two <= 64");
   }
   auto io = std::unique_ptr<UdpSocketIo>(new UdpSocketIo(fd, family, *local));
+  // A kernel without UDP_SEGMENT (before 4.18) refuses the option: no offload then.
+  io->gso_ = options.gso && set_int(fd, SOL_UDP, UDP_SEGMENT, 0);
   if (options.source_ports > 0 && !io->open_pool(options.source_ports, options.socket_buffer_bytes, error)) return nullptr;
   return io;
 }
@@ -236,19 +257,89 @@ TxStatus UdpSocketIo::send(const TxDatagram& d) {
   return io_.tx_datagrams > sent_before ? TxStatus::kSent : TxStatus::kRejected;
 }
 
+size_t UdpSocketIo::gso_run(std::span<const TxDatagram> batch) const {
+  if (!gso_) return 1;
+  const TxDatagram& first = batch[0];
+  const size_t segment = first.size_bytes();
+  size_t total = segment;
+  size_t iovs = first.iov.size() + 1;
+  size_t n = 1;
+  while (n < batch.size() && n < kMaxGsoSegments) {
+    const TxDatagram& d = batch[n];
+    const size_t size = d.size_bytes();
+    if (!same_flow(first, d) || size > segment || size < wire::kIcrcBytes ||
+        d.iov.size() > kMaxTxIov || total + size > kMaxUdpPayloadBytes ||
+        iovs + d.iov.size() + 1 > kMaxMsgIov)
+      break;
+    total += size;
+    iovs += d.iov.size() + 1;
+    ++n;
+    if (size < segment) break;  // only the last segment may be short
+  }
+  return n;
+}
+
+void UdpSocketIo::gather_run(size_t i, std::span<const TxDatagram> run, size_t first,
+                             size_t* iov_used) {
+  msghdr& m = msgs_[i].msg_hdr;
+  iovec* const begin = &tx_iov_[*iov_used];
+  iovec* out = begin;
+  const bool v4 = run[0].dst.address.is_v4();
+  for (size_t k = 0; k < run.size(); ++k) {
+    const std::span<const iovec> iov = run[k].iov;
+    if (k == 0 || !v4) {
+      out = std::copy(iov.begin(), iov.end(), out);
+      continue;
+    }
+    // Segment k leaves with IPv4 ID k: the same packet, with the ICRC for that ID in place of
+    // the caller's (sealed for ID 0) — the last kIcrcBytes of its gather list.
+    const size_t size = run[k].size_bytes();
+    std::array<uint8_t, wire::kIcrcBytes>& icrc = icrc_[first + k];
+    copy_tail(iov, icrc.data(), icrc.size());
+    wire::store_icrc(icrc, wire::icrc_of(icrc) ^
+                               wire::ipv4_id_icrc_delta(static_cast<uint16_t>(k), size));
+    size_t keep = size - wire::kIcrcBytes;
+    for (const iovec& v : iov) {
+      if (keep == 0) break;
+      const size_t len = std::min(keep, v.iov_len);
+      *out++ = iovec{v.iov_base, len};
+      keep -= len;
+    }
+    *out++ = iovec{icrc.data(), icrc.size()};
+  }
+  m.msg_iov = begin;
+  m.msg_iovlen = static_cast<size_t>(out - begin);
+  *iov_used += m.msg_iovlen;
+  // The segment size: every datagram but the last has exactly the first one's size.
+  if (m.msg_control == nullptr) m.msg_control = cmsg_[i].bytes;
+  auto* c = reinterpret_cast<cmsghdr*>(cmsg_[i].bytes + m.msg_controllen);
+  const uint16_t segment = static_cast<uint16_t>(run[0].size_bytes());
+  add_cmsg(m, c, SOL_UDP, UDP_SEGMENT, &segment, sizeof segment);
+}
+
 size_t UdpSocketIo::send_batch(std::span<const TxDatagram> batch) {
   base::check(batch.size() <= kMaxBatch, "send_batch larger than kMaxBatch");
   size_t done = 0;
+  bool single = false;  // the last segmented send failed: send its datagrams one by one
   while (done < batch.size()) {
-    // Prepare a run of valid datagrams from one source port (one socket); an invalid one — or
-    // one asking for a port this I/O has no socket for, whose ICRC would be wrong — is rejected
-    // without a syscall.
+    // Prepare a run of valid datagrams from one source port (one socket), consecutive ones of
+    // one flow in one message when the offload is on; an invalid one — or one asking for a port
+    // this I/O has no socket for, whose ICRC would be wrong — is rejected without a syscall.
     const int fd = fd_for_port(batch[done].src_port);
-    size_t n = 0;
+    size_t n = 0;       // messages
+    size_t covered = 0;  // datagrams in them
+    size_t iov_used = 0;
     if (fd >= 0) {
-      while (done + n < batch.size() && fd_for_port(batch[done + n].src_port) == fd &&
-             prepare_tx(n, batch[done + n]))
+      while (done + covered < batch.size() &&
+             fd_for_port(batch[done + covered].src_port) == fd &&
+             prepare_tx(n, batch[done + covered])) {
+        const std::span<const TxDatagram> rest = batch.subspan(done + covered);
+        const size_t run = single ? 1 : gso_run(rest);
+        if (run > 1) gather_run(n, rest.first(run), done + covered, &iov_used);
+        run_length_[n] = static_cast<uint8_t>(run);
+        covered += run;
         ++n;
+      }
     }
     if (n == 0) {
       io_.tx_rejected++;
@@ -258,16 +349,30 @@ size_t UdpSocketIo::send_batch(std::span<const TxDatagram> batch) {
     const int r = sendmmsg(fd, msgs_.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
     if (r > 0) {
       for (int i = 0; i < r; ++i) {
-        io_.tx_datagrams++;
-        io_.tx_bytes += batch[done + static_cast<size_t>(i)].size_bytes();
+        const size_t run = run_length_[static_cast<size_t>(i)];
+        for (size_t k = 0; k < run; ++k) io_.tx_bytes += batch[done + k].size_bytes();
+        io_.tx_datagrams += run;
+        if (run > 1) {
+          io_.tx_gso_sends++;
+          io_.tx_gso_datagrams += run;
+        }
+        done += run;
       }
-      done += static_cast<size_t>(r);
+      single = false;
       continue;
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       io_.tx_would_block++;
       break;
+    }
+    if (run_length_[0] > 1) {
+      // The segmented send failed as a whole (a segment above the path MTU: EINVAL; a device
+      // without checksum offload: EIO): its datagrams go again one by one, each with its own
+      // fate. Without the offload on this path at all, stop asking for it.
+      if (errno == EIO || errno == ENOPROTOOPT || errno == EOPNOTSUPP) gso_ = false;
+      single = true;
+      continue;
     }
     // The first datagram of the run failed for good (EMSGSIZE above the path MTU, no route, ...):
     // like a datagram lost on the wire.

@@ -24,6 +24,22 @@
 // RoCEv2 traffic always goes to 4791. A slot whose port cannot be bound (another user holds every
 // candidate) falls back to the main socket's port. Cost: K extra fds (docs/ARCHITECTURE.md,
 // "Decisions").
+//
+// Segmentation offload (UDP GSO). send_batch hands the kernel a run of consecutive datagrams of
+// one flow (same socket, destination, source address, traffic class and hop limit) as ONE send
+// with UDP_SEGMENT when all but the last have the same size and the last is no larger: one trip
+// through the UDP/IP stack for up to kMaxGsoSegments packets (a 64 KiB message is 16 packets at
+// MTU 4096), split by the device that has USO, else in software just before the device — or not
+// at all on lo and veth, where the receiving socket splits it (or a UDP_GRO socket takes it
+// whole). The gather list is still the caller's memory. The segments' IPv4 IDs are 0, 1, 2, ...
+// (the super-packet has ID 0, as every datagram here, and Linux numbers the segments from it),
+// and the ICRC covers the ID: so segment i >= 1 of an IPv4 run leaves with its ICRC replaced by
+// one for ID i (wire::ipv4_id_icrc_delta, into a 4-byte buffer of this I/O; the caller's buffers
+// are never written). A receiver that sees the IP header (rxe, tshark) checks exactly that; a
+// UDP-socket receiver solves for the ID (wire/icrc.h). A send the kernel refuses for the
+// offload goes out again as single datagrams; a kernel or path without it (EIO: no checksum
+// offload; ENOPROTOOPT) turns it off for good. UdpSocketIoOptions::gso = false (URDMA_UDP_GSO=0)
+// turns it off from the start.
 #pragma once
 
 #include <netinet/in.h>
@@ -55,6 +71,9 @@ inline constexpr size_t kDefaultSourcePorts = 16;
 // sockets itself; the loopback benchmark passes this.)
 inline constexpr size_t kLargeSocketBufferBytes = size_t{4} << 20;
 
+// Most datagrams in one UDP_SEGMENT send (the kernel's UDP_MAX_SEGMENTS on Linux 6.1).
+inline constexpr size_t kMaxGsoSegments = 64;
+
 struct UdpSocketIoOptions {
   // Send-only sockets on ports in 0xC000..0xFFFF (above): 0 = send only from the bound port, or a
   // power of two <= kMaxSourcePorts.
@@ -63,6 +82,8 @@ struct UdpSocketIoOptions {
   // process may (CAP_NET_ADMIN), else the plain options, which the kernel caps at
   // net.core.rmem_max / wmem_max. 0 = leave the socket's sizes alone.
   size_t socket_buffer_bytes = 0;
+  // UDP segmentation offload for runs of datagrams (above); off when the kernel lacks it.
+  bool gso = true;
 };
 
 class UdpSocketIo final : public PacketIo {
@@ -86,6 +107,8 @@ class UdpSocketIo final : public PacketIo {
   int readable_fd() const override { return fd_; }
   IoCounters counters() const override { return io_; }
   uint16_t source_port(uint16_t wanted) const override;
+  // Whether sends may use UDP segmentation offload now (the option, and the kernel took it).
+  bool gso() const { return gso_; }
 
   // The address and port the socket is bound to (the address may be the wildcard).
   const Endpoint& local() const { return local_; }
@@ -93,12 +116,15 @@ class UdpSocketIo final : public PacketIo {
   std::span<const uint16_t> source_ports() const { return pool_ports_; }
 
  private:
-  // Room for one IP_PKTINFO/IPV6_PKTINFO plus one traffic-class and one hop-limit cmsg.
-  static constexpr size_t kCmsgBytes =
-      CMSG_SPACE(sizeof(in6_pktinfo)) + 2 * CMSG_SPACE(sizeof(int));
+  // Room for one IP_PKTINFO/IPV6_PKTINFO, one traffic-class and one hop-limit cmsg, and the
+  // UDP_SEGMENT size.
+  static constexpr size_t kCmsgBytes = CMSG_SPACE(sizeof(in6_pktinfo)) +
+                                       2 * CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t));
   struct alignas(cmsghdr) CmsgBuffer {
     uint8_t bytes[kCmsgBytes];
   };
+  // Most iovecs of one segmented send (the kernel's UIO_MAXIOV).
+  static constexpr size_t kMaxMsgIov = 1024;
 
   UdpSocketIo(int fd, int family, const Endpoint& local);
   // Opens the pool's sockets; false with the reason in *error on a failure other than a port
@@ -107,8 +133,15 @@ class UdpSocketIo final : public PacketIo {
   bool open_pool(size_t count, size_t sndbuf_bytes, std::string* error);
   // The socket that sends from `port`, or -1 if there is none.
   int fd_for_port(uint16_t port) const;
-  // Fills msgs_[i] for `d`; false if the datagram cannot be sent on `fd`.
+  // Fills msgs_[i] for `d` (its addresses and cmsgs, and its own iovecs); false if the datagram
+  // cannot be sent at all.
   bool prepare_tx(size_t i, const TxDatagram& d);
+  // How many datagrams from batch[0] may leave as one segmented send (1 without offload).
+  size_t gso_run(std::span<const TxDatagram> batch) const;
+  // Turns msgs_[i], prepared for run[0], into one send of the whole run: gathers the run's
+  // iovecs from tx_iov_[*iov_used], re-sealing IPv4 segments for their IDs, and adds the
+  // UDP_SEGMENT cmsg. `first` is the run's index in the batch (its ICRC buffers).
+  void gather_run(size_t i, std::span<const TxDatagram> run, size_t first, size_t* iov_used);
 
   int fd_;
   int family_;
@@ -120,6 +153,12 @@ class UdpSocketIo final : public PacketIo {
   std::array<sockaddr_storage, kMaxBatch> names_{};
   std::array<iovec, kMaxBatch> rx_iov_{};
   std::array<CmsgBuffer, kMaxBatch> cmsg_{};
+  bool gso_ = false;
+  // Segmented sends: datagrams per message of the sendmmsg being built, their gathered iovecs,
+  // and the replaced ICRCs (by datagram index in the batch).
+  std::array<uint8_t, kMaxBatch> run_length_{};
+  std::array<iovec, kMaxBatch*(kMaxTxIov + 1)> tx_iov_{};
+  std::array<std::array<uint8_t, 4>, kMaxBatch> icrc_{};
 };
 
 }  // namespace urdma::net

@@ -254,6 +254,41 @@ uint32_t inverse_shift_for(size_t udp_payload_bytes, uint64_t bytes_after) {
 
 }  // namespace
 
+namespace {
+
+// x^(8 * bytes_after + 32) mod P for ipv4_id_icrc_delta, cached like inverse_shift_for.
+uint32_t shift_for(size_t udp_payload_bytes, uint64_t bytes_after) {
+  struct Entry {
+    size_t udp_payload_bytes = 0;  // 0: empty
+    uint32_t shift = 0;
+  };
+  constexpr size_t kEntries = 16;  // a power of two
+  thread_local std::array<Entry, kEntries> cache{};
+  Entry& e = cache[(udp_payload_bytes ^ (udp_payload_bytes >> 4)) & (kEntries - 1)];
+  if (e.udp_payload_bytes != udp_payload_bytes) {
+    e = {udp_payload_bytes, gf2_x_pow_mod_p(8 * bytes_after + 32)};
+  }
+  return e.shift;
+}
+
+// Bytes of the ICRC message after the 3 bytes (ID, flags) that solve_ipv4_id solves for.
+uint64_t bytes_after_id(size_t udp_payload_bytes) {
+  const uint64_t message_bytes =
+      kMaskedLrhBytes + Ipv4Header::kSize + UdpHeader::kSize + udp_payload_bytes - kIcrcBytes;
+  return message_bytes - (kIpv4IdOffset + kUnknownBytes);
+}
+
+}  // namespace
+
+// The forward direction of solve_ipv4_id below: U holds the ID's two bytes (flags unchanged), and
+// the ICRC changes by U(x) * x^(8m + 32) mod P.
+uint32_t ipv4_id_icrc_delta(uint16_t ip_id, size_t udp_payload_bytes) {
+  if (ip_id == 0 || !payload_size_ok(udp_payload_bytes)) return 0;
+  const uint32_t u = uint32_t{static_cast<uint8_t>(ip_id >> 8)} << 8 |
+                     uint32_t{static_cast<uint8_t>(ip_id)} << 16;
+  return gf2_mul_mod_p(u, shift_for(udp_payload_bytes, bytes_after_id(udp_payload_bytes)));
+}
+
 // The ICRC message is M = [LRH ones | IPv4 | UDP | BTH | rest], n = udp_payload_bytes + 32 bytes.
 // Let U be the 3 bytes (ID high, ID low, flags byte) XOR their value in the {ID 0, DF} message,
 // followed by m = n - (kIpv4IdOffset + 3) bytes. CRC-32 is affine, so (crc32.h)
@@ -269,9 +304,7 @@ uint32_t inverse_shift_for(size_t udp_payload_bytes, uint64_t bytes_after) {
 Ipv4IcrcMatch solve_ipv4_id(uint32_t received_icrc, uint32_t icrc_id0_df, size_t udp_payload_bytes,
                             Ipv4DfSearch df_search) {
   if (!payload_size_ok(udp_payload_bytes)) return {};
-  const uint64_t message_bytes =
-      kMaskedLrhBytes + Ipv4Header::kSize + UdpHeader::kSize + udp_payload_bytes - kIcrcBytes;
-  const uint64_t bytes_after = message_bytes - (kIpv4IdOffset + kUnknownBytes);
+  const uint64_t bytes_after = bytes_after_id(udp_payload_bytes);
   const uint32_t u =
       gf2_mul_mod_p(received_icrc ^ icrc_id0_df, inverse_shift_for(udp_payload_bytes, bytes_after));
   if ((u & 0xFF) != 0) return {};  // degree >= 24: no 3-byte change explains it

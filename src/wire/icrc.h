@@ -119,6 +119,15 @@ inline void seal_icrc(const IcrcIpv6& headers, std::span<uint8_t> udp_payload) {
   store_icrc(udp_payload, compute_icrc(headers, udp_payload));
 }
 
+// Segmentation offload (UDP GSO). A datagram sent with UDP_SEGMENT leaves as segments with the
+// IPv4 IDs id, id + 1, ... (Linux's inet_gso_segment numbers them, in software before a device
+// without UDP segmentation offload, and so does segmentation on receive): urdma's super-packets
+// carry ID 0, so segment i carries ID i. This is what to XOR onto an ICRC computed for
+// {ID 0, DF set} to get the ICRC of the same packet with `ip_id` (DF unchanged): the CRC is
+// affine, so the change depends only on the ID and the UDP payload size (ICRC slot included).
+// Cost: one GF(2) multiplication; the power of x it needs is cached per size (thread-local).
+uint32_t ipv4_id_icrc_delta(uint16_t ip_id, size_t udp_payload_bytes);
+
 // Verification of received packets. All return false (not ok) for payloads outside the
 // precondition range above, never read outside `udp_payload`.
 bool verify_icrc_ipv6(const IcrcIpv6& headers, std::span<const uint8_t> udp_payload);

@@ -12,7 +12,13 @@
 // must still be clean): RC recovers over real sockets and the data arrives intact; and with
 // corruption alone, where every flipped datagram must fail its ICRC at the engine and in
 // `urdma decode`.
-// Skipped, with the reason, without tcpdump, tshark or a network namespace.
+// The engines run as processes do (64 packets per send_batch), so the packets of one message
+// leave as segmented sends (UDP GSO, net/udp_socket_io.h). A capture on lo or veth would show
+// each such send as one super-packet, which is not what any wire carries: so UDP segmentation
+// offload is off on the captured interfaces (ethtool), the kernel splits every super-packet in
+// software before the capture sees it — as before a NIC without USO — and each segment, with
+// the IPv4 ID Linux gave it, is checked. The tests also require that segmented sends happened.
+// Skipped, with the reason, without tcpdump, tshark, ethtool or a network namespace.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -141,7 +147,7 @@ struct UdpHost {
       : addr(address),
         io(std::move(packet_io)),
         dev(with_qpn_base(test::device_config(&relay, address, IBV_MTU_4096), qpn_base)),
-        engine(dev, *io, clock, engine::EngineConfig{}) {
+        engine(dev, *io, clock, process_engine_config()) {
     pd = dev.alloc_pd().value();
     cq = dev.create_cq(1024).value();
   }
@@ -163,6 +169,13 @@ struct UdpHost {
     return r.ok() ? r.value() : nullptr;
   }
 
+  // As processes run (verbs/device.cc): up to 64 packets per send_batch, so the runs of one
+  // message leave as segmented sends.
+  static engine::EngineConfig process_engine_config() {
+    engine::EngineConfig c;
+    c.tx_batch = net::kMaxBatch;
+    return c;
+  }
   static provider::DeviceConfig with_qpn_base(provider::DeviceConfig c, uint32_t qpn_base) {
     c.qpn_base = qpn_base;
     return c;
@@ -437,6 +450,12 @@ std::string scratch_dir() {
 void skip_without_tools() {
   if (!have("tcpdump")) skip_test("no tcpdump (scripts/deps.sh installs it)");
   if (!have("tshark")) skip_test("no tshark (scripts/deps.sh installs it)");
+  if (!have("ethtool")) skip_test("no ethtool (scripts/deps.sh installs it)");
+}
+
+// Segmented sends are split before `iface` transmits them (see the top of the file).
+bool split_before(const std::string& iface) {
+  return sh("ethtool -K " + iface + " tx-udp-segmentation off");
 }
 
 // An engine's PacketIo and the QPNs that reach it.
@@ -464,6 +483,7 @@ void exchange_and_check(const Topology& t, const char* faults) {
   }
   const std::string dir = scratch_dir();
   const std::string pcap = dir + "/" + t.iface + ".pcap";
+  ASSERT_TRUE(split_before(t.iface));
   Capture cap(t.iface, pcap);
   ASSERT_TRUE(cap.ready()) << slurp(pcap + ".log");
   net::MonotonicClock clock;
@@ -474,6 +494,15 @@ void exchange_and_check(const Topology& t, const char* faults) {
   UdpHost b(t.b, std::move(b_io.io), b_io.qpn_base);
   const std::vector<uint32_t> qpns = exchange_traffic(a, b);
   const std::string log = cap.stop();
+  for (UdpHost* h : {&a, &b}) {
+    const net::IoCounters c = h->io->counters();
+    std::printf("%s: %lu datagrams, %lu of them in %lu segmented sends\n",
+                h->addr.to_string().c_str(), c.tx_datagrams, c.tx_gso_datagrams, c.tx_gso_sends);
+    // The multi-packet messages left in runs (FaultyPacketIo sends one datagram at a time).
+    if (!faults) {
+      EXPECT_GT(c.tx_gso_sends, 0u) << h->addr.to_string();
+    }
+  }
   if (faults) {
     // The profile really was at work, and RC went through it.
     uint64_t faulted = 0, lost = 0;
@@ -558,7 +587,8 @@ TEST(WireCapture, EveryPacketAcrossAVethPairPassesUrdmaDecodeAndTshark) {
                    nullptr, [&](const net::Clock& clock) {
                      Opened o;
                      if (setns(there, CLONE_NEWNET) != 0) return o;
-                     if (sh("ip addr add 10.89.0.2/24 dev vb && ip link set vb up"))
+                     if (sh("ip addr add 10.89.0.2/24 dev vb && ip link set vb up") &&
+                         split_before("vb"))
                        o.io = open_io(net::Address::from_v4(10, 89, 0, 2), clock);
                      EXPECT_EQ(setns(here, CLONE_NEWNET), 0);
                      return o;

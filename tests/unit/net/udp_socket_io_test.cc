@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "wire/icrc.h"
+
 namespace urdma::net {
 namespace {
 
@@ -403,6 +405,98 @@ TEST(UdpSocketIoTest, KernelSendsDontFragmentAndIpIdZero) {
   }
   EXPECT_EQ(seen, 3);
   close(raw);
+}
+
+// RoCEv2-shaped datagrams for the segmentation tests: a BTH-sized header, a payload of `size`
+// bytes in all, and an ICRC sealed for {ID 0, DF} on the flow from `from`'s bound port to `to_io`.
+struct Packets {
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<std::array<iovec, 2>> iov;
+  std::vector<TxDatagram> batch;
+};
+
+Packets roce_packets(const UdpSocketIo& from, const UdpSocketIo& to_io,
+                     const std::vector<size_t>& sizes) {
+  Packets p;
+  p.bytes.reserve(sizes.size());
+  p.iov.resize(sizes.size());
+  wire::IcrcIpv4 h;
+  h.flow.src_addr = {127, 0, 0, 1};
+  h.flow.dst_addr = {127, 0, 0, 1};
+  h.flow.udp_src_port = from.local().port;
+  h.flow.udp_dst_port = to_io.local().port;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<uint8_t>& b = p.bytes.emplace_back(sizes[i]);
+    for (size_t j = 0; j < b.size(); ++j) b[j] = static_cast<uint8_t>(i * 31 + j);
+    wire::seal_icrc(h, b);
+    // Odd datagrams gather the ICRC from its own iovec (as the engine does), even ones have it
+    // at the end of their single one.
+    const size_t split = i % 2 ? b.size() - wire::kIcrcBytes : b.size();
+    p.iov[i] = {iovec{b.data(), split}, iovec{b.data() + split, b.size() - split}};
+    p.batch.push_back(to(from, to_io, std::span<const iovec>(p.iov[i].data(), i % 2 ? 2 : 1)));
+  }
+  return p;
+}
+
+// One run of equal-size datagrams (the last shorter) of one flow leaves as ONE send with
+// UDP_SEGMENT; a plain socket gets every datagram whole and in order, each byte as sent except
+// segment i's ICRC, which is the one for IPv4 ID i (the ID Linux gives segment i of a
+// super-packet with ID 0) — and the caller's buffers are untouched.
+TEST(UdpSocketIoTest, ARunOfOneFlowLeavesAsOneSegmentedSendWithIcrcsForTheSegmentIds) {
+  auto a = open_io("127.0.0.1:0");
+  auto b = open_io("127.0.0.1:0");
+  ASSERT_TRUE(a && b);
+  if (!a->gso()) GTEST_SKIP() << "the kernel has no UDP_SEGMENT";
+  std::vector<size_t> sizes(15, 1000);
+  sizes.push_back(300);
+  Packets p = roce_packets(*a, *b, sizes);
+  const std::vector<std::vector<uint8_t>> before = p.bytes;
+  ASSERT_EQ(a->send_batch(p.batch), sizes.size());
+  EXPECT_EQ(p.bytes, before) << "the caller's buffers were written";
+  EXPECT_EQ(a->counters().tx_gso_sends, 1u);
+  EXPECT_EQ(a->counters().tx_gso_datagrams, sizes.size());
+  EXPECT_EQ(a->counters().tx_datagrams, sizes.size());
+  EXPECT_EQ(a->counters().tx_bytes, 15u * 1000 + 300);
+  const auto got = receive(*b, sizes.size());
+  ASSERT_EQ(got.size(), sizes.size());
+  const wire::IcrcIpv4Flow flow{.src_addr = {127, 0, 0, 1}, .dst_addr = {127, 0, 0, 1},
+                                .udp_src_port = a->local().port,
+                                .udp_dst_port = b->local().port};
+  for (size_t i = 0; i < got.size(); ++i) {
+    const std::vector<uint8_t>& g = got[i].bytes;
+    ASSERT_EQ(g.size(), sizes[i]) << i;
+    EXPECT_TRUE(std::equal(g.begin(), g.end() - 4, before[i].begin())) << i;
+    const wire::IcrcIpv4 id_i{.flow = flow, .ip_id = static_cast<uint16_t>(i)};
+    EXPECT_EQ(wire::icrc_of(g), wire::compute_icrc(id_i, g)) << "segment " << i;
+  }
+}
+
+// Where runs end: another flow (here a source port), a datagram larger than the run's first,
+// and after a short one; with the offload off, every datagram is a send of its own.
+TEST(UdpSocketIoTest, RunsEndAtAnotherFlowALargerDatagramAndAfterAShortOne) {
+  for (const bool gso : {true, false}) {
+    std::string error;
+    const int fd = UdpSocketIo::bind_udp(*Endpoint::parse("127.0.0.1:0"), &error);
+    ASSERT_GE(fd, 0) << error;
+    auto a = UdpSocketIo::adopt(fd, &error, UdpSocketIoOptions{.source_ports = 2, .gso = gso});
+    auto b = open_io("127.0.0.1:0");
+    ASSERT_TRUE(a && b) << error;
+    if (gso && !a->gso()) GTEST_SKIP() << "the kernel has no UDP_SEGMENT";
+    EXPECT_EQ(a->gso(), gso);
+    // [1000 1000 500] [1000] | other port: [1000 1000] | [800] [900 900]
+    Packets p = roce_packets(*a, *b, {1000, 1000, 500, 1000, 1000, 1000, 800, 900, 900});
+    p.batch[4].src_port = p.batch[5].src_port = a->source_ports()[1];
+    ASSERT_EQ(a->send_batch(p.batch), p.batch.size());
+    EXPECT_EQ(a->counters().tx_gso_sends, gso ? 3u : 0u);
+    EXPECT_EQ(a->counters().tx_gso_datagrams, gso ? 7u : 0u);
+    const auto got = receive(*b, p.batch.size());
+    ASSERT_EQ(got.size(), p.batch.size());
+    // Pool ports reach b from other sockets, so only the order within each port is loopback's.
+    std::vector<size_t> seen;
+    for (const Received& r : got) seen.push_back(r.bytes.size());
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(seen, (std::vector<size_t>{500, 800, 900, 900, 1000, 1000, 1000, 1000, 1000}));
+  }
 }
 
 // socket_buffer_bytes: adopt() asks for that much receive and send buffer (a full window of 4 KiB

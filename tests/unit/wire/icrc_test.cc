@@ -274,6 +274,25 @@ TEST(Icrc, SolveRecoversEveryIdAndDf) {
   }
 }
 
+// What the UDP GSO sender adds to segment i's ICRC (sealed for ID 0) equals recomputing the
+// ICRC with ID i, for every ID at one size and a spread of IDs at the sizes a sender uses; the
+// delta for ID 0 is none.
+TEST(Icrc, IdDeltaTurnsAnIdZeroIcrcIntoTheIcrcForThatId) {
+  std::mt19937 rng(14);
+  for (size_t size : {kIcrcMinUdpPayloadBytes, size_t{17}, size_t{280}, size_t{1052},
+                      size_t{4096 + 28 + 4}, kIcrcMaxUdpPayloadBytes}) {
+    const IcrcIpv4Flow flow = random_flow(rng);
+    const std::vector<uint8_t> p = random_udp_payload(rng, size);
+    const uint32_t id0 = compute_icrc(IcrcIpv4{.flow = flow}, p);
+    EXPECT_EQ(ipv4_id_icrc_delta(0, size), 0u);
+    for (uint32_t id = 0; id <= 0xFFFF; id += (size == 1052 ? 1 : 97)) {
+      const IcrcIpv4 h{.flow = flow, .ip_id = static_cast<uint16_t>(id)};
+      ASSERT_EQ(id0 ^ ipv4_id_icrc_delta(static_cast<uint16_t>(id), size), compute_icrc(h, p))
+          << size << " " << id;
+    }
+  }
+}
+
 // A datagram whose ICRC was computed with MF set or a fragment offset is not one any sender
 // emits whole; the solve must not explain it.
 TEST(Icrc, SolveRejectsFragmentFlagsAndOffsets) {
