@@ -3,7 +3,7 @@
 //
 //   build-bench/bench/urdma_loopback_bench [--seconds S] [--rounds N] [--tx-batch N]
 //                                          [--ack-delay-us U] [--no-engine-thread] [--no-netns]
-//                                          [--no-gso]
+//                                          [--no-gso] [--no-gro]
 //
 // Two processes (fork): host A (127.0.0.1, the requester; it prints) and host B (127.0.0.2).
 // Each runs a runtime::Runtime with its engine thread over a net::UdpSocketIo on its own UDP
@@ -17,7 +17,8 @@
 // per sendmmsg; default 1, as the runtime runs today); --ack-delay-us U sets
 // EngineConfig::ack_delay_ns (delayed ACKs; default 0); --no-gso turns off UDP segmentation
 // offload (UdpSocketIoOptions::gso, URDMA_UDP_GSO=0 for processes), which a tx batch above 1
-// uses for the packets of one message.
+// uses for the packets of one message; --no-gro turns off UDP receive offload
+// (UdpSocketIoOptions::gro, URDMA_UDP_GRO=0).
 //
 // What it measures (each RC row beside its raw-UDP limit, same processes, same run):
 //  * latency: 8-byte ping-pong. Raw: sendto + busy-polling recv(MSG_DONTWAIT) on both sides.
@@ -222,7 +223,7 @@ int bind_udp(const net::Address& a, uint16_t port) {
 }
 
 void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool engine_thread,
-               size_t tx_batch, uint64_t ack_delay_ns, bool gso) {
+               size_t tx_batch, uint64_t ack_delay_ns, bool gso, bool gro) {
   h.addr = addr;
   h.peer = peer;
   std::string err;
@@ -231,6 +232,7 @@ void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool
   net::UdpSocketIoOptions options;
   options.socket_buffer_bytes = net::kLargeSocketBufferBytes;
   options.gso = gso;
+  options.gro = gro;
   auto io = net::UdpSocketIo::adopt(bind_udp(addr, net::kRoceV2UdpPort), &err, options);
   require(io != nullptr, "UdpSocketIo::adopt");
   runtime::RuntimeConfig cfg;
@@ -579,7 +581,7 @@ Stream rc_write_stream(Host& h, int ctl, Phase phase, const HostInfo& peer, uint
 }
 
 int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double seconds,
-          uint32_t rounds, size_t tx_batch, uint64_t ack_delay_ns, bool gso) {
+          uint32_t rounds, size_t tx_batch, uint64_t ack_delay_ns, bool gso, bool gro) {
   for (int s = 0; s < kRecvDepth; ++s) post_recv_slot(h, s);
   // Warm-up: both paths once, untimed.
   (void)raw_latency(h, ctl, 1000);
@@ -601,9 +603,10 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
   const CountersMsg ca = counters_of(h);
 
   std::printf("urdma loopback benchmark: two processes, 127.0.0.1 <-> 127.0.0.2, runtime %s "
-              "over UdpSocketIo, engine tx_batch %zu ack_delay %.1f us, UDP GSO %s\n",
+              "over UdpSocketIo, engine tx_batch %zu ack_delay %.1f us, UDP GSO %s GRO %s\n",
               h.rt->engine_tid() != 0 ? "with engine threads" : "without engine threads",
-              tx_batch, static_cast<double>(ack_delay_ns) / 1000, gso ? "on" : "off");
+              tx_batch, static_cast<double>(ack_delay_ns) / 1000, gso ? "on" : "off",
+              gro ? "on" : "off");
   std::printf("%-44s %14s %14s %8s %8s\n", "measurement", "RC", "raw UDP", "ratio", "target");
   std::printf("%-44s %11.2f us %11.2f us %8.2f %8s\n", "one-way latency 8 B, median (half RTT)",
               rc.median_us, raw.median_us, rc.median_us / raw.median_us, "<= 1.3");
@@ -651,6 +654,7 @@ int main(int argc, char** argv) {
   size_t tx_batch = 1;
   uint64_t ack_delay_ns = 0;
   bool gso = true;
+  bool gro = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--seconds" && i + 1 < argc) {
@@ -667,8 +671,10 @@ int main(int argc, char** argv) {
       netns = false;
     } else if (a == "--no-gso") {
       gso = false;
+    } else if (a == "--no-gro") {
+      gro = false;
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds S] [--rounds N] [--tx-batch N] [--ack-delay-us U] [--no-engine-thread] [--no-netns] [--no-gso]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seconds S] [--rounds N] [--tx-batch N] [--ack-delay-us U] [--no-engine-thread] [--no-netns] [--no-gso] [--no-gro]\n", argv[0]);
       return 2;
     }
   }
@@ -688,7 +694,7 @@ int main(int argc, char** argv) {
   close(is_a ? sv[1] : sv[0]);
 
   Host h;
-  open_host(h, is_a ? a_addr : b_addr, is_a ? b_addr : a_addr, engine_thread, tx_batch, ack_delay_ns, gso);
+  open_host(h, is_a ? a_addr : b_addr, is_a ? b_addr : a_addr, engine_thread, tx_batch, ack_delay_ns, gso, gro);
   // Exchange QPNs and keys, then bring the QPs up towards the peer.
   ctl_send(ctl, info_of(h));
   ctl_send(ctl, h.rate_mr->rkey());
@@ -701,7 +707,7 @@ int main(int argc, char** argv) {
     h.rt.reset();
     return 0;
   }
-  const int rc = run_a(h, ctl, peer, peer_rate_rkey, seconds, rounds, tx_batch, ack_delay_ns, gso);
+  const int rc = run_a(h, ctl, peer, peer_rate_rkey, seconds, rounds, tx_batch, ack_delay_ns, gso, gro);
   h.rt.reset();  // the engine thread stops before the buffers go
   int status = 0;
   waitpid(child, &status, 0);

@@ -86,7 +86,7 @@ perftest() {  # name args... → the tool's result line (client side), or "faile
 }
 
 echo "urdma tools side by side: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "settings: URDMA_TX_BATCH=${URDMA_TX_BATCH:-default} URDMA_ACK_DELAY_US=${URDMA_ACK_DELAY_US:-default} URDMA_BUSY_POLL_US=${URDMA_BUSY_POLL_US:-default}"
+echo "settings: URDMA_TX_BATCH=${URDMA_TX_BATCH:-default} URDMA_ACK_DELAY_US=${URDMA_ACK_DELAY_US:-default} URDMA_BUSY_POLL_US=${URDMA_BUSY_POLL_US:-default} URDMA_UDP_GSO=${URDMA_UDP_GSO:-default}"
 echo
 printf '%-44s %12s %12s %8s\n' "qperf" "urdma" "limit" "ratio"
 printf '%-44s %9s us %9s us %8s\n' "rc_lat (events) vs udp_lat" "${rc_lat:-failed}" "$(or_failed "$udp_lat")" "$(ratio "$rc_lat" "$udp_lat")"

@@ -68,10 +68,11 @@ Engine::Engine(provider::Device& device, net::PacketIo& io, const net::Clock& cl
   by_handle_.assign(provider::kLimits.max_qp, nullptr);
   active_.reserve(provider::kLimits.max_qp);  // never reallocated while polling
   tx_slots_.resize(kTxBatch);
-  rx_storage_.resize(config_.rx_batch * kRxBufferBytes);
+  rx_buffer_bytes_ = std::max(kRxBufferBytes, io_.rx_buffer_bytes());
+  rx_storage_ = std::make_unique_for_overwrite<uint8_t[]>(config_.rx_batch * rx_buffer_bytes_);
   rx_slots_.resize(config_.rx_batch);
   for (size_t i = 0; i < config_.rx_batch; ++i)
-    rx_slots_[i].buffer = {rx_storage_.data() + i * kRxBufferBytes, kRxBufferBytes};
+    rx_slots_[i].buffer = {rx_storage_.get() + i * rx_buffer_bytes_, rx_buffer_bytes_};
 }
 
 Engine::~Engine() {
@@ -376,12 +377,27 @@ void Engine::receive_batch() {
   for (net::RxDatagram& slot : rx_slots_) {
     slot.length = 0;
     slot.truncated = false;
+    slot.segment_bytes = 0;
   }
   const size_t n = io_.recv_batch(rx_slots_);
   // A modify queued during this turn (INIT → RTR, say) precedes the packets its peer sent
   // after learning of it: apply it before looking at them.
   if (n > 0) run_commands();
-  for (size_t i = 0; i < n; ++i) handle_datagram(rx_slots_[i]);
+  for (size_t i = 0; i < n; ++i) {
+    const net::RxDatagram& d = rx_slots_[i];
+    if (d.segment_bytes == 0 || d.truncated) {
+      handle_datagram(d);
+      continue;
+    }
+    // Several datagrams of one flow in one receive (UDP GRO): each is a packet of its own.
+    net::RxDatagram segment = d;
+    segment.segment_bytes = 0;
+    for (size_t at = 0; at < d.length; at += d.segment_bytes) {
+      segment.length = std::min(d.segment_bytes, d.length - at);
+      segment.buffer = d.buffer.subspan(at, segment.length);
+      handle_datagram(segment);
+    }
+  }
   if (config_.ack_delay_ns == 0) send_pending_acks();
 }
 

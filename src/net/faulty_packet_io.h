@@ -98,6 +98,7 @@ class FaultyPacketIo final : public PacketIo {
   size_t send_batch(std::span<const TxDatagram> batch) override;
   size_t recv_batch(std::span<RxDatagram> batch) override;
   int readable_fd() const override { return inner_->readable_fd(); }
+  size_t rx_buffer_bytes() const override { return inner_->rx_buffer_bytes(); }
   // What really left: the inner I/O's counters.
   IoCounters counters() const override { return inner_->counters(); }
   uint16_t source_port(uint16_t wanted) const override { return inner_->source_port(wanted); }

@@ -77,6 +77,10 @@ struct RxDatagram {
   // out: the local address and port it was sent to (IP_PKTINFO / IPV6_PKTINFO on a socket). The
   // ICRC covers both. The IP ID is not reported: a UDP socket never sees it.
   Endpoint dst;
+  // out: 0 for one datagram. Otherwise the kernel coalesced several datagrams of this flow (UDP
+  // GRO): `buffer` holds them back to back, each segment_bytes long except the last, which may
+  // be shorter. Only an I/O that says so in rx_buffer_bytes() coalesces.
+  size_t segment_bytes = 0;
 };
 
 // Per-I/O counters, the same for every implementation.
@@ -92,6 +96,10 @@ struct IoCounters {
   uint64_t rx_datagrams = 0;
   uint64_t rx_bytes = 0;
   uint64_t rx_truncated = 0;
+  // Receives that held several datagrams (UDP GRO), and how many datagrams they held; those
+  // datagrams are also in rx_datagrams.
+  uint64_t rx_gro_receives = 0;
+  uint64_t rx_gro_datagrams = 0;
 };
 
 class PacketIo {
@@ -121,6 +129,11 @@ class PacketIo {
   // an engine thread that sleeps when idle. -1 if the I/O has none: the simulated network's
   // driver (SimWorld) instead polls a host's participants when it delivers to that host.
   virtual int readable_fd() const = 0;
+
+  // The receive buffer each RxDatagram must offer: 0 = any size (a datagram longer than its
+  // buffer is truncated, as always); otherwise the I/O may coalesce datagrams into one receive
+  // (RxDatagram::segment_bytes) up to this many bytes, and a smaller buffer would lose them.
+  virtual size_t rx_buffer_bytes() const { return 0; }
 
   virtual IoCounters counters() const = 0;
 

@@ -18,16 +18,29 @@ std::unique_ptr<PacketIo> wrap_with_faults(std::unique_ptr<PacketIo> io, const C
   return std::make_unique<FaultyPacketIo>(std::move(io), clock, *profile);
 }
 
+namespace {
+
+// A 0/1 setting: unset or empty leaves *on alone; false with the reason for anything else.
+bool env_switch(const char* name, bool* on, std::string* error) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return true;
+  const std::string_view value(v);
+  if (value != "0" && value != "1") {
+    *error = std::string(name) + "=" + v + ": must be 0 or 1";
+    return false;
+  }
+  *on = value == "1";
+  return true;
+}
+
+}  // namespace
+
 std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, std::string* error) {
   UdpSocketIoOptions options{.source_ports = kDefaultSourcePorts};
-  if (const char* gso = std::getenv(kUdpGsoEnvVar); gso != nullptr && *gso != '\0') {
-    const std::string_view v(gso);
-    if (v != "0" && v != "1") {
-      *error = std::string(kUdpGsoEnvVar) + "=" + gso + ": must be 0 or 1";
-      close(fd);
-      return nullptr;
-    }
-    options.gso = v == "1";
+  if (!env_switch(kUdpGsoEnvVar, &options.gso, error) ||
+      !env_switch(kUdpGroEnvVar, &options.gro, error)) {
+    close(fd);
+    return nullptr;
   }
   std::unique_ptr<PacketIo> io = UdpSocketIo::adopt(fd, error, options);
   if (!io) return nullptr;

@@ -8,6 +8,8 @@
 //   URDMA_UDP_GSO  unset or 1: runs of one message's packets leave as one segmented send (UDP
 //                 GSO, udp_socket_io.h); 0: every packet is a send of its own. Anything else
 //                 is an error.
+//   URDMA_UDP_GRO  unset or 1: the socket takes UDP_GRO, so such a segmented send that arrives
+//                 whole stays one receive (udp_socket_io.h); 0: one receive per datagram.
 #pragma once
 
 #include <memory>
@@ -20,6 +22,7 @@ namespace urdma::net {
 
 inline constexpr const char* kFaultsEnvVar = "URDMA_FAULTS";
 inline constexpr const char* kUdpGsoEnvVar = "URDMA_UDP_GSO";
+inline constexpr const char* kUdpGroEnvVar = "URDMA_UDP_GRO";
 
 // Wraps `io` in a FaultyPacketIo for the profile `faults` (the variable's value; null or empty =
 // none: `io` is returned as is). A malformed profile: null, with the reason in *error (`io` is
@@ -28,7 +31,8 @@ std::unique_ptr<PacketIo> wrap_with_faults(std::unique_ptr<PacketIo> io, const C
                                            const char* faults, std::string* error);
 
 // Adopts the bound UDP socket `fd` (a urdmad slot socket) as a UdpSocketIo with
-// kDefaultSourcePorts per-flow source ports and UDP GSO per URDMA_UDP_GSO, wrapped per
+// kDefaultSourcePorts per-flow source ports, UDP GSO and GRO per URDMA_UDP_GSO and
+// URDMA_UDP_GRO, wrapped per
 // URDMA_FAULTS from the environment.
 // Null with the reason in *error when either fails (the fd is closed).
 std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, std::string* error);

@@ -129,6 +129,7 @@ std::unique_ptr<UdpSocketIo> UdpSocketIo::adopt(int fd, std::string* error,
   auto io = std::unique_ptr<UdpSocketIo>(new UdpSocketIo(fd, family, *local));
   // A kernel without UDP_SEGMENT (before 4.18) refuses the option: no offload then.
   io->gso_ = options.gso && set_int(fd, SOL_UDP, UDP_SEGMENT, 0);
+  io->gro_ = options.gro && set_int(fd, SOL_UDP, UDP_GRO, 1);
   if (options.source_ports > 0 && !io->open_pool(options.source_ports, options.socket_buffer_bytes, error)) return nullptr;
   return io;
 }
@@ -409,6 +410,7 @@ size_t UdpSocketIo::recv_batch(std::span<RxDatagram> batch) {
     out.src = Endpoint::from_sockaddr(reinterpret_cast<const sockaddr*>(&names_[i]), m.msg_namelen)
                   .value_or(Endpoint{});
     out.dst = local_;
+    out.segment_bytes = 0;
     for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr;
          c = CMSG_NXTHDR(const_cast<msghdr*>(&m), c)) {
       if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
@@ -423,7 +425,17 @@ size_t UdpSocketIo::recv_batch(std::span<RxDatagram> batch) {
         Address::Bytes b{};
         std::memcpy(b.data(), &pi.ipi6_addr, Address::kSize);
         out.dst.address = Address(b);
+      } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+        int segment = 0;
+        std::memcpy(&segment, CMSG_DATA(c), sizeof segment);
+        if (segment > 0 && static_cast<size_t>(segment) < out.length) out.segment_bytes = segment;
       }
+    }
+    if (out.segment_bytes != 0) {
+      const size_t n = (out.length + out.segment_bytes - 1) / out.segment_bytes;
+      io_.rx_gro_receives++;
+      io_.rx_gro_datagrams += n;
+      io_.rx_datagrams += n - 1;  // and the one every receive counts, below
     }
     io_.rx_datagrams++;
     io_.rx_bytes += out.length;

@@ -40,6 +40,12 @@
 // offload goes out again as single datagrams; a kernel or path without it (EIO: no checksum
 // offload; ENOPROTOOPT) turns it off for good. UdpSocketIoOptions::gso = false (URDMA_UDP_GSO=0)
 // turns it off from the start.
+//
+// Receive offload (UDP GRO). With UdpSocketIoOptions::gro the socket takes UDP_GRO: a segmented
+// send that reaches it whole (lo, veth) stays one receive instead of being split into a
+// datagram each, and a device's GRO may coalesce a flow's datagrams too; recv_batch reports the
+// segment size (RxDatagram::segment_bytes) and the caller splits. Every receive buffer must then
+// hold kMaxUdpPayloadBytes (rx_buffer_bytes()).
 #pragma once
 
 #include <netinet/in.h>
@@ -84,6 +90,8 @@ struct UdpSocketIoOptions {
   size_t socket_buffer_bytes = 0;
   // UDP segmentation offload for runs of datagrams (above); off when the kernel lacks it.
   bool gso = true;
+  // UDP receive offload (above); off when the kernel lacks it.
+  bool gro = true;
 };
 
 class UdpSocketIo final : public PacketIo {
@@ -109,6 +117,8 @@ class UdpSocketIo final : public PacketIo {
   uint16_t source_port(uint16_t wanted) const override;
   // Whether sends may use UDP segmentation offload now (the option, and the kernel took it).
   bool gso() const { return gso_; }
+  bool gro() const { return gro_; }
+  size_t rx_buffer_bytes() const override { return gro_ ? kMaxUdpPayloadBytes : 0; }
 
   // The address and port the socket is bound to (the address may be the wildcard).
   const Endpoint& local() const { return local_; }
@@ -154,6 +164,7 @@ class UdpSocketIo final : public PacketIo {
   std::array<iovec, kMaxBatch> rx_iov_{};
   std::array<CmsgBuffer, kMaxBatch> cmsg_{};
   bool gso_ = false;
+  bool gro_ = false;
   // Segmented sends: datagrams per message of the sendmmsg being built, their gathered iovecs,
   // and the replaced ICRCs (by datagram index in the batch).
   std::array<uint8_t, kMaxBatch> run_length_{};

@@ -142,6 +142,7 @@ bool debug_enabled() {
 //                        0..1000 us (default 0; RuntimeConfig::busy_poll_ns)
 //   URDMA_UDP_GSO        0 or 1 (default 1): UDP segmentation offload for the packets of one
 //                        message (net/packet_io_env.h reads it)
+//   URDMA_UDP_GRO        0 or 1 (default 1): UDP receive offload (the same)
 // 0, or EINVAL with a sentence for a value that is not a number in range.
 constexpr uint64_t kDefaultTxBatch = 64;
 constexpr uint64_t kDefaultAckDelayUs = 0;
@@ -172,8 +173,9 @@ int engine_settings(runtime::RuntimeConfig* cfg, std::string* why) {
   if (int err = env_number("URDMA_BUSY_POLL_US", 0, 1000, &busy_poll_us, why)) return err;
   // Read where the slot socket is adopted (net/packet_io_env.h); checked here so a bad value is
   // said like the others.
-  uint64_t udp_gso = 1;
-  if (int err = env_number(net::kUdpGsoEnvVar, 0, 1, &udp_gso, why)) return err;
+  uint64_t udp_offload = 1;
+  if (int err = env_number(net::kUdpGsoEnvVar, 0, 1, &udp_offload, why)) return err;
+  if (int err = env_number(net::kUdpGroEnvVar, 0, 1, &udp_offload, why)) return err;
   cfg->engine.tx_batch = tx_batch;
   cfg->engine.ack_delay_ns = ack_delay_us * 1000;
   cfg->busy_poll_ns = busy_poll_us * 1000;

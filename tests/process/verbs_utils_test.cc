@@ -242,7 +242,7 @@ TEST_F(VerbsUtils, EngineSettingsComeFromTheEnvironment) {
     for (const char* bad : {"URDMA_TX_BATCH=0", "URDMA_TX_BATCH=65", "URDMA_TX_BATCH=4x",
                             "URDMA_ACK_DELAY_US=-1", "URDMA_ACK_DELAY_US=1001",
                             "URDMA_BUSY_POLL_US=1001", "URDMA_BUSY_POLL_US=x",
-                            "URDMA_UDP_GSO=2"}) {
+                            "URDMA_UDP_GSO=2", "URDMA_UDP_GRO=yes"}) {
       const ToolRun r = run(std::string(bad) + " ibv_devinfo -d urdma0", 10000);
       EXPECT_NE(r.exit_code, 0) << bad << ":\n" << r.output;
       const std::string setting(bad);
@@ -258,7 +258,8 @@ TEST_F(VerbsUtils, EngineSettingsComeFromTheEnvironment) {
       EXPECT_NE(r.output.find("Errno: 22, Invalid argument"), std::string::npos) << r.output;
     }
     const std::string env =
-        "URDMA_TX_BATCH=1 URDMA_ACK_DELAY_US=20 URDMA_BUSY_POLL_US=50 URDMA_UDP_GSO=0 ";
+        "URDMA_TX_BATCH=1 URDMA_ACK_DELAY_US=20 URDMA_BUSY_POLL_US=50 URDMA_UDP_GSO=0 "
+        "URDMA_UDP_GRO=0 ";
     const std::string args = pingpong_args("ibv_rc_pingpong", 4096, 18660, 0, false);
     const Started server = start(env + args);
     ASSERT_TRUE(wait_listening(18660, 10000));

@@ -544,6 +544,36 @@ TEST(WireCapture, EveryPacketOnLoopbackPassesUrdmaDecodeAndTshark) {
   loopback_exchange(nullptr);
 }
 
+// Without splitting on lo, a segmented send reaches the peer's socket whole and, with UDP_GRO,
+// is one receive that the engine splits into its packets: every operation still checks its data
+// (exchange_traffic), and both engines did receive such coalesced datagrams.
+TEST(WireCapture, OnLoopbackSegmentedSendsArriveCoalescedAndEveryOperationKeepsItsData) {
+  in_fresh_netns(
+      [] {
+        unsetenv(net::kFaultsEnvVar);
+        net::MonotonicClock clock;
+        const net::Address a_addr = net::Address::from_v4(127, 0, 0, 1);
+        const net::Address b_addr = net::Address::from_v4(127, 0, 0, 2);
+        auto a_io = open_io(a_addr, clock);
+        auto b_io = open_io(b_addr, clock);
+        ASSERT_TRUE(a_io && b_io);
+        UdpHost a(a_addr, std::move(a_io), provider::DeviceConfig{}.qpn_base);
+        UdpHost b(b_addr, std::move(b_io), provider::DeviceConfig{}.qpn_base);
+        EXPECT_EQ(exchange_traffic(a, b).size(), 4u);
+        for (UdpHost* h : {&a, &b}) {
+          const net::IoCounters c = h->io->counters();
+          std::printf("%s: sent %lu datagrams (%lu in %lu segmented sends); received %lu (%lu in "
+                      "%lu coalesced receives)\n",
+                      h->addr.to_string().c_str(), c.tx_datagrams, c.tx_gso_datagrams,
+                      c.tx_gso_sends, c.rx_datagrams, c.rx_gro_datagrams, c.rx_gro_receives);
+          EXPECT_GT(c.tx_gso_sends, 0u) << h->addr.to_string();
+          EXPECT_GT(c.rx_gro_receives, 0u) << h->addr.to_string();
+          EXPECT_EQ(h->engine.counters().rcvd_pkts, c.rx_datagrams) << "one packet per datagram";
+        }
+      },
+      60);
+}
+
 // RC recovers from loss, duplication, reordering and delay over real sockets, and what reaches
 // the wire is still well-formed with correct ICRCs (no corruption in this profile).
 TEST(WireCapture, UnderAFaultProfileRcRecoversAndTheWireStaysClean) {

@@ -78,6 +78,7 @@ class TracingIo final : public net::PacketIo {
   }
   size_t recv_batch(std::span<net::RxDatagram> batch) override { return inner_.recv_batch(batch); }
   int readable_fd() const override { return inner_.readable_fd(); }
+  size_t rx_buffer_bytes() const override { return inner_.rx_buffer_bytes(); }
   net::IoCounters counters() const override { return inner_.counters(); }
   uint16_t source_port(uint16_t wanted) const override { return inner_.source_port(wanted); }
   uint64_t next_deadline_ns() const override { return inner_.next_deadline_ns(); }

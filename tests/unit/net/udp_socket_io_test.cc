@@ -62,18 +62,27 @@ struct Received {
   bool truncated;
 };
 
-// Receives until `count` datagrams have arrived (or the bounded wait gives up).
+// Receives until `count` datagrams have arrived (or the bounded wait gives up); a coalesced
+// receive (UDP GRO) counts as its datagrams, split as the engine splits it. Buffers are
+// `buffer_bytes` or what the I/O asks for, whichever is larger.
 std::vector<Received> receive(UdpSocketIo& io, size_t count, size_t buffer_bytes = 2048) {
   std::vector<Received> out;
+  buffer_bytes = std::max(buffer_bytes, io.rx_buffer_bytes());
   std::vector<std::vector<uint8_t>> bufs(kMaxBatch, std::vector<uint8_t>(buffer_bytes));
   std::vector<RxDatagram> slots(kMaxBatch);
   while (out.size() < count && wait_readable(io.readable_fd())) {
     for (size_t i = 0; i < slots.size(); ++i) slots[i] = RxDatagram{bufs[i]};
     const size_t n = io.recv_batch(slots);
-    for (size_t i = 0; i < n; ++i)
-      out.push_back(
-          Received{std::vector<uint8_t>(bufs[i].begin(), bufs[i].begin() + slots[i].length),
-                   slots[i].src, slots[i].dst, slots[i].truncated});
+    for (size_t i = 0; i < n; ++i) {
+      const RxDatagram& d = slots[i];
+      const size_t step = d.segment_bytes != 0 ? d.segment_bytes : std::max<size_t>(d.length, 1);
+      for (size_t at = 0; at < std::max<size_t>(d.length, 1); at += step) {
+        const size_t len = std::min(step, d.length - at);
+        out.push_back(Received{std::vector<uint8_t>(bufs[i].begin() + at,
+                                                    bufs[i].begin() + at + len),
+                               d.src, d.dst, d.truncated});
+      }
+    }
   }
   return out;
 }
@@ -141,10 +150,13 @@ TEST(UdpSocketIoTest, BatchesBothWays) {
   }
 }
 
+// (Without UDP_GRO, which would ask for buffers that hold any datagram.)
 TEST(UdpSocketIoTest, ReportsTruncation) {
   auto a = open_io("127.0.0.1:0");
-  auto b = open_io("127.0.0.1:0");
-  ASSERT_TRUE(a && b);
+  std::string error;
+  auto b = UdpSocketIo::adopt(UdpSocketIo::bind_udp(*Endpoint::parse("127.0.0.1:0"), &error),
+                              &error, UdpSocketIoOptions{.gro = false});
+  ASSERT_TRUE(a && b) << error;
   std::vector<uint8_t> big(300, 7);
   const iovec v{big.data(), big.size()};
   ASSERT_EQ(a->send(to(*a, *b, std::span<const iovec>(&v, 1))), TxStatus::kSent);
@@ -496,6 +508,48 @@ TEST(UdpSocketIoTest, RunsEndAtAnotherFlowALargerDatagramAndAfterAShortOne) {
     for (const Received& r : got) seen.push_back(r.bytes.size());
     std::sort(seen.begin(), seen.end());
     EXPECT_EQ(seen, (std::vector<size_t>{500, 800, 900, 900, 1000, 1000, 1000, 1000, 1000}));
+  }
+}
+
+// The receive side: a socket with UDP_GRO (the default) takes a segmented send that reaches it
+// whole (loopback) as ONE receive, reports the segment size and asks for 64 KiB buffers; one
+// without it gets a datagram per segment. Both see the same bytes.
+TEST(UdpSocketIoTest, ASegmentedSendArrivesAsOneReceiveWithGroAndAsDatagramsWithout) {
+  auto a = open_io("127.0.0.1:0");
+  ASSERT_TRUE(a);
+  if (!a->gso()) GTEST_SKIP() << "the kernel has no UDP_SEGMENT";
+  for (const bool gro : {true, false}) {
+    std::string error;
+    const int fd = UdpSocketIo::bind_udp(*Endpoint::parse("127.0.0.1:0"), &error);
+    ASSERT_GE(fd, 0) << error;
+    auto b = UdpSocketIo::adopt(fd, &error, UdpSocketIoOptions{.gro = gro});
+    ASSERT_TRUE(b) << error;
+    if (gro && !b->gro()) GTEST_SKIP() << "the kernel has no UDP_GRO";
+    EXPECT_EQ(b->rx_buffer_bytes(), gro ? kMaxUdpPayloadBytes : 0u);
+    std::vector<size_t> sizes(9, 1000);
+    sizes.push_back(100);
+    Packets p = roce_packets(*a, *b, sizes);
+    ASSERT_EQ(a->send_batch(p.batch), sizes.size());
+    std::vector<uint8_t> buf(kMaxUdpPayloadBytes);
+    std::vector<uint8_t> joined;
+    std::vector<RxDatagram> slots(kMaxBatch, RxDatagram{});
+    size_t receives = 0, segment = 0;
+    while (joined.size() < 9 * 1000 + 100 && wait_readable(b->readable_fd())) {
+      RxDatagram d{buf};
+      ASSERT_EQ(b->recv_batch(std::span<RxDatagram>(&d, 1)), 1u);
+      ASSERT_FALSE(d.truncated);
+      joined.insert(joined.end(), buf.begin(), buf.begin() + d.length);
+      segment = d.segment_bytes;
+      ++receives;
+    }
+    EXPECT_EQ(receives, gro ? 1u : sizes.size());
+    EXPECT_EQ(segment, gro ? 1000u : 0u);
+    EXPECT_EQ(b->counters().rx_datagrams, sizes.size());
+    EXPECT_EQ(b->counters().rx_gro_receives, gro ? 1u : 0u);
+    EXPECT_EQ(b->counters().rx_gro_datagrams, gro ? sizes.size() : 0u);
+    ASSERT_EQ(joined.size(), 9u * 1000 + 100);
+    for (size_t i = 0, at = 0; i < sizes.size(); at += sizes[i], ++i)
+      EXPECT_TRUE(std::equal(p.bytes[i].begin(), p.bytes[i].end() - 4, joined.begin() + at)) << i;
   }
 }
 
