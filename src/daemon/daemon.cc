@@ -249,6 +249,7 @@ bool Daemon::start_group(std::string* error) {
   // A burst of CM MADs (a process's 200 connections torn down at once) overflowed the default
   // receive buffer (~208 KiB: fewer than 200 MADs once skb overhead is counted) between two
   // epoll wakes. 4 MiB when the daemon may pass net.core.rmem_max, else as much as it allows.
+  // Without UDP_GRO (the default): route_mads reads into MAD-sized buffers, one MAD each.
   gsi_io_ = net::UdpSocketIo::adopt(
       gsi_fd, error, net::UdpSocketIoOptions{.socket_buffer_bytes = net::kLargeSocketBufferBytes});
   if (!gsi_io_) return false;

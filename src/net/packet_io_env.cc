@@ -36,7 +36,8 @@ bool env_switch(const char* name, bool* on, std::string* error) {
 }  // namespace
 
 std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, std::string* error) {
-  UdpSocketIoOptions options{.source_ports = kDefaultSourcePorts};
+  // The engine offers receive buffers of rx_buffer_bytes(), so the runtime's I/O may coalesce.
+  UdpSocketIoOptions options{.source_ports = kDefaultSourcePorts, .gro = true};
   if (!env_switch(kUdpGsoEnvVar, &options.gso, error) ||
       !env_switch(kUdpGroEnvVar, &options.gro, error)) {
     close(fd);

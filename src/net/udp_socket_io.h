@@ -5,7 +5,8 @@
 // puts on the wire is what a RoCEv2 ICRC can cover:
 //  * IP_MTU_DISCOVER = IP_PMTUDISC_DO (and IPV6_MTU_DISCOVER): the kernel never fragments and sets
 //    DF; for a DF datagram on an unconnected socket Linux writes IP ID 0 (ip_select_ident_segs),
-//    so the receiver, which never sees the IP ID, can assume 0 in the IPv4 header the ICRC covers;
+//    so the receiver, which never sees the IP ID, can assume 0 in the IPv4 header the ICRC covers
+//    (except for segments of a segmented send: "Segmentation offload" below);
 //  * IP_PKTINFO / IPV6_RECVPKTINFO: every received datagram reports its destination address (the
 //    ICRC covers it; a socket bound to the wildcard address would not know it otherwise), and a
 //    send may pick its source address (the path's source GID);
@@ -45,7 +46,7 @@
 // send that reaches it whole (lo, veth) stays one receive instead of being split into a
 // datagram each, and a device's GRO may coalesce a flow's datagrams too; recv_batch reports the
 // segment size (RxDatagram::segment_bytes) and the caller splits. Every receive buffer must then
-// hold kMaxUdpPayloadBytes (rx_buffer_bytes()).
+// hold kMaxUdpPayloadBytes (rx_buffer_bytes()), which is why it is asked for, never a default.
 #pragma once
 
 #include <netinet/in.h>
@@ -90,8 +91,11 @@ struct UdpSocketIoOptions {
   size_t socket_buffer_bytes = 0;
   // UDP segmentation offload for runs of datagrams (above); off when the kernel lacks it.
   bool gso = true;
-  // UDP receive offload (above); off when the kernel lacks it.
-  bool gro = true;
+  // UDP receive offload (above); off when the kernel lacks it. Off by default: a caller must
+  // offer receive buffers of rx_buffer_bytes() (the engine does; urdmad's MAD router, with its
+  // MAD-sized buffers, does not ask for it). The runtime's I/O turns it on
+  // (make_packet_io_from_env).
+  bool gro = false;
 };
 
 class UdpSocketIo final : public PacketIo {

@@ -21,7 +21,8 @@
 // THE IPv4 ID PROBLEM. A receiver on a UDP socket sees addresses, ports and length, never the
 // IPv4 identification or flags. urdma itself sends from unconnected sockets with
 // IP_MTU_DISCOVER=IP_PMTUDISC_DO, for which Linux emits DF set and ID 0 (ip_select_ident_segs()),
-// so its packets verify at {ID 0, DF}: the exact 2^-32 check. Linux rxe sends DF with non-zero,
+// so its packets verify at {ID 0, DF}: the exact 2^-32 check — all but the segments of a UDP GSO
+// send, whose IDs are 1, 2, ... (ipv4_id_icrc_delta below). Linux rxe sends DF with non-zero,
 // incrementing IDs from a hashed generator. verify_icrc_ipv4() therefore tries {ID 0, DF} and
 // otherwise SOLVES for the (ID, DF) that would make the received ICRC correct — the CRC is
 // affine in those bits, so this is one GF(2) multiplication — and accepts when one exists.

@@ -150,7 +150,8 @@ TEST(UdpSocketIoTest, BatchesBothWays) {
   }
 }
 
-// (Without UDP_GRO, which would ask for buffers that hold any datagram.)
+// (Without UDP_GRO — the default, said here — which would ask for buffers that hold any
+// datagram.)
 TEST(UdpSocketIoTest, ReportsTruncation) {
   auto a = open_io("127.0.0.1:0");
   std::string error;
@@ -511,7 +512,7 @@ TEST(UdpSocketIoTest, RunsEndAtAnotherFlowALargerDatagramAndAfterAShortOne) {
   }
 }
 
-// The receive side: a socket with UDP_GRO (the default) takes a segmented send that reaches it
+// The receive side: a socket with UDP_GRO (asked for; the runtime's I/O does) takes a segmented send that reaches it
 // whole (loopback) as ONE receive, reports the segment size and asks for 64 KiB buffers; one
 // without it gets a datagram per segment. Both see the same bytes.
 TEST(UdpSocketIoTest, ASegmentedSendArrivesAsOneReceiveWithGroAndAsDatagramsWithout) {
