@@ -484,6 +484,46 @@ TEST(UdpSocketIoTest, ARunOfOneFlowLeavesAsOneSegmentedSendWithIcrcsForTheSegmen
   }
 }
 
+// IPv6 has no identification field: a segmented IPv6 run leaves with every ICRC as sealed.
+TEST(UdpSocketIoTest, Ipv6SegmentsKeepTheirIcrcs) {
+  std::string error;
+  const int fa = UdpSocketIo::bind_udp(*Endpoint::parse("[::1]:0"), &error);
+  if (fa < 0) GTEST_SKIP() << "no IPv6 loopback here: " << error;
+  auto a = UdpSocketIo::adopt(fa, &error);
+  auto b = open_io("[::1]:0");
+  ASSERT_TRUE(a && b);
+  if (!a->gso()) GTEST_SKIP() << "the kernel has no UDP_SEGMENT";
+  wire::IcrcIpv6 h;
+  h.src_addr[15] = 1;
+  h.dst_addr[15] = 1;
+  h.udp_src_port = a->local().port;
+  h.udp_dst_port = b->local().port;
+  std::vector<std::vector<uint8_t>> bytes(6, std::vector<uint8_t>(700));
+  bytes.back().resize(200);
+  std::vector<iovec> iov;
+  std::vector<TxDatagram> batch;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    for (size_t j = 0; j < bytes[i].size(); ++j) bytes[i][j] = static_cast<uint8_t>(i + j * 7);
+    wire::seal_icrc(h, bytes[i]);
+    iov.push_back(iovec{bytes[i].data(), bytes[i].size()});
+  }
+  for (const iovec& v : iov) {
+    TxDatagram d;
+    d.iov = std::span<const iovec>(&v, 1);
+    d.dst = b->local();
+    d.src_port = a->local().port;
+    batch.push_back(d);
+  }
+  ASSERT_EQ(a->send_batch(batch), batch.size());
+  EXPECT_EQ(a->counters().tx_gso_sends, 1u);
+  const auto got = receive(*b, batch.size());
+  ASSERT_EQ(got.size(), batch.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].bytes, bytes[i]) << i;
+    EXPECT_TRUE(wire::verify_icrc_ipv6(h, got[i].bytes)) << i;
+  }
+}
+
 // Where runs end: another flow (here a source port), a datagram larger than the run's first,
 // and after a short one; with the offload off, every datagram is a send of its own.
 TEST(UdpSocketIoTest, RunsEndAtAnotherFlowALargerDatagramAndAfterAShortOne) {
