@@ -53,15 +53,14 @@ bool same_flow(const TxDatagram& a, const TxDatagram& b) {
          a.traffic_class == b.traffic_class && a.hop_limit == b.hop_limit;
 }
 
-// Copies the last `n` bytes of a gather list into `out`; false if it holds fewer.
-bool copy_tail(std::span<const iovec> iov, uint8_t* out, size_t n) {
+// Copies the last `n` bytes of a gather list into `out`. Precondition: it holds at least `n`.
+void copy_tail(std::span<const iovec> iov, uint8_t* out, size_t n) {
   for (size_t i = iov.size(); i-- > 0 && n > 0;) {
     const size_t take = std::min(n, iov[i].iov_len);
     n -= take;
     std::memcpy(out + n, static_cast<const uint8_t*>(iov[i].iov_base) + iov[i].iov_len - take,
                 take);
   }
-  return n == 0;
 }
 
 }  // namespace
@@ -294,7 +293,7 @@ void UdpSocketIo::gather_run(size_t i, std::span<const TxDatagram> run, size_t f
     }
     // Segment k leaves with IPv4 ID k: the same packet, with the ICRC for that ID in place of
     // the caller's (sealed for ID 0) — the last kIcrcBytes of its gather list.
-    const size_t size = run[k].size_bytes();
+    const size_t size = run[k].size_bytes();  // >= kIcrcBytes (gso_run)
     std::array<uint8_t, wire::kIcrcBytes>& icrc = icrc_[first + k];
     copy_tail(iov, icrc.data(), icrc.size());
     wire::store_icrc(icrc, wire::icrc_of(icrc) ^
