@@ -234,39 +234,21 @@ Ipv4IcrcMatch verify_icrc_ipv4(const IcrcIpv4Flow& flow, std::span<const uint8_t
 
 namespace {
 
-// x^-(8 * bytes_after + 32) mod P depends only on the packet length. Computing it costs
+// x^(±(8 * bytes_after + 32)) mod P depends only on the packet length. Computing it costs
 // O(log n) multiplications (~150 ns); packet lengths repeat (MTU-sized data, ACKs), so each
-// thread keeps the last few in a small direct-mapped cache, which makes the solve one lookup
-// and one multiplication.
-uint32_t inverse_shift_for(size_t udp_payload_bytes, uint64_t bytes_after) {
+// thread keeps the last few in a small direct-mapped cache (one per direction), which makes the
+// solve, and the ID change, one lookup and one multiplication.
+template <uint32_t (*kPower)(uint64_t)>
+uint32_t shift_by_length(size_t udp_payload_bytes, uint64_t bytes_after) {
   struct Entry {
     size_t udp_payload_bytes = 0;  // 0: empty (below kIcrcMinUdpPayloadBytes)
-    uint32_t inverse_shift = 0;
-  };
-  constexpr size_t kEntries = 16;  // a power of two
-  thread_local std::array<Entry, kEntries> cache{};
-  Entry& e = cache[(udp_payload_bytes ^ (udp_payload_bytes >> 4)) & (kEntries - 1)];
-  if (e.udp_payload_bytes != udp_payload_bytes) {
-    e = {udp_payload_bytes, gf2_x_inv_pow_mod_p(8 * bytes_after + 32)};
-  }
-  return e.inverse_shift;
-}
-
-}  // namespace
-
-namespace {
-
-// x^(8 * bytes_after + 32) mod P for ipv4_id_icrc_delta, cached like inverse_shift_for.
-uint32_t shift_for(size_t udp_payload_bytes, uint64_t bytes_after) {
-  struct Entry {
-    size_t udp_payload_bytes = 0;  // 0: empty
     uint32_t shift = 0;
   };
   constexpr size_t kEntries = 16;  // a power of two
   thread_local std::array<Entry, kEntries> cache{};
   Entry& e = cache[(udp_payload_bytes ^ (udp_payload_bytes >> 4)) & (kEntries - 1)];
   if (e.udp_payload_bytes != udp_payload_bytes) {
-    e = {udp_payload_bytes, gf2_x_pow_mod_p(8 * bytes_after + 32)};
+    e = {udp_payload_bytes, kPower(8 * bytes_after + 32)};
   }
   return e.shift;
 }
@@ -286,7 +268,8 @@ uint32_t ipv4_id_icrc_delta(uint16_t ip_id, size_t udp_payload_bytes) {
   if (ip_id == 0 || !payload_size_ok(udp_payload_bytes)) return 0;
   const uint32_t u = uint32_t{static_cast<uint8_t>(ip_id >> 8)} << 8 |
                      uint32_t{static_cast<uint8_t>(ip_id)} << 16;
-  return gf2_mul_mod_p(u, shift_for(udp_payload_bytes, bytes_after_id(udp_payload_bytes)));
+  return gf2_mul_mod_p(
+      u, shift_by_length<gf2_x_pow_mod_p>(udp_payload_bytes, bytes_after_id(udp_payload_bytes)));
 }
 
 // The ICRC message is M = [LRH ones | IPv4 | UDP | BTH | rest], n = udp_payload_bytes + 32 bytes.
@@ -306,7 +289,8 @@ Ipv4IcrcMatch solve_ipv4_id(uint32_t received_icrc, uint32_t icrc_id0_df, size_t
   if (!payload_size_ok(udp_payload_bytes)) return {};
   const uint64_t bytes_after = bytes_after_id(udp_payload_bytes);
   const uint32_t u =
-      gf2_mul_mod_p(received_icrc ^ icrc_id0_df, inverse_shift_for(udp_payload_bytes, bytes_after));
+      gf2_mul_mod_p(received_icrc ^ icrc_id0_df,
+                    shift_by_length<gf2_x_inv_pow_mod_p>(udp_payload_bytes, bytes_after));
   if ((u & 0xFF) != 0) return {};  // degree >= 24: no 3-byte change explains it
   const uint8_t id_high = static_cast<uint8_t>(u >> 8);
   const uint8_t id_low = static_cast<uint8_t>(u >> 16);

@@ -377,6 +377,22 @@ std::vector<uint32_t> exchange_traffic(UdpHost& a, UdpHost& b, bool corrupting =
   return {qa->qp_num(), qb->qp_num(), ua->qp_num(), ub->qp_num()};
 }
 
+// Two engines on 127.0.0.1 and 127.0.0.2, each on a socket bound to its address's port 4791 as
+// the runtime makes it (open_io); null hosts if a socket could not be opened.
+struct LoopbackPair {
+  net::MonotonicClock clock;  // outlives the I/Os (a fault wrapper keeps it)
+  std::unique_ptr<UdpHost> a, b;
+  LoopbackPair() {
+    const net::Address a_addr = net::Address::from_v4(127, 0, 0, 1);
+    const net::Address b_addr = net::Address::from_v4(127, 0, 0, 2);
+    auto a_io = open_io(a_addr, clock);
+    auto b_io = open_io(b_addr, clock);
+    if (!a_io || !b_io) return;
+    a = std::make_unique<UdpHost>(a_addr, std::move(a_io), provider::DeviceConfig{}.qpn_base);
+    b = std::make_unique<UdpHost>(b_addr, std::move(b_io), provider::DeviceConfig{}.qpn_base);
+  }
+};
+
 // The capture's checks: urdma decode (every ICRC, nothing malformed) and tshark (every packet
 // InfiniBand, nothing malformed, no expert warning or error); every packet from a pool port.
 void check_capture(const std::string& pcap, const std::string& tcpdump_log,
@@ -551,14 +567,10 @@ TEST(WireCapture, OnLoopbackSegmentedSendsArriveCoalescedAndEveryOperationKeepsI
   in_fresh_netns(
       [] {
         unsetenv(net::kFaultsEnvVar);
-        net::MonotonicClock clock;
-        const net::Address a_addr = net::Address::from_v4(127, 0, 0, 1);
-        const net::Address b_addr = net::Address::from_v4(127, 0, 0, 2);
-        auto a_io = open_io(a_addr, clock);
-        auto b_io = open_io(b_addr, clock);
-        ASSERT_TRUE(a_io && b_io);
-        UdpHost a(a_addr, std::move(a_io), provider::DeviceConfig{}.qpn_base);
-        UdpHost b(b_addr, std::move(b_io), provider::DeviceConfig{}.qpn_base);
+        LoopbackPair pair;
+        ASSERT_TRUE(pair.a && pair.b);
+        UdpHost& a = *pair.a;
+        UdpHost& b = *pair.b;
         EXPECT_EQ(exchange_traffic(a, b).size(), 4u);
         for (UdpHost* h : {&a, &b}) {
           const net::IoCounters c = h->io->counters();
@@ -696,14 +708,10 @@ TEST(WireCapture, CorruptedDatagramsFailTheirIcrcAndRcRecovers) {
         const std::string pcap = dir + "/lo.pcap";
         Capture cap("lo", pcap);
         ASSERT_TRUE(cap.ready()) << slurp(pcap + ".log");
-        net::MonotonicClock clock;
-        const net::Address a_addr = net::Address::from_v4(127, 0, 0, 1);
-        const net::Address b_addr = net::Address::from_v4(127, 0, 0, 2);
-        auto a_io = open_io(a_addr, clock);
-        auto b_io = open_io(b_addr, clock);
-        ASSERT_TRUE(a_io && b_io);
-        UdpHost a(a_addr, std::move(a_io), provider::DeviceConfig{}.qpn_base);
-        UdpHost b(b_addr, std::move(b_io), provider::DeviceConfig{}.qpn_base);
+        LoopbackPair pair;
+        ASSERT_TRUE(pair.a && pair.b);
+        UdpHost& a = *pair.a;
+        UdpHost& b = *pair.b;
         exchange_traffic(a, b, /*corrupting=*/true);
         cap.stop();
         uint64_t corrupted = 0;
