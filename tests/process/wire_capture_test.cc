@@ -469,6 +469,24 @@ void skip_without_tools() {
   if (!have("ethtool")) skip_test("no ethtool (scripts/deps.sh installs it)");
 }
 
+// Waits (up to 5 s) until `iface` of this thread's namespace is operationally up. A veth end
+// whose peer just came up keeps the noop qdisc until the kernel's link-watch work runs (it may
+// wait up to a second), and what is sent before is dropped. Seen in CI: an RC QP's first request
+// and all 7 retransmissions left va at once, ~2 s late — held in the neighbour queue, most
+// likely because the first ARP request was dropped that way (ARP retries a second later; the
+// capture filter does not show ARP, and a by-hand reproduction did not hit the window).
+bool wait_oper_up(const std::string& iface) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string link = run("ip -o link show " + iface).second;
+    if (link.find(" state UP ") != std::string::npos && link.find("qdisc noop") == std::string::npos)
+      return true;
+    usleep(10'000);
+  }
+  ADD_FAILURE() << iface << " did not come up: " << run("ip -o link show " + iface).second;
+  return false;
+}
+
 // Segmented sends are split before `iface` transmits them (see the top of the file).
 bool split_before(const std::string& iface) {
   return sh("ethtool -K " + iface + " tx-udp-segmentation off");
@@ -630,9 +648,10 @@ TEST(WireCapture, EveryPacketAcrossAVethPairPassesUrdmaDecodeAndTshark) {
                      Opened o;
                      if (setns(there, CLONE_NEWNET) != 0) return o;
                      if (sh("ip addr add 10.89.0.2/24 dev vb && ip link set vb up") &&
-                         split_before("vb"))
+                         split_before("vb") && wait_oper_up("vb"))
                        o.io = open_io(net::Address::from_v4(10, 89, 0, 2), clock);
                      EXPECT_EQ(setns(here, CLONE_NEWNET), 0);
+                     if (!wait_oper_up("va")) o.io.reset();
                      return o;
                    }};
         exchange_and_check(t, nullptr);
