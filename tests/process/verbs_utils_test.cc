@@ -259,7 +259,7 @@ TEST_F(VerbsUtils, EngineSettingsComeFromTheEnvironment) {
     }
     const std::string env =
         "URDMA_TX_BATCH=1 URDMA_ACK_DELAY_US=20 URDMA_BUSY_POLL_US=50 URDMA_UDP_GSO=0 "
-        "URDMA_UDP_GRO=0 ";
+        "URDMA_UDP_GRO=00 ";  // "00": a number, as the other settings read it
     const std::string args = pingpong_args("ibv_rc_pingpong", 4096, 18660, 0, false);
     const Started server = start(env + args);
     ASSERT_TRUE(wait_listening(18660, 10000));
