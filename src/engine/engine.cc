@@ -68,11 +68,12 @@ Engine::Engine(provider::Device& device, net::PacketIo& io, const net::Clock& cl
   by_handle_.assign(provider::kLimits.max_qp, nullptr);
   active_.reserve(provider::kLimits.max_qp);  // never reallocated while polling
   tx_slots_.resize(kTxBatch);
-  rx_buffer_bytes_ = std::max(kRxBufferBytes, io_.rx_buffer_bytes());
-  rx_storage_ = std::make_unique_for_overwrite<uint8_t[]>(config_.rx_batch * rx_buffer_bytes_);
+  // The I/O's need when it coalesces (UDP GRO: 64 KiB), else kRxBufferBytes.
+  const size_t rx_buffer_bytes = std::max(kRxBufferBytes, io_.rx_buffer_bytes());
+  rx_storage_ = std::make_unique_for_overwrite<uint8_t[]>(config_.rx_batch * rx_buffer_bytes);
   rx_slots_.resize(config_.rx_batch);
   for (size_t i = 0; i < config_.rx_batch; ++i)
-    rx_slots_[i].buffer = {rx_storage_.get() + i * rx_buffer_bytes_, rx_buffer_bytes_};
+    rx_slots_[i].buffer = {rx_storage_.get() + i * rx_buffer_bytes, rx_buffer_bytes};
 }
 
 Engine::~Engine() {

@@ -409,9 +409,7 @@ class Engine final : public provider::Doorbell {
   std::deque<Backlogged> tx_backlog_;
   uint64_t tx_blocked_since_ns_ = 0;  // when the backlog last became non-empty
   // Receive buffers and slots for one batch.
-  // rx_batch buffers of rx_buffer_bytes_ each (the I/O's need when it coalesces, UDP GRO:
-  // 64 KiB; else kRxBufferBytes). Allocated untouched: pages count only once used.
-  size_t rx_buffer_bytes_ = kRxBufferBytes;
+  // rx_batch buffers of the size the I/O needs (at least kRxBufferBytes), allocated untouched.
   std::unique_ptr<uint8_t[]> rx_storage_;
   std::vector<net::RxDatagram> rx_slots_;
 };

@@ -2,9 +2,9 @@
 
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 
+#include "base/env.h"
 #include "net/faulty_packet_io.h"
 #include "net/udp_socket_io.h"
 
@@ -20,18 +20,11 @@ std::unique_ptr<PacketIo> wrap_with_faults(std::unique_ptr<PacketIo> io, const C
 
 namespace {
 
-// A 0/1 setting: unset or empty leaves *on alone; false with the reason for anything else. The
-// same rule as the verbs layer's check of the engine settings (a decimal number in 0..1).
+// A 0/1 setting (base::env_number, as the verbs layer checks it): unset or empty leaves *on
+// alone; false with the reason for anything else.
 bool env_switch(const char* name, bool* on, std::string* error) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return true;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (errno != 0 || *end != '\0' || v[0] == '-' || n > 1) {
-    *error = std::string(name) + "=" + v + ": must be 0 or 1";
-    return false;
-  }
+  uint64_t n = *on ? 1 : 0;
+  if (base::env_number(name, 0, 1, &n, error) != 0) return false;
   *on = n == 1;
   return true;
 }

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "base/env.h"
 #include "daemon/client.h"
 #include "net/packet_io_env.h"
 #include "provider/limits.h"
@@ -148,20 +149,11 @@ constexpr uint64_t kDefaultTxBatch = 64;
 constexpr uint64_t kDefaultAckDelayUs = 0;
 constexpr uint64_t kDefaultBusyPollUs = 0;
 
+// base::env_number, and the refusal said on stderr: a setting the user made is always said.
 int env_number(const char* name, uint64_t lo, uint64_t hi, uint64_t* value, std::string* why) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return 0;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (errno != 0 || *end != '\0' || v[0] == '-' || n < lo || n > hi) {
-    *why = std::string(name) + "=" + v + " is not a number in " + std::to_string(lo) + ".." +
-           std::to_string(hi);
-    std::fprintf(stderr, "urdma: %s\n", why->c_str());  // a setting the user made: always said
-    return EINVAL;
-  }
-  *value = n;
-  return 0;
+  const int err = base::env_number(name, lo, hi, value, why);
+  if (err != 0) std::fprintf(stderr, "urdma: %s\n", why->c_str());
+  return err;
 }
 
 int engine_settings(runtime::RuntimeConfig* cfg, std::string* why) {
