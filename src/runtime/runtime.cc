@@ -92,7 +92,7 @@ Runtime::~Runtime() {
     const uint64_t one = 1;
     ssize_t n = write(event_fd_, &one, sizeof one);
     (void)n;
-    token_.notify_all();
+    wake_token_waiter();
     thread_.join();
   }
   relay_.set_waker(nullptr);
@@ -164,8 +164,18 @@ void Runtime::wake() {
 
 void Runtime::release_token() {
   token_.store(kFree, std::memory_order_seq_cst);
-  // Pairs with the engine thread's store of engine_waits_token_ before its re-check.
-  if (engine_waits_token_.load(std::memory_order_seq_cst)) token_.notify_all();
+  // Pairs with the engine thread's store of engine_waits_token_ before its re-check. Taken, not
+  // read: one wake per wait. An application thread that polls in a loop releases the token
+  // many times before the woken engine thread gets a core (2 cores, both spinning), and each
+  // release that saw the flag still set paid a futex syscall.
+  if (engine_waits_token_.load(std::memory_order_seq_cst) &&
+      engine_waits_token_.exchange(false, std::memory_order_seq_cst))
+    wake_token_waiter();
+}
+
+void Runtime::wake_token_waiter() {
+  token_wakes_.fetch_add(1, std::memory_order_seq_cst);
+  token_wakes_.notify_all();
 }
 
 bool Runtime::try_progress() {
@@ -190,12 +200,16 @@ void Runtime::run() {
     uint32_t expected = kFree;
     if (!token_.compare_exchange_strong(expected, kEngineThread, std::memory_order_acquire,
                                         std::memory_order_relaxed)) {
-      // An application thread drives the engine: sleep until it lets go of the token.
+      // An application thread drives the engine: sleep until it lets go of the token. On the
+      // wake generation, not on the token: an application thread that polls in a loop has
+      // taken the token again by the time this thread runs, and a wait on the token would
+      // sleep on without asking for another wake.
+      const uint32_t generation = token_wakes_.load(std::memory_order_seq_cst);
       engine_waits_token_.store(true, std::memory_order_seq_cst);
       if (token_.load(std::memory_order_seq_cst) == kApplication &&
           !stop_.load(std::memory_order_seq_cst))
-        token_.wait(kApplication, std::memory_order_seq_cst);
-      engine_waits_token_.store(false, std::memory_order_relaxed);
+        token_wakes_.wait(generation, std::memory_order_seq_cst);
+      engine_waits_token_.store(false, std::memory_order_relaxed);  // set again before a wait
       continue;
     }
     // Everything rung before this point is seen by this turn (poll() reads the engine's own

@@ -103,6 +103,7 @@ class Runtime final : public engine::Waker {
 
   void run();
   void release_token();
+  void wake_token_waiter();
   void sleep_until(uint64_t deadline_ns);
   // EPOLLOUT on the socket while the engine is blocked on transmit (Engine::tx_blocked).
   void want_writable(bool on);
@@ -125,7 +126,11 @@ class Runtime final : public engine::Waker {
   bool epollout_ = false;  // engine thread: the socket is registered for EPOLLOUT too
 
   std::atomic<uint32_t> token_{kFree};
+  // The engine thread waits for the token (run()): it sets engine_waits_token_ and sleeps until
+  // token_wakes_ moves; the releasing application thread takes the flag and moves it, so each
+  // wait costs one futex wake however often the token changes hands meanwhile.
   std::atomic<bool> engine_waits_token_{false};
+  std::atomic<uint32_t> token_wakes_{0};
   std::atomic<bool> doorbell_{false};
   std::atomic<bool> sleeping_{false};
   // The deadline the sleeping engine thread armed (kNever: none): a turn on an application
