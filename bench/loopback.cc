@@ -14,8 +14,9 @@
 // --no-engine-thread runs both runtimes without their engine thread: only the application
 // threads drive the engines (B's busy-polls try_progress() during the WRITE streams), which
 // shows what the engine thread's wake-ups cost. --tx-batch N sets EngineConfig::tx_batch (packets
-// per sendmmsg; default 1, as the runtime runs today); --ack-delay-us U sets
-// EngineConfig::ack_delay_ns (delayed ACKs; default 0); --no-gso turns off UDP segmentation
+// per sendmmsg; default 64, as processes run: URDMA_TX_BATCH); --ack-delay-us U sets
+// EngineConfig::ack_delay_ns (ACKs held for a reply on a QP in a conversation; default 50, as
+// processes run: URDMA_ACK_DELAY_US); --no-gso turns off UDP segmentation
 // offload (UdpSocketIoOptions::gso, URDMA_UDP_GSO=0 for processes), which a tx batch above 1
 // uses for the packets of one message; --no-gro turns off UDP receive offload
 // (UdpSocketIoOptions::gro, URDMA_UDP_GRO=0).
@@ -588,7 +589,13 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
   (void)rc_latency(h, ctl, 1000);
 
   const Latency raw = raw_latency(h, ctl, rounds);
+  const uint64_t turns0 = h.rt->engine_thread_turns(), wakeups0 = h.rt->eventfd_wakeups(),
+                 inline0 = h.rt->inline_turns();
   const Latency rc = rc_latency(h, ctl, rounds);
+  const double per_round = 1.0 / rounds;
+  const double lat_turns = static_cast<double>(h.rt->engine_thread_turns() - turns0) * per_round;
+  const double lat_wakeups = static_cast<double>(h.rt->eventfd_wakeups() - wakeups0) * per_round;
+  const double lat_inline = static_cast<double>(h.rt->inline_turns() - inline0) * per_round;
   const double raw_bw =
       raw_stream(h, ctl, Phase::kRawStream, kRawBwDatagram, seconds) * kRawBwDatagram;
   const Stream bw = rc_write_stream(h, ctl, Phase::kRcBw, peer, peer.rkey, seconds);
@@ -621,6 +628,9 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
               " WRITEs completed; target checksums %s\n",
               rounds, seconds, bw.messages, rate.messages,
               bw.checksum_ok && rate.checksum_ok ? "match" : "DIFFER");
+  std::printf("RC latency rounds, A per round: %.2f engine-thread turns, %.2f doorbell wake-ups, "
+              "%.2f inline turns\n",
+              lat_turns, lat_wakeups, lat_inline);
   for (const auto& [name, c] : {std::pair{"A", ca}, std::pair{"B", cb}})
     std::printf("engine %s: sent %" PRIu64 " rcvd %" PRIu64 " retransmits %" PRIu64
                 " seq-NAKs %" PRIu64 " dup-requests %" PRIu64 " drops %" PRIu64
@@ -651,8 +661,8 @@ int main(int argc, char** argv) {
   uint32_t rounds = 20'000;
   bool netns = true;
   bool engine_thread = true;
-  size_t tx_batch = 1;
-  uint64_t ack_delay_ns = 0;
+  size_t tx_batch = 64;
+  uint64_t ack_delay_ns = 50'000;
   bool gso = true;
   bool gro = true;
   for (int i = 1; i < argc; ++i) {

@@ -163,7 +163,7 @@ void Engine::poll() {
   if (config_.ack_delay_ns == 0)
     send_pending_acks();
   else
-    send_delayed_acks();
+    send_delayed_acks(/*held_too=*/true);
   flush_tx();
 }
 
@@ -399,7 +399,10 @@ void Engine::receive_batch() {
       handle_datagram(segment);
     }
   }
-  if (config_.ack_delay_ns == 0) send_pending_acks();
+  if (config_.ack_delay_ns == 0)
+    send_pending_acks();
+  else
+    send_delayed_acks(/*held_too=*/false);
 }
 
 void Engine::handle_datagram(const net::RxDatagram& d) {
@@ -685,16 +688,30 @@ void Engine::defer_ack(QpContext& ctx, uint32_t psn) {
   if (!ctx.resp.ack_pending) {
     acks_pending_.push_back(&ctx);
     ctx.resp.ack_turn = turn_;
-    if (config_.ack_delay_ns != 0) ctx.resp.ack_due_ns = clock_.now_ns() + config_.ack_delay_ns;
+    if (config_.ack_delay_ns != 0) {
+      // Held only on a QP in a conversation; otherwise it leaves at the end of the batch, as
+      // with no delay (a one-way stream's sender waits for its window).
+      const uint64_t now = clock_.now_ns();
+      ctx.resp.ack_owed_ns = now;
+      ctx.resp.ack_held = ctx.resp.converse;
+      ctx.resp.ack_due_ns = ctx.resp.converse ? now + config_.ack_delay_ns : now;
+    }
   }
   ctx.resp.ack_pending = true;
   ctx.resp.ack_psn = psn;
   ctx.resp.ack_msn = ctx.resp.msn;
 }
 
+void Engine::note_request_start(QpContext& ctx) {
+  ctx.resp.reply_turn = turn_;
+  if (ctx.resp.converse) return;
+  if (clock_.now_ns() - ctx.resp.ack_owed_ns <= config_.ack_delay_ns) ctx.resp.converse = true;
+}
+
 void Engine::send_pending_ack(QpContext& ctx) {
   if (!ctx.resp.ack_pending) return;
   ctx.resp.ack_pending = false;
+  ctx.resp.ack_held = false;
   wire::PacketHeaders h = begin_packet(wire::op::kRcAck, 0);
   h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
   h.bth().set_psn(ctx.resp.ack_psn & wire::kPsnMask);
@@ -708,12 +725,20 @@ void Engine::send_pending_acks() {
   acks_pending_.clear();
 }
 
-void Engine::send_delayed_acks() {
+void Engine::send_delayed_acks(bool held_too) {
   if (acks_pending_.empty()) return;
   const uint64_t now = clock_.now_ns();
   std::erase_if(acks_pending_, [&](QpContext* ctx) {
     if (!ctx->resp.ack_pending) return true;  // sent before another response
-    if (ctx->resp.ack_turn == turn_ && now < ctx->resp.ack_due_ns) return false;
+    // Not held: it leaves at the end of the batch that owed it. Held: at the end of the turn
+    // in which its QP started a reply (behind the reply's packets), or when due.
+    if (ctx->resp.ack_held) {
+      if (!held_too) return false;
+      if (ctx->resp.reply_turn != turn_) {
+        if (now < ctx->resp.ack_due_ns) return false;
+        ctx->resp.converse = false;  // no reply came in time: ACK at once until one does
+      }
+    }
     send_pending_ack(*ctx);
     return true;
   });

@@ -96,11 +96,15 @@ struct EngineConfig {
   // (verbs/device.cc, URDMA_TX_BATCH: measured in docs/PERFORMANCE.md). The loopback
   // benchmark measures both (--tx-batch).
   size_t tx_batch = 1;
-  // Delayed ACKs: 0 (the default) sends an owed ACK at the end of the received batch. > 0 keeps
-  // it into the next turn — so a reply the application posts after seeing the completion
-  // leaves first and the ACK is off the latency path — but never longer than this many ns
-  // (next_deadline_ns() asks for a turn then). An owed ACK still leaves before any other
-  // response of its QP.
+  // Delayed ACKs: 0 (the default here) sends an owed ACK at the end of the received batch.
+  // > 0 holds it on a QP in a conversation — one that started a request of its own within this
+  // many ns of owing an ACK — until the QP starts its next request (the reply the application
+  // posts after seeing the completion: the ACK leaves behind it, in the same send, off the
+  // latency path) but never longer than this many ns (next_deadline_ns() asks for a turn
+  // then); an ACK that had to wait that long ends the conversation. A QP that only receives
+  // (a one-way stream, whose sender waits for its window) is acknowledged as with 0. An owed
+  // ACK still leaves before any other response of its QP. Processes run with 50 us
+  // (verbs/device.cc, URDMA_ACK_DELAY_US).
   uint64_t ack_delay_ns = 0;
   // The requester sets AckReq on the last packet of every message and, inside long messages,
   // every `ack_req_interval_pkts` packets so the responder's ACKs keep the window moving.
@@ -275,8 +279,13 @@ class Engine final : public provider::Doorbell {
   void defer_ack(QpContext& ctx, uint32_t psn);
   void send_pending_ack(QpContext& ctx);
   void send_pending_acks();
-  // ack_delay_ns > 0: the owed ACKs of earlier turns, and those due by now.
-  void send_delayed_acks();
+  // ack_delay_ns > 0. At the end of a received batch (held_too false): the owed ACKs not held
+  // for a reply. At the end of a turn: also those of earlier turns, the held ones whose QP
+  // started a request this turn, and those due by now.
+  void send_delayed_acks(bool held_too);
+  // ack_delay_ns > 0: the QP starts a request; within ack_delay_ns of owing an ACK it is a
+  // reply, and the QP's ACKs are held for replies from now on (Responder::converse).
+  void note_request_start(QpContext& ctx);
   // Completions. False when the CQ overflowed: the completion is lost and the QP is in ERR.
   // A send completion is made from its WQE (send_wc) while the WQE is still queued, and pushed
   // (push_send_cqe) only after the WQE left the send queue: an application that sees the

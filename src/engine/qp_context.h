@@ -183,6 +183,14 @@ struct Responder {
   // EngineConfig::ack_delay_ns > 0: the turn the ACK became owed and when it must leave.
   uint64_t ack_turn = 0;
   uint64_t ack_due_ns = 0;
+  // Delayed ACKs are for QPs in a conversation (Engine::defer_ack): `converse` once this QP
+  // started a request of its own within ack_delay_ns of owing an ACK (a reply), until a held
+  // ACK had to leave on its deadline. `ack_held`: the owed ACK waits for a reply to carry it
+  // (it leaves in the turn the QP starts a request) or for its deadline.
+  bool converse = false;
+  bool ack_held = false;
+  uint64_t ack_owed_ns = 0;
+  uint64_t reply_turn = 0;  // the last turn this QP started a request in
   // The receive WQE being filled (multi-packet SEND) or kept (a UD datagram too long for it
   // leaves it for the next one). Separate from `msg`: a WRITE with immediate takes one while
   // kInWrite, and UD keeps one between datagrams.

@@ -130,6 +130,7 @@ Engine::ReqStep Engine::start_or_continue(QpContext& ctx) {
     w.rd_atomic = rd_atomic;
     w.stage = WqeStage::kSending;
     if (rd_atomic) ++req.rd_atomic_outstanding;
+    if (ctx.type == IBV_QPT_RC && config_.ack_delay_ns != 0) note_request_start(ctx);
     req.cur_offset = 0;
   }
   if (ctx.type == IBV_QPT_RC && !window_open(ctx, *wqe, w)) return ReqStep::kBlocked;

@@ -137,8 +137,9 @@ bool debug_enabled() {
 // The engine settings a process runs with, each overridable by an environment variable (for
 // measuring; docs/PERFORMANCE.md has the numbers behind the defaults):
 //   URDMA_TX_BATCH       packets per sendmmsg, 1..net::kMaxBatch (default 64)
-//   URDMA_ACK_DELAY_US   how long an owed ACK may wait for a reply to carry it off the latency
-//                        path, 0..1000 us (default 0: sent at the end of the received batch)
+//   URDMA_ACK_DELAY_US   how long an owed ACK of a QP in a conversation may wait for the reply
+//                        to carry it off the latency path, 0..1000 us (default 50; 0: every
+//                        ACK leaves at the end of the received batch). engine.h, ack_delay_ns
 //   URDMA_BUSY_POLL_US   how long the engine thread spins after a turn before it sleeps,
 //                        0..1000 us (default 0; RuntimeConfig::busy_poll_ns)
 //   URDMA_UDP_GSO        0 or 1 (default 1): UDP segmentation offload for the packets of one
@@ -146,7 +147,7 @@ bool debug_enabled() {
 //   URDMA_UDP_GRO        0 or 1 (default 1): UDP receive offload (the same)
 // 0, or EINVAL with a sentence for a value that is not a number in range.
 constexpr uint64_t kDefaultTxBatch = 64;
-constexpr uint64_t kDefaultAckDelayUs = 0;
+constexpr uint64_t kDefaultAckDelayUs = 50;  // measured: docs/PERFORMANCE.md, "ACKs held for a reply"
 constexpr uint64_t kDefaultBusyPollUs = 0;
 
 // base::env_number, and the refusal said on stderr: a setting the user made is always said.

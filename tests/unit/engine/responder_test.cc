@@ -127,8 +127,10 @@ TEST_F(BatchedTxResponderTest, AWriteBehindAReadDoesNotChangeTheQueuedReadRespon
   EXPECT_EQ(std::vector<uint8_t>(mem_.begin(), mem_.begin() + kLen), fresh);
 }
 
-// EngineConfig::ack_delay_ns: an owed ACK waits for the next turn (so a reply the application
-// posts after its completion leaves first), but the engine asks for that turn within the delay.
+// EngineConfig::ack_delay_ns: on a QP in a conversation (it answered a request within the
+// delay), an owed ACK waits for the reply the application posts after its completion and
+// leaves behind it; the engine asks for a turn within the delay. A QP that only receives (a
+// one-way stream, whose sender waits for its window) is acknowledged at the end of each batch.
 class DelayedAckTest : public ProtocolTest {
  protected:
   static constexpr uint64_t kDelayNs = 20'000;
@@ -138,38 +140,89 @@ class DelayedAckTest : public ProtocolTest {
     return c;
   }
   DelayedAckTest() : ProtocolTest(delayed()) {}
+
+  void SetUp() override {
+    make_qp();
+    mr_ = reg(buf_.data(), buf_.size(), IBV_ACCESS_LOCAL_WRITE);
+  }
+  // The peer's SEND number `n` (PSN kRqPsn + n) into a fresh receive WQE.
+  void peer_sends(uint32_t n) {
+    ASSERT_EQ(post_recv(qp_, n, sge(buf_.data(), 32, mr_)), 0);
+    inject(op::kRcSendOnly, kRqPsn + n, std::vector<uint8_t>{static_cast<uint8_t>(n)});
+  }
+  // The application's reply: a SEND, and the turn its post asks for.
+  void reply(uint64_t wr_id) {
+    ibv_sge s = sge(buf_.data() + 32, 8, mr_);
+    ASSERT_EQ(post_send(qp_, send_wr(wr_id, IBV_WR_SEND, &s)), 0);
+    engine_.poll();
+  }
+  void expect_ack(size_t i, uint32_t n) {
+    const wire::PacketView p = sent(i);
+    EXPECT_EQ(p.opcode(), op::kRcAck);
+    EXPECT_TRUE(p.aeth()->is_ack());
+    EXPECT_EQ(p.bth().psn(), kRqPsn + n);
+    EXPECT_EQ(p.aeth()->msn(), n + 1);
+  }
+  // Into a conversation: SEND 0 is acknowledged at once, and the reply comes in time.
+  void start_conversation() {
+    peer_sends(0);
+    ASSERT_EQ(sent_count(), 1u);
+    expect_ack(0, 0);
+    reply(100);
+    ASSERT_EQ(sent_count(), 2u);
+    EXPECT_EQ(sent(1).opcode(), op::kRcSendOnly);
+    clear_sent();
+  }
+
+  std::vector<uint8_t> buf_ = std::vector<uint8_t>(64, 7);
+  provider::Mr* mr_ = nullptr;
 };
 
-TEST_F(DelayedAckTest, TheReplyLeavesBeforeTheAckAndTheAckWithinTheDelay) {
-  make_qp();
-  std::vector<uint8_t> buf(64, 7);
-  provider::Mr* mr = reg(buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
-  ASSERT_EQ(post_recv(qp_, 1, sge(buf.data(), 32, mr)), 0);
-  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{1, 2});
-  EXPECT_EQ(sent_count(), 0u);  // owed, not sent yet
-  EXPECT_EQ(cqes().size(), 1u);
+TEST_F(DelayedAckTest, AQpThatOnlyReceivesIsAckedAtTheEndOfEachBatch) {
+  for (uint32_t n = 0; n < 3; ++n) {
+    peer_sends(n);
+    ASSERT_EQ(sent_count(), n + 1);
+    expect_ack(n, n);
+  }
+  // A request this QP starts later than the delay after its last ACK is no reply.
+  clock_.advance(2 * kDelayNs);
+  reply(100);
+  clear_sent();
+  peer_sends(3);
+  ASSERT_EQ(sent_count(), 1u);
+  expect_ack(0, 3);
+}
+
+TEST_F(DelayedAckTest, InAConversationTheReplyLeavesFirstAndTheAckBehindIt) {
+  start_conversation();
+  peer_sends(1);
+  EXPECT_EQ(sent_count(), 0u);  // owed, held for the reply
+  EXPECT_EQ(cqes().size(), 2u);
   const uint64_t now = clock_.now_ns();
   EXPECT_GT(engine_.next_deadline_ns(), now);
   EXPECT_LE(engine_.next_deadline_ns(), now + kDelayNs);
-  // The application answers: its SEND leaves first, the ACK behind it in the same turn.
-  ibv_sge s = sge(buf.data() + 32, 8, mr);
-  ASSERT_EQ(post_send(qp_, send_wr(9, IBV_WR_SEND, &s)), 0);
-  engine_.poll();
+  engine_.poll();  // a turn with no reply (the engine thread woken by something else)
+  EXPECT_EQ(sent_count(), 0u);
+  reply(101);
   ASSERT_EQ(sent_count(), 2u);
   EXPECT_EQ(sent(0).opcode(), op::kRcSendOnly);
-  EXPECT_EQ(sent(1).opcode(), op::kRcAck);
-  EXPECT_TRUE(sent(1).aeth()->is_ack());
-  EXPECT_EQ(sent(1).bth().psn(), kRqPsn);
-  EXPECT_EQ(sent(1).aeth()->msn(), 1u);
-  // Without a reply the next turn (the engine thread's, at the deadline) sends it.
-  clear_sent();
-  ASSERT_EQ(post_recv(qp_, 2, sge(buf.data(), 32, mr)), 0);
-  inject(op::kRcSendOnly, kRqPsn + 1, std::vector<uint8_t>{3});
+  expect_ack(1, 1);
+}
+
+TEST_F(DelayedAckTest, WithoutAReplyTheAckLeavesAtTheDeadlineAndTheConversationEnds) {
+  start_conversation();
+  peer_sends(1);
   EXPECT_EQ(sent_count(), 0u);
-  advance(kDelayNs);
+  clock_.advance(kDelayNs - 1);
+  engine_.poll();
+  EXPECT_EQ(sent_count(), 0u);
+  advance(1);
   ASSERT_EQ(sent_count(), 1u);
-  EXPECT_EQ(sent(0).bth().psn(), kRqPsn + 1);
-  EXPECT_EQ(sent(0).aeth()->msn(), 2u);
+  expect_ack(0, 1);
+  // No longer in a conversation: the next SEND is acknowledged at once.
+  peer_sends(2);
+  ASSERT_EQ(sent_count(), 2u);
+  expect_ack(1, 2);
 }
 
 // An ACK still owed when the QP goes — to ERR (rdma_disconnect), or destroyed (a program that
@@ -177,32 +230,25 @@ TEST_F(DelayedAckTest, TheReplyLeavesBeforeTheAckAndTheAckWithinTheDelay) {
 // this side completed: it leaves then, not never (the peer would retry into nothing and fail
 // with RETRY_EXC_ERR).
 TEST_F(DelayedAckTest, AnAckOwedWhenTheQpGoesStillLeaves) {
-  make_qp();
-  std::vector<uint8_t> buf(64, 7);
-  provider::Mr* mr = reg(buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
-  ASSERT_EQ(post_recv(qp_, 1, sge(buf.data(), 32, mr)), 0);
-  ASSERT_EQ(post_recv(qp_, 2, sge(buf.data(), 32, mr)), 0);
-  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{1, 2});
+  start_conversation();
+  peer_sends(1);
   EXPECT_EQ(sent_count(), 0u);  // owed
   ibv_qp_attr a = {};
   a.qp_state = IBV_QPS_ERR;
   ASSERT_EQ(qp_->modify(a, IBV_QP_STATE).error(), 0);
   engine_.poll();
   ASSERT_EQ(sent_count(), 1u);
-  EXPECT_TRUE(sent(0).aeth()->is_ack());
-  EXPECT_EQ(sent(0).bth().psn(), kRqPsn);
-  EXPECT_EQ(sent(0).aeth()->msn(), 1u);
+  expect_ack(0, 1);
 
   clear_sent();
   make_qp();  // a second QP, destroyed with its ACK owed
-  ASSERT_EQ(post_recv(qp_, 3, sge(buf.data(), 32, mr)), 0);
-  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{3});
+  start_conversation();
+  peer_sends(1);
   EXPECT_EQ(sent_count(), 0u);
   ASSERT_EQ(dev_.destroy_qp(qp_).error(), 0);
   qp_ = nullptr;
   ASSERT_EQ(sent_count(), 1u);
-  EXPECT_TRUE(sent(0).aeth()->is_ack());
-  EXPECT_EQ(sent(0).bth().psn(), kRqPsn);
+  expect_ack(0, 1);
 }
 
 // IBA 9.7.5.2.2: a duplicate SEND is acknowledged again and not delivered twice.
