@@ -225,6 +225,18 @@ TEST_F(DelayedAckTest, WithoutAReplyTheAckLeavesAtTheDeadlineAndTheConversationE
   expect_ack(1, 2);
 }
 
+// A requester whose ACK timeout is shorter than the hold resends: the duplicate is answered at
+// once (the held ACK, then the duplicate's), so the hold never costs it its retries.
+TEST_F(DelayedAckTest, ARetransmittedRequestIsAcknowledgedAtOnce) {
+  start_conversation();
+  peer_sends(1);
+  EXPECT_EQ(sent_count(), 0u);
+  inject(op::kRcSendOnly, kRqPsn + 1, std::vector<uint8_t>{1});  // the peer's resend
+  ASSERT_GE(sent_count(), 1u);
+  for (size_t i = 0; i < sent_count(); ++i) expect_ack(i, 1);
+  EXPECT_EQ(cqes().size(), 2u);  // SEND 0 and SEND 1, each once
+}
+
 // An ACK still owed when the QP goes — to ERR (rdma_disconnect), or destroyed (a program that
 // exits right after its last receive completion: ibv_rc_pingpong's end) — acknowledges a SEND
 // this side completed: it leaves then, not never (the peer would retry into nothing and fail
