@@ -20,6 +20,10 @@ namespace {
 // SO_RCVBUF asked for the slot socket: room for a few QPs' windows of full-MTU packets.
 constexpr int kSlotReceiveBufferBytes = 4 << 20;
 
+// Inline turns within one busy-poll window that mark an application thread busy-polling its CQ
+// (one that sleeps on a completion channel makes one or two per completion).
+constexpr uint64_t kInlineTurnsOfAPoller = 8;
+
 provider::DeviceConfig with_doorbell(provider::DeviceConfig c, provider::Doorbell* doorbell) {
   c.doorbell = doorbell;
   return c;
@@ -227,12 +231,20 @@ void Runtime::run() {
       // Busy-poll window: keep taking turns while work may come soon.
       const uint64_t until = now + busy_poll_ns_;
       // Ends at once on a post (the doorbell), a due timer, or a datagram (epoll with no
-      // timeout: the socket, doorbell and timer are its fds; what it reports stays pending).
+      // timeout: the socket, doorbell and timer are its fds; what it reports stays pending);
+      // and, with the thread asleep, when an application thread busy-polls its CQ — it drives
+      // the engine itself, and a spinning engine thread would only take its core (2 cores).
+      const uint64_t inline_before = inline_turns_.load(std::memory_order_relaxed);
       bool more = false;
+      bool app_polls = false;
       epoll_event ready[3];
-      while (!more && clock_.now_ns() < until && !stop_.load(std::memory_order_relaxed))
+      while (!more && !app_polls && clock_.now_ns() < until &&
+             !stop_.load(std::memory_order_relaxed)) {
         more = doorbell_.load(std::memory_order_seq_cst) || clock_.now_ns() >= deadline ||
                epoll_wait(epoll_fd_, ready, 3, 0) > 0;
+        app_polls = inline_turns_.load(std::memory_order_relaxed) - inline_before >=
+                    kInlineTurnsOfAPoller;
+      }
       if (more) continue;
     }
     sleep_until(deadline);
@@ -256,6 +268,16 @@ void Runtime::sleep_until(uint64_t deadline_ns) {
     sleeping_.store(false, std::memory_order_seq_cst);
     armed_deadline_ns_.store(0, std::memory_order_seq_cst);
     return;
+  }
+  // A turn an application thread took after this thread's last one, and before the store
+  // above, left its deadline (an ACK held for a reply, a retransmission timer) without waking
+  // this thread: it read armed_deadline_ns_ as 0, "awake". Read the engine's deadline again
+  // (under its turn lock: such a turn has ended or starts after the store and compares). The
+  // I/O's own deadline is not read here: it belongs to the token's holder.
+  const uint64_t now_due = engine_.next_deadline_ns();
+  if (now_due < deadline_ns) {
+    deadline_ns = now_due;
+    armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
   }
   itimerspec its{};
   if (deadline_ns != net::kNever) {

@@ -26,7 +26,11 @@
 //   and the PacketIo's next_deadline_ns() (a fault wrapper's held datagrams); an idle
 //   process costs no CPU. RuntimeConfig::busy_poll_ns (URDMA_BUSY_POLL_US) spins that long
 //   before sleeping; a post, a due timer or a readable socket (epoll_wait with no timeout)
-//   ends the spin at once.
+//   ends the spin at once, and so does an application thread seen busy-polling its CQ (a few
+//   try_progress turns within the window: it drives the engine itself). Before it sleeps the
+//   thread reads the engine's deadline again after publishing armed_deadline_ns_: a turn an
+//   application thread took in between compared its deadline with 0 ("awake") and did not
+//   wake it.
 // * MEMORY LIFETIME: dereg_mr / rereg_mr / dealloc_mw call Doorbell::memory_released after the
 //   MR table changed; the engine waits until its turn epoch has moved past every turn that was
 //   running (engine.h), so no pointer looked up before the change is used after the verb

@@ -209,6 +209,28 @@ TEST(RuntimeBusyPoll, ADatagramEndsTheWindow) {
   EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
 }
 
+// An application thread that busy-polls its CQ drives the engine itself (try_progress): the
+// engine thread's busy-poll window ends then, instead of spinning on the other core. With a
+// window of 30 s, the engine thread spins after a turn until the application polls a few
+// times, then sleeps.
+TEST(RuntimeBusyPoll, AnApplicationThreadThatPollsEndsTheWindow) {
+  constexpr uint64_t kWindowNs = 30'000'000'000;
+  auto [a, b] = make_hosts({.busy_poll_ns = kWindowNs});
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const pid_t tid = a.rt->engine_tid();
+  ASSERT_NE(tid, 0);
+  a.rt->wake();  // a turn; the window starts after it
+  const uint64_t spin0 = thread_cpu_ticks(tid);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Spinning (a core's worth would be ~30 ticks): the window is open.
+  EXPECT_GE(thread_cpu_ticks(tid) - spin0, 5u);
+  for (int i = 0; i < 16; ++i) a.rt->try_progress();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const uint64_t ticks0 = thread_cpu_ticks(tid);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_LE(thread_cpu_ticks(tid) - ticks0, 10u);  // asleep, not ~100 ticks of spinning
+}
+
 // Several application threads, each with its own QP pair and CQ on the same two runtimes,
 // post WRITEs concurrently (half of them also driving the engine from their poll loop);
 // every byte arrives.
