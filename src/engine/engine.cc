@@ -687,7 +687,6 @@ void Engine::flush_backlog() {
 void Engine::defer_ack(QpContext& ctx, uint32_t psn) {
   if (!ctx.resp.ack_pending) {
     acks_pending_.push_back(&ctx);
-    ctx.resp.ack_turn = turn_;
     if (config_.ack_delay_ns != 0) {
       // Held only on a QP in a conversation; otherwise it leaves at the end of the batch, as
       // with no delay (a one-way stream's sender waits for its window).

@@ -180,8 +180,7 @@ struct Responder {
   bool ack_pending = false;
   uint32_t ack_psn = 0;
   uint32_t ack_msn = 0;
-  // EngineConfig::ack_delay_ns > 0: the turn the ACK became owed and when it must leave.
-  uint64_t ack_turn = 0;
+  // EngineConfig::ack_delay_ns > 0: when the owed ACK must leave.
   uint64_t ack_due_ns = 0;
   // Delayed ACKs are for QPs in a conversation (Engine::defer_ack): `converse` once this QP
   // started a request of its own within ack_delay_ns of owing an ACK (a reply), until a held

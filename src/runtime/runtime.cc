@@ -232,7 +232,7 @@ void Runtime::run() {
       const uint64_t until = now + busy_poll_ns_;
       // Ends at once on a post (the doorbell), a due timer, or a datagram (epoll with no
       // timeout: the socket, doorbell and timer are its fds; what it reports stays pending);
-      // and, with the thread asleep, when an application thread busy-polls its CQ — it drives
+      // and when an application thread is seen busy-polling its CQ — it drives
       // the engine itself, and a spinning engine thread would only take its core (2 cores).
       const uint64_t inline_before = inline_turns_.load(std::memory_order_relaxed);
       bool more = false;
