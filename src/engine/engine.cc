@@ -207,7 +207,7 @@ uint64_t Engine::next_deadline_ns() const {
   std::lock_guard lock(mutex_);
   uint64_t t = net::kNever;
   for (const QpContext* ctx : acks_pending_)
-    if (ctx->resp.ack_pending) t = std::min(t, ctx->resp.ack_due_ns);
+    if (ctx->resp.ack_pending) t = std::min(t, ack_due_ns(*ctx));
   for (const QpContext* ctx : active_) {
     const ibv_qp_state st = qp_state(*ctx);
     if (st == IBV_QPS_ERR || st == IBV_QPS_SQE) {
@@ -690,15 +690,17 @@ void Engine::defer_ack(QpContext& ctx, uint32_t psn) {
     if (config_.ack_delay_ns != 0) {
       // Held only on a QP in a conversation; otherwise it leaves at the end of the batch, as
       // with no delay (a one-way stream's sender waits for its window).
-      const uint64_t now = clock_.now_ns();
-      ctx.resp.ack_owed_ns = now;
+      ctx.resp.ack_owed_ns = clock_.now_ns();
       ctx.resp.ack_held = ctx.resp.converse;
-      ctx.resp.ack_due_ns = ctx.resp.converse ? now + config_.ack_delay_ns : now;
     }
   }
   ctx.resp.ack_pending = true;
   ctx.resp.ack_psn = psn;
   ctx.resp.ack_msn = ctx.resp.msn;
+}
+
+uint64_t Engine::ack_due_ns(const QpContext& ctx) const {
+  return ctx.resp.ack_owed_ns + (ctx.resp.ack_held ? config_.ack_delay_ns : 0);
 }
 
 void Engine::note_request_start(QpContext& ctx) {
@@ -734,7 +736,7 @@ void Engine::send_delayed_acks(bool held_too) {
     if (ctx->resp.ack_held) {
       if (!held_too) return false;
       if (ctx->resp.reply_turn != turn_) {
-        if (now < ctx->resp.ack_due_ns) return false;
+        if (now < ack_due_ns(*ctx)) return false;
         ctx->resp.converse = false;  // no reply came in time: ACK at once until one does
       }
     }

@@ -280,9 +280,11 @@ class Engine final : public provider::Doorbell {
   void send_pending_ack(QpContext& ctx);
   void send_pending_acks();
   // ack_delay_ns > 0. At the end of a received batch (held_too false): the owed ACKs not held
-  // for a reply. At the end of a turn: also those of earlier turns, the held ones whose QP
-  // started a request this turn, and those due by now.
+  // for a reply. At the end of a turn: those too, and the held ones whose QP started a request
+  // this turn or that are due by now.
   void send_delayed_acks(bool held_too);
+  // When the QP's owed ACK must leave: when it became owed, plus ack_delay_ns if it is held.
+  uint64_t ack_due_ns(const QpContext& ctx) const;
   // ack_delay_ns > 0: the QP starts a request; within ack_delay_ns of owing an ACK it is a
   // reply, and the QP's ACKs are held for replies from now on (Responder::converse).
   void note_request_start(QpContext& ctx);

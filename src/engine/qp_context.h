@@ -180,12 +180,11 @@ struct Responder {
   bool ack_pending = false;
   uint32_t ack_psn = 0;
   uint32_t ack_msn = 0;
-  // EngineConfig::ack_delay_ns > 0: when the owed ACK must leave.
-  uint64_t ack_due_ns = 0;
   // Delayed ACKs are for QPs in a conversation (Engine::defer_ack): `converse` once this QP
   // started a request of its own within ack_delay_ns of owing an ACK (a reply), until a held
   // ACK had to leave on its deadline. `ack_held`: the owed ACK waits for a reply to carry it
-  // (it leaves in the turn the QP starts a request) or for its deadline.
+  // (it leaves in the turn the QP starts a request) or for its deadline (Engine::ack_due_ns).
+  // `ack_owed_ns`: when the last ACK became owed (with ack_delay_ns > 0).
   bool converse = false;
   bool ack_held = false;
   uint64_t ack_owed_ns = 0;
