@@ -302,6 +302,7 @@ void Engine::apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) 
   if (to == IBV_QPS_RTR && from != IBV_QPS_RTR) {
     ctx->resp = Responder{};
     ctx->resp.epsn = ctx->attr.rq_psn & wire::kPsnMask;
+    ctx->resp.ackable_psn = wire::psn_sub(ctx->resp.epsn, 1);
     ctx->resp.resources.resize(std::max<size_t>(1, ctx->attr.max_dest_rd_atomic));
   }
   if (to == IBV_QPS_RTS && from == IBV_QPS_RTR) {

@@ -68,6 +68,7 @@ class Checker {
     check_rq_flushed_at_error();
     check_atomics();
     check_retry_bound();
+    check_ack_psns();
     compare_images();
     return std::move(out_);
   }
@@ -375,6 +376,37 @@ class Checker {
     const QpSpec& qp = s_.qps[q];
     return d.dst_host == qp.host && d.src_host == s_.qps[qp.peer].host &&
            d.dest_qpn == r_.qp_num[q] && rc_response(d.opcode);
+  }
+
+  // ---- ack-psn: a plain ACK never names a READ or ATOMIC ----
+  // IBA 9.7.5.1.2: a READ or ATOMIC is acknowledged by its response only. A responder whose
+  // ACK (an ACK of a duplicate SEND, say) carries the PSN of one leads a requester like rxe to
+  // complete that READ without its data. So no positive ACK to an RC QP may carry a PSN that one
+  // of the QP's READ requests (any of its response PSNs) or ATOMIC requests used.
+  void check_ack_psns() {
+    static constexpr uint32_t kMtu[] = {0, 256, 512, 1024, 2048, 4096};
+    for (uint32_t q = 0; q < s_.qps.size(); ++q) {
+      const QpSpec& qp = s_.qps[q];
+      if (qp.type != IBV_QPT_RC) continue;
+      std::set<uint32_t> rd_atomic;
+      for (const TracedDatagram& d : r_.datagrams) {
+        if (!request_of(d, q)) continue;
+        if (d.opcode == 0x0c) {
+          const uint32_t span =
+              std::max<uint32_t>(1, (d.dma_length + kMtu[qp.mtu] - 1) / kMtu[qp.mtu]);
+          for (uint32_t k = 0; k < span; ++k) rd_atomic.insert((d.psn + k) & 0xffffff);
+        } else if (d.opcode == 0x13 || d.opcode == 0x14) {
+          rd_atomic.insert(d.psn);
+        }
+      }
+      for (const TracedDatagram& d : r_.datagrams) {
+        if (d.opcode != 0x11 || !positive(d) || !response_to(d, q)) continue;
+        if (rd_atomic.count(d.psn))
+          add("ack-psn", "QP " + std::to_string(q) + " got an ACK with PSN " + hex(d.psn) +
+                             " at t=" + std::to_string(d.sent_ns) +
+                             ", a PSN of its READ or ATOMIC request");
+      }
+    }
   }
 
   // "" when the trace shows that QP q earned RETRY_EXC_ERR at time t, else why not. See

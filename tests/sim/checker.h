@@ -44,6 +44,10 @@
 //                 outcome is unknown; CMP_SWP results follow the counter's unique chain of
 //                 values; per QP in posting order; and in real time — an atomic that completed
 //                 before another was posted comes before it
+//   ack-psn       no positive ACK to an RC QP carries a PSN of one of its READ requests (any
+//                 response PSN of it) or ATOMIC requests: those end only with their response
+//                 (IBA 9.7.5.1.2), and a requester such as rxe takes such an ACK as the READ's
+//                 completion, without its data
 //   retry-bound   with a partition longer than the retry budget, each RC QP with work pending
 //                 across it fails with RETRY_EXC_ERR within
 //                 timeout * (retry_cnt + 1) + slack of the partition (or of the post)

@@ -639,6 +639,41 @@ TEST_F(MutationTest, RetryExceededNeedsEvidence) {
   EXPECT_TRUE(reports(check_run(), "status")) << "acknowledged in the window";
 }
 
+TEST_F(CheckerTest, AckNamingAReadOrAtomicPsn) {
+  // A plain ACK whose PSN is one of a READ's response PSNs, or an ATOMIC's, is reported; one just
+  // before or after them, a NAK, and an ACK to another QP are not.
+  uint32_t q = 0;
+  while (q < s_.qps.size() && s_.qps[q].type != IBV_QPT_RC) ++q;
+  ASSERT_LT(q, s_.qps.size());
+  const QpSpec& qp = s_.qps[q];
+  const auto datagram = [&](bool request, uint8_t opcode, uint32_t psn) {
+    TracedDatagram d;
+    d.src_host = request ? qp.host : s_.qps[qp.peer].host;
+    d.dst_host = request ? s_.qps[qp.peer].host : qp.host;
+    d.dest_qpn = request ? run_.qp_num[qp.peer] : run_.qp_num[q];
+    d.opcode = opcode;
+    d.psn = psn;
+    d.has_aeth = opcode == 0x11;
+    d.syndrome = 0x1f;  // ACK
+    d.delivered_ns = {1};
+    return d;
+  };
+  TracedDatagram read = datagram(true, 0x0c, 0x500);
+  read.dma_length = 2 * 4096 + 1;  // at least three responses at any MTU
+  run_.datagrams = {read, datagram(true, 0x14, 0x600)};
+  run_.datagrams.push_back(datagram(false, 0x11, 0x4ff));
+  run_.datagrams.push_back(datagram(false, 0x11, 0x601));
+  TracedDatagram nak = datagram(false, 0x11, 0x500);
+  nak.syndrome = 0x60;  // PSN sequence error
+  run_.datagrams.push_back(nak);
+  EXPECT_FALSE(reports(check_run(), "ack-psn")) << dump(check_run());
+  run_.datagrams.push_back(datagram(false, 0x11, 0x501));
+  EXPECT_TRUE(reports(check_run(), "ack-psn"));
+  run_.datagrams.pop_back();
+  run_.datagrams.push_back(datagram(false, 0x11, 0x600));
+  EXPECT_TRUE(reports(check_run(), "ack-psn"));
+}
+
 TEST_F(MutationTest, RetryExceededIsNoFreePassWithAPartition) {
   // A partition is configured, but this QP's path never crosses it (neither end is host 0):
   // without the trace's evidence its RETRY_EXC_ERR is still reported.

@@ -276,6 +276,36 @@ TEST_F(ResponderTest, DuplicateSendIsReackedNotRedelivered) {
   EXPECT_EQ(engine_.counters().duplicate_request, 1u);
 }
 
+// IBA 9.7.5.2.2 + 9.7.5.1.2: the ACK of a duplicate SEND names the last SEND/WRITE received,
+// never a READ's or ATOMIC's PSN: the requester resends those behind the duplicate and may lack
+// their response, and rxe completes a READ named by a plain ACK without its data (rping -V under
+// loss, urdma->rxe: "data mismatch!"). Past them it is an implied NAK: they are asked again.
+TEST_F(ResponderTest, DuplicateSendIsAckedWithTheLastSendOrWritePsn) {
+  post_recv_buf(5);
+  post_recv_buf(6);
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{9});
+  inject(op::kRcReadRequest, kRqPsn + 1, {}, reth(mem_va(), mem_mr_->rkey(), 2048));  // 2 PSNs
+  inject(op::kRcFetchAdd, kRqPsn + 3, {}, [&](const wire::PacketHeaders& h) {
+    h.atomic_eth()->set_va(mem_va());
+    h.atomic_eth()->set_rkey(mem_mr_->rkey());
+    h.atomic_eth()->set_swap_add(1);
+  });
+  clear_sent();
+  // The requester resends from kRqPsn: everything up to the ATOMIC was received, but the ACK
+  // names the SEND.
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{9});
+  ASSERT_EQ(sent_count(), 1u);
+  EXPECT_EQ(sent(0).opcode(), op::kRcAck);
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn);
+  // After a later SEND the ACK of the same duplicate names that SEND.
+  inject(op::kRcSendOnly, kRqPsn + 4, std::vector<uint8_t>{8});
+  clear_sent();
+  inject(op::kRcSendOnly, kRqPsn, std::vector<uint8_t>{9});
+  ASSERT_EQ(sent_count(), 1u);
+  EXPECT_EQ(sent(0).bth().psn(), kRqPsn + 4);
+  EXPECT_EQ(cqes().size(), 2u);
+}
+
 // IBA 9.7.5.2.2 on a QP of an SRQ (ibv_srq_pingpong's case): a multi-packet SEND resent whole
 // after its ACK was lost — every packet a duplicate — is acknowledged again up to the last PSN
 // received, delivered once, and takes no second WQE from the SRQ: the next SEND gets the next one.
