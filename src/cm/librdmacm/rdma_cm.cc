@@ -1011,24 +1011,33 @@ URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
   if (!x) return fail(EINVAL);
   if (x->owns_port && !x->has_conn) c.ports_in_use.erase(x->local_port);
   c.release_locked(x);
-  // Events still queued for it are dropped (the application acked what it took).
+  // Events still queued for it are dropped (the application acked what it took), each with its
+  // count from the eventfd — but not those a reader already holds. rdma_get_cm_event takes an
+  // event in two steps: a count from the eventfd, then, under mu, the queue's front. When no
+  // count is left to take, every event still queued belongs to a reader between those steps:
+  // it is delivered (as the kernel delivers an event a read() has taken), and the wait for acks
+  // below waits for it too. Dropping it left that reader with a count and no event: it read
+  // again — in rping, whose main thread destroys the id and then the channel while its CM
+  // thread waits in rdma_get_cm_event, on a closed fd ("rdma_get_cm_event: Bad file
+  // descriptor", exit 255, its DISCONNECTED event never seen).
   if (x->chan) {
     auto& q = x->chan->queue;
+    const int fd = x->chan->ch.fd;
+    const int fl = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
     for (auto it = q.begin(); it != q.end();) {
       auto* e = reinterpret_cast<Event*>(*it);
-      if (e->owner == x) {
-        delete e;
-        --x->pending_events;
-        it = q.erase(it);
-        uint64_t v;
-        const int fl = fcntl(x->chan->ch.fd, F_GETFL);
-        fcntl(x->chan->ch.fd, F_SETFL, fl | O_NONBLOCK);
-        (void)!read(x->chan->ch.fd, &v, sizeof v);
-        fcntl(x->chan->ch.fd, F_SETFL, fl);
-      } else {
+      if (e->owner != x) {
         ++it;
+        continue;
       }
+      uint64_t v;
+      if (read(fd, &v, sizeof v) != static_cast<ssize_t>(sizeof v)) break;  // the rest are held
+      delete e;
+      --x->pending_events;
+      it = q.erase(it);
     }
+    fcntl(fd, F_SETFL, fl);
   }
   if (x->id.event) {  // rdma_get_request's, not acked yet
     delete reinterpret_cast<Event*>(x->id.event);
