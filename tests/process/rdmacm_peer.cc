@@ -26,6 +26,12 @@
 //                                         resolve ADDR on one channel, migrate the id to another
 //                                         (its event still queued, or taken and acked first):
 //                                         where events arrive; sync: to NULL (synchronous mode)
+//   rdmacm_peer destroy-taken ADDR        resolve ADDR; with the event queued, take its wake-up
+//                                         from the channel's fd by hand (urdma's channel fd is an
+//                                         eventfd in semaphore mode, and rdma_get_cm_event's first
+//                                         step is that read), then rdma_destroy_id on another
+//                                         thread: prints whether it waits, the event a second
+//                                         reader then gets, and rdma_destroy_id's result
 //   rdmacm_peer bind-twice PORT           bind two ids to 127.0.0.1:PORT: the second's errno
 //   rdmacm_peer devices                   rdma_get_devices: the count and each device's name
 //   rdmacm_peer leave-server PORT channel|exit
@@ -57,17 +63,20 @@
 //                                         (ibv_query_qp), SEND N 64-byte messages and print
 //                                         their checksum
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -334,6 +343,46 @@ int migrate_to_sync(const char* address) {
   std::printf("old channel after: %s\n", readable(from, 0) ? "an event" : "nothing");
   rdma_destroy_id(id);
   rdma_destroy_event_channel(from);
+  return 0;
+}
+
+// A reader between rdma_get_cm_event's two steps (the wake-up taken, the event not yet popped)
+// when rdma_destroy_id runs: the event is that reader's, as the kernel's read() would have
+// delivered it, so rdma_destroy_id waits for its ack instead of dropping it.
+int destroy_taken(const char* address) {
+  rdma_event_channel* ec = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (!ec || rdma_create_id(ec, &id, nullptr, RDMA_PS_TCP) != 0) return 2;
+  sockaddr_in addr = ipv4(address, 7999);
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&addr), 2000) != 0) return 3;
+  if (!readable(ec, 5000)) return 4;
+  uint64_t count = 0;
+  if (read(ec->fd, &count, sizeof count) != static_cast<ssize_t>(sizeof count)) return 5;
+  int destroyed = -2;
+  std::atomic<bool> returned{false};
+  std::thread destroyer([&] {
+    destroyed = rdma_destroy_id(id);
+    returned = true;
+  });
+  usleep(300000);
+  std::printf("rdma_destroy_id %s\n", returned ? "returned at once" : "waits");
+  // The reader's second step: the event it took the wake-up for. (Its wake-up is given back
+  // first, as rdma_get_cm_event starts from the read again; non-blocking, so a dropped event
+  // shows as EAGAIN instead of a hang.)
+  count = 1;
+  if (write(ec->fd, &count, sizeof count) != static_cast<ssize_t>(sizeof count)) return 6;
+  fcntl(ec->fd, F_SETFL, fcntl(ec->fd, F_GETFL) | O_NONBLOCK);
+  rdma_cm_event* event = nullptr;
+  if (rdma_get_cm_event(ec, &event) == 0) {
+    std::printf("reader got %s of the destroyed id: %s\n", rdma_event_str(event->event),
+                event->id == id ? "yes" : "no");
+    rdma_ack_cm_event(event);
+  } else {
+    std::printf("reader got nothing: errno %d\n", errno);
+  }
+  destroyer.join();
+  std::printf("rdma_destroy_id %d\n", destroyed);
+  rdma_destroy_event_channel(ec);
   return 0;
 }
 
@@ -754,6 +803,7 @@ int main(int argc, char** argv) {
     return std::strcmp(argv[3], "sync") == 0
                ? migrate_to_sync(argv[2])
                : migrate(argv[2], std::strcmp(argv[3], "pending") == 0);
+  if (argc == 3 && std::strcmp(argv[1], "destroy-taken") == 0) return destroy_taken(argv[2]);
   if (argc == 3 && std::strcmp(argv[1], "bind-twice") == 0) return bind_twice(std::atoi(argv[2]));
   if (argc == 2 && std::strcmp(argv[1], "devices") == 0) return devices();
   if (argc == 4 && std::strcmp(argv[1], "leave-server") == 0)
@@ -771,7 +821,8 @@ int main(int argc, char** argv) {
       stderr,
       "usage: rdmacm_peer reject-server PORT TEXT | client ADDR PORT [err-qp|abandon] | "
       "hold-server PORT MS | recv-server PORT"
-      " | establish-client ADDR PORT TEXT | migrate ADDR pending|acked|sync | bind-twice PORT "
+      " | establish-client ADDR PORT TEXT | migrate ADDR pending|acked|sync | destroy-taken ADDR"
+      " | bind-twice PORT "
       "| devices\n");
   return 1;
 }

@@ -336,6 +336,23 @@ TEST(Rdmacm, MigrateIdMovesPendingEvents) {
   });
 }
 
+// rdma_destroy_id(3): "will block until related events have been acknowledged". An event whose
+// wake-up a reader already took from the channel (rdma_get_cm_event's first step) is that
+// reader's: rdma_destroy_id waits for its ack instead of dropping it. Dropped, the reader found
+// nothing and read again — rping's CM thread, on a channel its main thread then closed:
+// "rdma_get_cm_event: Bad file descriptor" (seen once in RpingVerifiesTenPings under load).
+TEST(Rdmacm, DestroyIdLeavesAnEventAReaderTookToThatReader) {
+  in_fresh_netns([] {
+    const ToolRun r = run(std::string(URDMA_RDMACM_PEER) + " destroy-taken 127.0.0.1", 20000);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output,
+              "rdma_destroy_id waits\n"
+              "reader got RDMA_CM_EVENT_ADDR_RESOLVED of the destroyed id: yes\n"
+              "rdma_destroy_id 0\n")
+        << r.output;
+  });
+}
+
 // rdma_migrate_id(3): "If the channel parameter is NULL, the specified rdma_cm_id will be placed
 // into synchronous operation mode": rdma_resolve_route then returns with the route resolved.
 TEST(Rdmacm, MigrateIdToNullIsSynchronous) {
