@@ -170,7 +170,7 @@ inline constexpr size_t kMaxWaitingRequests = 256;
 struct Responder {
   uint32_t epsn = 0;  // expected PSN
   // The PSN of the last SEND/WRITE packet received in sequence: what the ACK of a duplicate
-  // names (never a READ's or ATOMIC's PSN: duplicate_ack_psn in responder.cc).
+  // names (never a READ's or ATOMIC's PSN: ResponderSteps::duplicate in responder.cc).
   uint32_t ackable_psn = 0;
   uint32_t msn = 0;  // messages completed (24 bits)
   MsgState msg = MsgState::kIdle;

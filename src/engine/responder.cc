@@ -435,7 +435,15 @@ struct ResponderSteps {
   // from the (re-checked) RETH; ATOMIC → resend the saved result, never execute it twice.
   RespState duplicate() {
     if (is_send() || is_write()) {
-      e.send_ack(ctx, wire::make_ack(wire::kAethCreditsInvalid), duplicate_ack_psn());
+      // The ACK names the last SEND/WRITE packet received, never epsn − 1 when that is a READ's
+      // or ATOMIC's. A plain ACK does not answer those — only their response does (IBA
+      // 9.7.5.1.2) — and the requester that resends the duplicate resends them behind it, so it
+      // may lack their response. rxe's completer takes an ACK that names a READ's PSN as that
+      // READ's completion, without its data (rxe_comp.c check_psn and check_ack; seen under
+      // loss: rping -V urdma->rxe, "data mismatch!"). An ACK past them is an implied NAK
+      // (rxe_comp.c check_psn → COMPST_ERROR_RETRY): the requester asks again. rxe's own
+      // duplicate ACK is the same (resp.ack_psn, moved only by SEND/WRITE).
+      e.send_ack(ctx, wire::make_ack(wire::kAethCreditsInvalid), resp.ackable_psn);
       return RespState::kDone;
     }
     for (const RdAtomicResource& r : resp.resources) {
@@ -472,16 +480,6 @@ struct ResponderSteps {
     }
     return RespState::kDrop;  // too old: no longer in the resources
   }
-
-  // The PSN the ACK of a duplicate SEND/WRITE carries: that of the last SEND/WRITE packet
-  // received, never epsn − 1 when that is a READ's or ATOMIC's. A plain ACK does not answer those
-  // — only their response does (IBA 9.7.5.1.2) — and the requester that resends the duplicate
-  // resends them behind it, so it may lack their response. rxe's completer takes an ACK that
-  // names a READ's PSN as that READ's completion, without its data (rxe_comp.c check_psn and
-  // check_ack; seen under loss: rping -V urdma->rxe, "data mismatch!"). An ACK past them is an
-  // implied NAK (IBA 9.7.5.1.2; rxe_comp.c check_psn → COMPST_ERROR_RETRY): the requester asks
-  // again. rxe's own duplicate ACK is the same (resp.ack_psn, moved only by SEND/WRITE).
-  uint32_t duplicate_ack_psn() const { return resp.ackable_psn; }
 
   RespState nak_psn_seq() {
     // One NAK per gap, carrying the expected PSN (IBA 9.7.5.2.1).

@@ -378,26 +378,28 @@ class Checker {
            d.dest_qpn == r_.qp_num[q] && rc_response(d.opcode);
   }
 
+  // READ (0x0C) and the two ATOMICs (0x13, 0x14): requests only their responses acknowledge.
+  static bool rd_atomic_request(uint8_t op) { return op == 0x0c || op == 0x13 || op == 0x14; }
+  // How many PSNs request d of QP q uses: an RDMA READ one per response packet (what is left of
+  // the READ when it is a resend from inside it), any other request one.
+  uint32_t request_span(const TracedDatagram& d, uint32_t q) const {
+    static constexpr uint32_t kMtu[] = {0, 256, 512, 1024, 2048, 4096};
+    const uint32_t mtu = kMtu[s_.qps[q].mtu];
+    return d.opcode == 0x0c ? std::max<uint32_t>(1, (d.dma_length + mtu - 1) / mtu) : 1;
+  }
+
   // ---- ack-psn: a plain ACK never names a READ or ATOMIC ----
   // IBA 9.7.5.1.2: a READ or ATOMIC is acknowledged by its response only. A responder whose
   // ACK (an ACK of a duplicate SEND, say) carries the PSN of one leads a requester like rxe to
   // complete that READ without its data. So no positive ACK to an RC QP may carry a PSN that one
   // of the QP's READ requests (any of its response PSNs) or ATOMIC requests used.
   void check_ack_psns() {
-    static constexpr uint32_t kMtu[] = {0, 256, 512, 1024, 2048, 4096};
     for (uint32_t q = 0; q < s_.qps.size(); ++q) {
-      const QpSpec& qp = s_.qps[q];
-      if (qp.type != IBV_QPT_RC) continue;
+      if (s_.qps[q].type != IBV_QPT_RC) continue;
       std::set<uint32_t> rd_atomic;
       for (const TracedDatagram& d : r_.datagrams) {
-        if (!request_of(d, q)) continue;
-        if (d.opcode == 0x0c) {
-          const uint32_t span =
-              std::max<uint32_t>(1, (d.dma_length + kMtu[qp.mtu] - 1) / kMtu[qp.mtu]);
-          for (uint32_t k = 0; k < span; ++k) rd_atomic.insert((d.psn + k) & 0xffffff);
-        } else if (d.opcode == 0x13 || d.opcode == 0x14) {
-          rd_atomic.insert(d.psn);
-        }
+        if (!request_of(d, q) || !rd_atomic_request(d.opcode)) continue;
+        for (uint32_t k = 0; k < request_span(d, q); ++k) rd_atomic.insert((d.psn + k) & 0xffffff);
       }
       for (const TracedDatagram& d : r_.datagrams) {
         if (d.opcode != 0x11 || !positive(d) || !response_to(d, q)) continue;
@@ -416,18 +418,13 @@ class Checker {
     // PSN → its transmissions, in order. An RDMA READ request asks for every response PSN of
     // what is left of the READ: it is a try of each of them (a READ answered in part is resent
     // from its first missing response's PSN).
-    static constexpr uint32_t kMtu[] = {0, 256, 512, 1024, 2048, 4096};
     std::map<uint32_t, std::vector<uint64_t>> sent;
     std::set<uint32_t> rd_atomic;  // PSNs of READs and ATOMICs: only their responses ack them
     for (const TracedDatagram& d : r_.datagrams) {
       if (d.sent_ns > t || !request_of(d, q)) continue;
-      const uint32_t span =
-          d.opcode == 0x0c ? std::max<uint32_t>(1, (d.dma_length + kMtu[qp.mtu] - 1) / kMtu[qp.mtu])
-                           : 1;
-      for (uint32_t k = 0; k < span; ++k) {
+      for (uint32_t k = 0; k < request_span(d, q); ++k) {
         sent[(d.psn + k) & 0xffffff].push_back(d.sent_ns);
-        if (d.opcode == 0x0c || d.opcode == 0x13 || d.opcode == 0x14)
-          rd_atomic.insert((d.psn + k) & 0xffffff);
+        if (rd_atomic_request(d.opcode)) rd_atomic.insert((d.psn + k) & 0xffffff);
       }
     }
     size_t best = 0;

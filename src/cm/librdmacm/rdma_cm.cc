@@ -34,6 +34,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <infiniband/verbs.h>
@@ -147,6 +148,22 @@ Gid gid_of(const sockaddr* sa) {
 }
 // rdma_cma.h RDMA_UDP_QKEY: the Q_Key of every RDMA_PS_UDP QP.
 constexpr uint32_t kUdpQkey = 0x01234567;
+// One count from a channel's eventfd, or false when none is left — without blocking and
+// without setting O_NONBLOCK on the file, which a reader entering read() at that moment would
+// see as EAGAIN (RWF_NOWAIT; eventfds honour it since Linux 5.9, older kernels refuse it with
+// EOPNOTSUPP and get the flag for the one read).
+bool take_count_nowait(int fd) {
+  uint64_t v;
+  iovec io{&v, sizeof v};
+  const ssize_t n = preadv2(fd, &io, 1, -1, RWF_NOWAIT);
+  if (n >= 0 || errno != EOPNOTSUPP) return n == static_cast<ssize_t>(sizeof v);
+  const int fl = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+  const bool taken = read(fd, &v, sizeof v) == static_cast<ssize_t>(sizeof v);
+  fcntl(fd, F_SETFL, fl);
+  return taken;
+}
+
 bool is_ud_ps(rdma_port_space ps) { return ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB; }
 
 bool gid_is_v4(const Gid& g) {
@@ -1022,22 +1039,17 @@ URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
   // descriptor", exit 255, its DISCONNECTED event never seen).
   if (x->chan) {
     auto& q = x->chan->queue;
-    const int fd = x->chan->ch.fd;
-    const int fl = fcntl(fd, F_GETFL);
-    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
     for (auto it = q.begin(); it != q.end();) {
       auto* e = reinterpret_cast<Event*>(*it);
       if (e->owner != x) {
         ++it;
         continue;
       }
-      uint64_t v;
-      if (read(fd, &v, sizeof v) != static_cast<ssize_t>(sizeof v)) break;  // the rest are held
+      if (!take_count_nowait(x->chan->ch.fd)) break;  // the rest are held by readers
       delete e;
       --x->pending_events;
       it = q.erase(it);
     }
-    fcntl(fd, F_SETFL, fl);
   }
   if (x->id.event) {  // rdma_get_request's, not acked yet
     delete reinterpret_cast<Event*>(x->id.event);
