@@ -75,7 +75,7 @@ Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
       device_(with_doorbell(std::move(config.device), &relay_)),
       engine_(device_, *io_, clock_, config.engine),
       has_thread_(config.engine_thread),
-      busy_poll_ns_(config.busy_poll_ns) {
+      busy_poll_(config.busy_poll_ns, config.busy_poll_adaptive) {
   relay_.set_waker(this);
   if (!has_thread_) return;
   base::check(io_->readable_fd() >= 0, "the engine thread needs a PacketIo with a readable fd");
@@ -225,11 +225,11 @@ void Runtime::run() {
     want_writable(engine_.tx_blocked());
     release_token();
     turns_.fetch_add(1, std::memory_order_relaxed);
-    uint64_t now = clock_.now_ns();
-    if (deadline <= now) continue;
-    if (busy_poll_ns_ != 0) {
+    const uint64_t turn_end = clock_.now_ns();
+    if (deadline <= turn_end) continue;
+    if (busy_poll_.ns() != 0) {
       // Busy-poll window: keep taking turns while work may come soon.
-      const uint64_t until = now + busy_poll_ns_;
+      const uint64_t until = turn_end + busy_poll_.ns();
       // Ends at once on a post (the doorbell), a due timer, or a datagram (epoll with no
       // timeout: the socket, doorbell and timer are its fds; what it reports stays pending);
       // and when an application thread is seen busy-polling its CQ — it drives
@@ -245,9 +245,18 @@ void Runtime::run() {
         app_polls = inline_turns_.load(std::memory_order_relaxed) - inline_before >=
                     kInlineTurnsOfAPoller;
       }
-      if (more) continue;
+      const uint64_t spin_end = clock_.now_ns();
+      busy_poll_.spun(spin_end - turn_end, spin_end);
+      if (more) {
+        busy_poll_hits_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
     }
-    sleep_until(deadline);
+    // Work that wakes the thread (not its timer) tells the window how soon it came.
+    if (sleep_until(deadline)) {
+      const uint64_t woke = clock_.now_ns();
+      busy_poll_.work_came_after(woke - turn_end, woke);
+    }
   }
 }
 
@@ -261,13 +270,13 @@ void Runtime::want_writable(bool on) {
 }
 
 // Engine-thread side of the need-wakeup handshake (runtime.h).
-void Runtime::sleep_until(uint64_t deadline_ns) {
+bool Runtime::sleep_until(uint64_t deadline_ns) {
   armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
   sleeping_.store(true, std::memory_order_seq_cst);
   if (doorbell_.load(std::memory_order_seq_cst) || stop_.load(std::memory_order_seq_cst)) {
     sleeping_.store(false, std::memory_order_seq_cst);
     armed_deadline_ns_.store(0, std::memory_order_seq_cst);
-    return;
+    return true;
   }
   // A turn an application thread took after this thread's last one, and before the store
   // above, left its deadline (an ACK held for a reply, a retransmission timer) without waking
@@ -295,10 +304,13 @@ void Runtime::sleep_until(uint64_t deadline_ns) {
   } while (n < 0 && errno == EINTR);
   sleeping_.store(false, std::memory_order_seq_cst);
   armed_deadline_ns_.store(0, std::memory_order_seq_cst);
+  bool work = false;
   for (int i = 0; i < n; ++i) {
     if (events[i].data.fd == event_fd_ || events[i].data.fd == timer_fd_)
       drain_fd(events[i].data.fd);
+    if (events[i].data.fd != timer_fd_) work = true;
   }
+  return work;
 }
 
 }  // namespace urdma::runtime

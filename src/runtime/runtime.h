@@ -54,6 +54,7 @@
 #include "net/clock.h"
 #include "net/packet_io.h"
 #include "provider/device.h"
+#include "runtime/busy_poll.h"
 
 namespace urdma::runtime {
 
@@ -62,8 +63,10 @@ struct RuntimeConfig {
   engine::EngineConfig engine;
   // Start the engine thread. Without it nothing runs the engine but try_progress() (tests).
   bool engine_thread = true;
-  // How long the engine thread keeps polling after its last work before it sleeps.
+  // How long the engine thread keeps polling after its last work before it sleeps: at most this
+  // long, sized by how soon work has been coming (busy_poll.h); adaptive false: always this long.
   uint64_t busy_poll_ns = 0;
+  bool busy_poll_adaptive = true;
 };
 
 class Runtime final : public engine::Waker {
@@ -99,6 +102,8 @@ class Runtime final : public engine::Waker {
   uint64_t engine_thread_turns() const { return turns_.load(std::memory_order_relaxed); }
   uint64_t eventfd_wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
   uint64_t inline_turns() const { return inline_turns_.load(std::memory_order_relaxed); }
+  // Busy-poll windows that ended with work (a datagram, a post or a due timer).
+  uint64_t busy_poll_hits() const { return busy_poll_hits_.load(std::memory_order_relaxed); }
   // The engine thread's kernel thread id (0 before it started or without one).
   pid_t engine_tid() const { return engine_tid_.load(std::memory_order_acquire); }
 
@@ -108,7 +113,9 @@ class Runtime final : public engine::Waker {
   void run();
   void release_token();
   void wake_token_waiter();
-  void sleep_until(uint64_t deadline_ns);
+  // Sleeps in epoll until a datagram, a post, the deadline or stop. True when woken by work
+  // (a datagram or the doorbell), not by the timer alone.
+  bool sleep_until(uint64_t deadline_ns);
   // EPOLLOUT on the socket while the engine is blocked on transmit (Engine::tx_blocked).
   void want_writable(bool on);
 
@@ -122,7 +129,7 @@ class Runtime final : public engine::Waker {
   provider::Device device_;
   engine::Engine engine_;
   const bool has_thread_;
-  const uint64_t busy_poll_ns_;
+  BusyPollWindow busy_poll_;  // engine thread only
 
   int epoll_fd_ = -1;
   int event_fd_ = -1;      // the doorbell: written only when sleeping_
@@ -145,6 +152,7 @@ class Runtime final : public engine::Waker {
   std::atomic<uint64_t> turns_{0};
   std::atomic<uint64_t> inline_turns_{0};
   std::atomic<uint64_t> wakeups_{0};
+  std::atomic<uint64_t> busy_poll_hits_{0};
   std::atomic<pid_t> engine_tid_{0};
   std::thread thread_;
 };

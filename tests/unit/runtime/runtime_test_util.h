@@ -65,6 +65,7 @@ struct Host {
 struct HostOptions {
   bool engine_thread = true;
   uint64_t busy_poll_ns = 0;
+  bool busy_poll_adaptive = false;  // RuntimeConfig's: false, a fixed window of busy_poll_ns
   uint32_t would_block = 0;  // LinkIo::set_would_block on both sides
   LinkIo** io_a = nullptr;   // out: A's LinkIo (owned by A's runtime), to block it later
   size_t tx_batch = 1;       // EngineConfig::tx_batch on both sides
@@ -84,6 +85,7 @@ inline std::pair<Host, Host> make_hosts(HostOptions o = {}) {
     c.engine.tx_batch = o.tx_batch;
     c.engine_thread = o.engine_thread;
     c.busy_poll_ns = o.busy_poll_ns;
+    c.busy_poll_adaptive = o.busy_poll_adaptive;
     return c;
   };
   a.rt = std::make_unique<Runtime>(std::move(ia), config(a.addr));
