@@ -116,8 +116,9 @@ namespace {
 thread_local const Engine* tls_turn_engine = nullptr;
 }  // namespace
 
-void Engine::poll() {
+void Engine::poll(bool hold_acks) {
   std::lock_guard lock(mutex_);
+  hold_acks_ = hold_acks;
   // Odd: a turn runs. seq_cst against memory_released's load (a Dekker pair with the MR
   // table's lock in between: a lookup in this turn precedes any table change that could have
   // invalidated it, so the changer's load sees this odd value or a later one).
@@ -692,7 +693,7 @@ void Engine::defer_ack(QpContext& ctx, uint32_t psn) {
       // Held only on a QP in a conversation; otherwise it leaves at the end of the batch, as
       // with no delay (a one-way stream's sender waits for its window).
       ctx.resp.ack_owed_ns = clock_.now_ns();
-      ctx.resp.ack_held = ctx.resp.converse;
+      ctx.resp.ack_held = ctx.resp.converse && hold_acks_;
     }
   }
   ctx.resp.ack_pending = true;

@@ -129,6 +129,8 @@ class Waker {
  public:
   virtual ~Waker() = default;
   virtual void wake() = 0;
+  // WQEs were posted: the waker may take the engine's turn on the posting thread instead.
+  virtual void posted() { wake(); }
 };
 
 // Forwards the provider's doorbell calls to the Engine attached to it (nothing before that),
@@ -139,15 +141,15 @@ class DoorbellRelay final : public provider::Doorbell {
   void set_waker(Waker* waker) { waker_ = waker; }
   void ring_sq(provider::Qp& qp) override {
     if (target_) target_->ring_sq(qp);
-    wake();
+    if (waker_) waker_->posted();
   }
   void ring_rq(provider::Qp& qp) override {
     if (target_) target_->ring_rq(qp);
-    wake();
+    if (waker_) waker_->posted();
   }
   void ring_srq(provider::Srq& srq) override {
     if (target_) target_->ring_srq(srq);
-    wake();
+    if (waker_) waker_->posted();
   }
   void qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) override {
     if (target_) target_->qp_modified(qp, from, to);
@@ -187,7 +189,9 @@ class Engine final : public provider::Doorbell {
 
   // One turn: receive and process a batch, fire due timers, run requesters with work, flush
   // QPs in the error state.
-  void poll();
+  // hold_acks false: ACKs this turn owes are not held for replies (ack_delay_ns), whatever the
+  // QP's conversation — the turn of a thread that waits on a completion channel (Runtime).
+  void poll(bool hold_acks = true);
   // Earliest time poll() must run without new traffic; <= now when work is waiting.
   uint64_t next_deadline_ns() const;
   // The engine thread's counters (poll()'s thread). Other threads: counters_snapshot().
@@ -380,6 +384,7 @@ class Engine final : public provider::Doorbell {
   std::vector<QpContext*> active_;
   std::vector<QpContext*> acks_pending_;  // QPs with Responder::ack_pending (defer_ack)
   uint64_t turn_ = 0;                     // poll() turns so far (delayed ACKs)
+  bool hold_acks_ = true;                 // this turn's poll(hold_acks)
 
   // Transmit: packets are built one at a time, each in its own TxSlot, and queued; the queue
   // goes to the PacketIo in one send_batch (sendmmsg on a socket) when it is full, at the end

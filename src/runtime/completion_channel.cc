@@ -1,7 +1,9 @@
 // Completion channels and the async event fd; see completion_channel.h.
 #include "runtime/completion_channel.h"
 
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -35,9 +37,18 @@ int take_one(int fd) {
   return errno;
 }
 
+// take_one without blocking, whatever the fd's flags: 0 or an errno (EAGAIN: nothing to take).
+int take_one_nowait(int fd) {
+  uint64_t value;
+  iovec iov{&value, sizeof value};
+  if (preadv2(fd, &iov, 1, -1, RWF_NOWAIT) == sizeof value) return 0;
+  return errno;
+}
+
 }  // namespace
 
-CompletionChannel::CompletionChannel() : fd_(semaphore_eventfd(0)) {}
+CompletionChannel::CompletionChannel(EventWaiter* waiter)
+    : waiter_(waiter), fd_(semaphore_eventfd(0)) {}
 
 CompletionChannel::~CompletionChannel() {
   close(fd_);
@@ -68,7 +79,16 @@ void CompletionChannel::notify(provider::Cq& cq) {
 
 provider::Result<provider::Cq*> CompletionChannel::get_event() {
   for (;;) {
-    if (int err = take_one(fd_)) return provider::Status(err);
+    if (waiter_ != nullptr) {
+      if (int err = take_one_nowait(fd_)) {
+        if (err != EAGAIN) return provider::Status(err);
+        if (fcntl(fd_, F_GETFL) & O_NONBLOCK) return provider::Status(EAGAIN);
+        if (int werr = waiter_->wait_readable(fd_)) return provider::Status(werr);
+        continue;
+      }
+    } else if (int err = take_one(fd_)) {
+      return provider::Status(err);
+    }
     std::lock_guard lock(mutex_);
     base::check(!events_.empty(), "completion channel counter ahead of its events");
     provider::Cq* cq = events_.front();

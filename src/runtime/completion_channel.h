@@ -26,10 +26,19 @@
 
 namespace urdma::runtime {
 
+// Who waits for a channel's fd to become readable in a blocking ibv_get_cq_event: the runtime,
+// which drives the engine from the waiting thread (Runtime::wait_readable).
+class EventWaiter {
+ public:
+  virtual ~EventWaiter() = default;
+  // Returns 0 once `fd` may be readable, or an errno (EINTR: a signal ended the wait).
+  virtual int wait_readable(int fd) = 0;
+};
+
 // ibv_create_comp_channel / ibv_get_cq_event / ibv_ack_cq_events.
 class CompletionChannel {
  public:
-  CompletionChannel();
+  explicit CompletionChannel(EventWaiter* waiter = nullptr);
   ~CompletionChannel();
   CompletionChannel(const CompletionChannel&) = delete;
   CompletionChannel& operator=(const CompletionChannel&) = delete;
@@ -53,6 +62,7 @@ class CompletionChannel {
  private:
   void notify(provider::Cq& cq);
 
+  EventWaiter* const waiter_;
   int fd_ = -1;
   mutable std::mutex mutex_;
   std::deque<provider::Cq*> events_;

@@ -1,6 +1,8 @@
 // The runtime; see runtime.h for the threading design.
 #include "runtime/runtime.h"
 
+#include <poll.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -61,6 +63,19 @@ daemon::CounterReport counter_report(const engine::EngineCounters& c) {
   return r;
 }
 
+// Arms a timerfd at an absolute MonotonicClock deadline (CLOCK_MONOTONIC, the timerfd's clock);
+// kNever disarms it.
+void arm_timer(int fd, uint64_t deadline_ns) {
+  itimerspec its{};
+  if (deadline_ns != net::kNever) {
+    constexpr uint64_t kNsPerSecond = 1'000'000'000;
+    its.it_value.tv_sec = static_cast<time_t>(deadline_ns / kNsPerSecond);
+    its.it_value.tv_nsec = static_cast<long>(deadline_ns % kNsPerSecond);
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
+  }
+  base::check(timerfd_settime(fd, TFD_TIMER_ABSTIME, &its, nullptr) == 0, "timerfd_settime");
+}
+
 // Reads an eventfd/timerfd counter to zero (EAGAIN when it was not readable: fine).
 void drain_fd(int fd) {
   uint64_t value;
@@ -75,6 +90,7 @@ Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
       device_(with_doorbell(std::move(config.device), &relay_)),
       engine_(device_, *io_, clock_, config.engine),
       has_thread_(config.engine_thread),
+      post_inline_(config.post_inline),
       busy_poll_(config.busy_poll_ns, config.busy_poll_adaptive) {
   relay_.set_waker(this);
   if (!has_thread_) return;
@@ -82,10 +98,13 @@ Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-  base::check(epoll_fd_ >= 0 && event_fd_ >= 0 && timer_fd_ >= 0, "epoll/eventfd/timerfd");
+  app_timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  base::check(epoll_fd_ >= 0 && event_fd_ >= 0 && timer_fd_ >= 0 && app_timer_fd_ >= 0,
+              "epoll/eventfd/timerfd");
   add_to_epoll(epoll_fd_, io_->readable_fd());
   add_to_epoll(epoll_fd_, event_fd_);
   add_to_epoll(epoll_fd_, timer_fd_);
+  add_to_epoll(epoll_fd_, app_timer_fd_);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -100,7 +119,7 @@ Runtime::~Runtime() {
     thread_.join();
   }
   relay_.set_waker(nullptr);
-  for (int fd : {timer_fd_, event_fd_, epoll_fd_})
+  for (int fd : {app_timer_fd_, timer_fd_, event_fd_, epoll_fd_})
     if (fd >= 0) close(fd);
 }
 
@@ -182,20 +201,54 @@ void Runtime::wake_token_waiter() {
   token_wakes_.notify_all();
 }
 
-bool Runtime::try_progress() {
+// Poster side of the need-wakeup handshake, for send WQEs: a sleeping engine thread is not
+// woken when the posting thread can take the turn itself. Waking a sleeping thread costs more
+// than the turn (on a VM whose idle vCPUs halt, an inter-processor interrupt and a VM entry:
+// docs/PERFORMANCE.md, "Posts that find the engine asleep"), and the WQE leaves sooner.
+void Runtime::posted() {
+  if (!has_thread_) return;
+  doorbell_.store(true, std::memory_order_seq_cst);
+  if (!sleeping_.load(std::memory_order_seq_cst)) return;
+  if (post_inline_ && take_turn(kPost)) return;
+  wakeups_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t one = 1;
+  ssize_t n = write(event_fd_, &one, sizeof one);
+  (void)n;
+}
+
+bool Runtime::try_progress() { return take_turn(kPoll); }
+
+bool Runtime::take_turn(TurnKind kind) {
   uint32_t expected = kFree;
   if (!token_.compare_exchange_strong(expected, kApplication, std::memory_order_acquire,
                                       std::memory_order_relaxed))
     return false;
-  engine_.poll();
+  // This turn sees everything rung before this store, as the engine thread's turn does (run()).
+  if (kind == kPost) doorbell_.store(false, std::memory_order_seq_cst);
+  engine_.poll(/*hold_acks=*/kind != kWait);
   const uint64_t deadline = std::min(engine_.next_deadline_ns(), io_->next_deadline_ns());
   const bool blocked = engine_.tx_blocked();
+  if (has_thread_ && !blocked) set_app_timer(deadline);
   release_token();
-  inline_turns_.fetch_add(1, std::memory_order_relaxed);
-  // The engine thread may sleep on a later deadline than this turn left (a timer it armed),
-  // or without EPOLLOUT while the engine is blocked on transmit: wake it so that it re-arms.
-  if (blocked || deadline < armed_deadline_ns_.load(std::memory_order_seq_cst)) wake();
+  // Posts are not polls: inline_turns_ is how the engine thread tells a busy-polling thread.
+  (kind == kPost ? post_turns_ : inline_turns_).fetch_add(1, std::memory_order_relaxed);
+  // Blocked on transmit: the engine thread must wait for EPOLLOUT, which only it can ask for.
+  if (has_thread_ && blocked) wake();
   return true;
+}
+
+// Token holder only. The engine thread may sleep on a later deadline than this turn left (a
+// retransmission timer this turn started, an ACK held for a reply): the application timer
+// wakes it then, instead of waking it now to re-arm its own. Set to exactly what this turn
+// left, later too: an ACK held for a reply that then carried it must not wake the engine thread
+// for nothing (measured: docs/PERFORMANCE.md, "A waiting thread drives the engine").
+void Runtime::set_app_timer(uint64_t deadline) {
+  const uint64_t armed = armed_deadline_ns_.load(std::memory_order_seq_cst);
+  // 0: the engine thread is awake and reads the deadline itself before it sleeps.
+  const uint64_t want = (armed != 0 && deadline < armed) ? deadline : net::kNever;
+  if (want == app_timer_ns_) return;
+  app_timer_ns_ = want;
+  arm_timer(app_timer_fd_, want);
 }
 
 void Runtime::run() {
@@ -219,6 +272,11 @@ void Runtime::run() {
     // Everything rung before this point is seen by this turn (poll() reads the engine's own
     // doorbell flags after this store).
     doorbell_.store(false, std::memory_order_seq_cst);
+    // Awake, this thread reads every deadline before it sleeps again.
+    if (app_timer_ns_ != net::kNever) {
+      app_timer_ns_ = net::kNever;
+      arm_timer(app_timer_fd_, net::kNever);
+    }
     engine_.poll();
     // The I/O's own timers too (a fault wrapper's held datagrams: net/packet_io.h).
     uint64_t deadline = std::min(engine_.next_deadline_ns(), io_->next_deadline_ns());
@@ -231,17 +289,24 @@ void Runtime::run() {
       // Busy-poll window: keep taking turns while work may come soon.
       const uint64_t until = turn_end + busy_poll_.ns();
       // Ends at once on a post (the doorbell), a due timer, or a datagram (epoll with no
-      // timeout: the socket, doorbell and timer are its fds; what it reports stays pending);
-      // and when an application thread is seen busy-polling its CQ — it drives
-      // the engine itself, and a spinning engine thread would only take its core (2 cores).
+      // timeout: the socket, doorbell and timers are its fds; a datagram stays pending for the
+      // turn, a timer or eventfd that fired is read here — left readable, it would end every
+      // later window at once and the thread would never sleep); and when an application thread
+      // is seen busy-polling its CQ — it drives the engine itself, and a spinning engine thread
+      // would only take its core (2 cores).
       const uint64_t inline_before = inline_turns_.load(std::memory_order_relaxed);
       bool more = false;
       bool app_polls = false;
-      epoll_event ready[3];
+      epoll_event ready[4];
       while (!more && !app_polls && clock_.now_ns() < until &&
              !stop_.load(std::memory_order_relaxed)) {
-        more = doorbell_.load(std::memory_order_seq_cst) || clock_.now_ns() >= deadline ||
-               epoll_wait(epoll_fd_, ready, 3, 0) > 0;
+        more = doorbell_.load(std::memory_order_seq_cst) || clock_.now_ns() >= deadline;
+        if (!more) {
+          const int n = epoll_wait(epoll_fd_, ready, 4, 0);
+          for (int i = 0; i < n; ++i)
+            if (ready[i].data.fd != io_->readable_fd()) drain_fd(ready[i].data.fd);
+          more = n > 0;
+        }
         app_polls = inline_turns_.load(std::memory_order_relaxed) - inline_before >=
                     kInlineTurnsOfAPoller;
       }
@@ -260,13 +325,67 @@ void Runtime::run() {
   }
 }
 
+// The application thread that waits for a completion event watches the socket itself (and
+// takes the turn a datagram asks for) while the engine thread keeps sleeping on its timers and
+// doorbell: the datagram wakes one thread, the one that wants the event, instead of the engine
+// thread, which would then wake it through the channel. Waking a sleeping thread is the cost
+// that matters on a VM whose idle vCPUs halt (docs/PERFORMANCE.md, "A waiting thread drives
+// the engine"). The first watcher takes the socket out of the engine thread's epoll set and the
+// last one puts it back (level-triggered: what arrived meanwhile is reported at once).
+int Runtime::wait_readable(int fd) {
+  const int sock = io_->readable_fd();
+  if (!has_thread_ || sock < 0) {
+    pollfd p{fd, POLLIN, 0};
+    return poll(&p, 1, -1) < 0 ? errno : 0;
+  }
+  // An object, so that a thread cancelled in poll() (a cancellation point, as read() is in
+  // rdma-core's ibv_get_cq_event) gives the socket back as it unwinds.
+  struct Watch {
+    Runtime* rt;
+    explicit Watch(Runtime* r) : rt(r) {
+      std::lock_guard lock(rt->watch_mutex_);
+      // Blocked on transmit, the engine thread waits for EPOLLOUT on it: left in.
+      if (rt->watchers_++ == 0 && !rt->epollout_) {
+        epoll_ctl(rt->epoll_fd_, EPOLL_CTL_DEL, rt->io_->readable_fd(), nullptr);
+        rt->socket_out_ = true;
+      }
+    }
+    ~Watch() {
+      std::lock_guard lock(rt->watch_mutex_);
+      if (--rt->watchers_ == 0 && rt->socket_out_) rt->socket_back();
+    }
+  } watch(this);
+  for (;;) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {sock, POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) return errno;  // EINTR: a signal ends the wait, as it ends read()
+    if (p[0].revents != 0) return 0;
+    // A datagram: take the turn. If somebody holds the token, that turn reads the socket.
+    if (!take_turn(kWait)) sched_yield();
+  }
+}
+
+// watch_mutex_ held.
+void Runtime::socket_back() {
+  epoll_event ev{};
+  ev.events = EPOLLIN | (epollout_ ? EPOLLOUT : 0u);
+  ev.data.fd = io_->readable_fd();
+  base::check(epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, io_->readable_fd(), &ev) == 0, "epoll_ctl(ADD)");
+  socket_out_ = false;
+}
+
 void Runtime::want_writable(bool on) {
-  if (on == epollout_) return;
+  if (on == epollout_) return;  // written only by this thread
+  std::lock_guard lock(watch_mutex_);
+  epollout_ = on;
+  if (socket_out_) {
+    // A watcher has the socket; EPOLLOUT is this thread's to wait for: back in now.
+    if (on) socket_back();
+    return;
+  }
   epoll_event ev{};
   ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
   ev.data.fd = io_->readable_fd();
   base::check(epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, io_->readable_fd(), &ev) == 0, "epoll_ctl(MOD)");
-  epollout_ = on;
 }
 
 // Engine-thread side of the need-wakeup handshake (runtime.h).
@@ -288,27 +407,19 @@ bool Runtime::sleep_until(uint64_t deadline_ns) {
     deadline_ns = now_due;
     armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
   }
-  itimerspec its{};
-  if (deadline_ns != net::kNever) {
-    constexpr uint64_t kNsPerSecond = 1'000'000'000;
-    its.it_value.tv_sec = static_cast<time_t>(deadline_ns / kNsPerSecond);
-    its.it_value.tv_nsec = static_cast<long>(deadline_ns % kNsPerSecond);
-    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
-  }
-  // MonotonicClock is CLOCK_MONOTONIC, the timerfd's clock: the deadline is absolute.
-  base::check(timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr) == 0, "timerfd_settime");
-  epoll_event events[3];
+  arm_timer(timer_fd_, deadline_ns);
+  epoll_event events[4];
   int n;
   do {
-    n = epoll_wait(epoll_fd_, events, 3, -1);
+    n = epoll_wait(epoll_fd_, events, 4, -1);
   } while (n < 0 && errno == EINTR);
   sleeping_.store(false, std::memory_order_seq_cst);
   armed_deadline_ns_.store(0, std::memory_order_seq_cst);
   bool work = false;
   for (int i = 0; i < n; ++i) {
-    if (events[i].data.fd == event_fd_ || events[i].data.fd == timer_fd_)
-      drain_fd(events[i].data.fd);
-    if (events[i].data.fd != timer_fd_) work = true;
+    const int fd = events[i].data.fd;
+    if (fd != io_->readable_fd()) drain_fd(fd);
+    if (fd == io_->readable_fd() || fd == event_fd_) work = true;
   }
   return work;
 }

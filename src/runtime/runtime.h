@@ -10,27 +10,44 @@
 // THREADS AND WHO OWNS WHAT
 // * The engine (engine::Engine and everything it reaches through `_st` methods) is run by
 //   whoever holds the progress token (`token_`, one atomic): the engine thread, or an
-//   application thread inside try_progress() (DESIGN.md: "whoever polls drives the engine").
+//   application thread inside try_progress() (DESIGN.md: "whoever polls drives the engine"), a
+//   post (posted) or a wait for a completion event (wait_readable).
 //   One holder at a time; taking and releasing it is one CAS and one store, never a lock held
 //   across a syscall. A holder runs engine.poll() turns; the engine thread does not poll while
 //   an application thread holds the token — it waits on the token (futex) and takes a turn when
 //   it is released.
 // * Application threads post through the provider (SQ/RQ rings, their own locks) and ring the
-//   doorbell: atomic stores (engine/rung_qps.h) then Runtime::wake().
+//   doorbell: atomic stores (engine/rung_qps.h) then Runtime::posted() (Runtime::wake() for a
+//   modify).
 // * WAKE-UP (liburing's need-wakeup handshake, src/queue.c sq_ring_needs_enter): the engine
-//   thread, about to sleep, stores sleeping_ = true (seq_cst) and re-reads doorbell_; a poster
-//   stores doorbell_ = true (seq_cst) and writes the eventfd only if it reads sleeping_ == true.
+//   thread, about to sleep, stores sleeping_ = true (seq_cst) and re-reads doorbell_; a
+//   poster stores doorbell_ = true (seq_cst) and acts only if it reads sleeping_ == true.
 //   Both sides are seq_cst, so at least one of them sees the other: a post is never missed and
-//   a busy engine costs the poster no syscall. The engine thread sleeps in epoll_wait on the
-//   socket, the doorbell eventfd and a timerfd armed at the earlier of engine.next_deadline_ns()
-//   and the PacketIo's next_deadline_ns() (a fault wrapper's held datagrams); an idle
-//   process costs no CPU. RuntimeConfig::busy_poll_ns (URDMA_BUSY_POLL_US) spins that long
-//   before sleeping; a post, a due timer or a readable socket (epoll_wait with no timeout)
-//   ends the spin at once, and so does an application thread seen busy-polling its CQ (a few
-//   try_progress turns within the window: it drives the engine itself). Before it sleeps the
-//   thread reads the engine's deadline again after publishing armed_deadline_ns_: a turn an
-//   application thread took in between compared its deadline with 0 ("awake") and did not
-//   wake it.
+//   a busy engine costs the poster no syscall. A post that finds the engine thread asleep takes
+//   the turn itself when the token is free (the WQE leaves from the posting thread); otherwise,
+//   and for a modify, it writes the doorbell eventfd. The engine thread sleeps in epoll_wait on
+//   the socket, the doorbell eventfd, a timerfd armed at the earlier of engine.next_deadline_ns()
+//   and the PacketIo's next_deadline_ns() (a fault wrapper's held datagrams), and the
+//   application timer; an idle process costs no CPU. Before it sleeps the thread reads the
+//   engine's deadline again after publishing armed_deadline_ns_: a turn an application thread
+//   took in between compared its deadline with 0 ("awake") and did not set the application
+//   timer.
+// * APPLICATION TIMER: a turn on an application thread that leaves a deadline earlier than the
+//   sleeping engine thread's timer (a retransmission timer its post started, an ACK held for a
+//   reply) sets app_timer_fd_ to it before it lets go of the token, and the next such turn sets
+//   it to what that turn left (later, or none: the ACK left with the reply) — the engine thread
+//   is woken at the deadline, not to re-arm its own timer. It disarms it when it takes a turn.
+// * A THREAD WAITING FOR A COMPLETION EVENT DRIVES THE ENGINE (wait_readable, from a blocking
+//   ibv_get_cq_event): it polls the channel's fd and the socket, and a datagram makes it take
+//   the turn; the first such thread takes the socket out of the engine thread's epoll set and
+//   the last puts it back, so the datagram wakes the thread that wants the event instead of the
+//   engine thread, which would then wake it through the channel. ACKs its turns owe are not
+//   held for a reply (engine.h, Engine::poll).
+// * BUSY POLLING: RuntimeConfig::busy_poll_ns (URDMA_BUSY_POLL_US) is the longest the engine
+//   thread spins after a turn before it sleeps; the window adapts to how soon work has been
+//   coming (busy_poll.h). A post, a due timer or a readable socket (epoll_wait with no
+//   timeout) ends the spin at once, and so does an application thread seen busy-polling its CQ
+//   (a few try_progress turns within the window: it drives the engine itself).
 // * MEMORY LIFETIME: dereg_mr / rereg_mr / dealloc_mw call Doorbell::memory_released after the
 //   MR table changed; the engine waits until its turn epoch has moved past every turn that was
 //   running (engine.h), so no pointer looked up before the change is used after the verb
@@ -46,6 +63,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -55,6 +73,7 @@
 #include "net/packet_io.h"
 #include "provider/device.h"
 #include "runtime/busy_poll.h"
+#include "runtime/completion_channel.h"
 
 namespace urdma::runtime {
 
@@ -67,9 +86,12 @@ struct RuntimeConfig {
   // long, sized by how soon work has been coming (busy_poll.h); adaptive false: always this long.
   uint64_t busy_poll_ns = 0;
   bool busy_poll_adaptive = true;
+  // A post that finds the engine thread asleep takes the engine's turn on the posting thread
+  // (the WQE leaves from there) instead of waking the thread (posted).
+  bool post_inline = true;
 };
 
-class Runtime final : public engine::Waker {
+class Runtime final : public engine::Waker, public EventWaiter {
  public:
   // Over any PacketIo; with the engine thread, io->readable_fd() must be a pollable fd.
   Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config);
@@ -96,12 +118,20 @@ class Runtime final : public engine::Waker {
 
   // engine::Waker: a doorbell rang (any thread).
   void wake() override;
+  void posted() override;
+
+  // EventWaiter (a blocking ibv_get_cq_event): waits on this thread for `fd` or a datagram, and
+  // takes the engine's turn when a datagram comes, so the datagram wakes the waiting thread
+  // instead of the engine thread, which then would wake it through the channel.
+  int wait_readable(int fd) override;
 
   // ---- observation (any thread) ----
   engine::EngineCounters counters() const { return engine_.counters_snapshot(); }
   uint64_t engine_thread_turns() const { return turns_.load(std::memory_order_relaxed); }
   uint64_t eventfd_wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
   uint64_t inline_turns() const { return inline_turns_.load(std::memory_order_relaxed); }
+  // Turns taken by posting threads that found the engine thread asleep (posted).
+  uint64_t post_turns() const { return post_turns_.load(std::memory_order_relaxed); }
   // Busy-poll windows that ended with work (a datagram, a post or a due timer).
   uint64_t busy_poll_hits() const { return busy_poll_hits_.load(std::memory_order_relaxed); }
   // The engine thread's kernel thread id (0 before it started or without one).
@@ -112,12 +142,21 @@ class Runtime final : public engine::Waker {
 
   void run();
   void release_token();
+  // One engine turn on this thread if the token is free: for a poll (try_progress), a post
+  // (posted) or a wait on a completion channel (wait_readable).
+  enum TurnKind { kPoll, kPost, kWait };
+  bool take_turn(TurnKind kind);
+  // Token holder, at the end of an application thread's turn that left `deadline`: the
+  // application timer wakes a sleeping engine thread then, if its own timer is later.
+  void set_app_timer(uint64_t deadline);
   void wake_token_waiter();
   // Sleeps in epoll until a datagram, a post, the deadline or stop. True when woken by work
   // (a datagram or the doorbell), not by the timer alone.
   bool sleep_until(uint64_t deadline_ns);
   // EPOLLOUT on the socket while the engine is blocked on transmit (Engine::tx_blocked).
   void want_writable(bool on);
+  // The socket back into the engine thread's epoll set (watch_mutex_ held).
+  void socket_back();
 
   // The connection holding the slot when open() made the runtime (Client::keep holds the slot:
   // closing the connection returns it).
@@ -129,12 +168,15 @@ class Runtime final : public engine::Waker {
   provider::Device device_;
   engine::Engine engine_;
   const bool has_thread_;
+  const bool post_inline_;
   BusyPollWindow busy_poll_;  // engine thread only
 
   int epoll_fd_ = -1;
   int event_fd_ = -1;      // the doorbell: written only when sleeping_
   int timer_fd_ = -1;      // armed at the engine's next deadline
-  bool epollout_ = false;  // engine thread: the socket is registered for EPOLLOUT too
+  int app_timer_fd_ = -1;  // armed by application threads' turns (arm_app_timer)
+  // The engine thread waits for EPOLLOUT on the socket too (written by it under watch_mutex_).
+  bool epollout_ = false;
 
   std::atomic<uint32_t> token_{kFree};
   // The engine thread waits for the token (run()): it sets engine_waits_token_ and sleeps until
@@ -147,13 +189,22 @@ class Runtime final : public engine::Waker {
   // The deadline the sleeping engine thread armed (kNever: none): a turn on an application
   // thread that leaves an earlier one wakes it.
   std::atomic<uint64_t> armed_deadline_ns_{net::kNever};
+  // What app_timer_fd_ is armed for (kNever: disarmed); the token's holder's.
+  uint64_t app_timer_ns_ = net::kNever;
   std::atomic<bool> stop_{false};
 
   std::atomic<uint64_t> turns_{0};
   std::atomic<uint64_t> inline_turns_{0};
+  std::atomic<uint64_t> post_turns_{0};
   std::atomic<uint64_t> wakeups_{0};
   std::atomic<uint64_t> busy_poll_hits_{0};
   std::atomic<pid_t> engine_tid_{0};
+  // Threads in wait_readable. While there is one, the socket is out of the engine thread's
+  // epoll set (socket_out_), unless the engine waits for EPOLLOUT. watch_mutex_ guards these
+  // and every epoll_ctl on the socket after the constructor.
+  std::mutex watch_mutex_;
+  int watchers_ = 0;
+  bool socket_out_ = false;
   std::thread thread_;
 };
 

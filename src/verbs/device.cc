@@ -140,8 +140,9 @@ bool debug_enabled() {
 //   URDMA_ACK_DELAY_US   how long an owed ACK of a QP in a conversation may wait for the reply
 //                        to carry it off the latency path, 0..1000 us (default 50; 0: every
 //                        ACK leaves at the end of the received batch). engine.h, ack_delay_ns
-//   URDMA_BUSY_POLL_US   how long the engine thread spins after a turn before it sleeps,
-//                        0..1000 us (default 0; RuntimeConfig::busy_poll_ns)
+//   URDMA_BUSY_POLL_US   the longest the engine thread spins after a turn before it sleeps,
+//                        0..1000 us (default 0; RuntimeConfig::busy_poll_ns; the window adapts
+//                        below it: runtime/busy_poll.h)
 //   URDMA_UDP_GSO        0 or 1 (default 1): UDP segmentation offload for the packets of one
 //                        message (net/packet_io_env.h reads it)
 //   URDMA_UDP_GRO        0 or 1 (default 1): UDP receive offload (the same)

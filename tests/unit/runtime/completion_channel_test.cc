@@ -15,6 +15,11 @@
 namespace urdma::runtime::testing {
 namespace {
 
+void expect_success(const std::vector<ibv_wc>& wcs) {
+  ASSERT_FALSE(wcs.empty());
+  for (const ibv_wc& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << "wr_id " << wc.wr_id;
+}
+
 // Waits (bounded by the hang guard) until fd is readable.
 bool wait_readable(int fd) {
   pollfd pfd{fd, POLLIN, 0};
@@ -86,6 +91,76 @@ TEST(CompletionChannel, NoEventLostAcrossArmAndPoll) {
   EXPECT_FALSE(hung.load()) << "an event was lost: " << completed.load() << " of " << kWrites;
   EXPECT_EQ(completed.load(), kWrites);
   channel.detach(*cqa);
+}
+
+// A channel made with the runtime as its waiter (as ibv_create_comp_channel makes it): the
+// thread blocked in get_event watches the socket and takes the turn of the datagram it waits
+// for (Runtime::wait_readable). A sends 200 SENDs one at a time; B's consumer gets an event for
+// each, and some of them came from turns its own thread took. Then, with nobody waiting, the
+// engine thread again takes what arrives: the socket is back in its epoll set.
+TEST(CompletionChannel, AWaitingThreadTakesTheTurnOfItsDatagram) {
+  auto [a, b] = make_hosts();
+  CompletionChannel channel(b.rt.get());
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  channel.attach(*cqb);
+  RcPair p = connect_rc(a, cqa, b, cqb);
+  constexpr size_t kSends = 200;
+  std::vector<uint8_t> src(64 * kSends), dst(64 * kSends, 0), last(4096), last_dst(4096, 0);
+  fill_pattern(src, 9);
+  fill_pattern(last, 10);
+  provider::Mr* ms = a.reg(src.data(), src.size());
+  provider::Mr* ml = a.reg(last.data(), last.size());
+  provider::Mr* md = b.reg(dst.data(), dst.size());
+  provider::Mr* mld = b.reg(last_dst.data(), last_dst.size());
+  for (size_t i = 0; i < kSends; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(dst.data() + i * 64), 64, md->lkey()};
+    ibv_recv_wr wr{};
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    ASSERT_TRUE(p.qb->post_recv(&wr, &bad).ok());
+  }
+  const uint64_t waits0 = b.rt->inline_turns();
+  std::atomic<size_t> received{0};
+  std::thread consumer([&] {
+    cqb->req_notify(false);
+    while (received.load() < kSends) {
+      ibv_wc wc[16];
+      for (int n; (n = cqb->poll(16, wc)) > 0;) {
+        for (int i = 0; i < n; ++i) EXPECT_EQ(wc[i].status, IBV_WC_SUCCESS);
+        received.fetch_add(static_cast<size_t>(n));
+      }
+      if (received.load() >= kSends) break;
+      auto cq = channel.get_event();  // blocks: the runtime is the waiter
+      ASSERT_TRUE(cq.ok()) << cq.error();
+      ASSERT_EQ(cq.value(), cqb);
+      channel.ack_events(*cqb, 1);
+      cqb->req_notify(false);
+    }
+  });
+  for (size_t i = 0; i < kSends; ++i) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(src.data() + i * 64), 64, ms->lkey()};
+    ibv_send_wr wr = rdma_wr(IBV_WR_SEND, &sge, 0, 0, i);
+    ibv_send_wr* bad = nullptr;
+    ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+    expect_success(wait_cqes(*a.rt, cqa, 1, false));
+    // Let B's consumer get back to its wait before the next one.
+    const auto until = std::chrono::steady_clock::now() + kHangGuard;
+    while (received.load() <= i && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+  }
+  consumer.join();
+  EXPECT_EQ(received.load(), kSends);
+  EXPECT_GT(b.rt->inline_turns() - waits0, 0u) << "no turn taken by the waiting thread";
+  b.settle();
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+  // Nobody waits now: B's engine thread must place this WRITE and ACK it.
+  ASSERT_TRUE(post_write_all(*p.qa, last, ml, last_dst, mld).ok());
+  expect_success(wait_cqes(*a.rt, cqa, 1, false));
+  b.settle();
+  EXPECT_EQ(fnv1a(last_dst.data(), last_dst.size()), fnv1a(last.data(), last.size()));
 }
 
 TEST(CompletionChannel, NonBlockingFdSaysEagainWhenEmpty) {
