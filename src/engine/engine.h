@@ -129,8 +129,6 @@ class Waker {
  public:
   virtual ~Waker() = default;
   virtual void wake() = 0;
-  // WQEs were posted: the waker may take the engine's turn on the posting thread instead.
-  virtual void posted() { wake(); }
 };
 
 // Forwards the provider's doorbell calls to the Engine attached to it (nothing before that),
@@ -141,15 +139,15 @@ class DoorbellRelay final : public provider::Doorbell {
   void set_waker(Waker* waker) { waker_ = waker; }
   void ring_sq(provider::Qp& qp) override {
     if (target_) target_->ring_sq(qp);
-    if (waker_) waker_->posted();
+    wake();
   }
   void ring_rq(provider::Qp& qp) override {
     if (target_) target_->ring_rq(qp);
-    if (waker_) waker_->posted();
+    wake();
   }
   void ring_srq(provider::Srq& srq) override {
     if (target_) target_->ring_srq(srq);
-    if (waker_) waker_->posted();
+    wake();
   }
   void qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) override {
     if (target_) target_->qp_modified(qp, from, to);

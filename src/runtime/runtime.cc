@@ -90,7 +90,6 @@ Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
       device_(with_doorbell(std::move(config.device), &relay_)),
       engine_(device_, *io_, clock_, config.engine),
       has_thread_(config.engine_thread),
-      post_inline_(config.post_inline),
       busy_poll_(config.busy_poll_ns, config.busy_poll_adaptive) {
   relay_.set_waker(this);
   if (!has_thread_) return;
@@ -201,21 +200,6 @@ void Runtime::wake_token_waiter() {
   token_wakes_.notify_all();
 }
 
-// Poster side of the need-wakeup handshake, for send WQEs: a sleeping engine thread is not
-// woken when the posting thread can take the turn itself. Waking a sleeping thread costs more
-// than the turn (on a VM whose idle vCPUs halt, an inter-processor interrupt and a VM entry:
-// docs/PERFORMANCE.md, "Posts that find the engine asleep"), and the WQE leaves sooner.
-void Runtime::posted() {
-  if (!has_thread_) return;
-  doorbell_.store(true, std::memory_order_seq_cst);
-  if (!sleeping_.load(std::memory_order_seq_cst)) return;
-  if (post_inline_ && take_turn(kPost)) return;
-  wakeups_.fetch_add(1, std::memory_order_relaxed);
-  const uint64_t one = 1;
-  ssize_t n = write(event_fd_, &one, sizeof one);
-  (void)n;
-}
-
 bool Runtime::try_progress() { return take_turn(kPoll); }
 
 bool Runtime::take_turn(TurnKind kind) {
@@ -223,15 +207,12 @@ bool Runtime::take_turn(TurnKind kind) {
   if (!token_.compare_exchange_strong(expected, kApplication, std::memory_order_acquire,
                                       std::memory_order_relaxed))
     return false;
-  // This turn sees everything rung before this store, as the engine thread's turn does (run()).
-  if (kind == kPost) doorbell_.store(false, std::memory_order_seq_cst);
   engine_.poll(/*hold_acks=*/kind != kWait);
   const uint64_t deadline = std::min(engine_.next_deadline_ns(), io_->next_deadline_ns());
   const bool blocked = engine_.tx_blocked();
   if (has_thread_ && !blocked) set_app_timer(deadline);
   release_token();
-  // Posts are not polls: inline_turns_ is how the engine thread tells a busy-polling thread.
-  (kind == kPost ? post_turns_ : inline_turns_).fetch_add(1, std::memory_order_relaxed);
+  inline_turns_.fetch_add(1, std::memory_order_relaxed);
   // Blocked on transmit: the engine thread must wait for EPOLLOUT, which only it can ask for.
   if (has_thread_ && blocked) wake();
   return true;

@@ -10,31 +10,29 @@
 // THREADS AND WHO OWNS WHAT
 // * The engine (engine::Engine and everything it reaches through `_st` methods) is run by
 //   whoever holds the progress token (`token_`, one atomic): the engine thread, or an
-//   application thread inside try_progress() (DESIGN.md: "whoever polls drives the engine"), a
-//   post (posted) or a wait for a completion event (wait_readable).
+//   application thread inside try_progress() (DESIGN.md: "whoever polls drives the engine") or
+//   waiting for a completion event (wait_readable).
 //   One holder at a time; taking and releasing it is one CAS and one store, never a lock held
 //   across a syscall. A holder runs engine.poll() turns; the engine thread does not poll while
 //   an application thread holds the token — it waits on the token (futex) and takes a turn when
 //   it is released.
 // * Application threads post through the provider (SQ/RQ rings, their own locks) and ring the
-//   doorbell: atomic stores (engine/rung_qps.h) then Runtime::posted() (Runtime::wake() for a
-//   modify).
+//   doorbell: atomic stores (engine/rung_qps.h) then Runtime::wake().
 // * WAKE-UP (liburing's need-wakeup handshake, src/queue.c sq_ring_needs_enter): the engine
 //   thread, about to sleep, stores sleeping_ = true (seq_cst) and re-reads doorbell_; a
-//   poster stores doorbell_ = true (seq_cst) and acts only if it reads sleeping_ == true.
-//   Both sides are seq_cst, so at least one of them sees the other: a post is never missed and
-//   a busy engine costs the poster no syscall. A post that finds the engine thread asleep takes
-//   the turn itself when the token is free (the WQE leaves from the posting thread); otherwise,
-//   and for a modify, it writes the doorbell eventfd. The engine thread sleeps in epoll_wait on
+//   poster stores doorbell_ = true (seq_cst) and writes the eventfd only if it reads sleeping_ ==
+//   true. Both sides are seq_cst, so at least one of them sees the other: a post is never missed
+//   and a busy engine costs the poster no syscall. The engine thread sleeps in epoll_wait on
 //   the socket, the doorbell eventfd, a timerfd armed at the earlier of engine.next_deadline_ns()
 //   and the PacketIo's next_deadline_ns() (a fault wrapper's held datagrams), and the
 //   application timer; an idle process costs no CPU. Before it sleeps the thread reads the
 //   engine's deadline again after publishing armed_deadline_ns_: a turn an application thread
 //   took in between compared its deadline with 0 ("awake") and did not set the application
-//   timer.
+//   timer. (A post that found the engine thread asleep used to take the turn itself: it halved
+//   the 64-byte message rate, every WRITE of a burst its own turn and sendmmsg, and qperf rc_lat
+//   was no faster — docs/PERFORMANCE.md, "A waiting thread drives the engine".)
 // * APPLICATION TIMER: a turn on an application thread that leaves a deadline earlier than the
-//   sleeping engine thread's timer (a retransmission timer its post started, an ACK held for a
-//   reply) sets app_timer_fd_ to it before it lets go of the token, and the next such turn sets
+//   sleeping engine thread's timer (a retransmission timer, an ACK held for a reply) sets app_timer_fd_ to it before it lets go of the token, and the next such turn sets
 //   it to what that turn left (later, or none: the ACK left with the reply) — the engine thread
 //   is woken at the deadline, not to re-arm its own timer. It disarms it when it takes a turn.
 // * A THREAD WAITING FOR A COMPLETION EVENT DRIVES THE ENGINE (wait_readable, from a blocking
@@ -86,9 +84,6 @@ struct RuntimeConfig {
   // long, sized by how soon work has been coming (busy_poll.h); adaptive false: always this long.
   uint64_t busy_poll_ns = 0;
   bool busy_poll_adaptive = true;
-  // A post that finds the engine thread asleep takes the engine's turn on the posting thread
-  // (the WQE leaves from there) instead of waking the thread (posted).
-  bool post_inline = true;
 };
 
 class Runtime final : public engine::Waker, public EventWaiter {
@@ -118,7 +113,6 @@ class Runtime final : public engine::Waker, public EventWaiter {
 
   // engine::Waker: a doorbell rang (any thread).
   void wake() override;
-  void posted() override;
 
   // EventWaiter (a blocking ibv_get_cq_event): waits on this thread for `fd` or a datagram, and
   // takes the engine's turn when a datagram comes, so the datagram wakes the waiting thread
@@ -130,8 +124,6 @@ class Runtime final : public engine::Waker, public EventWaiter {
   uint64_t engine_thread_turns() const { return turns_.load(std::memory_order_relaxed); }
   uint64_t eventfd_wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
   uint64_t inline_turns() const { return inline_turns_.load(std::memory_order_relaxed); }
-  // Turns taken by posting threads that found the engine thread asleep (posted).
-  uint64_t post_turns() const { return post_turns_.load(std::memory_order_relaxed); }
   // Busy-poll windows that ended with work (a datagram, a post or a due timer).
   uint64_t busy_poll_hits() const { return busy_poll_hits_.load(std::memory_order_relaxed); }
   // The engine thread's kernel thread id (0 before it started or without one).
@@ -142,9 +134,9 @@ class Runtime final : public engine::Waker, public EventWaiter {
 
   void run();
   void release_token();
-  // One engine turn on this thread if the token is free: for a poll (try_progress), a post
-  // (posted) or a wait on a completion channel (wait_readable).
-  enum TurnKind { kPoll, kPost, kWait };
+  // One engine turn on this thread if the token is free: for a poll (try_progress) or a wait
+  // on a completion channel (wait_readable).
+  enum TurnKind { kPoll, kWait };
   bool take_turn(TurnKind kind);
   // Token holder, at the end of an application thread's turn that left `deadline`: the
   // application timer wakes a sleeping engine thread then, if its own timer is later.
@@ -168,7 +160,6 @@ class Runtime final : public engine::Waker, public EventWaiter {
   provider::Device device_;
   engine::Engine engine_;
   const bool has_thread_;
-  const bool post_inline_;
   BusyPollWindow busy_poll_;  // engine thread only
 
   int epoll_fd_ = -1;
@@ -195,7 +186,6 @@ class Runtime final : public engine::Waker, public EventWaiter {
 
   std::atomic<uint64_t> turns_{0};
   std::atomic<uint64_t> inline_turns_{0};
-  std::atomic<uint64_t> post_turns_{0};
   std::atomic<uint64_t> wakeups_{0};
   std::atomic<uint64_t> busy_poll_hits_{0};
   std::atomic<pid_t> engine_tid_{0};
