@@ -2,7 +2,6 @@
 #include "runtime/runtime.h"
 
 #include <poll.h>
-#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -90,6 +89,7 @@ Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
       device_(with_doorbell(std::move(config.device), &relay_)),
       engine_(device_, *io_, clock_, config.engine),
       has_thread_(config.engine_thread),
+      waiting_thread_drives_(config.waiting_thread_drives),
       busy_poll_(config.busy_poll_ns, config.busy_poll_adaptive) {
   relay_.set_waker(this);
   if (!has_thread_) return;
@@ -192,6 +192,9 @@ void Runtime::release_token() {
   // release that saw the flag still set paid a futex syscall.
   if (engine_waits_token_.load(std::memory_order_seq_cst) &&
       engine_waits_token_.exchange(false, std::memory_order_seq_cst))
+    wake_token_waiter();
+  else if (app_waits_token_.load(std::memory_order_seq_cst) &&
+           app_waits_token_.exchange(false, std::memory_order_seq_cst))
     wake_token_waiter();
 }
 
@@ -340,8 +343,15 @@ int Runtime::wait_readable(int fd) {
     pollfd p[2] = {{fd, POLLIN, 0}, {sock, POLLIN, 0}};
     if (poll(p, 2, -1) < 0) return errno;  // EINTR: a signal ends the wait, as it ends read()
     if (p[0].revents != 0) return 0;
-    // A datagram: take the turn. If somebody holds the token, that turn reads the socket.
-    if (!take_turn(kWait)) sched_yield();
+    // A datagram: take the turn. If somebody holds the token, its turn may have read the
+    // socket before the datagram came: wait until it lets go, then look again. (Not
+    // sched_yield: on a loaded host that gives the core away for a whole time slice.)
+    if (!take_turn(kWait)) {
+      const uint32_t generation = token_wakes_.load(std::memory_order_seq_cst);
+      app_waits_token_.store(true, std::memory_order_seq_cst);
+      if (token_.load(std::memory_order_seq_cst) != kFree)
+        token_wakes_.wait(generation, std::memory_order_seq_cst);
+    }
   }
 }
 

@@ -84,6 +84,9 @@ struct RuntimeConfig {
   // long, sized by how soon work has been coming (busy_poll.h); adaptive false: always this long.
   uint64_t busy_poll_ns = 0;
   bool busy_poll_adaptive = true;
+  // A thread blocked in ibv_get_cq_event drives the engine (wait_readable); false: it sleeps in
+  // read() and the engine thread wakes it through the channel.
+  bool waiting_thread_drives = true;
 };
 
 class Runtime final : public engine::Waker, public EventWaiter {
@@ -118,6 +121,9 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // takes the engine's turn when a datagram comes, so the datagram wakes the waiting thread
   // instead of the engine thread, which then would wake it through the channel.
   int wait_readable(int fd) override;
+  // What a completion channel of this process waits through: this runtime, or none when
+  // RuntimeConfig::waiting_thread_drives is false.
+  EventWaiter* event_waiter() { return waiting_thread_drives_ ? this : nullptr; }
 
   // ---- observation (any thread) ----
   engine::EngineCounters counters() const { return engine_.counters_snapshot(); }
@@ -160,6 +166,7 @@ class Runtime final : public engine::Waker, public EventWaiter {
   provider::Device device_;
   engine::Engine engine_;
   const bool has_thread_;
+  const bool waiting_thread_drives_;
   BusyPollWindow busy_poll_;  // engine thread only
 
   int epoll_fd_ = -1;
@@ -174,6 +181,8 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // token_wakes_ moves; the releasing application thread takes the flag and moves it, so each
   // wait costs one futex wake however often the token changes hands meanwhile.
   std::atomic<bool> engine_waits_token_{false};
+  // The same for a thread in wait_readable whose datagram's turn somebody else holds.
+  std::atomic<bool> app_waits_token_{false};
   std::atomic<uint32_t> token_wakes_{0};
   std::atomic<bool> doorbell_{false};
   std::atomic<bool> sleeping_{false};

@@ -143,6 +143,8 @@ bool debug_enabled() {
 //   URDMA_BUSY_POLL_US   the longest the engine thread spins after a turn before it sleeps,
 //                        0..1000 us (default 0; RuntimeConfig::busy_poll_ns; the window adapts
 //                        below it: runtime/busy_poll.h)
+//   URDMA_WAIT_DRIVES    0 or 1 (default 1): a thread blocked in ibv_get_cq_event takes the
+//                        turns of the datagrams that come meanwhile (Runtime::wait_readable)
 //   URDMA_UDP_GSO        0 or 1 (default 1): UDP segmentation offload for the packets of one
 //                        message (net/packet_io_env.h reads it)
 //   URDMA_UDP_GRO        0 or 1 (default 1): UDP receive offload (the same)
@@ -165,6 +167,8 @@ int engine_settings(runtime::RuntimeConfig* cfg, std::string* why) {
   if (int err = env_number("URDMA_TX_BATCH", 1, net::kMaxBatch, &tx_batch, why)) return err;
   if (int err = env_number("URDMA_ACK_DELAY_US", 0, 1000, &ack_delay_us, why)) return err;
   if (int err = env_number("URDMA_BUSY_POLL_US", 0, 1000, &busy_poll_us, why)) return err;
+  uint64_t wait_drives = 1;
+  if (int err = env_number("URDMA_WAIT_DRIVES", 0, 1, &wait_drives, why)) return err;
   // Read where the slot socket is adopted (net/packet_io_env.h); checked here so a bad value is
   // said like the others.
   uint64_t udp_offload = 1;
@@ -173,6 +177,7 @@ int engine_settings(runtime::RuntimeConfig* cfg, std::string* why) {
   cfg->engine.tx_batch = tx_batch;
   cfg->engine.ack_delay_ns = ack_delay_us * 1000;
   cfg->busy_poll_ns = busy_poll_us * 1000;
+  cfg->waiting_thread_drives = wait_drives != 0;
   return 0;
 }
 

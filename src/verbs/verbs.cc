@@ -373,7 +373,8 @@ int ibv_dereg_mr(ibv_mr* mr) {
 ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   if (!context) return fail<ibv_comp_channel>(EINVAL);
   auto* ch = new verbs::CompChannel{};
-  ch->impl = new runtime::CompletionChannel(&verbs::Context::from(context)->rt->runtime());
+  ch->impl =
+      new runtime::CompletionChannel(verbs::Context::from(context)->rt->runtime().event_waiter());
   ch->channel.context = context;
   ch->channel.fd = ch->impl->fd();
   ch->channel.refcnt = 0;

@@ -236,13 +236,14 @@ TEST_F(VerbsUtils, AFinishedPairsCountersStayInUrdmaStatus) {
 
 // The engine settings a process takes from its environment (README, "Tuning"): a value out of
 // range fails ibv_open_device with EINVAL and says why on stderr, whatever URDMA_DEBUG is; the
-// settings other than the defaults (one packet per sendmmsg, delayed ACKs) still move data.
+// settings other than the defaults (one packet per sendmmsg, delayed ACKs, a completion channel
+// waited on in read()) still move data.
 TEST_F(VerbsUtils, EngineSettingsComeFromTheEnvironment) {
   in_fresh_netns([] {
     for (const char* bad : {"URDMA_TX_BATCH=0", "URDMA_TX_BATCH=65", "URDMA_TX_BATCH=4x",
                             "URDMA_ACK_DELAY_US=-1", "URDMA_ACK_DELAY_US=1001",
                             "URDMA_BUSY_POLL_US=1001", "URDMA_BUSY_POLL_US=x",
-                            "URDMA_UDP_GSO=2", "URDMA_UDP_GRO=yes"}) {
+                            "URDMA_UDP_GSO=2", "URDMA_UDP_GRO=yes", "URDMA_WAIT_DRIVES=2"}) {
       const ToolRun r = run(std::string(bad) + " ibv_devinfo -d urdma0", 10000);
       EXPECT_NE(r.exit_code, 0) << bad << ":\n" << r.output;
       const std::string setting(bad);
@@ -257,10 +258,11 @@ TEST_F(VerbsUtils, EngineSettingsComeFromTheEnvironment) {
           10000);
       EXPECT_NE(r.output.find("Errno: 22, Invalid argument"), std::string::npos) << r.output;
     }
+    // -e: the completion channel, waited on in read() with URDMA_WAIT_DRIVES=0.
     const std::string env =
         "URDMA_TX_BATCH=1 URDMA_ACK_DELAY_US=20 URDMA_BUSY_POLL_US=50 URDMA_UDP_GSO=0 "
-        "URDMA_UDP_GRO=00 ";  // "00": a number, as the other settings read it
-    const std::string args = pingpong_args("ibv_rc_pingpong", 4096, 18660, 0, false);
+        "URDMA_UDP_GRO=00 URDMA_WAIT_DRIVES=0 ";  // "00": a number, as the other settings read it
+    const std::string args = pingpong_args("ibv_rc_pingpong", 4096, 18660, 0, true);
     const Started server = start(env + args);
     ASSERT_TRUE(wait_listening(18660, 10000));
     const ToolRun client = run(env + args + " 127.0.0.1", 20000);
