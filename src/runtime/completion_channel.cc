@@ -77,18 +77,23 @@ void CompletionChannel::notify(provider::Cq& cq) {
   add_one(fd_);
 }
 
+// One event's count: without blocking first, then — a blocking fd — through the waiter.
+int CompletionChannel::take() {
+  if (waiter_ == nullptr) return take_one(fd_);
+  for (;;) {
+    const int err = take_one_nowait(fd_);
+    if (err == 0) return 0;
+    // A kernel whose eventfd takes no RWF_NOWAIT (before 5.12): wait in read() as before.
+    if (err == EOPNOTSUPP) return take_one(fd_);
+    if (err != EAGAIN) return err;
+    if (fcntl(fd_, F_GETFL) & O_NONBLOCK) return EAGAIN;
+    if (int werr = waiter_->wait_readable(fd_)) return werr;
+  }
+}
+
 provider::Result<provider::Cq*> CompletionChannel::get_event() {
   for (;;) {
-    if (waiter_ != nullptr) {
-      if (int err = take_one_nowait(fd_)) {
-        if (err != EAGAIN) return provider::Status(err);
-        if (fcntl(fd_, F_GETFL) & O_NONBLOCK) return provider::Status(EAGAIN);
-        if (int werr = waiter_->wait_readable(fd_)) return provider::Status(werr);
-        continue;
-      }
-    } else if (int err = take_one(fd_)) {
-      return provider::Status(err);
-    }
+    if (int err = take()) return provider::Status(err);
     std::lock_guard lock(mutex_);
     base::check(!events_.empty(), "completion channel counter ahead of its events");
     provider::Cq* cq = events_.front();

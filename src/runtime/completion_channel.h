@@ -61,6 +61,8 @@ class CompletionChannel {
 
  private:
   void notify(provider::Cq& cq);
+  // Takes one from the semaphore (get_event's first step): 0 or an errno.
+  int take();
 
   EventWaiter* const waiter_;
   int fd_ = -1;

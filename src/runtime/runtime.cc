@@ -329,10 +329,9 @@ int Runtime::wait_readable(int fd) {
     explicit Watch(Runtime* r) : rt(r) {
       std::lock_guard lock(rt->watch_mutex_);
       // Blocked on transmit, the engine thread waits for EPOLLOUT on it: left in.
-      if (rt->watchers_++ == 0 && !rt->epollout_) {
-        epoll_ctl(rt->epoll_fd_, EPOLL_CTL_DEL, rt->io_->readable_fd(), nullptr);
-        rt->socket_out_ = true;
-      }
+      if (rt->watchers_++ == 0 && !rt->epollout_)
+        rt->socket_out_ = epoll_ctl(rt->epoll_fd_, EPOLL_CTL_DEL, rt->io_->readable_fd(),
+                                    nullptr) == 0;
     }
     ~Watch() {
       std::lock_guard lock(rt->watch_mutex_);
