@@ -2,6 +2,7 @@
 #include "runtime/runtime.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -210,11 +211,18 @@ bool Runtime::take_turn(TurnKind kind) {
   if (!token_.compare_exchange_strong(expected, kApplication, std::memory_order_acquire,
                                       std::memory_order_relaxed))
     return false;
+  // A turn's recvmmsg and sendmmsg are cancellation points, and a thread cancelled in one
+  // (rping cancels its CQ thread, blocked in ibv_get_cq_event, which now takes turns) would
+  // leave a batch half done and the token taken for good: no cancellation inside a turn. Where
+  // rdma-core can be cancelled — the wait in ibv_get_cq_event — ours can too (poll, outside).
+  int cancel_state;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
   engine_.poll(/*hold_acks=*/kind != kWait);
   const uint64_t deadline = std::min(engine_.next_deadline_ns(), io_->next_deadline_ns());
   const bool blocked = engine_.tx_blocked();
   if (has_thread_ && !blocked) set_app_timer(deadline);
   release_token();
+  pthread_setcancelstate(cancel_state, nullptr);
   inline_turns_.fetch_add(1, std::memory_order_relaxed);
   // Blocked on transmit: the engine thread must wait for EPOLLOUT, which only it can ask for.
   if (has_thread_ && blocked) wake();

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <thread>
@@ -161,6 +162,37 @@ TEST(CompletionChannel, AWaitingThreadTakesTheTurnOfItsDatagram) {
   expect_success(wait_cqes(*a.rt, cqa, 1, false));
   b.settle();
   EXPECT_EQ(fnv1a(last_dst.data(), last_dst.size()), fnv1a(last.data(), last.size()));
+}
+
+// rping cancels its CQ thread while it is blocked in ibv_get_cq_event. A thread cancelled in the
+// runtime's wait gives the socket back to the engine thread as it unwinds: a WRITE that arrives
+// afterwards is placed and ACKed.
+TEST(CompletionChannel, AThreadCancelledInItsWaitGivesTheSocketBack) {
+  auto [a, b] = make_hosts();
+  CompletionChannel channel(b.rt.get());
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  channel.attach(*cqb);
+  RcPair p = connect_rc(a, cqa, b, cqb);
+  std::vector<uint8_t> src(4096), dst(4096, 0);
+  fill_pattern(src, 11);
+  provider::Mr* ms = a.reg(src.data(), src.size());
+  provider::Mr* md = b.reg(dst.data(), dst.size());
+  pthread_t waiter;
+  auto body = [](void* ch) -> void* {
+    (void)static_cast<CompletionChannel*>(ch)->get_event();  // blocks: nothing will come
+    return nullptr;
+  };
+  ASSERT_EQ(pthread_create(&waiter, nullptr, body, &channel), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // into its poll
+  ASSERT_EQ(pthread_cancel(waiter), 0);
+  void* result = nullptr;
+  ASSERT_EQ(pthread_join(waiter, &result), 0);
+  EXPECT_EQ(result, PTHREAD_CANCELED);
+  ASSERT_TRUE(post_write_all(*p.qa, src, ms, dst, md).ok());
+  expect_success(wait_cqes(*a.rt, cqa, 1, false));
+  b.settle();
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
 }
 
 TEST(CompletionChannel, NonBlockingFdSaysEagainWhenEmpty) {
