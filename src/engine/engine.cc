@@ -858,6 +858,9 @@ void Engine::flush(QpContext& ctx) {
   resp.read_reply.active = false;
   resp.waiting.clear();
   if (ctx.qp->srq() == nullptr) {
+    // A receive posted from now on reads ERR and wakes the engine for its own flush
+    // (DoorbellRelay::ring_rq); one posted before is taken here.
+    ctx.qp->sync_with_recv_posters_st();
     provider::RecvWork work;
     while (ctx.qp->take_recv_st(work)) flush_recv(work.wr_id);
   } else if (!ctx.last_wqe_event_raised) {

@@ -128,7 +128,10 @@ class Engine;
 class Waker {
  public:
   virtual ~Waker() = default;
+  // The engine must take a turn soon: a modify, a receive WQE on a QP in ERR.
   virtual void wake() = 0;
+  // Send WQEs were posted (the waker may run the turn on the posting thread instead).
+  virtual void send_posted() { wake(); }
 };
 
 // Forwards the provider's doorbell calls to the Engine attached to it (nothing before that),
@@ -139,15 +142,21 @@ class DoorbellRelay final : public provider::Doorbell {
   void set_waker(Waker* waker) { waker_ = waker; }
   void ring_sq(provider::Qp& qp) override {
     if (target_) target_->ring_sq(qp);
-    wake();
+    if (waker_) waker_->send_posted();
   }
+  // A receive WQE matters to a turn only on a QP in ERR, where it is flushed at once
+  // (Engine::ring_rq); in any other state the turn that receives a request takes it, so a
+  // sleeping engine thread is not woken for it (an application that reposts its receive before
+  // it answers would otherwise wake it for nothing, ahead of the answer). Called after the
+  // post released the queue's lock, which Engine::flush takes between entering ERR and reading
+  // the queue (Qp::sync_with_recv_posters_st): either this reads ERR, or that flush sees the WQE.
   void ring_rq(provider::Qp& qp) override {
     if (target_) target_->ring_rq(qp);
-    wake();
+    if (qp.state() == IBV_QPS_ERR) wake();
   }
+  // SRQ WQEs are taken when requests arrive and are never flushed (IBA 10.2.9.5): no wake.
   void ring_srq(provider::Srq& srq) override {
     if (target_) target_->ring_srq(srq);
-    wake();
   }
   void qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) override {
     if (target_) target_->qp_modified(qp, from, to);

@@ -123,6 +123,11 @@ class Qp {
   uint32_t sq_size() const { return sq_ring_.size(); }
   // Receive queue (the SRQ's when attached).
   bool take_recv_st(RecvWork& out);
+  // Called after the QP entered ERR, before its receive queue is flushed: orders the state
+  // change against post_recv, whose doorbell wakes the engine only for a QP it sees in ERR
+  // (engine::DoorbellRelay::ring_rq). A post that held the queue's lock before this call is
+  // visible to the flush; one that takes it after reads ERR.
+  void sync_with_recv_posters_st() { std::lock_guard lock(rq_mutex_); }
   uint32_t rq_size() const;
   // Flushing (IBA 10.3.1.7 Error state: every outstanding and newly posted WR completes with
   // "flushed in error"; rxe completes unsignaled WRs too when flushing): pops every WQE still

@@ -82,7 +82,10 @@ int CompletionChannel::take() {
   if (waiter_ == nullptr) return take_one(fd_);
   for (;;) {
     const int err = take_one_nowait(fd_);
-    if (err == 0) return 0;
+    if (err == 0) {
+      waiter_->event_taken();
+      return 0;
+    }
     // A kernel whose eventfd takes no RWF_NOWAIT (before 5.12): wait in read() as before.
     if (err == EOPNOTSUPP) return take_one(fd_);
     if (err != EAGAIN) return err;

@@ -33,6 +33,8 @@ class EventWaiter {
   virtual ~EventWaiter() = default;
   // Returns 0 once `fd` may be readable, or an errno (EINTR: a signal ended the wait).
   virtual int wait_readable(int fd) = 0;
+  // This thread took an event (get_event returns it).
+  virtual void event_taken() {}
 };
 
 // ibv_create_comp_channel / ibv_get_cq_event / ibv_ack_cq_events.

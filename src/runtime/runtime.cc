@@ -185,6 +185,30 @@ void Runtime::wake() {
   }
 }
 
+namespace {
+// The runtime of the completion event this thread took last, until the thread posts a send
+// (Runtime::send_posted).
+thread_local const Runtime* t_event_from = nullptr;
+}  // namespace
+
+void Runtime::event_taken() { t_event_from = this; }
+
+// A thread that took a completion event usually answers it, and the engine thread often sleeps
+// by then (the waiting thread took the datagram's turn itself). Waking it for the answer costs
+// a second wake-up per hop, and on a loaded host the woken thread waits for a core
+// (docs/PERFORMANCE.md, "The answer to an event leaves from the thread that took it"). The
+// first send after the event takes the turn here instead; later ones ring as usual, so a burst
+// still leaves in the engine thread's batches (every post its own turn halved the 64-byte
+// message rate).
+void Runtime::send_posted() {
+  if (!has_thread_) return;
+  if (t_event_from == this) {
+    t_event_from = nullptr;
+    if (sleeping_.load(std::memory_order_seq_cst) && take_turn(kReply)) return;
+  }
+  wake();
+}
+
 void Runtime::release_token() {
   token_.store(kFree, std::memory_order_seq_cst);
   // Pairs with the engine thread's store of engine_waits_token_ before its re-check. Taken, not
@@ -217,13 +241,17 @@ bool Runtime::take_turn(TurnKind kind) {
   // rdma-core can be cancelled — the wait in ibv_get_cq_event — ours can too (poll, outside).
   int cancel_state;
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+  // A post's turn sees everything rung before this exchange, as the engine thread's turn does
+  // (run()); the engine thread need not take a turn for it when it wakes.
+  if (kind == kReply) doorbell_.exchange(false, std::memory_order_seq_cst);
   engine_.poll(/*hold_acks=*/kind != kWait);
   const uint64_t deadline = std::min(engine_.next_deadline_ns(), io_->next_deadline_ns());
   const bool blocked = engine_.tx_blocked();
   if (has_thread_ && !blocked) set_app_timer(deadline);
   release_token();
   pthread_setcancelstate(cancel_state, nullptr);
-  inline_turns_.fetch_add(1, std::memory_order_relaxed);
+  // Reply turns are not polls: inline_turns_ is how the engine thread tells a busy-polling thread.
+  (kind == kReply ? reply_turns_ : inline_turns_).fetch_add(1, std::memory_order_relaxed);
   // Blocked on transmit: the engine thread must wait for EPOLLOUT, which only it can ask for.
   if (has_thread_ && blocked) wake();
   return true;

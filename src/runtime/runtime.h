@@ -17,7 +17,9 @@
 //   an application thread holds the token — it waits on the token (futex) and takes a turn when
 //   it is released.
 // * Application threads post through the provider (SQ/RQ rings, their own locks) and ring the
-//   doorbell: atomic stores (engine/rung_qps.h) then Runtime::wake().
+//   doorbell: atomic stores (engine/rung_qps.h) then Runtime::send_posted() for send WQEs. A
+//   receive WQE calls Runtime::wake() only on a QP in ERR, where a turn must flush it
+//   (engine::DoorbellRelay::ring_rq); a modify always does.
 // * WAKE-UP (liburing's need-wakeup handshake, src/queue.c sq_ring_needs_enter): the engine
 //   thread, about to sleep, stores sleeping_ = true (seq_cst) and re-reads doorbell_; a
 //   poster stores doorbell_ = true (seq_cst) and writes the eventfd only if it reads sleeping_ ==
@@ -28,9 +30,11 @@
 //   application timer; an idle process costs no CPU. Before it sleeps the thread reads the
 //   engine's deadline again after publishing armed_deadline_ns_: a turn an application thread
 //   took in between compared its deadline with 0 ("awake") and did not set the application
-//   timer. (A post that found the engine thread asleep used to take the turn itself: it halved
-//   the 64-byte message rate, every WRITE of a burst its own turn and sendmmsg, and qperf rc_lat
-//   was no faster — docs/PERFORMANCE.md, "A waiting thread drives the engine".)
+//   timer. The first send a thread posts after it took a completion event takes the turn
+//   itself when the engine thread sleeps (send_posted): the answer to the event leaves without
+//   a second thread woken for it. Only that one: when every post that found the engine thread
+//   asleep took the turn, the 64-byte message rate halved (every WRITE of a burst its own turn
+//   and sendmmsg) — docs/PERFORMANCE.md, "A waiting thread drives the engine".
 // * APPLICATION TIMER: a turn on an application thread that leaves a deadline earlier than the
 //   sleeping engine thread's timer (a retransmission timer, an ACK held for a reply) sets app_timer_fd_ to it before it lets go of the token, and the next such turn sets
 //   it to what that turn left (later, or none: the ACK left with the reply) — the engine thread
@@ -116,11 +120,18 @@ class Runtime final : public engine::Waker, public EventWaiter {
 
   // engine::Waker: a doorbell rang (any thread).
   void wake() override;
+  // engine::Waker: send WQEs were posted. As wake(), except that the first send a thread posts
+  // after it took a completion event (event_taken) takes the turn on that thread when the
+  // engine thread sleeps and the token is free: the answer to the event leaves at once,
+  // without a second thread woken for it.
+  void send_posted() override;
 
   // EventWaiter (a blocking ibv_get_cq_event): waits on this thread for `fd` or a datagram, and
   // takes the engine's turn when a datagram comes, so the datagram wakes the waiting thread
   // instead of the engine thread, which then would wake it through the channel.
   int wait_readable(int fd) override;
+  // EventWaiter: the first send this thread posts from now on may take the turn (send_posted).
+  void event_taken() override;
   // What a completion channel of this process waits through: this runtime, or none when
   // RuntimeConfig::waiting_thread_drives is false.
   EventWaiter* event_waiter() { return waiting_thread_drives_ ? this : nullptr; }
@@ -130,6 +141,8 @@ class Runtime final : public engine::Waker, public EventWaiter {
   uint64_t engine_thread_turns() const { return turns_.load(std::memory_order_relaxed); }
   uint64_t eventfd_wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
   uint64_t inline_turns() const { return inline_turns_.load(std::memory_order_relaxed); }
+  // Turns a thread took for the first send it posted after a completion event (send_posted).
+  uint64_t reply_turns() const { return reply_turns_.load(std::memory_order_relaxed); }
   // Busy-poll windows that ended with work (a datagram, a post or a due timer).
   uint64_t busy_poll_hits() const { return busy_poll_hits_.load(std::memory_order_relaxed); }
   // The engine thread's kernel thread id (0 before it started or without one).
@@ -140,9 +153,9 @@ class Runtime final : public engine::Waker, public EventWaiter {
 
   void run();
   void release_token();
-  // One engine turn on this thread if the token is free: for a poll (try_progress) or a wait
-  // on a completion channel (wait_readable).
-  enum TurnKind { kPoll, kWait };
+  // One engine turn on this thread if the token is free: for a poll (try_progress), a wait
+  // on a completion channel (wait_readable) or the send posted after such a wait (send_posted).
+  enum TurnKind { kPoll, kWait, kReply };
   bool take_turn(TurnKind kind);
   // Token holder, at the end of an application thread's turn that left `deadline`: the
   // application timer wakes a sleeping engine thread then, if its own timer is later.
@@ -195,6 +208,7 @@ class Runtime final : public engine::Waker, public EventWaiter {
 
   std::atomic<uint64_t> turns_{0};
   std::atomic<uint64_t> inline_turns_{0};
+  std::atomic<uint64_t> reply_turns_{0};
   std::atomic<uint64_t> wakeups_{0};
   std::atomic<uint64_t> busy_poll_hits_{0};
   std::atomic<pid_t> engine_tid_{0};

@@ -164,6 +164,78 @@ TEST(CompletionChannel, AWaitingThreadTakesTheTurnOfItsDatagram) {
   EXPECT_EQ(fnv1a(last_dst.data(), last_dst.size()), fnv1a(last.data(), last.size()));
 }
 
+// Ping-pong with a thread that sleeps on its channel, as qperf rc_lat and ibv_rc_pingpong -e
+// answer: A SENDs, B's thread is woken for the receive, reposts it and SENDs the answer. The
+// answer's post takes the turn on B's thread (Runtime::send_posted) instead of waking B's
+// engine thread for it; every answer arrives with its bytes.
+TEST(CompletionChannel, TheAnswerToAnEventLeavesFromTheThreadThatWaited) {
+  auto [a, b] = make_hosts();
+  CompletionChannel channel(b.rt.get());
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  channel.attach(*cqb);
+  RcPair p = connect_rc(a, cqa, b, cqb);
+  constexpr size_t kRounds = 200;
+  std::vector<uint8_t> ping(64), pong(64 * kRounds, 0), got(64), answers(64 * kRounds);
+  fill_pattern(ping, 12);
+  fill_pattern(answers, 13);
+  provider::Mr* m_ping = a.reg(ping.data(), ping.size());
+  provider::Mr* m_pong = a.reg(pong.data(), pong.size());
+  provider::Mr* m_got = b.reg(got.data(), got.size());
+  provider::Mr* m_answers = b.reg(answers.data(), answers.size());
+  auto post_recv = [](provider::Qp* qp, uint8_t* buf, provider::Mr* mr, uint64_t id) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(buf), 64, mr->lkey()};
+    ibv_recv_wr wr{};
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return qp->post_recv(&wr, &bad).ok();
+  };
+  ASSERT_TRUE(post_recv(p.qb, got.data(), m_got, 0));
+  const uint64_t reply_turns0 = b.rt->reply_turns();
+  std::thread answerer([&] {
+    cqb->req_notify(false);
+    // Until every answer has its send completion too: no completion, so no event, comes after.
+    for (size_t round = 0, answered = 0; answered < kRounds;) {
+      ibv_wc wc[4];
+      const int n = cqb->poll(4, wc);
+      ASSERT_GE(n, 0);
+      for (int i = 0; i < n; ++i) {
+        ASSERT_EQ(wc[i].status, IBV_WC_SUCCESS);
+        if (wc[i].opcode != IBV_WC_RECV) {
+          ++answered;
+          continue;
+        }
+        ASSERT_TRUE(post_recv(p.qb, got.data(), m_got, round + 1));
+        ibv_sge sge{reinterpret_cast<uintptr_t>(answers.data() + round * 64), 64,
+                    m_answers->lkey()};
+        ibv_send_wr wr = rdma_wr(IBV_WR_SEND, &sge, 0, 0, round);
+        ibv_send_wr* bad = nullptr;
+        ASSERT_TRUE(p.qb->post_send(&wr, &bad).ok());
+        ++round;
+      }
+      if (n > 0) continue;
+      auto cq = channel.get_event();  // blocks: the runtime is the waiter
+      ASSERT_TRUE(cq.ok()) << cq.error();
+      channel.ack_events(*cqb, 1);
+      cqb->req_notify(false);
+    }
+  });
+  for (size_t round = 0; round < kRounds; ++round) {
+    ASSERT_TRUE(post_recv(p.qa, pong.data() + round * 64, m_pong, round));
+    ibv_sge sge{reinterpret_cast<uintptr_t>(ping.data()), 64, m_ping->lkey()};
+    ibv_send_wr wr = rdma_wr(IBV_WR_SEND, &sge, 0, 0, round);
+    ibv_send_wr* bad = nullptr;
+    ASSERT_TRUE(p.qa->post_send(&wr, &bad).ok());
+    // The SEND's completion and the answer's receive.
+    expect_success(wait_cqes(*a.rt, cqa, 2, false));
+  }
+  answerer.join();
+  EXPECT_EQ(fnv1a(pong.data(), pong.size()), fnv1a(answers.data(), answers.size()));
+  EXPECT_GT(b.rt->reply_turns() - reply_turns0, 0u) << "no answer left from the waiting thread";
+}
+
 // rping cancels its CQ thread while it is blocked in ibv_get_cq_event. A thread cancelled in the
 // runtime's wait gives the socket back to the engine thread as it unwinds: a WRITE that arrives
 // afterwards is placed and ACKed.

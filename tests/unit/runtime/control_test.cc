@@ -4,7 +4,9 @@
 // return), and destroy waits until the engine no longer touches the QP.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <set>
+#include <thread>
 
 #include "runtime_test_util.h"
 
@@ -60,6 +62,53 @@ TEST(RuntimeControl, ModifyToErrUnderTrafficCompletesEveryWrOnce) {
   }
   EXPECT_TRUE(a.dev().destroy_qp(p.qa).ok());
   EXPECT_TRUE(b.dev().destroy_qp(p.qb).ok());
+}
+
+// A receive WQE wakes the engine thread only on a QP in ERR (engine.h, DoorbellRelay::ring_rq),
+// where it must be flushed at once. One thread moves B's QP into ERR while another posts
+// receives without pause and nothing else drives the engine: every receive posted, before,
+// during or after the modify, completes exactly once — the early ones flushed by the modify's
+// flush, the late ones because their post read ERR and woke the sleeping engine thread.
+TEST(RuntimeControl, ReceivesPostedAroundAModifyToErrAreEachFlushedOnce) {
+  std::vector<uint8_t> dst(64);
+  for (int round = 0; round < 10; ++round) {
+    auto [a, b] = make_hosts();
+    provider::Cq* cqb = b.make_cq(8192);
+    RcPair p = connect_rc(a, a.make_cq(), b, cqb);
+    provider::Mr* md = b.reg(dst.data(), dst.size());
+    constexpr uint64_t kRecvs = 1000;
+    std::atomic<bool> go{false};
+    std::thread poster([&] {
+      while (!go.load()) std::this_thread::yield();
+      for (uint64_t i = 0; i < kRecvs; ++i) {
+        ibv_sge sge{reinterpret_cast<uintptr_t>(dst.data()), 64, md->lkey()};
+        ibv_recv_wr wr{};
+        wr.wr_id = i;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        ibv_recv_wr* bad = nullptr;
+        // A full receive queue (256) waits for the flush to empty it.
+        const auto until = std::chrono::steady_clock::now() + kHangGuard;
+        provider::Status st;
+        while (!(st = p.qb->post_recv(&wr, &bad)).ok() && st.error() == ENOMEM &&
+               std::chrono::steady_clock::now() < until)
+          std::this_thread::yield();
+        ASSERT_TRUE(st.ok()) << st.error() << " at receive " << i;
+      }
+    });
+    go.store(true);
+    std::this_thread::sleep_for(std::chrono::microseconds(100 * round));
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    ASSERT_TRUE(p.qb->modify(attr, IBV_QP_STATE).ok());
+    poster.join();
+    const std::vector<ibv_wc> wcs = wait_cqes(*b.rt, cqb, kRecvs, /*drive=*/false);
+    ASSERT_EQ(wcs.size(), kRecvs) << "round " << round;
+    for (uint64_t i = 0; i < kRecvs; ++i) {
+      EXPECT_EQ(wcs[i].wr_id, i);
+      EXPECT_EQ(wcs[i].status, IBV_WC_WR_FLUSH_ERR);
+    }
+  }
 }
 
 }  // namespace
