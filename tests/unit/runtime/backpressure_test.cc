@@ -103,13 +103,9 @@ TEST(RuntimeBackpressure, UdDatagramsAreNotDroppedWhenTheSocketIsFull) {
   verbs_ah.handle = ah->handle();
   for (int batch = 0; batch < kBatches; ++batch) {
     for (int i = 0; i < kBatch; ++i) {
-      ibv_sge sge{reinterpret_cast<uintptr_t>(dst.data() + i * (40 + kLen)), 40 + kLen, md->lkey()};
-      ibv_recv_wr wr{};
-      wr.wr_id = static_cast<uint64_t>(i);
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      ibv_recv_wr* bad = nullptr;
-      ASSERT_TRUE(p.qb->post_recv(&wr, &bad).ok());
+      ASSERT_TRUE(post_one_recv(*p.qb, dst.data() + i * (40 + kLen), 40 + kLen, md->lkey(),
+                                static_cast<uint64_t>(i))
+                      .ok());
     }
     for (int i = 0; i < kBatch; ++i) {
       ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()), kLen, ms->lkey()};

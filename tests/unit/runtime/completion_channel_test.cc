@@ -115,13 +115,7 @@ TEST(CompletionChannel, AWaitingThreadTakesTheTurnOfItsDatagram) {
   provider::Mr* md = b.reg(dst.data(), dst.size());
   provider::Mr* mld = b.reg(last_dst.data(), last_dst.size());
   for (size_t i = 0; i < kSends; ++i) {
-    ibv_sge sge{reinterpret_cast<uintptr_t>(dst.data() + i * 64), 64, md->lkey()};
-    ibv_recv_wr wr{};
-    wr.wr_id = i;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    ASSERT_TRUE(p.qb->post_recv(&wr, &bad).ok());
+    ASSERT_TRUE(post_one_recv(*p.qb, dst.data() + i * 64, 64, md->lkey(), i).ok());
   }
   const uint64_t waits0 = b.rt->inline_turns();
   std::atomic<size_t> received{0};
@@ -183,16 +177,7 @@ TEST(CompletionChannel, TheAnswerToAnEventLeavesFromTheThreadThatWaited) {
   provider::Mr* m_pong = a.reg(pong.data(), pong.size());
   provider::Mr* m_got = b.reg(got.data(), got.size());
   provider::Mr* m_answers = b.reg(answers.data(), answers.size());
-  auto post_recv = [](provider::Qp* qp, uint8_t* buf, provider::Mr* mr, uint64_t id) {
-    ibv_sge sge{reinterpret_cast<uintptr_t>(buf), 64, mr->lkey()};
-    ibv_recv_wr wr{};
-    wr.wr_id = id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    return qp->post_recv(&wr, &bad).ok();
-  };
-  ASSERT_TRUE(post_recv(p.qb, got.data(), m_got, 0));
+  ASSERT_TRUE(post_one_recv(*p.qb, got.data(), 64, m_got->lkey(), 0).ok());
   const uint64_t reply_turns0 = b.rt->reply_turns();
   std::thread answerer([&] {
     cqb->req_notify(false);
@@ -207,7 +192,7 @@ TEST(CompletionChannel, TheAnswerToAnEventLeavesFromTheThreadThatWaited) {
           ++answered;
           continue;
         }
-        ASSERT_TRUE(post_recv(p.qb, got.data(), m_got, round + 1));
+        ASSERT_TRUE(post_one_recv(*p.qb, got.data(), 64, m_got->lkey(), round + 1).ok());
         ibv_sge sge{reinterpret_cast<uintptr_t>(answers.data() + round * 64), 64,
                     m_answers->lkey()};
         ibv_send_wr wr = rdma_wr(IBV_WR_SEND, &sge, 0, 0, round);
@@ -223,7 +208,7 @@ TEST(CompletionChannel, TheAnswerToAnEventLeavesFromTheThreadThatWaited) {
     }
   });
   for (size_t round = 0; round < kRounds; ++round) {
-    ASSERT_TRUE(post_recv(p.qa, pong.data() + round * 64, m_pong, round));
+    ASSERT_TRUE(post_one_recv(*p.qa, pong.data() + round * 64, 64, m_pong->lkey(), round).ok());
     ibv_sge sge{reinterpret_cast<uintptr_t>(ping.data()), 64, m_ping->lkey()};
     ibv_send_wr wr = rdma_wr(IBV_WR_SEND, &sge, 0, 0, round);
     ibv_send_wr* bad = nullptr;
@@ -292,13 +277,7 @@ TEST(AsyncEventFd, ReportsCqOverflowFromTheEngineThread) {
   const uint32_t capacity = small->cqe();
   const uint32_t sends = capacity + 2;
   for (uint32_t i = 0; i < sends; ++i) {
-    ibv_sge sge{reinterpret_cast<uintptr_t>(rbuf.data() + i * 64 % rbuf.size()), 64, mb->lkey()};
-    ibv_recv_wr wr{};
-    wr.wr_id = i;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    ASSERT_TRUE(p.qb->post_recv(&wr, &bad).ok());
+    ASSERT_TRUE(post_one_recv(*p.qb, rbuf.data() + i * 64 % rbuf.size(), 64, mb->lkey(), i).ok());
   }
   for (uint32_t i = 0; i < sends; ++i) {
     ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 64, ma->lkey()};

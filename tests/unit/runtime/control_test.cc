@@ -81,17 +81,11 @@ TEST(RuntimeControl, ReceivesPostedAroundAModifyToErrAreEachFlushedOnce) {
     std::thread poster([&] {
       while (!go.load()) std::this_thread::yield();
       for (uint64_t i = 0; i < kRecvs; ++i) {
-        ibv_sge sge{reinterpret_cast<uintptr_t>(dst.data()), 64, md->lkey()};
-        ibv_recv_wr wr{};
-        wr.wr_id = i;
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-        ibv_recv_wr* bad = nullptr;
         // A full receive queue (256) waits for the flush to empty it.
         const auto until = std::chrono::steady_clock::now() + kHangGuard;
         provider::Status st;
-        while (!(st = p.qb->post_recv(&wr, &bad)).ok() && st.error() == ENOMEM &&
-               std::chrono::steady_clock::now() < until)
+        while (!(st = post_one_recv(*p.qb, dst.data(), 64, md->lkey(), i)).ok() &&
+               st.error() == ENOMEM && std::chrono::steady_clock::now() < until)
           std::this_thread::yield();
         ASSERT_TRUE(st.ok()) << st.error() << " at receive " << i;
       }

@@ -44,13 +44,7 @@ TEST_P(RuntimeTest, RcSendWriteReadAtomicsArriveWhole) {
 
   // SEND: kChunks messages into kChunks receives.
   for (size_t i = 0; i < kChunks; ++i) {
-    ibv_sge sge{reinterpret_cast<uintptr_t>(dst.data() + i * kChunk), kChunk, mdst->lkey()};
-    ibv_recv_wr wr{};
-    wr.wr_id = i;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    ASSERT_TRUE(p.qb->post_recv(&wr, &bad).ok());
+    ASSERT_TRUE(post_one_recv(*p.qb, dst.data() + i * kChunk, kChunk, mdst->lkey(), i).ok());
   }
   for (size_t i = 0; i < kChunks; ++i) {
     ibv_sge sge{reinterpret_cast<uintptr_t>(src.data() + i * kChunk), kChunk, msrc->lkey()};

@@ -147,6 +147,18 @@ inline std::vector<ibv_wc> wait_cqes(Runtime& rt, provider::Cq* cq, size_t n, bo
   return got;
 }
 
+// Posts one receive WR of one SGE: `len` bytes at `buf` (registered with `lkey`).
+inline provider::Status post_one_recv(provider::Qp& qp, const void* buf, uint32_t len,
+                                      uint32_t lkey, uint64_t wr_id) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf), len, lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return qp.post_recv(&wr, &bad);
+}
+
 inline ibv_send_wr rdma_wr(ibv_wr_opcode op, ibv_sge* sge, uint64_t remote, uint32_t rkey,
                            uint64_t wr_id) {
   ibv_send_wr wr{};
