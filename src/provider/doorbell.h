@@ -3,8 +3,10 @@
 // Design: the provider never runs the transport; it tells the engine about new work and about
 // QP lifecycle changes through this interface. The default implementation does nothing, so the
 // provider can be used and tested alone. Ring calls are made after the WQEs are published and
-// outside every provider lock; they must be cheap (a store and, only if the engine sleeps, a
-// wakeup — liburing's need-wakeup handshake is the engine's business).
+// outside every provider lock; they are cheap (a store and, only if the engine sleeps, a
+// wakeup — liburing's need-wakeup handshake is the engine's business), except that the runtime
+// may run one engine turn inside ring_sq: the first send after a completion event, when the
+// engine thread sleeps (runtime::Runtime::send_posted).
 #pragma once
 
 #include <infiniband/verbs.h>
