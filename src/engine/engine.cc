@@ -116,7 +116,7 @@ namespace {
 thread_local const Engine* tls_turn_engine = nullptr;
 }  // namespace
 
-void Engine::poll(bool hold_acks) {
+void Engine::poll(bool hold_acks, bool receive) {
   std::lock_guard lock(mutex_);
   hold_acks_ = hold_acks;
   // Odd: a turn runs. seq_cst against memory_released's load (a Dekker pair with the MR
@@ -146,7 +146,7 @@ void Engine::poll(bool hold_acks) {
   // before we last looked for its ACK. Read after, a turn preempted between the two (a loaded
   // host) judged an ACK that arrived in that gap, in time, as missing and resent the window.
   const uint64_t now_ns = clock_.now_ns();
-  receive_batch();
+  if (receive) receive_batch();
   // QPN order, as a scan of every QP would have it: timers fire and QPs are served in a
   // deterministic order (completions of QPs sharing a CQ interleave the same way every run).
   std::sort(active_.begin(), active_.end(),

@@ -198,7 +198,9 @@ class Engine final : public provider::Doorbell {
   // QPs in the error state.
   // hold_acks false: ACKs this turn owes are not held for replies (ack_delay_ns), whatever the
   // QP's conversation — the turn of a thread that waits on a completion channel (Runtime).
-  void poll(bool hold_acks = true);
+  // receive false: the socket is not read this turn (it only sends what was posted): the
+  // caller knows that what arrived is somebody else's to take (Runtime::send_posted).
+  void poll(bool hold_acks = true, bool receive = true);
   // Earliest time poll() must run without new traffic; <= now when work is waiting.
   uint64_t next_deadline_ns() const;
   // The engine thread's counters (poll()'s thread). Other threads: counters_snapshot().

@@ -45,12 +45,27 @@ int take_one_nowait(int fd) {
   return errno;
 }
 
+void add_n(int fd, uint64_t n) {
+  ssize_t r;
+  do {
+    r = write(fd, &n, sizeof n);
+  } while (r < 0 && errno == EINTR);
+}
+
+// The channel whose get_event this thread is blocked in (take), and whether a turn of this
+// thread handed it an event meanwhile (notify).
+thread_local const CompletionChannel* t_waiting_on = nullptr;
+thread_local bool t_delivered = false;
+
 }  // namespace
 
 CompletionChannel::CompletionChannel(EventWaiter* waiter)
-    : waiter_(waiter), fd_(semaphore_eventfd(0)) {}
+    : waiter_(waiter), fd_(semaphore_eventfd(0)) {
+  if (waiter_ != nullptr) wait_set_ = waiter_->make_wait_set(fd_);
+}
 
 CompletionChannel::~CompletionChannel() {
+  if (wait_set_ >= 0) close(wait_set_);
   close(fd_);
 }
 
@@ -73,25 +88,78 @@ void CompletionChannel::notify(provider::Cq& cq) {
   {
     std::lock_guard lock(mutex_);
     events_.push_back(&cq);
+    // This thread's turn, run while it waits in this channel's get_event: hand it over.
+    if (t_waiting_on == this) {
+      ++direct_;
+      ++direct_total_;
+      t_delivered = true;
+      return;
+    }
+    ++in_fd_;
   }
   add_one(fd_);
 }
 
-// One event's count: without blocking first, then — a blocking fd — through the waiter.
+// One event's count: one handed over in memory, else from the eventfd without blocking, then —
+// a blocking fd — through the waiter.
 int CompletionChannel::take() {
   if (waiter_ == nullptr) return take_one(fd_);
   for (;;) {
-    const int err = take_one_nowait(fd_);
-    if (err == 0) {
+    bool fd_has_events;
+    if (take_direct(&fd_has_events)) {
       waiter_->event_taken();
       return 0;
     }
-    // A kernel whose eventfd takes no RWF_NOWAIT (before 5.12): wait in read() as before.
-    if (err == EOPNOTSUPP) return take_one(fd_);
-    if (err != EAGAIN) return err;
+    // Nothing counted in the eventfd: no read to find that out (a notify that counts one
+    // after this look makes the fd readable, and the wait below sees it).
+    if (fd_has_events) {
+      const int err = take_one_nowait(fd_);
+      if (err == 0) {
+        taken_from_fd();
+        waiter_->event_taken();
+        return 0;
+      }
+      // A kernel whose eventfd takes no RWF_NOWAIT (before 5.12): wait in read() as before.
+      if (err == EOPNOTSUPP) {
+        const int rerr = take_one(fd_);
+        if (rerr == 0) taken_from_fd();
+        return rerr;
+      }
+      if (err != EAGAIN) return err;
+    }
     if (fcntl(fd_, F_GETFL) & O_NONBLOCK) return EAGAIN;
-    if (int werr = waiter_->wait_readable(fd_)) return werr;
+    t_waiting_on = this;
+    t_delivered = false;
+    const int werr = waiter_->wait_readable(fd_, wait_set_, t_delivered);
+    t_waiting_on = nullptr;
+    if (werr != 0) {
+      // A signal that came after this thread's turn handed it an event: the event first.
+      if (!t_delivered || !take_direct(&fd_has_events)) return werr;
+      waiter_->event_taken();
+      return 0;
+    }
   }
+}
+
+bool CompletionChannel::take_direct(bool* fd_has_events) {
+  uint64_t spill;
+  {
+    std::lock_guard lock(mutex_);
+    *fd_has_events = in_fd_ > 0;
+    if (direct_ == 0) return false;
+    // The first is this call's; the others (two CQs fired in one turn) go to the eventfd,
+    // where every consumer of the channel sees them.
+    spill = direct_ - 1;
+    direct_ = 0;
+    in_fd_ += spill;
+  }
+  if (spill > 0) add_n(fd_, spill);
+  return true;
+}
+
+void CompletionChannel::taken_from_fd() {
+  std::lock_guard lock(mutex_);
+  if (in_fd_ > 0) --in_fd_;
 }
 
 provider::Result<provider::Cq*> CompletionChannel::get_event() {
@@ -111,6 +179,11 @@ void CompletionChannel::ack_events(provider::Cq& cq, unsigned n) {
   std::lock_guard lock(mutex_);
   uint64_t& u = unacked_[&cq];
   u -= std::min<uint64_t>(u, n);
+}
+
+uint64_t CompletionChannel::direct_events() const {
+  std::lock_guard lock(mutex_);
+  return direct_total_;
 }
 
 uint64_t CompletionChannel::unacked(const provider::Cq& cq) const {

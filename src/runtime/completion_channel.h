@@ -8,6 +8,15 @@
 // (EAGAIN) — and then pops one event, which is therefore already queued. The fd is readable
 // exactly while events wait, so poll/epoll/select on it work as on rdma-core's channel fd.
 //
+// An event produced by the turn of the thread that waits for it (Runtime::wait_readable: the
+// thread blocked in get_event takes the turn of the datagram it waits for) is handed to it in
+// memory instead: queued as above but counted in direct_, not in the eventfd, so that thread
+// neither writes the eventfd nor wakes on it and reads it back (a syscall costs over 1 us on
+// some VMs: docs/PERFORMANCE.md, "Fewer syscalls per hop"). Only while that thread is inside
+// get_event, which takes the event right after the turn; when one turn fires two CQs of the
+// channel, the first is that thread's and the others go to the eventfd, so other consumers of
+// the fd still see every event that nobody is about to take.
+//
 // Arm/poll races: an event is queued for every firing of an armed CQ, and the CQ's arming and
 // its producer are ordered by seq_cst fences (provider/cq.cc), so the documented consumer loop
 // — get_event, ack, req_notify, then poll the CQ until empty — never sleeps on a completion
@@ -31,8 +40,13 @@ namespace urdma::runtime {
 class EventWaiter {
  public:
   virtual ~EventWaiter() = default;
-  // Returns 0 once `fd` may be readable, or an errno (EINTR: a signal ended the wait).
-  virtual int wait_readable(int fd) = 0;
+  // Returns 0 once `fd` may be readable or `delivered` became true (an event this thread's own
+  // turn produced was handed to it in memory: CompletionChannel), or an errno (EINTR: a signal
+  // ended the wait).
+  virtual int wait_readable(int fd, int wait_set, const bool& delivered) = 0;
+  // A set to wait in (wait_readable's wait_set) for `fd` and what the waiter watches: an fd the
+  // channel closes when it goes, or -1.
+  virtual int make_wait_set(int /*fd*/) { return -1; }
   // This thread took an event (get_event returns it).
   virtual void event_taken() {}
 };
@@ -60,16 +74,27 @@ class CompletionChannel {
   // ibv_ack_cq_events; unacked(cq) is what ibv_destroy_cq waits for in rdma-core.
   void ack_events(provider::Cq& cq, unsigned n);
   uint64_t unacked(const provider::Cq& cq) const;
+  // Events handed in memory to the thread whose turn produced them while it waited (above).
+  uint64_t direct_events() const;
 
  private:
   void notify(provider::Cq& cq);
   // Takes one from the semaphore (get_event's first step): 0 or an errno.
   int take();
+  // An event handed over in memory (direct_), if there is one; *fd_has_events: whether the
+  // eventfd counts any.
+  bool take_direct(bool* fd_has_events);
+  void taken_from_fd();
 
   EventWaiter* const waiter_;
   int fd_ = -1;
+  int wait_set_ = -1;  // waiter_->make_wait_set(fd_)
   mutable std::mutex mutex_;
   std::deque<provider::Cq*> events_;
+  // events_ = in_fd_ (counted in the eventfd, or about to be) + direct_ (handed in memory).
+  uint64_t in_fd_ = 0;
+  uint64_t direct_ = 0;
+  uint64_t direct_total_ = 0;
   std::unordered_map<const provider::Cq*, uint64_t> unacked_;
 };
 

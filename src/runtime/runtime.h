@@ -36,15 +36,20 @@
 //   asleep took the turn, the 64-byte message rate halved (every WRITE of a burst its own turn
 //   and sendmmsg) — docs/PERFORMANCE.md, "A waiting thread drives the engine".
 // * APPLICATION TIMER: a turn on an application thread that leaves a deadline earlier than the
-//   sleeping engine thread's timer (a retransmission timer, an ACK held for a reply) sets app_timer_fd_ to it before it lets go of the token, and the next such turn sets
-//   it to what that turn left (later, or none: the ACK left with the reply) — the engine thread
-//   is woken at the deadline, not to re-arm its own timer. It disarms it when it takes a turn.
+//   sleeping engine thread's timer (a retransmission timer, an ACK held for a reply) sets
+//   app_timer_fd_ to it before it lets go of the token, and the next such turn to what that turn
+//   left (later, or none: the ACK left with the reply; lazily, below) — the engine thread is
+//   woken at the deadline, not to re-arm its own timer. It disarms it (lazily) when it takes a
+//   turn.
 // * A THREAD WAITING FOR A COMPLETION EVENT DRIVES THE ENGINE (wait_readable, from a blocking
-//   ibv_get_cq_event): it polls the channel's fd and the socket, and a datagram makes it take
-//   the turn; the first such thread takes the socket out of the engine thread's epoll set and
-//   the last puts it back, so the datagram wakes the thread that wants the event instead of the
-//   engine thread, which would then wake it through the channel. ACKs its turns owe are not
-//   held for a reply (engine.h, Engine::poll).
+//   ibv_get_cq_event): it waits in the channel's wait set (make_wait_set: the channel's fd and
+//   the socket), and a datagram makes it take the turn. Every set holds the socket with
+//   EPOLLEXCLUSIVE and the engine thread's entry comes last, so the datagram wakes the thread
+//   that wants the event instead of the engine thread, which would then wake it through the
+//   channel; an event that turn fires is handed to the thread in memory (CompletionChannel).
+//   ACKs its turns owe are not held for a reply (engine.h, Engine::poll).
+// * TIMERS: both timerfds are set lazily (lazy_timer.h): earlier deadlines at once, later ones
+//   only when the armed one is due within a millisecond.
 // * BUSY POLLING: RuntimeConfig::busy_poll_ns (URDMA_BUSY_POLL_US) is the longest the engine
 //   thread spins after a turn before it sleeps; the window adapts to how soon work has been
 //   coming (busy_poll.h). A post, a due timer or a readable socket (epoll_wait with no
@@ -129,7 +134,10 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // EventWaiter (a blocking ibv_get_cq_event): waits on this thread for `fd` or a datagram, and
   // takes the engine's turn when a datagram comes, so the datagram wakes the waiting thread
   // instead of the engine thread, which then would wake it through the channel.
-  int wait_readable(int fd) override;
+  int wait_readable(int fd, int wait_set, const bool& delivered) override;
+  // EventWaiter: an epoll set of `fd` and the socket, which a datagram wakes before the engine
+  // thread (EPOLLEXCLUSIVE, wait_readable); -1 without the engine thread.
+  int make_wait_set(int fd) override;
   // EventWaiter: the first send this thread posts from now on may take the turn (send_posted).
   void event_taken() override;
   // What a completion channel of this process waits through: this runtime, or none when
@@ -160,14 +168,17 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // Token holder, at the end of an application thread's turn that left `deadline`: the
   // application timer wakes a sleeping engine thread then, if its own timer is later.
   void set_app_timer(uint64_t deadline);
+  // Sets timerfd `fd`, armed for *armed, to wake at `want` or earlier (lazy_timer.h).
+  void set_timer(int fd, uint64_t* armed, uint64_t want);
   void wake_token_waiter();
   // Sleeps in epoll until a datagram, a post, the deadline or stop. True when woken by work
   // (a datagram or the doorbell), not by the timer alone.
   bool sleep_until(uint64_t deadline_ns);
   // EPOLLOUT on the socket while the engine is blocked on transmit (Engine::tx_blocked).
   void want_writable(bool on);
-  // The socket back into the engine thread's epoll set (watch_mutex_ held).
-  void socket_back();
+  // The engine thread's epoll entry for the socket, added again behind every other
+  // (watch_mutex_ held, or the constructor).
+  void register_socket(uint32_t events);
 
   // The connection holding the slot when open() made the runtime (Client::keep holds the slot:
   // closing the connection returns it).
@@ -202,8 +213,11 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // The deadline the sleeping engine thread armed (kNever: none): a turn on an application
   // thread that leaves an earlier one wakes it.
   std::atomic<uint64_t> armed_deadline_ns_{net::kNever};
-  // What app_timer_fd_ is armed for (kNever: disarmed); the token's holder's.
+  // What app_timer_fd_ is armed for (kNever: disarmed); the token's holder's. It may be armed
+  // earlier than the deadline it serves (lazy_timer.h).
   uint64_t app_timer_ns_ = net::kNever;
+  // The same for timer_fd_ (engine thread only).
+  uint64_t timer_ns_ = net::kNever;
   std::atomic<bool> stop_{false};
 
   std::atomic<uint64_t> turns_{0};
@@ -212,12 +226,8 @@ class Runtime final : public engine::Waker, public EventWaiter {
   std::atomic<uint64_t> wakeups_{0};
   std::atomic<uint64_t> busy_poll_hits_{0};
   std::atomic<pid_t> engine_tid_{0};
-  // Threads in wait_readable. While there is one, the socket is out of the engine thread's
-  // epoll set (socket_out_), unless the engine waits for EPOLLOUT. watch_mutex_ guards these
-  // and every epoll_ctl on the socket after the constructor.
+  // Guards every epoll_ctl of the socket in epoll_fd_ after the constructor (register_socket).
   std::mutex watch_mutex_;
-  int watchers_ = 0;
-  bool socket_out_ = false;
   std::thread thread_;
 };
 

@@ -97,8 +97,9 @@ TEST(CompletionChannel, NoEventLostAcrossArmAndPoll) {
 // A channel made with the runtime as its waiter (as ibv_create_comp_channel makes it): the
 // thread blocked in get_event watches the socket and takes the turn of the datagram it waits
 // for (Runtime::wait_readable). A sends 200 SENDs one at a time; B's consumer gets an event for
-// each, and some of them came from turns its own thread took. Then, with nobody waiting, the
-// engine thread again takes what arrives: the socket is back in its epoll set.
+// each, and some of them came from turns its own thread took, which handed it the event in
+// memory; B's engine thread is not woken for them. Then, with nobody waiting, the engine thread
+// again takes what arrives.
 TEST(CompletionChannel, AWaitingThreadTakesTheTurnOfItsDatagram) {
   auto [a, b] = make_hosts();
   CompletionChannel channel(b.rt.get());
@@ -118,6 +119,7 @@ TEST(CompletionChannel, AWaitingThreadTakesTheTurnOfItsDatagram) {
     ASSERT_TRUE(post_one_recv(*p.qb, dst.data() + i * 64, 64, md->lkey(), i).ok());
   }
   const uint64_t waits0 = b.rt->inline_turns();
+  const uint64_t engine_turns0 = b.rt->engine_thread_turns();
   std::atomic<size_t> received{0};
   std::thread consumer([&] {
     cqb->req_notify(false);
@@ -145,10 +147,17 @@ TEST(CompletionChannel, AWaitingThreadTakesTheTurnOfItsDatagram) {
     const auto until = std::chrono::steady_clock::now() + kHangGuard;
     while (received.load() <= i && std::chrono::steady_clock::now() < until)
       std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   consumer.join();
   EXPECT_EQ(received.load(), kSends);
   EXPECT_GT(b.rt->inline_turns() - waits0, 0u) << "no turn taken by the waiting thread";
+  // The datagrams woke the waiting thread, not B's engine thread (its epoll entry for the
+  // socket comes after the channel's: Runtime::make_wait_set). A margin for a loaded host,
+  // where the consumer is not always back in its wait within the millisecond.
+  EXPECT_LT(b.rt->engine_thread_turns() - engine_turns0, kSends / 4)
+      << "B's engine thread was woken for the datagrams";
+  EXPECT_GT(channel.direct_events(), 0u) << "no event handed over by the waiting thread's turn";
   b.settle();
   EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
   // Nobody waits now: B's engine thread must place this WRITE and ACK it.
@@ -156,6 +165,7 @@ TEST(CompletionChannel, AWaitingThreadTakesTheTurnOfItsDatagram) {
   expect_success(wait_cqes(*a.rt, cqa, 1, false));
   b.settle();
   EXPECT_EQ(fnv1a(last_dst.data(), last_dst.size()), fnv1a(last.data(), last.size()));
+  channel.detach(*cqb);  // as ibv_destroy_cq before ibv_destroy_comp_channel
 }
 
 // Ping-pong with a thread that sleeps on its channel, as qperf rc_lat and ibv_rc_pingpong -e
@@ -219,6 +229,7 @@ TEST(CompletionChannel, TheAnswerToAnEventLeavesFromTheThreadThatWaited) {
   answerer.join();
   EXPECT_EQ(fnv1a(pong.data(), pong.size()), fnv1a(answers.data(), answers.size()));
   EXPECT_GT(b.rt->reply_turns() - reply_turns0, 0u) << "no answer left from the waiting thread";
+  channel.detach(*cqb);  // as ibv_destroy_cq before ibv_destroy_comp_channel
 }
 
 // rping cancels its CQ thread while it is blocked in ibv_get_cq_event. A thread cancelled in the
@@ -250,6 +261,62 @@ TEST(CompletionChannel, AThreadCancelledInItsWaitGivesTheSocketBack) {
   expect_success(wait_cqes(*a.rt, cqa, 1, false));
   b.settle();
   EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+  channel.detach(*cqb);  // as ibv_destroy_cq before ibv_destroy_comp_channel
+}
+
+// A waiter whose wait is a turn on the waiting thread that completes work on two CQs of the
+// channel, as Runtime::wait_readable's turn does when one datagram batch fires both.
+class TurnOnTheWaitingThread final : public EventWaiter {
+ public:
+  TurnOnTheWaitingThread(provider::Cq& first, provider::Cq& second)
+      : first_(first), second_(second) {}
+  int wait_readable(int /*fd*/, int wait_set, const bool& delivered) override {
+    EXPECT_EQ(wait_set, -1);
+    ++waits;
+    ibv_wc wc{};
+    wc.status = IBV_WC_SUCCESS;
+    wc.opcode = IBV_WC_RECV;
+    EXPECT_TRUE(first_.push_st(wc, false));
+    EXPECT_TRUE(second_.push_st(wc, false));
+    EXPECT_TRUE(delivered) << "the turn's event was not handed to the waiting thread";
+    return 0;
+  }
+  int waits = 0;
+
+ private:
+  provider::Cq& first_;
+  provider::Cq& second_;
+};
+
+// The event a waiting thread's own turn produces is handed to it in memory (no eventfd write
+// and read); when the turn fires two CQs of the channel, the second event goes to the fd, where
+// poll(2) and another get_event see it.
+TEST(CompletionChannel, EventsOfTheWaitersOwnTurnAreHandedOverAndTheRestGoToTheFd) {
+  provider::Cq first(1, 16, nullptr);
+  provider::Cq second(2, 16, nullptr);
+  TurnOnTheWaitingThread waiter(first, second);
+  CompletionChannel channel(&waiter);
+  channel.attach(first);
+  channel.attach(second);
+  first.req_notify(false);
+  second.req_notify(false);
+
+  auto e1 = channel.get_event();
+  ASSERT_TRUE(e1.ok()) << e1.error();
+  EXPECT_EQ(e1.value(), &first);
+  EXPECT_EQ(waiter.waits, 1);
+  EXPECT_EQ(channel.direct_events(), 2u);
+  pollfd pfd{channel.fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&pfd, 1, 0), 1) << "the second event is not on the fd";
+  auto e2 = channel.get_event();
+  ASSERT_TRUE(e2.ok()) << e2.error();
+  EXPECT_EQ(e2.value(), &second);
+  EXPECT_EQ(waiter.waits, 1) << "the second event was not taken from the fd";
+  EXPECT_EQ(::poll(&pfd, 1, 0), 0) << "the fd is readable with no event waiting";
+  channel.ack_events(first, 1);
+  channel.ack_events(second, 1);
+  channel.detach(first);
+  channel.detach(second);
 }
 
 TEST(CompletionChannel, NonBlockingFdSaysEagainWhenEmpty) {
