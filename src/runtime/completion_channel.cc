@@ -60,12 +60,9 @@ thread_local bool t_delivered = false;
 }  // namespace
 
 CompletionChannel::CompletionChannel(EventWaiter* waiter)
-    : waiter_(waiter), fd_(semaphore_eventfd(0)) {
-  if (waiter_ != nullptr) wait_set_ = waiter_->make_wait_set(fd_);
-}
+    : waiter_(waiter), fd_(semaphore_eventfd(0)) {}
 
 CompletionChannel::~CompletionChannel() {
-  if (wait_set_ >= 0) close(wait_set_);
   close(fd_);
 }
 
@@ -130,7 +127,7 @@ int CompletionChannel::take() {
     if (fcntl(fd_, F_GETFL) & O_NONBLOCK) return EAGAIN;
     t_waiting_on = this;
     t_delivered = false;
-    const int werr = waiter_->wait_readable(fd_, wait_set_, t_delivered);
+    const int werr = waiter_->wait_readable(fd_, t_delivered);
     t_waiting_on = nullptr;
     if (werr != 0) {
       // A signal that came after this thread's turn handed it an event: the event first.

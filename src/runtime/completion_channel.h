@@ -43,10 +43,7 @@ class EventWaiter {
   // Returns 0 once `fd` may be readable or `delivered` became true (an event this thread's own
   // turn produced was handed to it in memory: CompletionChannel), or an errno (EINTR: a signal
   // ended the wait).
-  virtual int wait_readable(int fd, int wait_set, const bool& delivered) = 0;
-  // A set to wait in (wait_readable's wait_set) for `fd` and what the waiter watches: an fd the
-  // channel closes when it goes, or -1.
-  virtual int make_wait_set(int /*fd*/) { return -1; }
+  virtual int wait_readable(int fd, const bool& delivered) = 0;
   // This thread took an event (get_event returns it).
   virtual void event_taken() {}
 };
@@ -88,7 +85,6 @@ class CompletionChannel {
 
   EventWaiter* const waiter_;
   int fd_ = -1;
-  int wait_set_ = -1;  // waiter_->make_wait_set(fd_)
   mutable std::mutex mutex_;
   std::deque<provider::Cq*> events_;
   // events_ = in_fd_ (counted in the eventfd, or about to be) + direct_ (handed in memory).

@@ -102,7 +102,7 @@ Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
   app_timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   base::check(epoll_fd_ >= 0 && event_fd_ >= 0 && timer_fd_ >= 0 && app_timer_fd_ >= 0,
               "epoll/eventfd/timerfd");
-  register_socket(EPOLLIN);
+  add_to_epoll(epoll_fd_, io_->readable_fd());
   add_to_epoll(epoll_fd_, event_fd_);
   add_to_epoll(epoll_fd_, timer_fd_);
   add_to_epoll(epoll_fd_, app_timer_fd_);
@@ -245,9 +245,10 @@ bool Runtime::take_turn(TurnKind kind) {
   // A post's turn sees everything rung before this exchange, as the engine thread's turn does
   // (run()); the engine thread need not take a turn for it when it wakes.
   if (kind == kReply) doorbell_.exchange(false, std::memory_order_seq_cst);
-  // A reply turn does not read the socket: a datagram that came meanwhile woke a thread that
-  // takes its turn, or waits on the engine thread's ready list (make_wait_set), and in a
-  // conversation the read found nothing — a syscall per answer for nothing.
+  // A reply turn does not read the socket: it runs after this thread's wait gave the socket
+  // back to the engine thread's epoll set (or another thread still waits and watches it), so
+  // a datagram that came meanwhile wakes one of them; in a conversation the read found
+  // nothing — a syscall per answer for nothing.
   engine_.poll(/*hold_acks=*/kind != kWait, /*receive=*/kind != kReply);
   const uint64_t deadline = std::min(engine_.next_deadline_ns(), io_->next_deadline_ns());
   const bool blocked = engine_.tx_blocked();
@@ -358,92 +359,47 @@ void Runtime::run() {
 // doorbell: the datagram wakes one thread, the one that wants the event, instead of the engine
 // thread, which would then wake it through the channel. Waking a sleeping thread is the cost
 // that matters on a VM whose idle vCPUs halt (docs/PERFORMANCE.md, "A waiting thread drives
-// the engine").
+// the engine"). The first watcher takes the socket out of the engine thread's epoll set and the
+// last one puts it back (level-triggered: what arrived meanwhile is reported at once).
 //
-// Who is woken: every epoll set holds the socket with EPOLLEXCLUSIVE, and a datagram's
-// wake-up walks the socket's exclusive entries in the order they were added and stops at the
-// first set a thread is blocked in (fs/eventpoll.c, ep_poll_callback); a set nobody waits in
-// only notes the socket as ready and the walk goes on. The engine thread's entry is kept
-// last (register_socket, after every wait set is made), so a datagram wakes a thread waiting for
-// an event if there is one, else the engine thread — and when neither sleeps it is on the
-// engine thread's ready list, which it reads before it sleeps again. No syscall per wait moves
-// the socket in or out of a set (it did until 2026-12-02: epoll_ctl DEL and ADD, two of the
-// ~11 syscalls a blocking get_event cost per hop). Whichever order the kernel walks in, every
-// datagram wakes someone who takes a turn or is seen by the engine thread: the order decides
-// only who. The one duty that comes with it: a thread that was woken for the socket takes the
-// turn, or hands it to the engine thread (wake), before it goes — nobody else was woken.
-int Runtime::make_wait_set(int fd) {
+// Not EPOLLEXCLUSIVE sets instead (tried 2026-12-02, docs/PERFORMANCE.md, "Fewer syscalls per
+// hop"): they saved the two epoll_ctl per wait, but a woken waiter leaves the socket's wait queue
+// until it waits again, so the next datagram — the reply behind an ACK — woke the engine thread,
+// which then took turns beside the application thread; with two CPU-bound processes on the
+// 2 cores qperf rc_lat went from ~130 to ~430 us.
+int Runtime::wait_readable(int fd, const bool& delivered) {
   const int sock = io_->readable_fd();
-  if (!has_thread_ || sock < 0) return -1;
-  const int set = epoll_create1(EPOLL_CLOEXEC);
-  if (set < 0) return -1;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = fd;
-  bool ok = epoll_ctl(set, EPOLL_CTL_ADD, fd, &ev) == 0;
-  ev.events = EPOLLIN | EPOLLEXCLUSIVE;
-  ev.data.fd = sock;
-  ok = ok && epoll_ctl(set, EPOLL_CTL_ADD, sock, &ev) == 0;
-  if (!ok) {
-    close(set);
-    return -1;
-  }
-  // The engine thread's entry behind the new set's.
-  std::lock_guard lock(watch_mutex_);
-  register_socket(EPOLLIN | (epollout_ ? EPOLLOUT : 0u));
-  return set;
-}
-
-int Runtime::wait_readable(int fd, int wait_set, const bool& delivered) {
-  if (wait_set < 0) {
+  if (!has_thread_ || sock < 0) {
     pollfd p{fd, POLLIN, 0};
     return poll(&p, 1, -1) < 0 ? errno : 0;
   }
-  // A thread cancelled in epoll_wait (a cancellation point, as read() is in rdma-core's
-  // ibv_get_cq_event) may have been the one a datagram woke: the engine thread takes its turn.
-  struct Handoff {
+  // An object, so that a thread cancelled in poll() (a cancellation point, as read() is in
+  // rdma-core's ibv_get_cq_event) gives the socket back as it unwinds.
+  struct Watch {
     Runtime* rt;
-    bool in_wait = false;
-    ~Handoff() {
-      if (!in_wait) return;
-      int state;
-      pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
-      rt->wake();
-      pthread_setcancelstate(state, nullptr);
+    explicit Watch(Runtime* r) : rt(r) {
+      std::lock_guard lock(rt->watch_mutex_);
+      // Blocked on transmit, the engine thread waits for EPOLLOUT on it: left in.
+      if (rt->watchers_++ == 0 && !rt->epollout_)
+        rt->socket_out_ = epoll_ctl(rt->epoll_fd_, EPOLL_CTL_DEL, rt->io_->readable_fd(),
+                                    nullptr) == 0;
     }
-  } handoff{this};
-  const int sock = io_->readable_fd();
+    ~Watch() {
+      std::lock_guard lock(rt->watch_mutex_);
+      if (--rt->watchers_ == 0 && rt->socket_out_) rt->socket_back();
+    }
+  } watch(this);
   for (;;) {
-    epoll_event ready[2];
-    handoff.in_wait = true;
-    const int n = epoll_wait(wait_set, ready, 2, -1);
-    handoff.in_wait = false;
-    if (n < 0) {
-      // EINTR: a signal ends the wait, as it ends read(); the datagram that may have woken
-      // this thread goes to the engine thread.
-      const int err = errno;
-      wake();
-      return err;
-    }
-    bool event = false;
-    bool datagram = false;
-    for (int i = 0; i < n; ++i) (ready[i].data.fd == sock ? datagram : event) = true;
-    if (!datagram) {
-      if (event) return 0;
-      continue;
-    }
+    pollfd p[2] = {{fd, POLLIN, 0}, {sock, POLLIN, 0}};
+    if (poll(p, 2, -1) < 0) return errno;  // EINTR: a signal ends the wait, as it ends read()
+    if (p[0].revents != 0) return 0;
     // A datagram: take the turn. If somebody holds the token, its turn may have read the
-    // socket before the datagram came: wait until it lets go, then look again (the set reports
-    // the socket again while it is readable). (Not sched_yield: on a loaded host that gives the
-    // core away for a whole time slice.)
+    // socket before the datagram came: wait until it lets go, then look again. (Not
+    // sched_yield: on a loaded host that gives the core away for a whole time slice.)
     if (take_turn(kWait)) {
-      // The turn handed this thread its event (CompletionChannel::notify), or it is on the fd.
-      if (delivered || event) return 0;
+      // The turn handed this thread its event (CompletionChannel::notify): no fd to look at.
+      if (delivered) return 0;
       continue;
-    }
-    if (event) {
-      wake();  // the event is here; the datagram's turn is the engine thread's
-      return 0;
     }
     const uint32_t generation = token_wakes_.load(std::memory_order_seq_cst);
     app_waits_token_.store(true, std::memory_order_seq_cst);
@@ -452,27 +408,28 @@ int Runtime::wait_readable(int fd, int wait_set, const bool& delivered) {
   }
 }
 
-// The engine thread's entry for the socket, (re-)added last among the socket's exclusive
-// entries (make_wait_set). EPOLLEXCLUSIVE entries cannot be modified: EPOLLOUT comes and goes
-// by the same DEL and ADD. In the constructor, or with watch_mutex_ held.
-void Runtime::register_socket(uint32_t events) {
-  const int sock = io_->readable_fd();
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, sock, nullptr);  // ENOENT the first time
+// watch_mutex_ held.
+void Runtime::socket_back() {
   epoll_event ev{};
-  ev.events = events | EPOLLEXCLUSIVE;
-  ev.data.fd = sock;
-  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, sock, &ev) == 0) return;
-  // A kernel without EPOLLEXCLUSIVE (before 4.5) refuses it: every set is then woken, and a
-  // waiting thread and the engine thread both take turns (make_wait_set gives no set there).
-  ev.events = events;
-  base::check(epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, sock, &ev) == 0, "epoll_ctl(ADD)");
+  ev.events = EPOLLIN | (epollout_ ? EPOLLOUT : 0u);
+  ev.data.fd = io_->readable_fd();
+  base::check(epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, io_->readable_fd(), &ev) == 0, "epoll_ctl(ADD)");
+  socket_out_ = false;
 }
 
 void Runtime::want_writable(bool on) {
   if (on == epollout_) return;  // written only by this thread
   std::lock_guard lock(watch_mutex_);
   epollout_ = on;
-  register_socket(EPOLLIN | (on ? EPOLLOUT : 0u));
+  if (socket_out_) {
+    // A watcher has the socket; EPOLLOUT is this thread's to wait for: back in now.
+    if (on) socket_back();
+    return;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
+  ev.data.fd = io_->readable_fd();
+  base::check(epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, io_->readable_fd(), &ev) == 0, "epoll_ctl(MOD)");
 }
 
 // Engine-thread side of the need-wakeup handshake (runtime.h).

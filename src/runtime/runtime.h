@@ -42,12 +42,12 @@
 //   woken at the deadline, not to re-arm its own timer. It disarms it (lazily) when it takes a
 //   turn.
 // * A THREAD WAITING FOR A COMPLETION EVENT DRIVES THE ENGINE (wait_readable, from a blocking
-//   ibv_get_cq_event): it waits in the channel's wait set (make_wait_set: the channel's fd and
-//   the socket), and a datagram makes it take the turn. Every set holds the socket with
-//   EPOLLEXCLUSIVE and the engine thread's entry comes last, so the datagram wakes the thread
-//   that wants the event instead of the engine thread, which would then wake it through the
-//   channel; an event that turn fires is handed to the thread in memory (CompletionChannel).
-//   ACKs its turns owe are not held for a reply (engine.h, Engine::poll).
+//   ibv_get_cq_event): it polls the channel's fd and the socket, and a datagram makes it take
+//   the turn; the first such thread takes the socket out of the engine thread's epoll set and
+//   the last puts it back, so the datagram wakes the thread that wants the event instead of the
+//   engine thread, which would then wake it through the channel. An event that turn fires is
+//   handed to the thread in memory (CompletionChannel). ACKs its turns owe are not held for a
+//   reply (engine.h, Engine::poll).
 // * TIMERS: both timerfds are set lazily (lazy_timer.h): earlier deadlines at once, later ones
 //   only when the armed one is due within a millisecond.
 // * BUSY POLLING: RuntimeConfig::busy_poll_ns (URDMA_BUSY_POLL_US) is the longest the engine
@@ -134,10 +134,7 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // EventWaiter (a blocking ibv_get_cq_event): waits on this thread for `fd` or a datagram, and
   // takes the engine's turn when a datagram comes, so the datagram wakes the waiting thread
   // instead of the engine thread, which then would wake it through the channel.
-  int wait_readable(int fd, int wait_set, const bool& delivered) override;
-  // EventWaiter: an epoll set of `fd` and the socket, which a datagram wakes before the engine
-  // thread (EPOLLEXCLUSIVE, wait_readable); -1 without the engine thread.
-  int make_wait_set(int fd) override;
+  int wait_readable(int fd, const bool& delivered) override;
   // EventWaiter: the first send this thread posts from now on may take the turn (send_posted).
   void event_taken() override;
   // What a completion channel of this process waits through: this runtime, or none when
@@ -176,9 +173,8 @@ class Runtime final : public engine::Waker, public EventWaiter {
   bool sleep_until(uint64_t deadline_ns);
   // EPOLLOUT on the socket while the engine is blocked on transmit (Engine::tx_blocked).
   void want_writable(bool on);
-  // The engine thread's epoll entry for the socket, added again behind every other
-  // (watch_mutex_ held, or the constructor).
-  void register_socket(uint32_t events);
+  // The socket back into the engine thread's epoll set (watch_mutex_ held).
+  void socket_back();
 
   // The connection holding the slot when open() made the runtime (Client::keep holds the slot:
   // closing the connection returns it).
@@ -226,8 +222,12 @@ class Runtime final : public engine::Waker, public EventWaiter {
   std::atomic<uint64_t> wakeups_{0};
   std::atomic<uint64_t> busy_poll_hits_{0};
   std::atomic<pid_t> engine_tid_{0};
-  // Guards every epoll_ctl of the socket in epoll_fd_ after the constructor (register_socket).
+  // Threads in wait_readable. While there is one, the socket is out of the engine thread's
+  // epoll set (socket_out_), unless the engine waits for EPOLLOUT. watch_mutex_ guards these
+  // and every epoll_ctl on the socket after the constructor.
   std::mutex watch_mutex_;
+  int watchers_ = 0;
+  bool socket_out_ = false;
   std::thread thread_;
 };
 

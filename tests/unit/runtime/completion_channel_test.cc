@@ -152,10 +152,10 @@ TEST(CompletionChannel, AWaitingThreadTakesTheTurnOfItsDatagram) {
   consumer.join();
   EXPECT_EQ(received.load(), kSends);
   EXPECT_GT(b.rt->inline_turns() - waits0, 0u) << "no turn taken by the waiting thread";
-  // The datagrams woke the waiting thread, not B's engine thread (its epoll entry for the
-  // socket comes after the channel's: Runtime::make_wait_set). A margin for a loaded host,
-  // where the consumer is not always back in its wait within the millisecond.
-  EXPECT_LT(b.rt->engine_thread_turns() - engine_turns0, kSends / 4)
+  // The datagrams woke the waiting thread, not B's engine thread (the socket is out of its
+  // epoll set while a thread waits). A margin for a loaded host, where the consumer is not
+  // always back in its wait within the millisecond.
+  EXPECT_LT(b.rt->engine_thread_turns() - engine_turns0, kSends / 10)
       << "B's engine thread was woken for the datagrams";
   EXPECT_GT(channel.direct_events(), 0u) << "no event handed over by the waiting thread's turn";
   b.settle();
@@ -270,8 +270,7 @@ class TurnOnTheWaitingThread final : public EventWaiter {
  public:
   TurnOnTheWaitingThread(provider::Cq& first, provider::Cq& second)
       : first_(first), second_(second) {}
-  int wait_readable(int /*fd*/, int wait_set, const bool& delivered) override {
-    EXPECT_EQ(wait_set, -1);
+  int wait_readable(int /*fd*/, const bool& delivered) override {
     ++waits;
     ibv_wc wc{};
     wc.status = IBV_WC_SUCCESS;
