@@ -12,7 +12,7 @@
 //     per timeout instead of two syscalls per message;
 //   * a later deadline, or none, while what is armed is due within kLazyHorizonNs (an ACK held
 //     for a reply, tens of microseconds): moved, so that a thread is not woken for nothing
-//     that soon — measured worse than the syscall (docs/PERFORMANCE.md, "ACKs held for a reply").
+//     that soon, as the application timer always was moved (runtime.cc, set_app_timer).
 #pragma once
 
 #include <cstdint>
