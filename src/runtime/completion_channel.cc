@@ -19,13 +19,15 @@ int semaphore_eventfd(unsigned initial) {
   return fd;
 }
 
-void add_one(int fd) {
-  const uint64_t one = 1;
-  ssize_t n;
+// Adds n to the semaphore's counter.
+void add_n(int fd, uint64_t n) {
+  ssize_t r;
   do {
-    n = write(fd, &one, sizeof one);
-  } while (n < 0 && errno == EINTR);
+    r = write(fd, &n, sizeof n);
+  } while (r < 0 && errno == EINTR);
 }
+
+void add_one(int fd) { add_n(fd, 1); }
 
 // Takes one from the semaphore; 0 or an errno: EAGAIN on a non-blocking fd, and EINTR when a
 // signal interrupted the wait — not retried, because rdma-core's ibv_get_cq_event and
@@ -43,13 +45,6 @@ int take_one_nowait(int fd) {
   iovec iov{&value, sizeof value};
   if (preadv2(fd, &iov, 1, -1, RWF_NOWAIT) == sizeof value) return 0;
   return errno;
-}
-
-void add_n(int fd, uint64_t n) {
-  ssize_t r;
-  do {
-    r = write(fd, &n, sizeof n);
-  } while (r < 0 && errno == EINTR);
 }
 
 // The channel whose get_event this thread is blocked in (take), and whether a turn of this
@@ -129,12 +124,7 @@ int CompletionChannel::take() {
     t_delivered = false;
     const int werr = waiter_->wait_readable(fd_, t_delivered);
     t_waiting_on = nullptr;
-    if (werr != 0) {
-      // A signal that came after this thread's turn handed it an event: the event first.
-      if (!t_delivered || !take_direct(&fd_has_events)) return werr;
-      waiter_->event_taken();
-      return 0;
-    }
+    if (werr != 0) return werr;  // never after a hand-over (EventWaiter::wait_readable)
   }
 }
 

@@ -42,7 +42,7 @@ class EventWaiter {
   virtual ~EventWaiter() = default;
   // Returns 0 once `fd` may be readable or `delivered` became true (an event this thread's own
   // turn produced was handed to it in memory: CompletionChannel), or an errno (EINTR: a signal
-  // ended the wait).
+  // ended the wait) — only while `delivered` is false, so no handed-over event is left behind.
   virtual int wait_readable(int fd, const bool& delivered) = 0;
   // This thread took an event (get_event returns it).
   virtual void event_taken() {}
