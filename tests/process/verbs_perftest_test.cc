@@ -261,6 +261,7 @@ TEST(Qperf, RcTestsThroughRdmaCm) {
         // no GRH, which a RoCE device refuses (EINVAL) — on rxe and RoCE NICs as here.
         const ToolRun uc = run("qperf -lp 19801 -t 1 127.0.0.1 uc_lat", 30000);
         const ToolRun ud = run("qperf -lp 19801 -t 1 127.0.0.1 ud_lat", 30000);
+        const ToolRun ud_bw = run("qperf -lp 19801 -t 1 127.0.0.1 ud_bw", 30000);
         kill(server.pid, SIGTERM);
         finish(server, 5000);
         EXPECT_EQ(events.exit_code, 0) << events.output;
@@ -274,15 +275,91 @@ TEST(Qperf, RcTestsThroughRdmaCm) {
         EXPECT_EQ(count(polling.output, "latency  ="), 1) << polling.output;
         EXPECT_NE(uc.exit_code, 0) << uc.output;
         EXPECT_NE(uc.output.find("failed to modify QP to RTR"), std::string::npos) << uc.output;
-        EXPECT_NE(ud.exit_code, 0) << ud.output;
-        EXPECT_NE(ud.output.find("failed to create address handle: Invalid argument"),
-                  std::string::npos)
-            << ud.output;
+        for (const ToolRun* r : {&ud, &ud_bw}) {
+          EXPECT_NE(r->exit_code, 0) << r->output;
+          EXPECT_NE(r->output.find("failed to create address handle: Invalid argument"),
+                    std::string::npos)
+              << r->output;
+        }
         for (const ToolRun* r : {static_cast<const ToolRun*>(&events), &polling})
           for (const char* bad : {"failed", "error", "mismatch", "timed out"})
             EXPECT_EQ(r->output.find(bad), std::string::npos) << bad << " in:\n" << r->output;
       },
       150);
+}
+
+// The qperf list between two network namespaces joined by a veth pair: the server and
+// its urdmad in B, the client (and its own urdmad) in A. The RC tests connect through rdma_cm
+// to B's address, so the CM's MADs and the data cross the veth as RoCEv2 between two daemons.
+TEST(Qperf, RcTestsBetweenTwoNamespacesOverAVethPair) {
+  if (!have_tool("qperf")) GTEST_SKIP() << "qperf not installed (scripts/deps.sh)";
+  in_fresh_netns(
+      [] {
+        struct Done {
+          int exit_code;  // B's server after A's client finished and B sent it SIGTERM
+        };
+        Pipe b_pid_pipe, veth_made, ready, client_done, done;
+        const pid_t b = fork_process([&] {
+          if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
+          b_pid_pipe.put(getpid());
+          char ch;
+          if (!veth_made.get(&ch, 5000)) return 11;
+          if (std::system("ip addr add 10.89.2.2/24 dev qb && ip link set qb up") != 0) return 12;
+          const Started server = start("qperf -lp 19802");
+          const char up = wait_listening(19802, 10000) ? 'y' : 'n';
+          ready.put(up);
+          if (up != 'y') {
+            std::fprintf(stderr, "B's qperf server:\n%s\n", finish(server, 0).output.c_str());
+            return 13;
+          }
+          client_done.get(&ch, 150000);
+          kill(server.pid, SIGTERM);
+          const ToolRun srv = finish(server, 5000);
+          // qperf's server ends on SIGTERM; what it printed must name no failure.
+          for (const char* bad : {"failed", "error"})
+            if (srv.output.find(bad) != std::string::npos) {
+              std::fprintf(stderr, "B's qperf server:\n%s\n", srv.output.c_str());
+              return 14;
+            }
+          return 0;
+        });
+        pid_t b_pid;
+        ASSERT_TRUE(b_pid_pipe.get(&b_pid));
+        if (std::system(("ip link add qa type veth peer name qb netns " + std::to_string(b_pid) +
+                         " 2>&1")
+                            .c_str()) != 0)
+          skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
+        ASSERT_TRUE(sh("ip addr add 10.89.2.1/24 dev qa && ip link set qa up"));
+        veth_made.put('x');
+        char up = 'n';
+        ASSERT_TRUE(ready.get(&up, 20000));
+        ASSERT_EQ(up, 'y') << "B's qperf server did not listen";
+        const std::vector<std::string> latency = {"rc_lat"};
+        const std::vector<std::string> bandwidth = {"rc_bw", "rc_rdma_write_bw", "rc_rdma_read_bw"};
+        const std::vector<std::string> rate = {"rc_compare_swap_mr", "ver_rc_compare_swap"};
+        std::string tests;
+        for (const auto* list : {&latency, &bandwidth, &rate})
+          for (const std::string& t : *list) tests += " " + t;
+        const ToolRun events = run("qperf -lp 19802 -cm1 -t 1 10.89.2.2" + tests, 90000);
+        const ToolRun polling = run("qperf -lp 19802 -cm1 -cp1 -t 1 10.89.2.2 rc_lat", 30000);
+        client_done.put('x');
+        const std::optional<int> status = wait_exit(b, 15000);
+        EXPECT_EQ(events.exit_code, 0) << events.output;
+        for (const auto* list : {&latency, &bandwidth, &rate})
+          for (const std::string& t : *list)
+            EXPECT_NE(events.output.find(t + ":\n"), std::string::npos) << t << events.output;
+        EXPECT_EQ(count(events.output, "latency  ="), 1) << events.output;
+        EXPECT_EQ(count(events.output, "bw  ="), 3) << events.output;
+        EXPECT_EQ(count(events.output, "msg_rate  ="), 2) << events.output;
+        EXPECT_EQ(polling.exit_code, 0) << polling.output;
+        EXPECT_EQ(count(polling.output, "latency  ="), 1) << polling.output;
+        for (const ToolRun* r : {static_cast<const ToolRun*>(&events), &polling})
+          for (const char* bad : {"failed", "error", "mismatch", "timed out"})
+            EXPECT_EQ(r->output.find(bad), std::string::npos) << bad << " in:\n" << r->output;
+        ASSERT_TRUE(status.has_value());
+        EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+      },
+      180);
 }
 
 }  // namespace
