@@ -108,6 +108,9 @@ write_initramfs() { # static busybox + virtio/ext4 modules in dependency order
 main() {
   [ "$(id -u)" = 0 ] || { echo "image.sh needs root (debootstrap, chroot, mknod)" >&2; exit 1; }
   mkdir -p "$CACHE" && cd "$CACHE"
+  # Two runs on one host share the cache: one builds, the other waits for it.
+  exec 9> "$CACHE/.lock"
+  flock 9
   local pkg kver stamp
   pkg=$(kernel_package)
   kver=${pkg#linux-image-}

@@ -14,7 +14,9 @@
 # there. Every command has a deadline: a hang is a failure (124), never a stuck run.
 
 INTEROP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-NS=${URDMA_INTEROP_NS:-urdma-interop}
+# One namespace per run, named by this shell's pid: two runs on one host (a CI job next to a
+# developer's run) never meet, and a killed run's namespace does not stop the next one.
+NS=${URDMA_INTEROP_NS:-urdma-interop-$$}
 NET=${URDMA_INTEROP_NET:-10.90.0}
 HOST_IP=$NET.1
 GUEST_IP=$NET.2
@@ -68,10 +70,37 @@ capture_stop() {
 
 qemu_alive() { [ -n "${QEMU_PID:-}" ] && kill -0 "$QEMU_PID" 2>/dev/null; }
 
+# A killed run leaves its namespace behind. One of ours with no process in it (a live run has
+# tcpdump and qemu there within seconds of making it) and older than ten minutes is removed.
+sweep_stale_namespaces() {
+  local ns
+  for ns in $(ip netns list | awk '{print $1}' | grep -E '^urdma-interop(-[0-9]+)?$'); do
+    [ "$ns" != "$NS" ] && [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] &&
+      [ -n "$(find "/run/netns/$ns" -maxdepth 0 -mmin +10 2>/dev/null)" ] || continue
+    say "removing $ns, a stale namespace of a killed run"
+    ip netns del "$ns"
+  done
+}
+
+# The guest stands for another machine, with CPUs of its own; here its TCG vCPUs and qemu's
+# I/O thread share 2 cores with the host-side tools, which busy-poll (ibv_rc_pingpong without
+# -e, perftest). Starved, the guest's network stalled for 0.5-0.7 s at a time: no packet in or
+# out (rxe's IP IDs show ~110 packets it sent in such a gap that never reached the bridge), then
+# all of rxe's answers at once — longer than ibv_rc_pingpong's whole retry budget (timeout 14 =
+# 67 ms, retry_cnt 7: 0.54 s), so urdma's side failed with RETRY_EXC_ERR in 2 of 4 runs of
+# `loss 2%: ibv_rc_pingpong -s 4096 -c` rxe->urdma. qemu's threads run at a higher priority
+# (nice -10 against the tools' 0), as a peer with its own CPUs would answer.
+qemu_priority() {
+  sleep 0.5  # qemu's vCPU and I/O threads exist by then
+  local t
+  for t in /proc/"$QEMU_PID"/task/*; do renice -n -10 -p "${t##*/}" > /dev/null 2>&1; done
+}
+
 # vm_up: namespace, bridge, capture, the guest booted and rxe0 ready, urdmad's GID known.
 vm_up() {
   [ -x "$URDMA" ] || { say "no $URDMA: build first (cmake --build $BUILD)"; return 1; }
   "$INTEROP_DIR/image.sh" || return 1
+  sweep_stale_namespaces
   if ip netns list | awk '{print $1}' | grep -qx "$NS"; then
     say "namespace $NS exists (another run, or a killed one: ip netns del $NS)"
     return 1
@@ -93,6 +122,7 @@ vm_up() {
     -device virtio-rng-pci -serial "file:$CTL/console.log" \
     < /dev/null > "$CTL/qemu.log" 2>&1 &
   QEMU_PID=$!
+  qemu_priority
   until [ -s "$CTL/ready" ]; do
     if [ -f "$CTL/failed" ] || ! qemu_alive || [ $((SECONDS - t0)) -ge 300 ]; then
       say "the guest did not come up:"; cat "$CTL/qemu.log" "$CTL/console.log" "$CTL/failed" >&2 2>/dev/null
