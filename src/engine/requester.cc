@@ -337,11 +337,7 @@ void Engine::apply_completer_result(QpContext& ctx, const CompleterResult& r) {
 // Finished WQEs leave the send queue in posting order, with their completions.
 void Engine::retire(QpContext& ctx) {
   Requester& req = ctx.req;
-  // Queued packets may point into WQEs popped below (their inline data): they leave first.
-  // Only then: run_requester retires after every QP it serves, and a flush there would split
-  // the turn's batch — one sendmmsg per QP, and an ACK owed at the turn's end apart from the
-  // requests queued before it.
-  if (req.started > 0 && req.at(0).stage == WqeStage::kDone) flush_tx();
+  flush_tx();  // queued packets may point into WQEs popped below (their inline data)
   while (req.started > 0 && req.at(0).stage == WqeStage::kDone) {
     const WqeState w = req.at(0);
     const provider::SendWqe* wqe = ctx.qp->sq_peek_st(0);

@@ -39,7 +39,6 @@ void MemoryIo::deliver(std::span<const uint8_t> bytes, const net::Endpoint& src,
 }
 
 net::TxStatus MemoryIo::send(const net::TxDatagram& d) {
-  if (!in_batch_) ++send_calls;
   const size_t n = d.size_bytes();
   if (n > net::kMaxUdpPayloadBytes || d.iov.size() > net::kMaxTxIov) {
     ++counters_.tx_rejected;
@@ -79,10 +78,7 @@ net::TxStatus MemoryIo::send(const net::TxDatagram& d) {
 }
 
 size_t MemoryIo::send_batch(std::span<const net::TxDatagram> batch) {
-  ++send_calls;
-  in_batch_ = true;
   for (const net::TxDatagram& d : batch) send(d);
-  in_batch_ = false;
   return batch.size();
 }
 

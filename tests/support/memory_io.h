@@ -70,8 +70,6 @@ class MemoryIo final : public net::PacketIo {
 
   // What was sent (recording mode), oldest first. Tests may clear it.
   std::vector<Sent> sent;
-  // Calls to send() and send_batch() so far: on a socket, one sendmsg or sendmmsg each.
-  size_t send_calls = 0;
   // Called for every datagram send() accepts, while its iovecs are valid, with its bytes.
   std::function<void(const net::TxDatagram&, std::span<const uint8_t>)> on_send;
 
@@ -90,7 +88,6 @@ class MemoryIo final : public net::PacketIo {
 
   MemoryIo* peer_ = nullptr;
   bool record_ = true;
-  bool in_batch_ = false;  // send() called by send_batch(): not a call of its own
   net::IoCounters counters_;
   // The inbound FIFO: a power-of-two ring of frame pointers over a pool of frames, recycled
   // LIFO so a shallow queue reuses cache-hot memory; it grows (never drops) when a requester

@@ -49,34 +49,6 @@ class RequesterTest : public ProtocolTest {
   provider::Mr* mr_ = nullptr;
 };
 
-// EngineConfig::tx_batch > 1: what one turn builds leaves in one send_batch (one sendmmsg on a
-// socket), however many QPs the turn served. The requester flushes the queue only before it
-// pops a finished WQE (whose inline data queued packets may point into), not after every QP.
-class BatchedTxRequesterTest : public ProtocolTest {
- protected:
-  static engine::EngineConfig batched() {
-    engine::EngineConfig c;
-    c.tx_batch = 64;
-    return c;
-  }
-  BatchedTxRequesterTest() : ProtocolTest(batched()) {}
-};
-
-TEST_F(BatchedTxRequesterTest, RequestsOfTwoQpsInOneTurnLeaveInOneBatch) {
-  std::vector<uint8_t> buf(256, 0x3C);
-  provider::Qp* const first = make_qp();
-  provider::Qp* const second = make_qp();
-  provider::Mr* const mr = reg(buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
-  ibv_sge s = sge(buf.data(), 200, mr);
-  ASSERT_EQ(post_send(first, send_wr(1, IBV_WR_SEND, &s)), 0);
-  ASSERT_EQ(post_send(second, send_wr(2, IBV_WR_SEND, &s)), 0);
-  engine_.poll();
-  ASSERT_EQ(sent_count(), 2u);
-  EXPECT_EQ(io_.send_calls, 1u);
-  EXPECT_EQ(sent(0).bth().opcode(), op::kRcSendOnly);
-  EXPECT_EQ(sent(1).bth().opcode(), op::kRcSendOnly);
-}
-
 // IBA 9.5 / 9.7.1: a 2500-byte SEND at PMTU 1024 is First/Middle/Last with consecutive PSNs
 // from sq_psn; AckReq only on the last packet; payloads straight from the SGE.
 TEST_F(RequesterTest, SendIsSegmentedByPmtu) {
