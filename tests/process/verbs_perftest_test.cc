@@ -275,12 +275,14 @@ TEST(Qperf, RcTestsThroughRdmaCm) {
         EXPECT_EQ(count(polling.output, "latency  ="), 1) << polling.output;
         EXPECT_NE(uc.exit_code, 0) << uc.output;
         EXPECT_NE(uc.output.find("failed to modify QP to RTR"), std::string::npos) << uc.output;
-        for (const ToolRun* r : {&ud, &ud_bw}) {
-          EXPECT_NE(r->exit_code, 0) << r->output;
-          EXPECT_NE(r->output.find("failed to create address handle: Invalid argument"),
-                    std::string::npos)
-              << r->output;
-        }
+        EXPECT_NE(ud.exit_code, 0) << ud.output;
+        EXPECT_NE(ud.output.find("failed to create address handle: Invalid argument"),
+                  std::string::npos)
+            << ud.output;
+        // ud_bw fails the same way; which side says so first depends on timing (on a loaded
+        // host the server, still ending ud_lat, answered "server: " and nothing else).
+        EXPECT_NE(ud_bw.exit_code, 0) << ud_bw.output;
+        EXPECT_EQ(count(ud_bw.output, "bw  ="), 0) << ud_bw.output;
         for (const ToolRun* r : {static_cast<const ToolRun*>(&events), &polling})
           for (const char* bad : {"failed", "error", "mismatch", "timed out"})
             EXPECT_EQ(r->output.find(bad), std::string::npos) << bad << " in:\n" << r->output;
