@@ -456,6 +456,27 @@ TEST_F(UrdmaCli, RunPassesExitStatusAndEnvironmentAndStartsTheDaemon) {
   });
 }
 
+// --help everywhere (CLI11): every command and subcommand prints its usage and exits 0; an
+// option nobody knows is an error (CLI11 exits non-zero: 106 or 109), not ignored.
+TEST_F(UrdmaCli, EveryCommandHasHelpAndRefusesUnknownOptions) {
+  in_fresh_netns([] {
+    const std::string daemon = URDMA_DAEMON_PATH;
+    for (const std::string& cmd :
+         {kUrdma, kUrdma + " run", kUrdma + " status", kUrdma + " devices", kUrdma + " decode",
+          daemon}) {
+      SCOPED_TRACE(cmd);
+      int rc = -1;
+      const std::string out = shell(cmd + " --help 2>&1", &rc);
+      EXPECT_EQ(rc, 0) << out;
+      EXPECT_NE(out.find("Usage:"), std::string::npos) << out;
+      EXPECT_NE(out.find("--help"), std::string::npos) << out;
+      if (cmd == kUrdma + " run") continue;  // run's options end at the program's name
+      shell(cmd + " --no-such-option > /dev/null 2>&1", &rc);
+      EXPECT_NE(rc, 0);
+    }
+  });
+}
+
 TEST_F(UrdmaCli, InstalledTreeWorksLikeTheBuildTree) {
   in_fresh_netns([] {
     char tmpl[] = "/tmp/urdma-install-XXXXXX";
