@@ -104,6 +104,8 @@ class Device {
   Result<Qp*> create_qp(const QpInitAttr& init);
   Status destroy_qp(Qp* qp);
   Qp* qp_by_handle(uint32_t handle) const { return qps_.get(handle); }
+  // QPs alive now (created, not destroyed): `urdma status`. Any thread.
+  uint32_t qp_count() const { return qps_.live_count(); }
   // The engine's demux: the QP with this number, or nullptr.
   Qp* qp_by_num(uint32_t qp_num) const;
 

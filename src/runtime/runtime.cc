@@ -39,10 +39,11 @@ void add_to_epoll(int epoll_fd, int fd) {
   base::check(epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0, "epoll_ctl(ADD)");
 }
 
-// The counters urdmad shows in `urdma status`, in daemon::kCounterNames order.
-daemon::CounterReport counter_report(const engine::EngineCounters& c) {
+// The counters urdmad shows in `urdma status`, in daemon::kCounterNames order, and the QPs the
+// process has.
+daemon::CounterReport counter_report(const engine::EngineCounters& c, uint32_t qp_count) {
   daemon::CounterReport r{};
-  r.qp_count = daemon::kQpCountUnknown;
+  r.qp_count = qp_count;
   const uint64_t values[] = {c.sent_pkts,
                              c.rcvd_pkts,
                              c.duplicate_request,
@@ -164,7 +165,8 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
   // The client keeps the slot through daemon restarts and reports the counters to urdmad
   // (daemon/client.h); ~Runtime stops it before the engine goes.
   Runtime* r = rt.get();
-  if (int e = client->keep(std::move(*slot), [r] { return counter_report(r->counters()); })) {
+  auto report = [r] { return counter_report(r->counters(), r->device().qp_count()); };
+  if (int e = client->keep(std::move(*slot), report)) {
     *err = e;
     *detail = "could not keep the slot";
     return nullptr;

@@ -88,7 +88,7 @@ for c in s["clients"]:
     k = c.get("counters", {})
     print(c["pid"], c["role"], -1 if c["slot"] is None else c["slot"], int(c["reattached"]),
           k.get("sent_pkts", -1), k.get("rcvd_pkts", -1), k.get("rdma_sends", -1),
-          k.get("rdma_recvs", -1))
+          k.get("rdma_recvs", -1), -1 if c.get("qps") is None else c["qps"])
 )PY";
 
 struct ClientRow {
@@ -96,6 +96,7 @@ struct ClientRow {
   long slot = -1;
   bool reattached = false;
   long long sent_pkts = -1, rcvd_pkts = -1, rdma_sends = -1, rdma_recvs = -1;
+  long qps = -1;  // as last reported; -1: none reported
 };
 struct StatusView {
   int rc = -1;
@@ -122,7 +123,7 @@ StatusView status(const std::string& urdma = kUrdma) {
     ClientRow r;
     int reattached = 0;
     in >> r.role >> r.slot >> reattached >> r.sent_pkts >> r.rcvd_pkts >> r.rdma_sends >>
-        r.rdma_recvs;
+        r.rdma_recvs >> r.qps;
     r.reattached = reattached != 0;
     if (r.role == "slot") v.slot_holders[std::stoi(first)] = r;
   }
@@ -367,6 +368,8 @@ TEST_F(UrdmaCli, StatusShowsBothClientProcessesWithTheirSlotsAndCounters) {
     EXPECT_GE(b.rdma_recvs, kPackets);
     EXPECT_GE(b.rcvd_pkts, b.rdma_recvs);
     EXPECT_GT(b.sent_pkts, 0) << "ACKs";
+    EXPECT_EQ(a.qps, 1) << "each process has one RC QP";
+    EXPECT_EQ(b.qps, 1);
     // The text form names them too.
     int rc = 0;
     const std::string text = shell(kUrdma + " status", &rc);
