@@ -297,10 +297,7 @@ TEST(Qperf, RcTestsBetweenTwoNamespacesOverAVethPair) {
   if (!have_tool("qperf")) GTEST_SKIP() << "qperf not installed (scripts/deps.sh)";
   in_fresh_netns(
       [] {
-        struct Done {
-          int exit_code;  // B's server after A's client finished and B sent it SIGTERM
-        };
-        Pipe b_pid_pipe, veth_made, ready, client_done, done;
+        Pipe b_pid_pipe, veth_made, ready, client_done;
         const pid_t b = fork_process([&] {
           if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
           b_pid_pipe.put(getpid());
