@@ -133,6 +133,15 @@ void Engine::request_again(QpContext& ctx, uint32_t psn, CompleterResult& r) {
   r.rewind_to = psn;
 }
 
+// A READ response or ATOMIC ACK with `psn` past the response `w` waits for: the responder
+// answers in PSN order, so w's response (the rest of a READ, or an ATOMIC's ACK) was lost. rxe
+// does the same (rxe_comp.c check_psn: a response past an unanswered READ or ATOMIC →
+// COMPST_ERROR_RETRY); without it each lost ATOMIC ACK in a pipeline waited a whole ACK timeout.
+void Engine::ask_again_if_past(QpContext& ctx, const WqeState& w, uint32_t psn,
+                               CompleterResult& r) {
+  if (wire::psn_gt(psn, w.resp_psn)) request_again(ctx, w.resp_psn, r);
+}
+
 void Engine::progress(QpContext& ctx, uint32_t next_unacked_psn, CompleterResult& r) {
   Completer& comp = ctx.comp;
   if (wire::psn_gt(next_unacked_psn, comp.psn)) {
@@ -239,11 +248,9 @@ void Engine::handle_read_response(QpContext& ctx, const wire::PacketView& pkt, C
   if (wqe->opcode != IBV_WR_RDMA_READ || psn != w.resp_psn) {
     // Not the response we wait for: an ATOMIC ACK is owed first, or a duplicate / a gap.
     progress(ctx, w.resp_psn, r);
-    // A response was lost (responses of one READ are sent in order): ask again for the rest
-    // at once instead of waiting for the ACK timeout (IBA 9.7.5.1.x, resend of a partially
-    // answered READ).
-    if (wqe->opcode == IBV_WR_RDMA_READ && wire::psn_gt(psn, w.resp_psn))
-      request_again(ctx, w.resp_psn, r);
+    // A response past the one we wait for: that one was lost (the responder answers in PSN
+    // order), ask again for it at once instead of waiting for the ACK timeout.
+    ask_again_if_past(ctx, w, psn, r);
     return;
   }
   // IBA 9.5 / 9.7.5.1.x: First and Middle responses carry exactly one PMTU, Last/Only at most
@@ -287,6 +294,7 @@ void Engine::handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt, Comp
       wqe->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
   if (!atomic || psn != w.first_psn) {
     progress(ctx, w.resp_psn, r);
+    ask_again_if_past(ctx, w, psn, r);
     return;
   }
   // The original value, in host order, into the 8-byte local SGE (IBA 9.4.5).

@@ -338,6 +338,7 @@ class Engine final : public provider::Doorbell {
   void handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r);
   void handle_nak(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r);
   void request_again(QpContext& ctx, uint32_t psn, CompleterResult& r);
+  void ask_again_if_past(QpContext& ctx, const WqeState& w, uint32_t psn, CompleterResult& r);
   void progress(QpContext& ctx, uint32_t next_unacked_psn, CompleterResult& r);
   void fire_completer_timers(QpContext& ctx, uint64_t now_ns);
   void retry_timeout(QpContext& ctx, CompleterResult& r);
