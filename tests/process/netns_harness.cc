@@ -179,6 +179,38 @@ std::optional<int> wait_exit(pid_t pid, int timeout_ms) {
   }
 }
 
+pid_t start_second_host(const std::string& here, const std::string& there, int net,
+                        const std::function<int()>& host_b) {
+  const std::string prefix = "10.89." + std::to_string(net) + ".";
+  Pipe unshared, veth_made;
+  const pid_t b = fork_process([&] {
+    if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
+    unshared.put('u');
+    char ch;
+    if (!veth_made.get(&ch, 5000)) return 11;
+    if (std::system(("ip addr add " + prefix + "2/24 dev " + there + " && ip link set " + there +
+                     " up")
+                        .c_str()) != 0)
+      return 12;
+    return host_b();
+  });
+  char ch;
+  if (b < 0 || !unshared.get(&ch, 5000)) {
+    ADD_FAILURE() << "the second host did not start";
+    return b;
+  }
+  if (std::system(("ip link add " + here + " type veth peer name " + there + " netns " +
+                   std::to_string(b) + " 2>&1")
+                      .c_str()) != 0) {
+    kill(b, SIGKILL);
+    skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
+  }
+  if (!sh("ip addr add " + prefix + "1/24 dev " + here + " && ip link set " + here + " up"))
+    kill(b, SIGKILL);
+  veth_made.put('x');
+  return b;
+}
+
 bool sh(const std::string& command) {
   const int rc = std::system((command + " 2>&1").c_str());
   if (rc != 0) ADD_FAILURE() << "`" << command << "` failed (" << rc << ")";

@@ -167,13 +167,8 @@ TEST_F(Perftest, ToolsBetweenTwoNamespacesOverAVethPair) {
           int ok;  // the server's output passed expect_perftest_ok in B
         };
         const std::vector<Case> cases = cases_two_hosts();
-        Pipe b_pid_pipe, veth_made, jobs, ready, done;
-        const pid_t b = fork_process([&] {
-          if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
-          b_pid_pipe.put(getpid());
-          char ch;
-          if (!veth_made.get(&ch, 5000)) return 11;
-          if (std::system("ip addr add 10.89.1.2/24 dev pb && ip link set pb up") != 0) return 12;
+        Pipe jobs, ready, done;
+        const pid_t b = start_second_host("pa", "pb", 1, [&] {
           const ToolRun info = run("ibv_devinfo -v", 10000);
           const int gid = gid_index_of(info.output, "10.89.1.2");
           if (gid < 0) std::fprintf(stderr, "B's devinfo:\n%s\n", info.output.c_str());
@@ -198,14 +193,6 @@ TEST_F(Perftest, ToolsBetweenTwoNamespacesOverAVethPair) {
           }
           return 0;
         });
-        pid_t b_pid;
-        ASSERT_TRUE(b_pid_pipe.get(&b_pid));
-        if (std::system(("ip link add pa type veth peer name pb netns " + std::to_string(b_pid) +
-                         " 2>&1")
-                            .c_str()) != 0)
-          skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
-        ASSERT_TRUE(sh("ip addr add 10.89.1.1/24 dev pa && ip link set pa up"));
-        veth_made.put('x');
         const ToolRun info = run("ibv_devinfo -v", 10000);
         const int gid = gid_index_of(info.output, "10.89.1.1");
         ASSERT_GE(gid, 0) << info.output;
@@ -302,13 +289,9 @@ TEST(Qperf, RcTestsBetweenTwoNamespacesOverAVethPair) {
   if (!have_tool("qperf")) GTEST_SKIP() << "qperf not installed (scripts/deps.sh)";
   in_fresh_netns(
       [] {
-        Pipe b_pid_pipe, veth_made, ready, client_done;
-        const pid_t b = fork_process([&] {
-          if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
-          b_pid_pipe.put(getpid());
+        Pipe ready, client_done;
+        const pid_t b = start_second_host("qa", "qb", 2, [&] {
           char ch;
-          if (!veth_made.get(&ch, 5000)) return 11;
-          if (std::system("ip addr add 10.89.2.2/24 dev qb && ip link set qb up") != 0) return 12;
           const Started server = start("qperf -lp 19802");
           const char up = wait_listening(19802, 10000) ? 'y' : 'n';
           ready.put(up);
@@ -327,14 +310,6 @@ TEST(Qperf, RcTestsBetweenTwoNamespacesOverAVethPair) {
             }
           return 0;
         });
-        pid_t b_pid;
-        ASSERT_TRUE(b_pid_pipe.get(&b_pid));
-        if (std::system(("ip link add qa type veth peer name qb netns " + std::to_string(b_pid) +
-                         " 2>&1")
-                            .c_str()) != 0)
-          skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
-        ASSERT_TRUE(sh("ip addr add 10.89.2.1/24 dev qa && ip link set qa up"));
-        veth_made.put('x');
         char up = 'n';
         ASSERT_TRUE(ready.get(&up, 20000));
         ASSERT_EQ(up, 'y') << "B's qperf server did not listen";
