@@ -179,9 +179,9 @@ std::optional<int> wait_exit(pid_t pid, int timeout_ms) {
   }
 }
 
-pid_t start_second_host(const std::string& here, const std::string& there, int net,
-                        const std::function<int()>& host_b) {
-  const std::string prefix = "10.89." + std::to_string(net) + ".";
+pid_t start_second_host(const std::string& here, const std::string& there,
+                        const std::string& subnet, const std::function<int()>& host_b) {
+  const std::string prefix = subnet + ".";
   Pipe unshared, veth_made;
   const pid_t b = fork_process([&] {
     if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;

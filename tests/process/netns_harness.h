@@ -33,12 +33,13 @@ pid_t fork_process(const std::function<int()>& fn);
 std::optional<int> wait_exit(pid_t pid, int timeout_ms);
 
 // A second host for a test body: a forked child in a network namespace of its own (loopback
-// up), joined to the body's namespace by a veth pair — `here` with 10.89.<net>.1/24 in the
-// body's namespace, `there` with 10.89.<net>.2/24 in the child's, both up. The child runs
-// `host_b` once its address is up and exits with its return value. Returns the child's pid
-// (wait for it with wait_exit); ends the test as skipped when the kernel makes no veth pair.
-pid_t start_second_host(const std::string& here, const std::string& there, int net,
-                        const std::function<int()>& host_b);
+// up), joined to the body's namespace by a veth pair — `here` with <subnet>.1/24 in the body's
+// namespace, `there` with <subnet>.2/24 in the child's ("10.89.3": 10.89.3.1 and 10.89.3.2),
+// both up. The child runs `host_b` once its address is up and exits with its return value.
+// Returns the child's pid (wait for it with wait_exit); ends the test as skipped when the
+// kernel makes no veth pair.
+pid_t start_second_host(const std::string& here, const std::string& there,
+                        const std::string& subnet, const std::function<int()>& host_b);
 
 // Runs a shell command (iproute2); false and a message on failure.
 bool sh(const std::string& command);

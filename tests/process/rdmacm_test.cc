@@ -399,13 +399,8 @@ struct TwoHostStep {
 };
 
 void run_between_two_namespaces(const std::vector<TwoHostStep>& steps) {
-  Pipe b_pid_pipe, veth_made, result;
-  const pid_t b = fork_process([&] {
-    if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
-    b_pid_pipe.put(getpid());
-    char ch;
-    if (!veth_made.get(&ch, 5000)) return 11;
-    if (std::system("ip addr add 10.90.0.2/24 dev vb && ip link set vb up") != 0) return 12;
+  Pipe result;
+  const pid_t b = start_second_host("va", "vb", "10.90.0", [&] {
     int failed = 0;
     for (size_t i = 0; i < steps.size(); ++i) {
       const TwoHostStep& st = steps[i];
@@ -429,13 +424,6 @@ void run_between_two_namespaces(const std::vector<TwoHostStep>& steps) {
     }
     return failed;
   });
-  pid_t b_pid;
-  ASSERT_TRUE(b_pid_pipe.get(&b_pid));
-  if (std::system(("ip link add va type veth peer name vb netns " + std::to_string(b_pid) +
-                   " 2>&1").c_str()) != 0)
-    skip_test("cannot create a veth pair between two namespaces");
-  ASSERT_TRUE(sh("ip addr add 10.90.0.1/24 dev va && ip link set va up"));
-  veth_made.put('x');
   for (const TwoHostStep& st : steps) {
     SCOPED_TRACE(st.client);
     char ch;

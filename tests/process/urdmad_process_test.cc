@@ -946,15 +946,9 @@ TEST_F(UrdmadProcess, TwoNamespacesOverAVethPair) {
     // Host A is this namespace; host B is a child in a namespace of its own. A sends to a QPN of
     // B's process over 10.88.0.0/24 (IPv6 across namespaces is left out: the tests use 10.x
     // addresses only); B answers from its slot socket to the QPN A named in the tag.
-    Pipe b_ready, veth_made, b_slot, b_got;
-    const pid_t b = fork_process([&] {
-      veth_made.close_wr();  // only A's copy: its closing means A is done
-      if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
-      const pid_t me = getpid();
-      b_ready.put(me);
-      char ch;
-      if (!veth_made.get(&ch, 5000)) return 11;
-      if (std::system("ip addr add 10.88.0.2/24 dev vb && ip link set vb up") != 0) return 12;
+    Pipe a_done, b_slot, b_got;
+    const pid_t b = start_second_host("va", "vb", "10.88.0", [&] {
+      a_done.close_wr();  // only A's copy: its closing means A is done
       Client c;
       Slot slot;
       if (connect_client(&c) != 0 || c.acquire_slot(&slot) != 0) return 13;
@@ -966,17 +960,9 @@ TEST_F(UrdmadProcess, TwoNamespacesOverAVethPair) {
       b_got.put(seen);
       send_to_qpn(r->from.c_str(), r->tag, 0xB0B, slot.fd.get());
       char end;
-      veth_made.get(&end, 5000);  // until A is done
+      a_done.get(&end, 5000);  // until A is done
       return ::testing::Test::HasFailure() ? 15 : 0;
     });
-    pid_t b_pid;
-    ASSERT_TRUE(b_ready.get(&b_pid));
-    if (std::system(
-            ("ip link add va type veth peer name vb netns " + std::to_string(b_pid) + " 2>&1")
-                .c_str()) != 0)
-      skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
-    ASSERT_TRUE(sh("ip addr add 10.88.0.1/24 dev va && ip link set va up"));
-    veth_made.put('x');
     Client c;
     Slot slot;
     ASSERT_EQ(connect_client(&c), 0);
@@ -994,7 +980,7 @@ TEST_F(UrdmadProcess, TwoNamespacesOverAVethPair) {
     EXPECT_EQ(at_a->qpn, slot.info.qpn_base + 3);
     EXPECT_EQ(at_a->tag, 0xB0Bu);
     EXPECT_EQ(at_a->from, "::ffff:10.88.0.2");
-    veth_made.close_wr();
+    a_done.close_wr();
     const auto status = wait_exit(b, 3000);
     ASSERT_TRUE(status);
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)

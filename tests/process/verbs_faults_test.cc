@@ -261,7 +261,7 @@ TEST_F(VerbsUtilsUnderFaults, RcPingpongBetweenTwoNamespacesOverAVethPair) {
                  std::to_string(kSize) + " -n " + std::to_string(kIters) + " -p " +
                  std::to_string(port);
         };
-        const pid_t b = start_second_host("fa", "fb", 3, [&] {
+        const pid_t b = start_second_host("fa", "fb", "10.89.3", [&] {
           unsigned port;
           for (int seed = 61; ports.get(&port, 60000) && port != 0; seed += 2) {
             const Started server = start(faults(seed) + args(port, "10.89.3.2"));

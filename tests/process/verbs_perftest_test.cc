@@ -168,7 +168,7 @@ TEST_F(Perftest, ToolsBetweenTwoNamespacesOverAVethPair) {
         };
         const std::vector<Case> cases = cases_two_hosts();
         Pipe jobs, ready, done;
-        const pid_t b = start_second_host("pa", "pb", 1, [&] {
+        const pid_t b = start_second_host("pa", "pb", "10.89.1", [&] {
           const ToolRun info = run("ibv_devinfo -v", 10000);
           const int gid = gid_index_of(info.output, "10.89.1.2");
           if (gid < 0) std::fprintf(stderr, "B's devinfo:\n%s\n", info.output.c_str());
@@ -290,7 +290,7 @@ TEST(Qperf, RcTestsBetweenTwoNamespacesOverAVethPair) {
   in_fresh_netns(
       [] {
         Pipe ready, client_done;
-        const pid_t b = start_second_host("qa", "qb", 2, [&] {
+        const pid_t b = start_second_host("qa", "qb", "10.89.2", [&] {
           char ch;
           const Started server = start("qperf -lp 19802");
           const char up = wait_listening(19802, 10000) ? 'y' : 'n';

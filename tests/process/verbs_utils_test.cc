@@ -292,13 +292,8 @@ TEST_F(VerbsUtils, PingpongsBetweenTwoNamespacesOverAVethPair) {
           long long bytes, iters;
           int failed;  // "Failed"/"Couldn't" in its output
         };
-        Pipe b_pid_pipe, veth_made, jobs, ready, done;
-        const pid_t b = fork_process([&] {
-          if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
-          b_pid_pipe.put(getpid());
-          char ch;
-          if (!veth_made.get(&ch, 5000)) return 11;
-          if (std::system("ip addr add 10.89.0.2/24 dev vb && ip link set vb up") != 0) return 12;
+        Pipe jobs, ready, done;
+        const pid_t b = start_second_host("va", "vb", "10.89.0", [&] {
           const ToolRun info = run("ibv_devinfo -v");
           const int gid = gid_index_of(info.output, "10.89.0.2");
           if (gid < 0) std::fprintf(stderr, "B's devinfo:\n%s\n", info.output.c_str());
@@ -319,14 +314,6 @@ TEST_F(VerbsUtils, PingpongsBetweenTwoNamespacesOverAVethPair) {
           }
           return 0;
         });
-        pid_t b_pid;
-        ASSERT_TRUE(b_pid_pipe.get(&b_pid));
-        if (std::system(("ip link add va type veth peer name vb netns " + std::to_string(b_pid) +
-                         " 2>&1")
-                            .c_str()) != 0)
-          skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
-        ASSERT_TRUE(sh("ip addr add 10.89.0.1/24 dev va && ip link set va up"));
-        veth_made.put('x');
         const ToolRun info = run("ibv_devinfo -v");
         const int gid = gid_index_of(info.output, "10.89.0.1");
         ASSERT_GE(gid, 0) << info.output;
