@@ -1,5 +1,6 @@
 #include "tool_run.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -200,6 +201,22 @@ int count(const std::string& text, const std::string& what) {
   int n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
+}
+
+void expect_no_qperf_failure(const ToolRun& r) {
+  for (const char* bad : {"failed", "error", "mismatch", "timed out"})
+    EXPECT_EQ(r.output.find(bad), std::string::npos) << bad << " in:\n" << r.output;
+}
+
+void expect_qperf_ran(const ToolRun& r, const std::vector<std::string>& tests, int latencies,
+                      int bandwidths, int rates) {
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string& t : tests)
+    EXPECT_NE(r.output.find(t + ":\n"), std::string::npos) << t << r.output;
+  EXPECT_EQ(count(r.output, "latency  ="), latencies) << r.output;
+  EXPECT_EQ(count(r.output, "bw  ="), bandwidths) << r.output;
+  EXPECT_EQ(count(r.output, "msg_rate  ="), rates) << r.output;
+  expect_no_qperf_failure(r);
 }
 
 }  // namespace urdma::process_test

@@ -62,4 +62,11 @@ std::vector<double> result_row(const std::string& out);
 // How many times `what` occurs in `text`.
 int count(const std::string& text, const std::string& what);
 
+// A qperf client's run of `tests` (gtest expectations): exit 0, a "<test>:" block for each, as
+// many "latency =", "bw =" and "msg_rate =" results as given, and no line naming a failure.
+void expect_qperf_ran(const ToolRun& r, const std::vector<std::string>& tests, int latencies,
+                      int bandwidths, int rates);
+// No failure named in a qperf process's output (its server's too).
+void expect_no_qperf_failure(const ToolRun& r);
+
 }  // namespace urdma::process_test
