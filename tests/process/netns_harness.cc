@@ -188,9 +188,9 @@ pid_t start_second_host(const std::string& here, const std::string& there,
     unshared.put('u');
     char ch;
     if (!veth_made.get(&ch, 5000)) return 11;
-    if (std::system(("ip addr add " + prefix + "2/24 dev " + there + " && ip link set " + there +
-                     " up")
-                        .c_str()) != 0)
+    if (std::system(
+            ("ip addr add " + prefix + "2/24 dev " + there + " && ip link set " + there + " up")
+                .c_str()) != 0)
       return 12;
     return host_b();
   });

@@ -2,9 +2,10 @@
 // reordering and duplication on each process's own sockets): ibv_rc_pingpong -c and
 // ibv_srq_pingpong -c (their buffer validation checks every byte), ib_write_bw, ib_read_bw,
 // ib_send_bw, ib_atomic_bw, the four perftest _lat tools, and qperf's RC tests (its ver_ tests
-// check the atomics' results). RC's retransmission hides the faults, so every tool must finish exactly as on a
-// clean link: exit 0, the bytes and iterations asked for, no error line. ibv_srq_pingpong is
-// DISABLED_ (its comment says why: the tool's own end of run under loss); run it with
+// check the atomics' results). RC's retransmission hides the faults, so every tool must finish
+// exactly as on a clean link: exit 0, the bytes and iterations asked for, no error line.
+// ibv_srq_pingpong is DISABLED_ (its comment says why: the tool's own end of run under loss); run
+// it with
 // --gtest_also_run_disabled_tests.
 //
 // The faults must be real, not merely configured: while a pair runs, the test reads
@@ -298,8 +299,9 @@ TEST_F(VerbsUtilsUnderFaults, RcPingpongBetweenTwoNamespacesOverAVethPair) {
           // The end-of-run race described at lost_last_ack(): rerun the pair.
           if ((finished(client, kIters) && rep.last_ack_lost) ||
               (b_done && last_ack_lost(client))) {
-            std::fprintf(stderr, "the ACK of one side's last send was lost after the other "
-                                 "exited; running the pair again\n");
+            std::fprintf(stderr,
+                         "the ACK of one side's last send was lost after the other "
+                         "exited; running the pair again\n");
             continue;
           }
           break;
@@ -344,8 +346,8 @@ void expect_bw_ok(const ToolRun& r, const BwCase& c, const char* side) {
 class PerftestUnderFaults : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* t : {"ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw",
-                          "ib_write_lat", "ib_read_lat", "ib_send_lat", "ib_atomic_lat"})
+    for (const char* t : {"ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw", "ib_write_lat",
+                          "ib_read_lat", "ib_send_lat", "ib_atomic_lat"})
       if (!have_tool(t)) GTEST_SKIP() << t << " not installed (scripts/deps.sh: perftest)";
   }
 };
@@ -365,9 +367,10 @@ std::string perftest_args(const BwCase& c, unsigned port) {
 TEST_F(PerftestUnderFaults, BandwidthToolsFinishWithTheCountsAskedFor) {
   in_fresh_netns(
       [] {
-        const std::vector<BwCase> cases = {
-            {"ib_write_bw", 65536, 1500}, {"ib_read_bw", 65536, 1500}, {"ib_send_bw", 65536, 1500},
-            {"ib_atomic_bw", 8, 5000}};
+        const std::vector<BwCase> cases = {{"ib_write_bw", 65536, 1500},
+                                           {"ib_read_bw", 65536, 1500},
+                                           {"ib_send_bw", 65536, 1500},
+                                           {"ib_atomic_bw", 8, 5000}};
         unsigned port = 18900;
         int seed = 10;
         for (const BwCase& c : cases) {
@@ -383,7 +386,6 @@ TEST_F(PerftestUnderFaults, BandwidthToolsFinishWithTheCountsAskedFor) {
       },
       290);
 }
-
 
 // The latency tools: one message in flight, so every lost packet costs a whole ACK timeout
 // (-u 16: 268 ms) and a run of 500 iterations takes a few seconds. Both sides exit 0 and the
@@ -440,9 +442,13 @@ TEST(QperfUnderFaults, RcTestsFinishAndTheirAtomicsVerify) {
         const Started server = start(faults(41) + "qperf -lp 18990");
         ASSERT_TRUE(wait_listening(18990, 10000)) << finish(server, 0).output;
         // 1 latency test, 3 bandwidth tests, 3 message rates.
-        const std::vector<std::string> tests = {
-            "rc_lat",          "rc_bw",           "rc_rdma_write_bw", "rc_rdma_read_bw",
-            "rc_compare_swap_mr", "ver_rc_compare_swap", "ver_rc_fetch_add"};
+        const std::vector<std::string> tests = {"rc_lat",
+                                                "rc_bw",
+                                                "rc_rdma_write_bw",
+                                                "rc_rdma_read_bw",
+                                                "rc_compare_swap_mr",
+                                                "ver_rc_compare_swap",
+                                                "ver_rc_fetch_add"};
         std::string names;
         for (const std::string& t : tests) names += " " + t;
         const Started client = start(faults(42) + "qperf -lp 18990 -cm1 -t 2 127.0.0.1" + names);

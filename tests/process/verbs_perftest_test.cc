@@ -63,11 +63,11 @@ std::vector<Case> lat_cases_one_host() {
 // Across the veth: every tool, each at a small, a multi-packet and (bandwidth) a 1 MiB size;
 // 17 servers in B and 17 clients in A, each below the one-host tests' 32-process bound.
 std::vector<Case> cases_two_hosts() {
-  return {{"ib_write_bw", 64, 100},   {"ib_write_bw", 65536, 50},  {"ib_write_bw", 1 << 20, 10},
-          {"ib_read_bw", 64, 100},    {"ib_read_bw", 65536, 50},   {"ib_read_bw", 1 << 20, 10},
-          {"ib_send_bw", 64, 100},    {"ib_send_bw", 65536, 50},   {"ib_send_bw", 1 << 20, 10},
-          {"ib_atomic_bw", 8, 100},   {"ib_write_lat", 2, 100},    {"ib_write_lat", 4096, 100},
-          {"ib_read_lat", 2, 100},    {"ib_read_lat", 4096, 100},  {"ib_send_lat", 2, 100},
+  return {{"ib_write_bw", 64, 100},   {"ib_write_bw", 65536, 50}, {"ib_write_bw", 1 << 20, 10},
+          {"ib_read_bw", 64, 100},    {"ib_read_bw", 65536, 50},  {"ib_read_bw", 1 << 20, 10},
+          {"ib_send_bw", 64, 100},    {"ib_send_bw", 65536, 50},  {"ib_send_bw", 1 << 20, 10},
+          {"ib_atomic_bw", 8, 100},   {"ib_write_lat", 2, 100},   {"ib_write_lat", 4096, 100},
+          {"ib_read_lat", 2, 100},    {"ib_read_lat", 4096, 100}, {"ib_send_lat", 2, 100},
           {"ib_send_lat", 4096, 100}, {"ib_atomic_lat", 8, 100}};
 }
 
@@ -239,10 +239,18 @@ TEST(Qperf, RcTestsThroughRdmaCm) {
         // channel goes and holds a REQ that beats the listen (cm_teardown_test.cc has both on
         // their own; before, each test cost ~6 s more and one first connection in ten failed).
         // 4 latency tests, 4 bandwidth tests, 4 message rates.
-        const std::vector<std::string> tests = {
-            "rc_lat",  "rc_rdma_write_lat", "rc_rdma_read_lat",   "rc_rdma_write_poll_lat",
-            "rc_bw",   "rc_bi_bw",          "rc_rdma_write_bw",   "rc_rdma_read_bw",
-            "rc_compare_swap_mr", "rc_fetch_add_mr", "ver_rc_compare_swap", "ver_rc_fetch_add"};
+        const std::vector<std::string> tests = {"rc_lat",
+                                                "rc_rdma_write_lat",
+                                                "rc_rdma_read_lat",
+                                                "rc_rdma_write_poll_lat",
+                                                "rc_bw",
+                                                "rc_bi_bw",
+                                                "rc_rdma_write_bw",
+                                                "rc_rdma_read_bw",
+                                                "rc_compare_swap_mr",
+                                                "rc_fetch_add_mr",
+                                                "ver_rc_compare_swap",
+                                                "ver_rc_fetch_add"};
         std::string names;
         for (const std::string& t : tests) names += " " + t;
         const ToolRun events = run("qperf -lp 19801 -cm1 -t 1 127.0.0.1" + names, 120000);
@@ -302,9 +310,12 @@ TEST(Qperf, RcTestsBetweenTwoNamespacesOverAVethPair) {
         ASSERT_TRUE(ready.get(&up, 20000));
         ASSERT_EQ(up, 'y') << "B's qperf server did not listen";
         // 1 latency test, 3 bandwidth tests, 2 message rates.
-        const std::vector<std::string> tests = {"rc_lat",          "rc_bw",
-                                                 "rc_rdma_write_bw", "rc_rdma_read_bw",
-                                                 "rc_compare_swap_mr", "ver_rc_compare_swap"};
+        const std::vector<std::string> tests = {"rc_lat",
+                                                "rc_bw",
+                                                "rc_rdma_write_bw",
+                                                "rc_rdma_read_bw",
+                                                "rc_compare_swap_mr",
+                                                "ver_rc_compare_swap"};
         std::string names;
         for (const std::string& t : tests) names += " " + t;
         const ToolRun events = run("qperf -lp 19802 -cm1 -t 1 10.89.2.2" + names, 90000);
