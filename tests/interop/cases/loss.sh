@@ -178,10 +178,24 @@ expect_number() {
   return 1
 }
 
+# urdma's side of the pair: the host job's log.
+urdma_log() { [ "$CASE_DIR" = "urdma->rxe" ] && echo "$OUT/client.host.log" || echo "$OUT/server.host.log"; }
+
 # ibv_rc_pingpong -c under loss: both sides send, both check every byte.
+# One failure is run again, said on stdout: urdma's side ending in RETRY_EXC_ERR. The tool's
+# whole retry budget is 0.54 s (timeout 14, retry_cnt 7, which urdma counts as the spec says and
+# rxe as "forever"), and the TCG guest's network can stall for longer even with qemu at nice
+# -10 (lib.sh, qemu_priority): CI of 2b0137f, rxe->urdma 64 KiB, once in its two loss
+# pingpongs per direction, after 15 + 8 local runs of the case without it. Any other failure,
+# or a second one, fails the case.
 loss_rc_pingpong() {
-  local size=$1 iters=$2 log
-  pingpong "$CASE_DIR" ibv_rc_pingpong -s "$size" -n "$iters" -c || return 1
+  local size=$1 iters=$2 log attempt
+  for attempt in 1 2; do
+    pingpong "$CASE_DIR" ibv_rc_pingpong -s "$size" -n "$iters" -c && break
+    [ "$attempt" = 1 ] && grep -q 'transport retry counter exceeded' "$(urdma_log)" || return 1
+    echo "attempt 1: urdma's side ran out of the tool's 0.54 s retry budget; running the pair again"
+    for log in "$(client_log)" "$(server_log)"; do [ -f "$log" ] && mv "$log" "$log.try1"; done
+  done
   for log in "$(client_log)" "$(server_log)"; do
     expect_number "$log" " bytes in " $((2 * size * iters)) &&
       expect_number "$log" " iters in " "$iters" || return 1
