@@ -203,6 +203,15 @@ int count(const std::string& text, const std::string& what) {
   return n;
 }
 
+std::string perftest_command(const std::string& tool, int size, int iters, unsigned port,
+                             int gid) {
+  std::string a = tool + " -d urdma0 -x " + std::to_string(gid) + " -p " + std::to_string(port) +
+                  " -n " + std::to_string(iters) + " -F -u 16";
+  if (!tool.starts_with("ib_atomic")) a += " -s " + std::to_string(size);
+  if (!tool.ends_with("_lat")) a += " --report_gbits";
+  return a;
+}
+
 void expect_no_qperf_failure(const ToolRun& r) {
   for (const char* bad : {"failed", "error", "mismatch", "timed out"})
     EXPECT_EQ(r.output.find(bad), std::string::npos) << bad << " in:\n" << r.output;

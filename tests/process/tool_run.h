@@ -62,6 +62,13 @@ std::vector<double> result_row(const std::string& out);
 // How many times `what` occurs in `text`.
 int count(const std::string& text, const std::string& what);
 
+// A perftest command line for urdma0: GID index `gid` (-x), TCP `port`, `iters` iterations, -F
+// (no CPU-frequency warning), -u 16 (a 268 ms local ACK timeout: perftest's default 67 ms × 8
+// tries is less than a loaded 2-core machine may keep a spinning peer off the CPU), -s `size`
+// except for the atomics (8 bytes by definition), --report_gbits for the bandwidth tools.
+std::string perftest_command(const std::string& tool, int size, int iters, unsigned port,
+                             int gid);
+
 // A qperf client's run of `tests` (gtest expectations): exit 0, a "<test>:" block for each, as
 // many "latency =", "bw =" and "msg_rate =" results as given, and no line naming a failure.
 void expect_qperf_ran(const ToolRun& r, const std::vector<std::string>& tests, int latencies,

@@ -352,12 +352,9 @@ class PerftestUnderFaults : public ::testing::Test {
   }
 };
 
+// GID 0: 127.0.0.1.
 std::string perftest_args(const BwCase& c, unsigned port) {
-  std::string a = std::string(c.tool) + " -d urdma0 -x 0 -F -u 16 -n " + std::to_string(c.iters) +
-                  " -p " + std::to_string(port);
-  if (!std::string(c.tool).starts_with("ib_atomic")) a += " -s " + std::to_string(c.size);
-  if (!std::string(c.tool).ends_with("_lat")) a += " --report_gbits";
-  return a;
+  return perftest_command(c.tool, c.size, c.iters, port, 0);
 }
 
 // -u 16 (a 268 ms ACK timeout) as in verbs_perftest_test.cc: a loaded 2-core machine may keep

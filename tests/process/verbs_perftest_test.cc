@@ -71,15 +71,9 @@ std::vector<Case> cases_two_hosts() {
           {"ib_send_lat", 4096, 100}, {"ib_atomic_lat", 8, 100}};
 }
 
-// -F: no CPU-frequency warning. -u 16: a 268 ms local ACK timeout (perftest's default 14 is
-// 67 ms, and 7 retries of it are less than a loaded 2-core CI machine may keep a spinning peer
-// off the CPU; the runtime tests use the same timeout for the same reason).
+// tool_run.h says why -F and -u 16.
 std::string perftest_args(const Case& c, unsigned port, int gid) {
-  std::string a = std::string(c.tool) + " -d urdma0 -x " + std::to_string(gid) + " -p " +
-                  std::to_string(port) + " -n " + std::to_string(c.iters) + " -F -u 16";
-  if (!std::string(c.tool).starts_with("ib_atomic")) a += " -s " + std::to_string(c.size);
-  if (!is_lat(c.tool)) a += " --report_gbits";
-  return a;
+  return perftest_command(c.tool, c.size, c.iters, port, gid);
 }
 
 // One side's output: exit 0, a result row for the size and iterations asked for, sane numbers,
