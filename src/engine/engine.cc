@@ -138,19 +138,20 @@ void Engine::poll(bool hold_acks, bool receive) {
   run_commands();
   if (doorbell_rung_.exchange(false, std::memory_order_acq_rel)) {
     rung_.drain([this](uint32_t handle) {
-      if (QpContext* ctx = by_handle_[handle]) activate(*ctx);
+      if (QpContext* ctx = by_handle_[handle]) {
+        activate(*ctx);
+        rung_now_.push_back(ctx);
+      }
     });
   }
   flush_backlog();
+  send_posted_first(receive);
   // The turn's time is taken before the socket is read: a timer fires only if it expired
   // before we last looked for its ACK. Read after, a turn preempted between the two (a loaded
   // host) judged an ACK that arrived in that gap, in time, as missing and resent the window.
   const uint64_t now_ns = clock_.now_ns();
   if (receive) receive_batch();
-  // QPN order, as a scan of every QP would have it: timers fire and QPs are served in a
-  // deterministic order (completions of QPs sharing a CQ interleave the same way every run).
-  std::sort(active_.begin(), active_.end(),
-            [](const QpContext* a, const QpContext* b) { return a->qpn < b->qpn; });
+  sort_active();
   // Blocked on transmit: packets still in our backlog have not left, so no timer may count
   // them as lost; and nothing new is generated until the backlog drains.
   if (!tx_blocked()) fire_timers(now_ns);
@@ -166,6 +167,31 @@ void Engine::poll(bool hold_acks, bool receive) {
   else
     send_delayed_acks(/*held_too=*/true);
   flush_tx();
+}
+
+// What was just posted leaves before the socket is read. A thread that posts and then polls
+// (ibv_post_send, then ibv_poll_cq: every hop of a ping-pong) would otherwise send its request
+// only after a recvmmsg that usually finds nothing (docs/PERFORMANCE.md, "A post leaves before
+// the turn reads the socket"). Only the requesters of the QPs rung: a READ being answered on
+// another QP keeps its one budget per turn.
+void Engine::send_posted_first(bool receive) {
+  if (receive && !tx_blocked()) {
+    std::sort(rung_now_.begin(), rung_now_.end(),
+              [](const QpContext* a, const QpContext* b) { return a->qpn < b->qpn; });
+    for (QpContext* ctx : rung_now_) {
+      const ibv_qp_state st = qp_state(*ctx);
+      if (st == IBV_QPS_RTS || st == IBV_QPS_SQD) run_requester(*ctx);
+    }
+    flush_tx();
+  }
+  rung_now_.clear();
+}
+
+// QPN order, as a scan of every QP would have it: timers fire and QPs are served in a
+// deterministic order (completions of QPs sharing a CQ interleave the same way every run).
+void Engine::sort_active() {
+  std::sort(active_.begin(), active_.end(),
+            [](const QpContext* a, const QpContext* b) { return a->qpn < b->qpn; });
 }
 
 void Engine::activate(QpContext& ctx) {

@@ -194,8 +194,8 @@ class Engine final : public provider::Doorbell {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // One turn: receive and process a batch, fire due timers, run requesters with work, flush
-  // QPs in the error state.
+  // One turn: send what was posted since the last turn, receive and process a batch, fire due
+  // timers, run requesters with work, flush QPs in the error state.
   // hold_acks false: ACKs this turn owes are not held for replies (ack_delay_ns), whatever the
   // QP's conversation — the turn of a thread that waits on a completion channel (Runtime).
   // receive false: the socket is not read this turn (it only sends what was posted): the
@@ -240,7 +240,9 @@ class Engine final : public provider::Doorbell {
   void apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to);
 
   // ---- engine.cc: pipeline, transmission, completions ----
+  void send_posted_first(bool receive);
   void receive_batch();
+  void sort_active();
   void handle_datagram(const net::RxDatagram& d);
   void fire_timers(uint64_t now_ns);
   QpContext* find(uint32_t qp_num);
@@ -392,6 +394,7 @@ class Engine final : public provider::Doorbell {
   // QPs poll() serves, in QPN order while it serves them (deterministic, as the simulation's
   // replay needs); QpContext::active says who is on it.
   std::vector<QpContext*> active_;
+  std::vector<QpContext*> rung_now_;  // QPs whose doorbell this turn drained (send_posted_first)
   std::vector<QpContext*> acks_pending_;  // QPs with Responder::ack_pending (defer_ack)
   uint64_t turn_ = 0;                     // poll() turns so far (delayed ACKs)
   bool hold_acks_ = true;                 // this turn's poll(hold_acks)

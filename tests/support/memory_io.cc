@@ -72,6 +72,7 @@ net::TxStatus MemoryIo::send(const net::TxDatagram& d) {
     s.dst = d.dst;
     s.src = d.src;
     s.src_port = d.src_port;
+    s.unread = count_;
     sent.push_back(std::move(s));
   }
   return net::TxStatus::kSent;

@@ -44,6 +44,7 @@ class MemoryIo final : public net::PacketIo {
     // The gather list as handed over: its pointers were valid only during send(); kept to
     // compare addresses (zero-copy checks), never to read through.
     std::vector<iovec> iov;
+    size_t unread = 0;  // inbound datagrams queued and not yet read when this one left
   };
 
   MemoryIo() = default;

@@ -167,6 +167,29 @@ TEST_F(RequesterTest, AckArrivingAfterTheReceiveOfATurnIsNoTimeout) {
   EXPECT_TRUE(sent_done);
 }
 
+// A request posted before a turn leaves before that turn reads the socket: a thread that posts
+// and then polls (every hop of a ping-pong) does not pay a receive first. What waits in the
+// socket (here the ACK of the first request) is read in the same turn, after.
+TEST_F(RequesterTest, APostedRequestLeavesBeforeTheTurnReadsTheSocket) {
+  setup_buffers();
+  post_send_len(1, 16);
+  ASSERT_EQ(sent_count(), 1u);
+  deliver(build(op::kRcAck, kSqPsn, {}, [](const wire::PacketHeaders& h) {
+    h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+  }));
+  ibv_sge s = sge(buf_.data(), 16, mr_);
+  post(send_wr(2, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED));
+  ASSERT_EQ(sent_count(), 2u);
+  EXPECT_EQ(sent(1).opcode(), op::kRcSendOnly);
+  EXPECT_EQ(sent(1).bth().psn(), kSqPsn + 1);
+  EXPECT_EQ(io_.sent[1].unread, 1u);  // the ACK was still in the socket
+  EXPECT_EQ(io_.pending(), 0u);       // and the same turn read it
+  const auto wcs = cqes();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+}
+
 // IBA 9.7.6.1.1: retry_cnt exhausted → RETRY_EXC_ERR, QP → ERR, later WRs flush.
 TEST_F(RequesterTest, RetryCountExhausted) {
   QpParams p;
