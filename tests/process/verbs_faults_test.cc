@@ -357,10 +357,9 @@ std::string perftest_args(const BwCase& c, unsigned port) {
   return perftest_command(c.tool, c.size, c.iters, port, 0);
 }
 
-// -u 16 (a 268 ms ACK timeout) as in verbs_perftest_test.cc: a loaded 2-core machine may keep
-// a spinning peer off the CPU longer than 7 retries of perftest's default 67 ms. ib_atomic_bw
-// keeps several ATOMICs in flight: a lost ATOMIC ACK is asked for again when the next one's ACK
-// arrives (before that fix, 5000 iterations took ~34 s here; now ~1.5 s).
+// perftest_command (tool_run.h) says why -u 16. ib_atomic_bw keeps several ATOMICs in flight:
+// a lost ATOMIC ACK is asked for again when the next one's ACK arrives (before that fix, 5000
+// iterations took ~34 s here; now ~1.5 s).
 TEST_F(PerftestUnderFaults, BandwidthToolsFinishWithTheCountsAskedFor) {
   in_fresh_netns(
       [] {
