@@ -175,6 +175,7 @@ void Engine::poll(bool hold_acks, bool receive) {
 // the turn reads the socket"). Only the requesters of the QPs rung: a READ being answered on
 // another QP keeps its one budget per turn.
 void Engine::send_posted_first(bool receive) {
+  if (rung_now_.empty()) return;  // a busy poller's every empty turn
   if (receive && !tx_blocked()) {
     std::sort(rung_now_.begin(), rung_now_.end(),
               [](const QpContext* a, const QpContext* b) { return a->qpn < b->qpn; });
