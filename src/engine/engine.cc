@@ -173,7 +173,10 @@ void Engine::poll(bool hold_acks, bool receive) {
 // (ibv_post_send, then ibv_poll_cq: every hop of a ping-pong) would otherwise send its request
 // only after a recvmmsg that usually finds nothing (docs/PERFORMANCE.md, "A post leaves before
 // the turn reads the socket"). Only the requesters of the QPs rung: a READ being answered on
-// another QP keeps its one budget per turn.
+// another QP keeps its one budget per turn. The ACK a QP held for its reply (ack_delay_ns)
+// goes in the same send, right behind the request: sent after the socket was read, it left
+// just as the peer's next request came in, and delayed it (docs/PERFORMANCE.md, "The held ACK
+// leaves with the request").
 void Engine::send_posted_first(bool receive) {
   if (rung_now_.empty()) return;  // a busy poller's every empty turn
   if (receive && !tx_blocked()) {
@@ -183,6 +186,7 @@ void Engine::send_posted_first(bool receive) {
       const ibv_qp_state st = qp_state(*ctx);
       if (st == IBV_QPS_RTS || st == IBV_QPS_SQD) run_requester(*ctx);
     }
+    if (config_.ack_delay_ns != 0) send_delayed_acks(/*held_too=*/true);
     flush_tx();
   }
   rung_now_.clear();

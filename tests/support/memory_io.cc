@@ -39,6 +39,11 @@ void MemoryIo::deliver(std::span<const uint8_t> bytes, const net::Endpoint& src,
 }
 
 net::TxStatus MemoryIo::send(const net::TxDatagram& d) {
+  ++calls_;
+  return send_one(d);
+}
+
+net::TxStatus MemoryIo::send_one(const net::TxDatagram& d) {
   const size_t n = d.size_bytes();
   if (n > net::kMaxUdpPayloadBytes || d.iov.size() > net::kMaxTxIov) {
     ++counters_.tx_rejected;
@@ -73,13 +78,15 @@ net::TxStatus MemoryIo::send(const net::TxDatagram& d) {
     s.src = d.src;
     s.src_port = d.src_port;
     s.unread = count_;
+    s.call = calls_;
     sent.push_back(std::move(s));
   }
   return net::TxStatus::kSent;
 }
 
 size_t MemoryIo::send_batch(std::span<const net::TxDatagram> batch) {
-  for (const net::TxDatagram& d : batch) send(d);
+  ++calls_;
+  for (const net::TxDatagram& d : batch) send_one(d);
   return batch.size();
 }
 

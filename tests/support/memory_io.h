@@ -45,6 +45,9 @@ class MemoryIo final : public net::PacketIo {
     // compare addresses (zero-copy checks), never to read through.
     std::vector<iovec> iov;
     size_t unread = 0;  // inbound datagrams queued and not yet read when this one left
+    // Which call to send() or send_batch() carried it, counted from 1: datagrams with the same
+    // number left in one syscall (one sendmmsg) on a real socket.
+    size_t call = 0;
   };
 
   MemoryIo() = default;
@@ -85,11 +88,13 @@ class MemoryIo final : public net::PacketIo {
     std::vector<uint8_t> storage;  // size() >= length; grows, never shrinks (recycled)
   };
   Frame& push_frame(size_t length);
+  net::TxStatus send_one(const net::TxDatagram& d);
   void grow_ring();
 
   MemoryIo* peer_ = nullptr;
   bool record_ = true;
   net::IoCounters counters_;
+  size_t calls_ = 0;  // send() and send_batch() calls so far (Sent::call)
   // The inbound FIFO: a power-of-two ring of frame pointers over a pool of frames, recycled
   // LIFO so a shallow queue reuses cache-hot memory; it grows (never drops) when a requester
   // bursts a long message.

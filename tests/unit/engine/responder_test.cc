@@ -14,6 +14,7 @@ namespace {
 
 namespace op = wire::op;
 constexpr uint32_t kRqPsn = 0x200;  // QpParams default rq_psn: the first PSN we expect
+constexpr uint32_t kSqPsn = 0x100;  // QpParams default sq_psn: our first request PSN
 
 class ResponderTest : public ProtocolTest {
  protected:
@@ -137,6 +138,7 @@ class DelayedAckTest : public ProtocolTest {
   static engine::EngineConfig delayed() {
     engine::EngineConfig c;
     c.ack_delay_ns = kDelayNs;
+    c.tx_batch = 64;  // as processes run: what one turn sends shares a sendmmsg
     return c;
   }
   DelayedAckTest() : ProtocolTest(delayed()) {}
@@ -203,10 +205,19 @@ TEST_F(DelayedAckTest, InAConversationTheReplyLeavesFirstAndTheAckBehindIt) {
   EXPECT_LE(engine_.next_deadline_ns(), now + kDelayNs);
   engine_.poll();  // a turn with no reply (the engine thread woken by something else)
   EXPECT_EQ(sent_count(), 0u);
+  // The peer's ACK of reply 100 waits in the socket when the application posts reply 101.
+  deliver(build(op::kRcAck, kSqPsn, {}, [](const wire::PacketHeaders& h) {
+    h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+  }));
   reply(101);
   ASSERT_EQ(sent_count(), 2u);
   EXPECT_EQ(sent(0).opcode(), op::kRcSendOnly);
   expect_ack(1, 1);
+  // One send for both, before the turn read the socket: the held ACK does not leave after a
+  // receive, just as the peer's next request may come in.
+  EXPECT_EQ(io_.sent[0].call, io_.sent[1].call);
+  EXPECT_EQ(io_.sent[1].unread, 1u);
+  EXPECT_EQ(io_.pending(), 0u);  // and the same turn read it
 }
 
 TEST_F(DelayedAckTest, WithoutAReplyTheAckLeavesAtTheDeadlineAndTheConversationEnds) {
