@@ -26,6 +26,11 @@
 //    RC: SEND 8 B (inline) answered by a SEND from B's application thread; both application
 //    threads busy-poll their CQ and drive the engine inline (Runtime::try_progress, as
 //    ibv_poll_cq will). One-way latency = half the round trip; median and mean over N rounds.
+//    Between the two, raw UDP shaped as RC's datagrams: each hop sends what an RC hop sends — a
+//    24-byte SEND and the 20-byte ACK held for the reply, in one sendmmsg (one UDP_SEGMENT
+//    message with GSO), with UdpSocketIo's source-address and TTL cmsgs, from a socket set up as
+//    UdpSocketIo's — and reads with recvmmsg over 32 buffers. No engine: the kernel's cost of RC's
+//    datagrams, so that RC over it is what urdma's own code adds.
 //  * bandwidth: raw = 4 KiB datagrams, one sendto per datagram, as fast as A can, received by B
 //    with one recv per datagram; the rate B receives. RC = RDMA WRITE 64 KiB, 16 outstanding,
 //    path MTU 4096; A's application thread posts and polls (driving inline), B's application
@@ -39,6 +44,7 @@
 #include <arpa/inet.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/ioctl.h>
@@ -67,7 +73,13 @@ namespace {
 using namespace urdma;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint16_t kRawPort = 5000;  // the raw-UDP limit's sockets (RoCEv2 uses 4791)
+constexpr uint16_t kRawPort = 5000;     // the raw-UDP limit's sockets (RoCEv2 uses 4791)
+constexpr uint16_t kShapedPort = 5001;  // the RC-shaped raw UDP ping-pong's sockets
+// The UDP payloads of one RC hop: SEND Only with 8 bytes inline (BTH 12 + 8 + ICRC 4), and the
+// ACK held for it (BTH 12 + AETH 4 + ICRC 4), which leaves in the same sendmmsg.
+constexpr size_t kShapedSendBytes = 24;
+constexpr size_t kShapedAckBytes = 20;
+constexpr int kShapedTtl = 64;  // test::QpParams' hop limit: UdpSocketIo sends it as IP_TTL
 constexpr size_t kLatBytes = 8;
 constexpr size_t kBwBytes = 64 * 1024;
 constexpr uint32_t kBwWindow = 16;
@@ -110,7 +122,16 @@ uint64_t fnv1a(const uint8_t* p, size_t n) {
 // ---------------------------------------------------------------------------------------------
 // The control channel between A and B (a SOCK_SEQPACKET pair): fixed-size messages.
 
-enum class Phase : uint32_t { kRawLat, kRcLat, kRawStream, kRcBw, kRcRate, kRawRate, kEnd };
+enum class Phase : uint32_t {
+  kRawLat,
+  kShapedLat,
+  kRcLat,
+  kRawStream,
+  kRcBw,
+  kRcRate,
+  kRawRate,
+  kEnd
+};
 
 struct Msg {
   Phase phase = Phase::kEnd;
@@ -184,6 +205,9 @@ struct Host {
   provider::Mr* bw_mr = nullptr;
   provider::Mr* rate_mr = nullptr;
   int raw_fd = -1;
+  int shaped_fd = -1;
+  bool gso = false;
+  bool gro = false;
 
   provider::Device& dev() { return rt->device(); }
 };
@@ -223,6 +247,24 @@ int bind_udp(const net::Address& a, uint16_t port) {
   return fd;
 }
 
+// The RC-shaped ping-pong's socket, set up as UdpSocketIo::adopt sets up its own: DF, the
+// destination address reported (IP_PKTINFO), 4 MiB buffers, UDP_GRO as --no-gro says.
+int open_shaped(const net::Address& addr, bool gso, bool gro) {
+  const int fd = bind_udp(addr, kShapedPort);
+  const int one = 1, df = IP_PMTUDISC_DO;
+  const int buffer = static_cast<int>(net::kLargeSocketBufferBytes);
+  require(setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &df, sizeof df) == 0 &&
+              setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one) == 0,
+          "shaped socket options");
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+  if (gro) require(setsockopt(fd, SOL_UDP, UDP_GRO, &one, sizeof one) == 0, "UDP_GRO");
+  (void)gso;  // asked for per send (UDP_SEGMENT cmsg)
+  return fd;
+}
+
 void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool engine_thread,
                size_t tx_batch, uint64_t ack_delay_ns, bool gso, bool gro) {
   h.addr = addr;
@@ -255,6 +297,9 @@ void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool
   h.bw_mr = reg(h, h.bw_buf);
   h.rate_mr = reg(h, h.rate_buf);
   h.raw_fd = bind_udp(addr, kRawPort);
+  h.shaped_fd = open_shaped(addr, gso, gro);
+  h.gso = gso;
+  h.gro = gro;
 }
 
 HostInfo info_of(const Host& h) {
@@ -360,6 +405,102 @@ ssize_t raw_recv_spin(int fd, void* p, size_t n) {
   }
 }
 
+// One hop of the RC ping-pong as the kernel sees it, without urdma: the SEND (carrying `round`)
+// and the ACK behind it in one sendmmsg — one UDP_SEGMENT message with GSO, else two messages —
+// each with the source address (IP_PKTINFO) and TTL (IP_TTL) cmsgs UdpSocketIo adds.
+void shaped_send(const Host& h, const sockaddr_in& to, uint64_t round) {
+  uint8_t send_bytes[kShapedSendBytes] = {};
+  uint8_t ack_bytes[kShapedAckBytes] = {};
+  std::memcpy(send_bytes, &round, sizeof round);
+  iovec iov[2] = {{send_bytes, sizeof send_bytes}, {ack_bytes, sizeof ack_bytes}};
+  alignas(cmsghdr) uint8_t control[2][CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(int)) +
+                                      CMSG_SPACE(sizeof(uint16_t))] = {};
+  mmsghdr msgs[2] = {};
+  const int n = h.gso ? 1 : 2;
+  for (int i = 0; i < n; ++i) {
+    msghdr& m = msgs[i].msg_hdr;
+    m.msg_name = const_cast<sockaddr_in*>(&to);
+    m.msg_namelen = sizeof to;
+    m.msg_iov = h.gso ? iov : &iov[i];
+    m.msg_iovlen = h.gso ? 2 : 1;
+    m.msg_control = control[i];
+    m.msg_controllen = sizeof control[i];
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    in_pktinfo pi{};
+    const auto src = h.addr.v4_bytes();
+    std::memcpy(&pi.ipi_spec_dst, src.data(), 4);
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_PKTINFO;
+    c->cmsg_len = CMSG_LEN(sizeof pi);
+    std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
+    size_t used = CMSG_SPACE(sizeof pi);
+    c = CMSG_NXTHDR(&m, c);
+    c->cmsg_level = IPPROTO_IP;
+    c->cmsg_type = IP_TTL;
+    c->cmsg_len = CMSG_LEN(sizeof kShapedTtl);
+    std::memcpy(CMSG_DATA(c), &kShapedTtl, sizeof kShapedTtl);
+    used += CMSG_SPACE(sizeof kShapedTtl);
+    if (h.gso) {
+      const uint16_t segment = kShapedSendBytes;
+      c = CMSG_NXTHDR(&m, c);
+      c->cmsg_level = SOL_UDP;
+      c->cmsg_type = UDP_SEGMENT;
+      c->cmsg_len = CMSG_LEN(sizeof segment);
+      std::memcpy(CMSG_DATA(c), &segment, sizeof segment);
+      used += CMSG_SPACE(sizeof segment);
+    }
+    m.msg_controllen = used;
+  }
+  int sent = 0;
+  while (sent < n) {
+    const int r = sendmmsg(h.shaped_fd, msgs + sent, static_cast<unsigned>(n - sent), 0);
+    if (r > 0) {
+      sent += r;
+    } else if (errno != EAGAIN && errno != ENOBUFS && errno != EINTR) {
+      die("sendmmsg (shaped)");
+    }
+  }
+}
+
+// Busy-polls recvmmsg over 32 buffers with address and cmsg space, as UdpSocketIo reads, until
+// a SEND-sized datagram (or, with GRO, a train starting with one) came; returns its round.
+// ACK-sized ones are read and dropped, as the engine reads ACKs.
+uint64_t shaped_recv_spin(const Host& h) {
+  constexpr size_t kSlots = 32;
+  static uint8_t bufs[kSlots][256];
+  static sockaddr_storage names[kSlots];
+  alignas(cmsghdr) static uint8_t control[kSlots][128];
+  iovec iov[kSlots];
+  mmsghdr msgs[kSlots];
+  for (;;) {
+    for (size_t i = 0; i < kSlots; ++i) {
+      iov[i] = iovec{bufs[i], sizeof bufs[i]};
+      msgs[i] = mmsghdr{};
+      msgs[i].msg_hdr.msg_name = &names[i];
+      msgs[i].msg_hdr.msg_namelen = sizeof names[i];
+      msgs[i].msg_hdr.msg_iov = &iov[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
+      msgs[i].msg_hdr.msg_control = control[i];
+      msgs[i].msg_hdr.msg_controllen = sizeof control[i];
+    }
+    const int r = recvmmsg(h.shaped_fd, msgs, kSlots, MSG_DONTWAIT, nullptr);
+    if (r < 0) {
+      if (errno != EAGAIN && errno != EINTR) die("recvmmsg (shaped)");
+      continue;
+    }
+    bool got = false;
+    uint64_t round = 0;
+    for (int i = 0; i < r; ++i) {
+      if (msgs[i].msg_len != kShapedSendBytes &&
+          msgs[i].msg_len != kShapedSendBytes + kShapedAckBytes)
+        continue;  // an ACK alone
+      std::memcpy(&round, bufs[i], sizeof round);
+      got = true;
+    }
+    if (got) return round;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host B: follows A's phases.
 
@@ -379,6 +520,15 @@ void run_b(Host& h, int ctl) {
           raw_send(h.raw_fd, to_a, &round, sizeof round);
         }
         break;
+      case Phase::kShapedLat: {
+        const sockaddr_in to = sockaddr_of(h.peer, kShapedPort);
+        for (uint32_t i = 0; i < m.rounds; ++i) {
+          const uint64_t round = shaped_recv_spin(h);
+          if (round != i) ++r.errors;
+          shaped_send(h, to, round);
+        }
+        break;
+      }
       case Phase::kRcLat:
         for (uint32_t i = 0; i < m.rounds; ++i) {
           const uint64_t round = wait_lat_recv(h, &r.errors);
@@ -470,6 +620,26 @@ Latency raw_latency(Host& h, int ctl, uint32_t rounds) {
   }
   const Msg r = ctl_recv<Msg>(ctl);
   require(errors == 0 && r.errors == 0, "raw ping-pong: a reply was wrong");
+  return summarize(t);
+}
+
+Latency shaped_latency(Host& h, int ctl, uint32_t rounds) {
+  const sockaddr_in to_b = sockaddr_of(h.peer, kShapedPort);
+  Msg m;
+  m.phase = Phase::kShapedLat;
+  m.rounds = rounds;
+  ctl_send(ctl, m);
+  std::vector<double> t;
+  t.reserve(rounds);
+  uint64_t errors = 0;
+  for (uint64_t i = 0; i < rounds; ++i) {
+    const auto t0 = Clock::now();
+    shaped_send(h, to_b, i);
+    if (shaped_recv_spin(h) != i) ++errors;
+    t.push_back(seconds_since(t0) * 1e6 / 2);
+  }
+  const Msg r = ctl_recv<Msg>(ctl);
+  require(errors == 0 && r.errors == 0, "RC-shaped ping-pong: a reply was wrong");
   return summarize(t);
 }
 
@@ -586,9 +756,11 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
   for (int s = 0; s < kRecvDepth; ++s) post_recv_slot(h, s);
   // Warm-up: both paths once, untimed.
   (void)raw_latency(h, ctl, 1000);
+  (void)shaped_latency(h, ctl, 1000);
   (void)rc_latency(h, ctl, 1000);
 
   const Latency raw = raw_latency(h, ctl, rounds);
+  const Latency shaped = shaped_latency(h, ctl, rounds);
   const uint64_t turns0 = h.rt->engine_thread_turns(), wakeups0 = h.rt->eventfd_wakeups(),
                  inline0 = h.rt->inline_turns();
   const Latency rc = rc_latency(h, ctl, rounds);
@@ -619,6 +791,8 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
               rc.median_us, raw.median_us, rc.median_us / raw.median_us, "<= 1.3");
   std::printf("%-44s %11.2f us %11.2f us %8.2f\n", "one-way latency 8 B, mean", rc.mean_us,
               raw.mean_us, rc.mean_us / raw.mean_us);
+  std::printf("%-44s %11.2f us %11.2f us %8.2f\n", "  raw UDP shaped as RC's datagrams, median",
+              shaped.median_us, raw.median_us, shaped.median_us / raw.median_us);
   std::printf("%-44s %9.3f GB/s %9.3f GB/s %8.2f %8s\n",
               "bandwidth: WRITE 64 KiB x16 vs 4 KiB dgrams", rc_bw / 1e9, raw_bw / 1e9,
               rc_bw / raw_bw, ">= 1.0");
@@ -628,6 +802,9 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
               " WRITEs completed; target checksums %s\n",
               rounds, seconds, bw.messages, rate.messages,
               bw.checksum_ok && rate.checksum_ok ? "match" : "DIFFER");
+  std::printf("RC latency median over the RC-shaped raw UDP ping-pong: %.2f (urdma's own code; "
+              "the row above is what RC's datagrams cost the kernel)\n",
+              rc.median_us / shaped.median_us);
   std::printf("RC latency rounds, A per round: %.2f engine-thread turns, %.2f doorbell wake-ups, "
               "%.2f inline turns\n",
               lat_turns, lat_wakeups, lat_inline);
