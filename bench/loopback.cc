@@ -424,31 +424,21 @@ void shaped_send(const Host& h, const sockaddr_in& to, uint64_t round) {
     m.msg_iov = h.gso ? iov : &iov[i];
     m.msg_iovlen = h.gso ? 2 : 1;
     m.msg_control = control[i];
-    m.msg_controllen = sizeof control[i];
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    size_t used = 0;
+    auto add = [&](int level, int type, const void* data, size_t len) {
+      cmsghdr* c = reinterpret_cast<cmsghdr*>(control[i] + used);
+      c->cmsg_level = level;
+      c->cmsg_type = type;
+      c->cmsg_len = CMSG_LEN(len);
+      std::memcpy(CMSG_DATA(c), data, len);
+      used += CMSG_SPACE(len);
+    };
     in_pktinfo pi{};
-    const auto src = h.addr.v4_bytes();
-    std::memcpy(&pi.ipi_spec_dst, src.data(), 4);
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_PKTINFO;
-    c->cmsg_len = CMSG_LEN(sizeof pi);
-    std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
-    size_t used = CMSG_SPACE(sizeof pi);
-    c = CMSG_NXTHDR(&m, c);
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_TTL;
-    c->cmsg_len = CMSG_LEN(sizeof kShapedTtl);
-    std::memcpy(CMSG_DATA(c), &kShapedTtl, sizeof kShapedTtl);
-    used += CMSG_SPACE(sizeof kShapedTtl);
-    if (h.gso) {
-      const uint16_t segment = kShapedSendBytes;
-      c = CMSG_NXTHDR(&m, c);
-      c->cmsg_level = SOL_UDP;
-      c->cmsg_type = UDP_SEGMENT;
-      c->cmsg_len = CMSG_LEN(sizeof segment);
-      std::memcpy(CMSG_DATA(c), &segment, sizeof segment);
-      used += CMSG_SPACE(sizeof segment);
-    }
+    std::memcpy(&pi.ipi_spec_dst, h.addr.v4_bytes().data(), 4);
+    add(IPPROTO_IP, IP_PKTINFO, &pi, sizeof pi);
+    add(IPPROTO_IP, IP_TTL, &kShapedTtl, sizeof kShapedTtl);
+    const uint16_t segment = kShapedSendBytes;
+    if (h.gso) add(SOL_UDP, UDP_SEGMENT, &segment, sizeof segment);
     m.msg_controllen = used;
   }
   int sent = 0;
@@ -602,10 +592,12 @@ Latency summarize(std::vector<double>& half_rtt_us) {
   return l;
 }
 
-Latency raw_latency(Host& h, int ctl, uint32_t rounds) {
-  const sockaddr_in to_b = sockaddr_of(h.peer, kRawPort);
+// A's side of one ping-pong phase: `hop(i)` sends round i and returns the round that came back
+// (anything else counts as an error, as do B's).
+template <typename Hop>
+Latency ping_pong(int ctl, Phase phase, uint32_t rounds, const char* what, Hop hop) {
   Msg m;
-  m.phase = Phase::kRawLat;
+  m.phase = phase;
   m.rounds = rounds;
   ctl_send(ctl, m);
   std::vector<double> t;
@@ -613,55 +605,44 @@ Latency raw_latency(Host& h, int ctl, uint32_t rounds) {
   uint64_t errors = 0;
   for (uint64_t i = 0; i < rounds; ++i) {
     const auto t0 = Clock::now();
-    raw_send(h.raw_fd, to_b, &i, sizeof i);
-    uint64_t back = 0;
-    if (raw_recv_spin(h.raw_fd, &back, sizeof back) != kLatBytes || back != i) ++errors;
+    if (hop(i) != i) ++errors;
     t.push_back(seconds_since(t0) * 1e6 / 2);
   }
   const Msg r = ctl_recv<Msg>(ctl);
-  require(errors == 0 && r.errors == 0, "raw ping-pong: a reply was wrong");
+  require(errors == 0 && r.errors == 0, what);
   return summarize(t);
+}
+
+Latency raw_latency(Host& h, int ctl, uint32_t rounds) {
+  const sockaddr_in to_b = sockaddr_of(h.peer, kRawPort);
+  return ping_pong(ctl, Phase::kRawLat, rounds, "raw ping-pong: a reply was wrong",
+                   [&](uint64_t i) {
+                     raw_send(h.raw_fd, to_b, &i, sizeof i);
+                     uint64_t back = 0;
+                     const ssize_t n = raw_recv_spin(h.raw_fd, &back, sizeof back);
+                     return n == static_cast<ssize_t>(kLatBytes) ? back : ~i;
+                   });
 }
 
 Latency shaped_latency(Host& h, int ctl, uint32_t rounds) {
   const sockaddr_in to_b = sockaddr_of(h.peer, kShapedPort);
-  Msg m;
-  m.phase = Phase::kShapedLat;
-  m.rounds = rounds;
-  ctl_send(ctl, m);
-  std::vector<double> t;
-  t.reserve(rounds);
-  uint64_t errors = 0;
-  for (uint64_t i = 0; i < rounds; ++i) {
-    const auto t0 = Clock::now();
-    shaped_send(h, to_b, i);
-    if (shaped_recv_spin(h) != i) ++errors;
-    t.push_back(seconds_since(t0) * 1e6 / 2);
-  }
-  const Msg r = ctl_recv<Msg>(ctl);
-  require(errors == 0 && r.errors == 0, "RC-shaped ping-pong: a reply was wrong");
-  return summarize(t);
+  return ping_pong(ctl, Phase::kShapedLat, rounds, "RC-shaped ping-pong: a reply was wrong",
+                   [&](uint64_t i) {
+                     shaped_send(h, to_b, i);
+                     return shaped_recv_spin(h);
+                   });
 }
 
+// The last SEND completions (ACKs) may still be on their way at the end: not needed.
 Latency rc_latency(Host& h, int ctl, uint32_t rounds) {
-  Msg m;
-  m.phase = Phase::kRcLat;
-  m.rounds = rounds;
-  ctl_send(ctl, m);
-  std::vector<double> t;
-  t.reserve(rounds);
-  uint64_t errors = 0;
-  for (uint64_t i = 0; i < rounds; ++i) {
-    const auto t0 = Clock::now();
-    post_lat_send(h, i);
-    h.rt->try_progress();
-    if (wait_lat_recv(h, &errors) != i) ++errors;
-    t.push_back(seconds_since(t0) * 1e6 / 2);
-  }
-  const Msg r = ctl_recv<Msg>(ctl);
-  // The last SEND completions (ACKs) may still be on their way: not needed.
-  require(errors == 0 && r.errors == 0, "RC ping-pong: a completion or a round number was wrong");
-  return summarize(t);
+  return ping_pong(ctl, Phase::kRcLat, rounds,
+                   "RC ping-pong: a completion or a round number was wrong", [&](uint64_t i) {
+                     post_lat_send(h, i);
+                     h.rt->try_progress();
+                     uint64_t bad = 0;
+                     const uint64_t back = wait_lat_recv(h, &bad);
+                     return bad == 0 ? back : ~i;
+                   });
 }
 
 // Raw stream: datagrams/s B received.
