@@ -783,9 +783,10 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
               " WRITEs completed; target checksums %s\n",
               rounds, seconds, bw.messages, rate.messages,
               bw.checksum_ok && rate.checksum_ok ? "match" : "DIFFER");
-  std::printf("RC latency median over the RC-shaped raw UDP ping-pong: %.2f (urdma's own code; "
-              "the row above is what RC's datagrams cost the kernel)\n",
-              rc.median_us / shaped.median_us);
+  std::printf(
+      "RC latency median over the RC-shaped raw UDP ping-pong: %.2f (urdma's own code; "
+      "the row above is what RC's datagrams cost the kernel)\n",
+      rc.median_us / shaped.median_us);
   std::printf("RC latency rounds, A per round: %.2f engine-thread turns, %.2f doorbell wake-ups, "
               "%.2f inline turns\n",
               lat_turns, lat_wakeups, lat_inline);
