@@ -176,7 +176,7 @@ void Engine::poll(bool hold_acks, bool receive) {
 // another QP keeps its one budget per turn. The ACK a QP held for its reply (ack_delay_ns)
 // goes in the same send, right behind the request: sent after the socket was read, it left
 // just as the peer's next request came in, and delayed it (docs/PERFORMANCE.md, "The held ACK
-// leaves with the request").
+// leaves in the request's own send").
 void Engine::send_posted_first(bool receive) {
   if (rung_now_.empty()) return;  // a busy poller's every empty turn
   if (receive && !tx_blocked()) {

@@ -170,10 +170,13 @@ struct UdpHost {
   }
 
   // As processes run (verbs/device.cc): up to 64 packets per send_batch, so the runs of one
-  // message leave as segmented sends.
+  // message leave as segmented sends; and ACKs held for a reply, so an answer and the ACK it
+  // carries leave in one segmented send of two different packets. Held up to 1 ms (the most
+  // URDMA_ACK_DELAY_US allows) rather than 50 us: a loaded machine keeps the conversation.
   static engine::EngineConfig process_engine_config() {
     engine::EngineConfig c;
     c.tx_batch = net::kMaxBatch;
+    c.ack_delay_ns = 1'000'000;
     return c;
   }
   static provider::DeviceConfig with_qpn_base(provider::DeviceConfig c, uint32_t qpn_base) {
@@ -313,6 +316,46 @@ std::vector<uint32_t> exchange_traffic(UdpHost& a, UdpHost& b, bool corrupting =
   EXPECT_EQ(target[0], 555u);
   EXPECT_EQ(result[1], 7u);
   EXPECT_EQ(target[1], 12u);
+
+  // A conversation: 8-byte SENDs answered by SENDs, as a ping-pong runs (unsignaled: only the
+  // receives complete). From the second round on, each side's SEND leaves with the ACK it held
+  // for the peer's last one, in one segmented send (FaultyPacketIo sends one datagram at a
+  // time: then only the data is checked).
+  const uint64_t gso_a = a.io->counters().tx_gso_sends, gso_b = b.io->counters().tx_gso_sends;
+  constexpr uint32_t kRounds = 8;
+  std::vector<uint64_t> slots_a(kRounds, 0), slots_b(kRounds, 0);
+  provider::Mr* mr_sa = a.reg(slots_a.data(), kRounds * 8, IBV_ACCESS_LOCAL_WRITE);
+  provider::Mr* mr_sb = b.reg(slots_b.data(), kRounds * 8, IBV_ACCESS_LOCAL_WRITE);
+  for (uint32_t i = 0; i < kRounds; ++i) {
+    for (auto [q, slots, mr] : {std::tuple{qa, &slots_a, mr_sa}, std::tuple{qb, &slots_b, mr_sb}}) {
+      ibv_sge rs = sge(&(*slots)[i], 8, mr);
+      ibv_recv_wr prw = {};
+      prw.wr_id = 300 + i;
+      prw.sg_list = &rs;
+      prw.num_sge = 1;
+      EXPECT_TRUE(q->post_recv(&prw, &bad_r).ok());
+    }
+  }
+  for (uint32_t i = 0; i < kRounds; ++i) {
+    for (auto [to, q, slots, value] :
+         {std::tuple{&b, qa, &slots_b, 1000 + i}, std::tuple{&a, qb, &slots_a, 2000 + i}}) {
+      uint64_t v = value;
+      ibv_sge ps = {reinterpret_cast<uint64_t>(&v), 8, 0};
+      ibv_send_wr pw = send_wr(400 + i, IBV_WR_SEND, &ps);
+      pw.send_flags = IBV_SEND_INLINE;
+      EXPECT_TRUE(q->post_send(&pw, &bad).ok());
+      const std::vector<ibv_wc> got = wait_cqes(a, b, *to, 1);
+      if (got.size() == 1) {
+        EXPECT_EQ(got[0].opcode, IBV_WC_RECV);
+        EXPECT_EQ(got[0].wr_id, 300 + i);
+      }
+      EXPECT_EQ((*slots)[i], value) << "round " << i;
+    }
+  }
+  if (gso_a > 0 && gso_b > 0) {
+    EXPECT_GT(a.io->counters().tx_gso_sends, gso_a) << "no request left with its held ACK";
+    EXPECT_GT(b.io->counters().tx_gso_sends, gso_b) << "no answer left with its held ACK";
+  }
 
   // UD SEND with a GRH, each way. (Unreliable: under faults a lost one is tried again.)
   test::QpParams pu;
