@@ -337,10 +337,11 @@ void Engine::apply_completer_result(QpContext& ctx, const CompleterResult& r) {
 // Finished WQEs leave the send queue in posting order, with their completions.
 void Engine::retire(QpContext& ctx) {
   Requester& req = ctx.req;
+  const auto head_done = [&] { return req.started > 0 && req.at(0).stage == WqeStage::kDone; };
   // Queued packets may point into the WQEs popped below (their inline data): they leave first.
   // Only then: a request and the ACK its QP held for it share one send (send_posted_first).
-  if (req.started > 0 && req.at(0).stage == WqeStage::kDone) flush_tx();
-  while (req.started > 0 && req.at(0).stage == WqeStage::kDone) {
+  if (head_done()) flush_tx();
+  while (head_done()) {
     const WqeState w = req.at(0);
     const provider::SendWqe* wqe = ctx.qp->sq_peek_st(0);
     base::check(wqe != nullptr, "done WQE missing from the send queue");

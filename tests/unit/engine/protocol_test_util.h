@@ -69,6 +69,13 @@ class ProtocolTest : public ::testing::Test {
     return buf;
   }
 
+  // The peer's plain ACK of `psn` (credits invalid), built as build() builds.
+  std::vector<uint8_t> build_ack(uint32_t psn) {
+    return build(wire::op::kRcAck, psn, {}, [](const wire::PacketHeaders& h) {
+      h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+    });
+  }
+
   // Builds a packet to our QP from the peer, seals its ICRC, queues it and polls the engine.
   void inject(uint8_t opcode, uint32_t psn, std::span<const uint8_t> payload = {},
               const HeaderFill& fill = {}, bool ack_req = true) {

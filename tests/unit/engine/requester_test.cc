@@ -174,9 +174,7 @@ TEST_F(RequesterTest, APostedRequestLeavesBeforeTheTurnReadsTheSocket) {
   setup_buffers();
   post_send_len(1, 16);
   ASSERT_EQ(sent_count(), 1u);
-  deliver(build(op::kRcAck, kSqPsn, {}, [](const wire::PacketHeaders& h) {
-    h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
-  }));
+  deliver(build_ack(kSqPsn));
   ibv_sge s = sge(buf_.data(), 16, mr_);
   post(send_wr(2, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED));
   ASSERT_EQ(sent_count(), 2u);

@@ -206,9 +206,7 @@ TEST_F(DelayedAckTest, InAConversationTheReplyLeavesFirstAndTheAckBehindIt) {
   engine_.poll();  // a turn with no reply (the engine thread woken by something else)
   EXPECT_EQ(sent_count(), 0u);
   // The peer's ACK of reply 100 waits in the socket when the application posts reply 101.
-  deliver(build(op::kRcAck, kSqPsn, {}, [](const wire::PacketHeaders& h) {
-    h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
-  }));
+  deliver(build_ack(kSqPsn));
   reply(101);
   ASSERT_EQ(sent_count(), 2u);
   EXPECT_EQ(sent(0).opcode(), op::kRcSendOnly);
