@@ -9,6 +9,7 @@ packages=(
   libisal-dev zlib1g-dev             # CRC-32 (isa-l is the measured winner, zlib the fallback oracle)
   libpcap-dev                        # urdma decode: pcap/pcapng reading
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
+  liburing-dev                       # io_uring rows of bench/kernel_path.cc (optional there)
   python3 python3-scapy tshark       # independent decoders for the cross-checks
   iproute2 tcpdump ethtool           # network namespaces and captures in process tests
   gdb                                # a process test prints the stacks of a tool that hangs

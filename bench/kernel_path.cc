@@ -1,0 +1,417 @@
+// urdma_kernel_path_bench: what this machine charges for the way urdma's hop runs — a syscall,
+// the pages user space touches after it, and UDP ping-pongs through io_uring beside the
+// recv/sendto one that urdma_loopback_bench uses as its limit. It measures no urdma code: it
+// says why urdma's own share of a hop costs what it does here (docs/PERFORMANCE.md, "Pages
+// after a syscall").
+//
+//   build-bench/bench/urdma_kernel_path_bench [--rounds N]
+//
+// Rows:
+//  * a syscall that does nothing (getppid), and an empty recv(MSG_DONTWAIT) on a UDP socket;
+//  * a dependent walk over one cache line in each of N distinct 4 KiB pages, alone and right
+//    after a syscall. The walk after the syscall, less the syscall alone, is what user space
+//    pays for those N pages when the syscall left the TLB empty (kernel page-table isolation
+//    without PCID switches the page tables at every entry and exit, and flushes the TLB with
+//    them). The same N lines in one page are the control: lines that were cached but whose
+//    page was not. And the N pages in memory madvised for transparent huge pages;
+//  * a UDP ping-pong of 8-byte datagrams between two processes on loopback: sendto + a
+//    recv(MSG_DONTWAIT) spin (the limit of urdma_loopback_bench), then through io_uring
+//    (send and recv submitted together) waiting two ways: spinning on the completion ring in
+//    user space, and spinning on io_uring_get_events with IORING_SETUP_DEFER_TASKRUN.
+// A benchmark, not a test: nothing here asserts a speed.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#if URDMA_HAVE_LIBURING
+#include <liburing.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kPage = 4096;
+constexpr size_t kHugePage = 2 << 20;
+constexpr size_t kLine = 64;
+constexpr int kPingBytes = 8;
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "urdma_kernel_path_bench: %s: %s\n", what, std::strerror(errno));
+  std::exit(2);
+}
+
+double ns_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+}
+
+// Medians of repeated timings: the machine is a shared VM, and one slow batch must not move a
+// row.
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Syscalls and pages.
+
+long null_syscall() {
+  return syscall(SYS_getppid);
+}
+
+// A walk through `count` cache lines, each holding the address of the next, in a shuffled order
+// so that each load depends on the one before (as code does: a pointer, then what it points
+// to) and no prefetcher guesses the next page.
+struct Walk {
+  std::vector<char*> lines;
+
+  void link() {
+    for (size_t i = 0; i < lines.size(); ++i)
+      *reinterpret_cast<char**>(lines[i]) = lines[(i + 1) % lines.size()];
+  }
+  char* run(char* p, size_t steps) const {
+    for (size_t i = 0; i < steps; ++i) p = *reinterpret_cast<char* volatile*>(p);
+    return p;
+  }
+};
+
+// One line in each of `pages` pages of `base` (spread over the lines of a page, so that they
+// do not share a cache set), or `pages` lines of one page.
+Walk make_walk(char* base, size_t pages, bool one_page, uint32_t seed) {
+  Walk w;
+  for (size_t i = 0; i < pages; ++i)
+    w.lines.push_back(one_page ? base + i * kLine
+                               : base + i * kPage + (i % (kPage / kLine)) * kLine);
+  std::shuffle(w.lines.begin(), w.lines.end(), std::mt19937(seed));
+  w.link();
+  return w;
+}
+
+// Nanoseconds per iteration of: [a syscall], then the whole walk. Median of 9 batches.
+double time_walk(const Walk& w, bool with_syscall, int iters) {
+  std::vector<double> batches;
+  char* p = w.lines.empty() ? nullptr : w.lines[0];
+  for (int b = 0; b < 9; ++b) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      if (with_syscall) null_syscall();
+      if (p != nullptr) p = w.run(p, w.lines.size());
+    }
+    batches.push_back(ns_since(t0) / iters);
+  }
+  return median(batches);
+}
+
+double time_empty_recv(int iters) {
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+  if (fd < 0) die("socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) die("bind");
+  char buf[64];
+  std::vector<double> batches;
+  for (int b = 0; b < 9; ++b) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i)
+      if (recv(fd, buf, sizeof buf, MSG_DONTWAIT) >= 0) die("recv found a datagram");
+    batches.push_back(ns_since(t0) / iters);
+  }
+  close(fd);
+  return median(batches);
+}
+
+std::string first_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  return s.empty() ? "unknown" : s;
+}
+
+bool cpu_has_flag(const char* flag) {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    return (line + " ").find(std::string(" ") + flag + " ") != std::string::npos;
+  }
+  return false;
+}
+
+// Kibibytes of the calling process's memory in transparent huge pages.
+long anon_huge_kib() {
+  std::ifstream f("/proc/self/smaps_rollup");
+  std::string key;
+  long value = 0;
+  while (f >> key) {
+    if (key == "AnonHugePages:") {
+      f >> value;
+      return value;
+    }
+    f.ignore(1 << 12, '\n');
+  }
+  return -1;
+}
+
+void pages_rows() {
+  const int iters = 20000;
+  const double sys = time_walk(Walk{}, true, iters);
+  const double recv_ns = time_empty_recv(iters);
+  std::printf("a syscall that does nothing (getppid)                  %7.0f ns\n", sys);
+  std::printf("an empty recv(MSG_DONTWAIT) on a UDP socket            %7.0f ns\n", recv_ns);
+  std::printf("kernel page-table isolation: %s; CPU flag pcid: %s\n",
+              first_line("/sys/devices/system/cpu/vulnerabilities/meltdown").c_str(),
+              cpu_has_flag("pcid") ? "yes" : "no");
+
+  // The walks over 4 KiB pages, then one page of its own for the control walk.
+  constexpr size_t kMaxPages = 128;
+  constexpr size_t kSmallBytes = (kMaxPages + 1) * kPage;
+  char* small = static_cast<char*>(std::aligned_alloc(kPage, kSmallBytes));
+  char* control_page = small + kMaxPages * kPage;
+  // Huge pages: a 2 MiB-aligned anonymous mapping madvised before it is first touched.
+  const size_t huge_len = 2 * kHugePage;
+  void* m = mmap(nullptr, huge_len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  if (small == nullptr || m == MAP_FAILED) die("memory");
+  char* huge = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(m) + kHugePage - 1) &
+                                       ~(uintptr_t{kHugePage} - 1));
+  const long huge_before = anon_huge_kib();
+  const bool advised = madvise(huge, huge_len, MADV_HUGEPAGE) == 0;
+  std::memset(small, 1, kSmallBytes);
+  std::memset(huge, 1, huge_len);
+  const long huge_kib = anon_huge_kib() - huge_before;
+
+  // Columns: the walk alone; a syscall and then the walk; that less the syscall alone (what the
+  // walk cost after the syscall); and that per page.
+  std::printf("\n%-42s %9s %9s %9s %12s\n", "dependent walk, one line per page", "walk", "sys+walk",
+              "-sys", "per page");
+  for (size_t n : {8, 32, 64, 128}) {
+    struct Case {
+      const char* what;
+      Walk w;
+    } cases[] = {
+        {"4 KiB pages", make_walk(small, n, false, 1)},
+        {"(control: the same lines in one page)",
+         make_walk(control_page, std::min(n, kPage / kLine), true, 1)},
+        {"pages madvised for huge pages", make_walk(huge, n, false, 1)},
+    };
+    for (const Case& c : cases) {
+      if (c.w.lines.size() != n) continue;
+      const double alone = time_walk(c.w, false, iters);
+      const double after = time_walk(c.w, true, iters);
+      std::printf("%3zu %-38s %6.0f ns %6.0f ns %6.0f ns %7.1f ns\n", n, c.what, alone, after,
+                  after - sys, (after - sys) / static_cast<double>(n));
+    }
+  }
+  std::printf("huge pages: madvise %s, %ld KiB of the walk's memory in transparent huge pages\n",
+              advised ? "ok" : "refused", huge_kib);
+  munmap(m, huge_len + kHugePage);
+  std::free(small);
+}
+
+// ---------------------------------------------------------------------------------------------
+// UDP ping-pong between two processes.
+
+enum class Wait { kRecvSpin, kRingSpin, kDeferTaskrun };
+
+const char* wait_name(Wait w) {
+  switch (w) {
+    case Wait::kRecvSpin:
+      return "sendto + recv(MSG_DONTWAIT) spin";
+    case Wait::kRingSpin:
+      return "io_uring, completion ring spun in user space";
+    case Wait::kDeferTaskrun:
+      return "io_uring DEFER_TASKRUN, io_uring_get_events spin";
+  }
+  return "";
+}
+
+// A connected pair of UDP sockets on 127.0.0.1 and 127.0.0.2, ports chosen by the kernel.
+void socket_pair(int fds[2]) {
+  sockaddr_in addr[2]{};
+  for (int i = 0; i < 2; ++i) {
+    fds[i] = socket(AF_INET, SOCK_DGRAM, 0);
+    if (fds[i] < 0) die("socket");
+    addr[i].sin_family = AF_INET;
+    addr[i].sin_addr.s_addr = htonl(INADDR_LOOPBACK + i);
+    if (bind(fds[i], reinterpret_cast<sockaddr*>(&addr[i]), sizeof addr[i]) != 0) die("bind");
+    socklen_t len = sizeof addr[i];
+    getsockname(fds[i], reinterpret_cast<sockaddr*>(&addr[i]), &len);
+  }
+  for (int i = 0; i < 2; ++i)
+    if (connect(fds[i], reinterpret_cast<sockaddr*>(&addr[1 - i]), sizeof addr[1 - i]) != 0)
+      die("connect");
+}
+
+// One side of the ping-pong. hop() sends a datagram (unless `send` is false: B's first wait)
+// and returns when the peer's has arrived.
+class Side {
+ public:
+  Side(int fd, Wait wait) : fd_(fd), wait_(wait) {}
+  ~Side() {
+#if URDMA_HAVE_LIBURING
+    if (ring_ok_) io_uring_queue_exit(&ring_);
+#endif
+  }
+
+  // 0, or the errno io_uring_queue_init gave.
+  int open() {
+    if (wait_ == Wait::kRecvSpin) return 0;
+#if URDMA_HAVE_LIBURING
+    io_uring_params p{};
+    if (wait_ == Wait::kDeferTaskrun)
+      p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+    const int e = io_uring_queue_init_params(8, &ring_, &p);
+    ring_ok_ = e == 0;
+    return -e;
+#else
+    return ENOSYS;
+#endif
+  }
+
+  void hop(bool send) {
+    if (wait_ == Wait::kRecvSpin) {
+      if (send && ::send(fd_, out_, kPingBytes, 0) != kPingBytes) die("send");
+      while (recv(fd_, in_, sizeof in_, MSG_DONTWAIT) < 0)
+        if (errno != EAGAIN) die("recv");
+      return;
+    }
+#if URDMA_HAVE_LIBURING
+    if (send) io_uring_prep_send(io_uring_get_sqe(&ring_), fd_, out_, kPingBytes, 0);
+    io_uring_sqe* r = io_uring_get_sqe(&ring_);
+    io_uring_prep_recv(r, fd_, in_, sizeof in_, 0);
+    io_uring_sqe_set_data64(r, kRecvTag);
+    if (io_uring_submit(&ring_) < 0) die("io_uring_submit");
+    for (;;) {
+      if (wait_ == Wait::kDeferTaskrun && io_uring_cq_ready(&ring_) == 0)
+        io_uring_get_events(&ring_);
+      io_uring_cqe* c;
+      if (io_uring_peek_cqe(&ring_, &c) != 0) continue;
+      const uint64_t tag = c->user_data;
+      const int res = c->res;
+      io_uring_cqe_seen(&ring_, c);
+      if (res < 0) {
+        errno = -res;
+        die("io_uring send/recv");
+      }
+      if (tag == kRecvTag) return;
+    }
+#endif
+  }
+
+  // The peer's last datagram goes out without waiting for an answer.
+  void last_send() {
+    if (::send(fd_, out_, kPingBytes, 0) != kPingBytes) die("send");
+  }
+
+ private:
+  static constexpr uint64_t kRecvTag = 1;
+  int fd_;
+  Wait wait_;
+  char out_[kPingBytes] = {};
+  char in_[64] = {};
+#if URDMA_HAVE_LIBURING
+  io_uring ring_{};
+  bool ring_ok_ = false;
+#endif
+};
+
+// Median one-way latency (half the round trip) in microseconds, or a negative errno when the
+// way of waiting is not available here.
+double ping_pong(Wait wait, int rounds) {
+  int fds[2];
+  socket_pair(fds);
+  int ready[2];
+  if (pipe(ready) != 0) die("pipe");
+  const pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) {  // B: answers every datagram
+    close(fds[0]);
+    close(ready[0]);
+    Side b(fds[1], wait);
+    const int e = b.open();
+    if (write(ready[1], &e, sizeof e) != sizeof e) _exit(2);
+    if (e != 0) _exit(0);
+    b.hop(false);
+    for (int i = 1; i < rounds; ++i) b.hop(true);
+    b.last_send();
+    _exit(0);
+  }
+  close(fds[1]);
+  close(ready[1]);
+  int peer_error = 0;
+  if (read(ready[0], &peer_error, sizeof peer_error) != sizeof peer_error) die("read");
+  close(ready[0]);
+  double result;
+  if (peer_error != 0) {
+    result = -peer_error;
+  } else {
+    Side a(fds[0], wait);
+    if (const int e = a.open(); e != 0) die("io_uring in A but not in B");
+    std::vector<double> rtt(static_cast<size_t>(rounds));
+    for (double& t : rtt) {
+      const auto t0 = Clock::now();
+      a.hop(true);
+      t = ns_since(t0);
+    }
+    result = median(rtt) / 2 / 1000;
+  }
+  close(fds[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "urdma_kernel_path_bench: the answering process failed\n");
+    std::exit(2);
+  }
+  return result;
+}
+
+void ping_pong_rows(int rounds) {
+  std::printf("\n%-52s %12s %8s\n", "UDP ping-pong 8 B, two processes on loopback", "one-way med",
+              "ratio");
+  double limit = 0;
+  for (Wait w : {Wait::kRecvSpin, Wait::kRingSpin, Wait::kDeferTaskrun}) {
+    // Waiting on the ring in user space takes tens of microseconds a hop: fewer rounds.
+    const double us = ping_pong(w, w == Wait::kRingSpin ? std::max(rounds / 10, 100) : rounds);
+    if (us < 0) {
+      std::printf("%-52s unavailable: %s\n", wait_name(w), std::strerror(static_cast<int>(-us)));
+      continue;
+    }
+    if (w == Wait::kRecvSpin) limit = us;
+    std::printf("%-52s %9.2f us %8.2f\n", wait_name(w), us, us / limit);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 20000;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
+      rounds = std::max(100, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: %s [--rounds N]\n", argv[0]);
+      return 2;
+    }
+  }
+  pages_rows();
+  ping_pong_rows(rounds);
+  return 0;
+}
