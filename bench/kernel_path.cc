@@ -15,7 +15,10 @@
 //    them). The same N lines in one page are the control: lines that were cached but whose
 //    page was not. And the N pages in memory madvised for transparent huge pages;
 //  * a UDP ping-pong of 8-byte datagrams between two processes on loopback: sendto + a
-//    recv(MSG_DONTWAIT) spin (the limit of urdma_loopback_bench), then through io_uring
+//    recv(MSG_DONTWAIT) spin (the limit of urdma_loopback_bench), interleaved in blocks with
+//    the msghdr calls urdma's UdpSocketIo makes (docs/PERFORMANCE.md, "One datagram, one
+//    recvmsg"): sendmsg + recvmsg, and sendmmsg + recvmmsg over 1 and over 32 buffers (a read
+//    of one waiting datagram that goes back to the socket for a second); then through io_uring
 //    (send and recv submitted together) waiting two ways: spinning on the completion ring in
 //    user space, and spinning on io_uring_get_events with IORING_SETUP_DEFER_TASKRUN.
 // A benchmark, not a test: nothing here asserts a speed.
@@ -39,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -228,12 +232,18 @@ void pages_rows() {
 // ---------------------------------------------------------------------------------------------
 // UDP ping-pong between two processes.
 
-enum class Wait { kRecvSpin, kRingSpin, kDeferTaskrun };
+enum class Wait { kRecvSpin, kRecvmsg, kRecvmmsgOne, kRecvmmsgBatch, kRingSpin, kDeferTaskrun };
 
 const char* wait_name(Wait w) {
   switch (w) {
     case Wait::kRecvSpin:
       return "sendto + recv(MSG_DONTWAIT) spin";
+    case Wait::kRecvmsg:
+      return "sendmsg + recvmsg spin (address, cmsg space)";
+    case Wait::kRecvmmsgOne:
+      return "sendmmsg + recvmmsg spin, 1 buffer";
+    case Wait::kRecvmmsgBatch:
+      return "sendmmsg + recvmmsg spin, 32 buffers";
     case Wait::kRingSpin:
       return "io_uring, completion ring spun in user space";
     case Wait::kDeferTaskrun:
@@ -272,7 +282,7 @@ class Side {
 
   // 0, or the errno io_uring_queue_init gave.
   int open() {
-    if (wait_ == Wait::kRecvSpin) return 0;
+    if (wait_ != Wait::kRingSpin && wait_ != Wait::kDeferTaskrun) return 0;
 #if URDMA_HAVE_LIBURING
     io_uring_params p{};
     if (wait_ == Wait::kDeferTaskrun)
@@ -290,6 +300,10 @@ class Side {
       if (send && ::send(fd_, out_, kPingBytes, 0) != kPingBytes) die("send");
       while (recv(fd_, in_, sizeof in_, MSG_DONTWAIT) < 0)
         if (errno != EAGAIN) die("recv");
+      return;
+    }
+    if (wait_ != Wait::kRingSpin && wait_ != Wait::kDeferTaskrun) {
+      msg_hop(send);
       return;
     }
 #if URDMA_HAVE_LIBURING
@@ -321,6 +335,41 @@ class Side {
   }
 
  private:
+  // The msghdr ways, each datagram read as UdpSocketIo reads it: into a buffer with room for
+  // the sender's address and for cmsgs.
+  void msg_hop(bool send) {
+    constexpr unsigned kBatch = 32;
+    iovec out{out_, kPingBytes};
+    mmsghdr s{};
+    s.msg_hdr.msg_iov = &out;
+    s.msg_hdr.msg_iovlen = 1;
+    if (send && (wait_ == Wait::kRecvmsg ? sendmsg(fd_, &s.msg_hdr, 0) != kPingBytes
+                                         : sendmmsg(fd_, &s, 1, 0) != 1))
+      die("sendmsg/sendmmsg");
+    static char bufs[kBatch][64];
+    static sockaddr_storage names[kBatch];
+    alignas(cmsghdr) static char control[kBatch][128];
+    iovec iov[kBatch];
+    mmsghdr m[kBatch];
+    const unsigned n = wait_ == Wait::kRecvmmsgBatch ? kBatch : 1;
+    for (;;) {
+      for (unsigned i = 0; i < n; ++i) {
+        iov[i] = iovec{bufs[i], sizeof bufs[i]};
+        m[i] = mmsghdr{};
+        m[i].msg_hdr.msg_name = &names[i];
+        m[i].msg_hdr.msg_namelen = sizeof names[i];
+        m[i].msg_hdr.msg_iov = &iov[i];
+        m[i].msg_hdr.msg_iovlen = 1;
+        m[i].msg_hdr.msg_control = control[i];
+        m[i].msg_hdr.msg_controllen = sizeof control[i];
+      }
+      const long r = wait_ == Wait::kRecvmsg ? recvmsg(fd_, &m[0].msg_hdr, MSG_DONTWAIT)
+                                             : recvmmsg(fd_, m, n, MSG_DONTWAIT, nullptr);
+      if (r > 0) return;
+      if (errno != EAGAIN) die("recvmsg/recvmmsg");
+    }
+  }
+
   static constexpr uint64_t kRecvTag = 1;
   int fd_;
   Wait wait_;
@@ -382,6 +431,63 @@ double ping_pong(Wait wait, int rounds) {
   return result;
 }
 
+// The recv spin and the msghdr ways, interleaved: blocks of `per` rounds of each in turn over
+// one socket pair, so that a VM's slow and fast spells fall on all of them. Prints each way's
+// median over the blocks of its one-way median, and the median over the blocks of its ratio to
+// the recv spin's median in the same block.
+void interleaved_rows(int rounds) {
+  constexpr Wait kWays[] = {Wait::kRecvSpin, Wait::kRecvmsg, Wait::kRecvmmsgOne,
+                            Wait::kRecvmmsgBatch};
+  constexpr size_t kN = std::size(kWays);
+  constexpr int kPer = 1000;
+  const int blocks = std::max(rounds / kPer / static_cast<int>(kN), 5);
+  int fds[2];
+  socket_pair(fds);
+  const pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) {  // B: answers every datagram, block by block
+    close(fds[0]);
+    for (int b = 0; b < blocks; ++b) {
+      for (Wait w : kWays) {
+        Side side(fds[1], w);
+        side.hop(false);
+        for (int i = 1; i < kPer; ++i) side.hop(true);
+        side.last_send();
+      }
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::vector<double> us[kN], ratio[kN];
+  for (int b = 0; b < blocks; ++b) {
+    double block_us[kN];
+    for (size_t k = 0; k < kN; ++k) {
+      Side side(fds[0], kWays[k]);
+      std::vector<double> rtt(kPer);
+      for (double& t : rtt) {
+        const auto t0 = Clock::now();
+        side.hop(true);
+        t = ns_since(t0);
+      }
+      block_us[k] = median(rtt) / 2 / 1000;
+      us[k].push_back(block_us[k]);
+    }
+    for (size_t k = 0; k < kN; ++k) ratio[k].push_back(block_us[k] / block_us[0]);
+  }
+  close(fds[0]);
+  int status;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "urdma_kernel_path_bench: the answering process failed\n");
+    std::exit(2);
+  }
+  std::printf("\n%-52s %12s %8s\n", "UDP ping-pong 8 B, interleaved blocks of 1000 rounds",
+              "one-way med", "ratio");
+  for (size_t k = 0; k < kN; ++k)
+    std::printf("%-52s %9.2f us %8.3f\n", wait_name(kWays[k]), median(us[k]), median(ratio[k]));
+  std::printf("(%d blocks of each)\n", blocks);
+}
+
 void ping_pong_rows(int rounds) {
   std::printf("\n%-52s %12s %8s\n", "UDP ping-pong 8 B, two processes on loopback", "one-way med",
               "ratio");
@@ -411,6 +517,7 @@ int main(int argc, char** argv) {
     }
   }
   pages_rows();
+  interleaved_rows(rounds * 4);
   ping_pong_rows(rounds);
   return 0;
 }

@@ -27,10 +27,11 @@
 //    threads busy-poll their CQ and drive the engine inline (Runtime::try_progress, as
 //    ibv_poll_cq will). One-way latency = half the round trip; median and mean over N rounds.
 //    Between the two, raw UDP shaped as RC's datagrams: each hop sends what an RC hop sends — a
-//    24-byte SEND and the 20-byte ACK held for the reply, in one sendmmsg (one UDP_SEGMENT
-//    message with GSO), with UdpSocketIo's source-address and TTL cmsgs, from a socket set up as
-//    UdpSocketIo's — and reads with recvmmsg over 32 buffers. No engine: the kernel's cost of RC's
-//    datagrams, so that RC over it is what urdma's own code adds.
+//    24-byte SEND and the 20-byte ACK held for the reply, in one send (one UDP_SEGMENT message
+//    by sendmsg with GSO), with UdpSocketIo's source-address and TTL cmsgs, from a socket set up
+//    as UdpSocketIo's — and reads as UdpSocketIo reads (recvmmsg over 32 buffers, recvmsg after
+//    a read that found at most one datagram). No engine: the kernel's cost of RC's datagrams, so
+//    that RC over it is what urdma's own code adds.
 //  * bandwidth: raw = 4 KiB datagrams, one sendto per datagram, as fast as A can, received by B
 //    with one recv per datagram; the rate B receives. RC = RDMA WRITE 64 KiB, 16 outstanding,
 //    path MTU 4096; A's application thread posts and polls (driving inline), B's application
@@ -406,8 +407,9 @@ ssize_t raw_recv_spin(int fd, void* p, size_t n) {
 }
 
 // One hop of the RC ping-pong as the kernel sees it, without urdma: the SEND (carrying `round`)
-// and the ACK behind it in one sendmmsg — one UDP_SEGMENT message with GSO, else two messages —
-// each with the source address (IP_PKTINFO) and TTL (IP_TTL) cmsgs UdpSocketIo adds.
+// and the ACK behind it in one send — one UDP_SEGMENT message with GSO (a sendmsg, as
+// UdpSocketIo sends one message), else two messages (sendmmsg) — each with the source address
+// (IP_PKTINFO) and TTL (IP_TTL) cmsgs UdpSocketIo adds.
 void shaped_send(const Host& h, const sockaddr_in& to, uint64_t round) {
   uint8_t send_bytes[kShapedSendBytes] = {};
   uint8_t ack_bytes[kShapedAckBytes] = {};
@@ -443,7 +445,9 @@ void shaped_send(const Host& h, const sockaddr_in& to, uint64_t round) {
   }
   int sent = 0;
   while (sent < n) {
-    const int r = sendmmsg(h.shaped_fd, msgs + sent, static_cast<unsigned>(n - sent), 0);
+    const int r = n - sent == 1
+                      ? (sendmsg(h.shaped_fd, &msgs[sent].msg_hdr, 0) >= 0 ? 1 : -1)
+                      : sendmmsg(h.shaped_fd, msgs + sent, static_cast<unsigned>(n - sent), 0);
     if (r > 0) {
       sent += r;
     } else if (errno != EAGAIN && errno != ENOBUFS && errno != EINTR) {
@@ -452,7 +456,8 @@ void shaped_send(const Host& h, const sockaddr_in& to, uint64_t round) {
   }
 }
 
-// Busy-polls recvmmsg over 32 buffers with address and cmsg space, as UdpSocketIo reads, until
+// Busy-polls recvmmsg over 32 buffers with address and cmsg space — or recvmsg into the first
+// when the last read found at most one datagram — as UdpSocketIo reads, until
 // a SEND-sized datagram (or, with GRO, a train starting with one) came; returns its round.
 // ACK-sized ones are read and dropped, as the engine reads ACKs.
 uint64_t shaped_recv_spin(const Host& h) {
@@ -460,6 +465,7 @@ uint64_t shaped_recv_spin(const Host& h) {
   static uint8_t bufs[kSlots][256];
   static sockaddr_storage names[kSlots];
   alignas(cmsghdr) static uint8_t control[kSlots][128];
+  static bool one = false;  // as UdpSocketIo: the last read found at most one datagram
   iovec iov[kSlots];
   mmsghdr msgs[kSlots];
   for (;;) {
@@ -473,7 +479,15 @@ uint64_t shaped_recv_spin(const Host& h) {
       msgs[i].msg_hdr.msg_control = control[i];
       msgs[i].msg_hdr.msg_controllen = sizeof control[i];
     }
-    const int r = recvmmsg(h.shaped_fd, msgs, kSlots, MSG_DONTWAIT, nullptr);
+    int r;
+    if (one) {
+      const ssize_t k = recvmsg(h.shaped_fd, &msgs[0].msg_hdr, MSG_DONTWAIT);
+      if (k >= 0) msgs[0].msg_len = static_cast<unsigned>(k);
+      r = k >= 0 ? 1 : -1;
+    } else {
+      r = recvmmsg(h.shaped_fd, msgs, kSlots, MSG_DONTWAIT, nullptr);
+    }
+    one = one ? r <= 0 : r <= 1;
     if (r < 0) {
       if (errno != EAGAIN && errno != EINTR) die("recvmmsg (shaped)");
       continue;

@@ -100,6 +100,9 @@ struct IoCounters {
   // datagrams are also in rx_datagrams.
   uint64_t rx_gro_receives = 0;
   uint64_t rx_gro_datagrams = 0;
+  // Reads that asked for one datagram (recvmsg) where the caller offered a batch, the last
+  // read having found at most one (udp_socket_io.h); found or not.
+  uint64_t rx_one_reads = 0;
 };
 
 class PacketIo {

@@ -346,7 +346,9 @@ size_t UdpSocketIo::send_batch(std::span<const TxDatagram> batch) {
       ++done;
       continue;
     }
-    const int r = sendmmsg(fd, msgs_.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
+    // One message goes by sendmsg: sendmmsg's loop around it costs more (udp_socket_io.h).
+    const int r = n == 1 ? (sendmsg(fd, &msgs_[0].msg_hdr, MSG_DONTWAIT) >= 0 ? 1 : -1)
+                         : sendmmsg(fd, msgs_.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
     if (r > 0) {
       for (int i = 0; i < r; ++i) {
         const size_t run = run_length_[static_cast<size_t>(i)];
@@ -385,6 +387,13 @@ size_t UdpSocketIo::send_batch(std::span<const TxDatagram> batch) {
 size_t UdpSocketIo::recv_batch(std::span<RxDatagram> batch) {
   base::check(batch.size() <= kMaxBatch, "recv_batch larger than kMaxBatch");
   if (batch.empty()) return 0;
+  // A conversation's read: the last read found at most one datagram, so this one reads one, by
+  // recvmsg (udp_socket_io.h). A one-datagram read that found one is followed by a batch read.
+  if (rx_one_ && batch.size() > 1) {
+    io_.rx_one_reads++;
+    batch = batch.first(1);
+  }
+  const bool one = batch.size() == 1;
   for (size_t i = 0; i < batch.size(); ++i) {
     rx_iov_[i] = iovec{batch[i].buffer.data(), batch[i].buffer.size()};
     msghdr& m = msgs_[i].msg_hdr;
@@ -398,8 +407,15 @@ size_t UdpSocketIo::recv_batch(std::span<RxDatagram> batch) {
   }
   int r;
   do {
-    r = recvmmsg(fd_, msgs_.data(), static_cast<unsigned>(batch.size()), MSG_DONTWAIT, nullptr);
+    if (one) {
+      const ssize_t k = recvmsg(fd_, &msgs_[0].msg_hdr, MSG_DONTWAIT);
+      if (k >= 0) msgs_[0].msg_len = static_cast<unsigned>(k);
+      r = k >= 0 ? 1 : -1;
+    } else {
+      r = recvmmsg(fd_, msgs_.data(), static_cast<unsigned>(batch.size()), MSG_DONTWAIT, nullptr);
+    }
   } while (r < 0 && errno == EINTR);
+  rx_one_ = one ? r <= 0 : r <= 1;
   if (r <= 0) return 0;  // EAGAIN: nothing waiting
   for (size_t i = 0; i < static_cast<size_t>(r); ++i) {
     const msghdr& m = msgs_[i].msg_hdr;

@@ -1,8 +1,13 @@
 // PacketIo over a real, already-bound UDP socket: the path the engine uses outside simulation.
 //
 // One sendmmsg per send_batch and one recvmmsg per recv_batch, straight from and into the
-// caller's iovecs and buffers (no staging copy). The socket is set up so that what the kernel
-// puts on the wire is what a RoCEv2 ICRC can cover:
+// caller's iovecs and buffers (no staging copy). Two exceptions save what a conversation pays
+// for the batch calls (docs/PERFORMANCE.md, "One datagram, one recvmsg"): a send of one
+// message is a sendmsg; and after a read that found at most one datagram, the next reads one
+// by recvmsg — recvmmsg would go back to the socket for a second that is not there — until a
+// one-datagram read finds one, when the next reads a batch again.
+//
+// The socket is set up so that what the kernel puts on the wire is what a RoCEv2 ICRC can cover:
 //  * IP_MTU_DISCOVER = IP_PMTUDISC_DO (and IPV6_MTU_DISCOVER): the kernel never fragments and sets
 //    DF; for a DF datagram on an unconnected socket Linux writes IP ID 0 (ip_select_ident_segs),
 //    so the receiver, which never sees the IP ID, can assume 0 in the IPv4 header the ICRC covers
@@ -169,6 +174,7 @@ class UdpSocketIo final : public PacketIo {
   std::array<CmsgBuffer, kMaxBatch> cmsg_{};
   bool gso_ = false;
   bool gro_ = false;
+  bool rx_one_ = false;  // the next recv_batch reads one datagram (recvmsg)
   // Segmented sends: datagrams per message of the sendmmsg being built, their gathered iovecs,
   // and the replaced ICRCs (by datagram index in the batch).
   std::array<uint8_t, kMaxBatch> run_length_{};

@@ -193,6 +193,68 @@ TEST(UdpSocketIoTest, PktinfoGivesDestinationAndChoosesSource) {
   EXPECT_EQ(got[1].src, (Endpoint{Address::from_v4(127, 0, 0, 3), c->local().port}));
 }
 
+// After a read that found at most one datagram, the next reads one (recvmsg: a conversation's
+// read); a one-datagram read that found one is followed by a batch read. Whichever call reads,
+// the slot says the same: bytes, both addresses (IP_PKTINFO on a wildcard socket), truncation.
+TEST(UdpSocketIoTest, AfterAReadOfOneTheNextReadsOneThenABatchAgain) {
+  auto a = open_io("127.0.0.1:0");
+  std::string error;
+  auto b = UdpSocketIo::adopt(UdpSocketIo::bind_udp(*Endpoint::parse("0.0.0.0:0"), &error), &error,
+                              UdpSocketIoOptions{.gro = false});
+  ASSERT_TRUE(a && b) << error;
+  const Endpoint b_at{Address::from_v4(127, 0, 0, 2), b->local().port};
+  auto send = [&](uint8_t value, size_t bytes) {
+    std::vector<uint8_t> p(bytes, value);
+    const iovec v{p.data(), p.size()};
+    TxDatagram d = to(*a, *b, std::span<const iovec>(&v, 1));
+    d.dst = b_at;
+    ASSERT_EQ(a->send(d), TxStatus::kSent);
+  };
+  std::vector<std::vector<uint8_t>> bufs(kMaxBatch, std::vector<uint8_t>(100));
+  std::vector<RxDatagram> slots(kMaxBatch);
+  auto read = [&] {
+    for (size_t i = 0; i < slots.size(); ++i) slots[i] = RxDatagram{bufs[i]};
+    return b->recv_batch(slots);
+  };
+  auto check = [&](size_t i, uint8_t value, size_t length, bool truncated) {
+    EXPECT_EQ(slots[i].length, length);
+    EXPECT_EQ(slots[i].truncated, truncated);
+    EXPECT_EQ(slots[i].src, a->local());
+    EXPECT_EQ(slots[i].dst, b_at);
+    EXPECT_EQ(bufs[i][0], value);
+    EXPECT_EQ(bufs[i][length - 1], value);
+  };
+
+  send(1, 10);
+  ASSERT_TRUE(wait_readable(b->readable_fd()));
+  ASSERT_EQ(read(), 1u);  // a batch read that found one
+  check(0, 1, 10, false);
+  EXPECT_EQ(b->counters().rx_one_reads, 0u);
+
+  send(2, 20);
+  send(3, 300);  // truncated to the 100-byte buffer
+  send(4, 40);
+  ASSERT_TRUE(wait_readable(b->readable_fd()));
+  ASSERT_EQ(read(), 1u);  // one read, though three wait
+  check(0, 2, 20, false);
+  EXPECT_EQ(b->counters().rx_one_reads, 1u);
+  ASSERT_EQ(read(), 2u);   // it found one: a batch read takes the rest
+  check(0, 3, 100, true);  // the bytes that fit
+  check(1, 4, 40, false);
+  EXPECT_EQ(b->counters().rx_one_reads, 1u);
+
+  EXPECT_EQ(read(), 0u);  // a batch read found none: the next reads one
+  EXPECT_EQ(read(), 0u);
+  EXPECT_EQ(b->counters().rx_one_reads, 2u);
+  send(5, 50);
+  ASSERT_TRUE(wait_readable(b->readable_fd()));
+  ASSERT_EQ(read(), 1u);
+  check(0, 5, 50, false);
+  EXPECT_EQ(b->counters().rx_one_reads, 3u);
+  EXPECT_EQ(b->counters().rx_datagrams, 5u);
+  EXPECT_EQ(b->counters().rx_truncated, 1u);
+}
+
 TEST(UdpSocketIoTest, RejectsWhatItCannotSend) {
   auto a = open_io("127.0.0.1:0");
   ASSERT_TRUE(a);
