@@ -381,6 +381,16 @@ class Side {
 #endif
 };
 
+// Waits for the answering process; it must have succeeded.
+void reap(pid_t pid) {
+  int status;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "urdma_kernel_path_bench: the answering process failed\n");
+    std::exit(2);
+  }
+}
+
 // Median one-way latency (half the round trip) in microseconds, or a negative errno when the
 // way of waiting is not available here.
 double ping_pong(Wait wait, int rounds) {
@@ -422,12 +432,7 @@ double ping_pong(Wait wait, int rounds) {
     result = median(rtt) / 2 / 1000;
   }
   close(fds[0]);
-  int status;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "urdma_kernel_path_bench: the answering process failed\n");
-    std::exit(2);
-  }
+  reap(pid);
   return result;
 }
 
@@ -475,12 +480,7 @@ void interleaved_rows(int rounds) {
     for (size_t k = 0; k < kN; ++k) ratio[k].push_back(block_us[k] / block_us[0]);
   }
   close(fds[0]);
-  int status;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "urdma_kernel_path_bench: the answering process failed\n");
-    std::exit(2);
-  }
+  reap(pid);
   std::printf("\n%-52s %12s %8s\n", "UDP ping-pong 8 B, interleaved blocks of 1000 rounds",
               "one-way med", "ratio");
   for (size_t k = 0; k < kN; ++k)
