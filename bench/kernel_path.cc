@@ -18,9 +18,10 @@
 //    recv(MSG_DONTWAIT) spin (the limit of urdma_loopback_bench), interleaved in blocks with
 //    the msghdr calls urdma's UdpSocketIo makes (docs/PERFORMANCE.md, "One datagram, one
 //    recvmsg"): sendmsg + recvmsg, and sendmmsg + recvmmsg over 1 and over 32 buffers (a read
-//    of one waiting datagram that goes back to the socket for a second); then through io_uring
-//    (send and recv submitted together) waiting two ways: spinning on the completion ring in
-//    user space, and spinning on io_uring_get_events with IORING_SETUP_DEFER_TASKRUN.
+//    of one waiting datagram that goes back to the socket for a second), and through io_uring
+//    (send and recv submitted together) spinning on io_uring_get_events with
+//    IORING_SETUP_DEFER_TASKRUN. Then, each alone after the recv spin, the io_uring ways:
+//    spinning on the completion ring in user space, and DEFER_TASKRUN again.
 // A benchmark, not a test: nothing here asserts a speed.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -42,7 +43,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -436,25 +436,28 @@ double ping_pong(Wait wait, int rounds) {
   return result;
 }
 
-// The recv spin and the msghdr ways, interleaved: blocks of `per` rounds of each in turn over
-// one socket pair, so that a VM's slow and fast spells fall on all of them. Prints each way's
-// median over the blocks of its one-way median, and the median over the blocks of its ratio to
-// the recv spin's median in the same block.
+// The recv spin, the msghdr ways and (where it is available) io_uring with DEFER_TASKRUN,
+// interleaved: blocks of 1,000 rounds of each in turn over one socket pair, so that a VM's slow
+// and fast spells fall on all of them. Prints each way's median over the blocks of its one-way
+// median, and the median over the blocks of its ratio to the recv spin's in the same block.
 void interleaved_rows(int rounds) {
-  constexpr Wait kWays[] = {Wait::kRecvSpin, Wait::kRecvmsg, Wait::kRecvmmsgOne,
+  std::vector<Wait> ways = {Wait::kRecvSpin, Wait::kRecvmsg, Wait::kRecvmmsgOne,
                             Wait::kRecvmmsgBatch};
-  constexpr size_t kN = std::size(kWays);
-  constexpr int kPer = 1000;
-  const int blocks = std::max(rounds / kPer / static_cast<int>(kN), 5);
   int fds[2];
   socket_pair(fds);
+  if (Side probe(fds[0], Wait::kDeferTaskrun); probe.open() == 0)
+    ways.push_back(Wait::kDeferTaskrun);
+  const size_t kN = ways.size();
+  constexpr int kPer = 1000;
+  const int blocks = std::max(rounds / kPer / static_cast<int>(kN), 5);
   const pid_t pid = fork();
   if (pid < 0) die("fork");
   if (pid == 0) {  // B: answers every datagram, block by block
     close(fds[0]);
     for (int b = 0; b < blocks; ++b) {
-      for (Wait w : kWays) {
+      for (Wait w : ways) {
         Side side(fds[1], w);
+        if (side.open() != 0) die("io_uring in A but not in B");
         side.hop(false);
         for (int i = 1; i < kPer; ++i) side.hop(true);
         side.last_send();
@@ -463,11 +466,12 @@ void interleaved_rows(int rounds) {
     _exit(0);
   }
   close(fds[1]);
-  std::vector<double> us[kN], ratio[kN];
+  std::vector<std::vector<double>> us(kN), ratio(kN);
   for (int b = 0; b < blocks; ++b) {
-    double block_us[kN];
+    std::vector<double> block_us(kN);
     for (size_t k = 0; k < kN; ++k) {
-      Side side(fds[0], kWays[k]);
+      Side side(fds[0], ways[k]);
+      if (side.open() != 0) die("io_uring_queue_init");
       std::vector<double> rtt(kPer);
       for (double& t : rtt) {
         const auto t0 = Clock::now();
@@ -484,7 +488,7 @@ void interleaved_rows(int rounds) {
   std::printf("\n%-52s %12s %8s\n", "UDP ping-pong 8 B, interleaved blocks of 1000 rounds",
               "one-way med", "ratio");
   for (size_t k = 0; k < kN; ++k)
-    std::printf("%-52s %9.2f us %8.3f\n", wait_name(kWays[k]), median(us[k]), median(ratio[k]));
+    std::printf("%-52s %9.2f us %8.3f\n", wait_name(ways[k]), median(us[k]), median(ratio[k]));
   std::printf("(%d blocks of each)\n", blocks);
 }
 
