@@ -6,6 +6,10 @@
 #include <array>
 #include <cassert>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace urdma::wire {
 
 // Why isa-l: bench/crc_bench.cc measured (docs/PERFORMANCE.md, the project's 2-vCPU EPYC) isa-l's
@@ -112,12 +116,88 @@ uint32_t pow_by_table(const PowerTable& table, uint64_t k) {
   uint32_t r = kGf2One;
   for (size_t i = 0; k != 0; ++i, k >>= 1) {
     assert(i < table.size());
-    if (k & 1) r = gf2_mul_mod_p(r, table[i]);
+    if (k & 1) r = gf2_mul_mod_p_fast(r, table[i]);
   }
   return r;
 }
 
+#if defined(__x86_64__)
+
+// Carry-less multiplication and Barrett reduction in the reflected representation.
+//
+// A W-bit reflected word holds the coefficient of x^d in bit W - 1 - d. A carry-less product of
+// two such words of W1 and W2 bits is the (W1 + W2 - 1)-bit reflected word of the polynomial
+// product (bit m of the product collects the bit pairs whose degrees add to W1 + W2 - 2 - m).
+//  1. C = A * B, degree <= 62: clmul(a, b) << 1 is its 64-bit reflected word. Split C = H x^32 + L:
+//     the upper 32 bits are L's 32-bit reflected word, the lower 32 bits H's.
+//  2. H x^32 mod P by Barrett: with mu = floor(x^64 / P) (degree 32), the quotient is
+//     T = floor(H * mu / x^32); clmul(H, mu as a 33-bit reflected word) is the 64-bit reflected
+//     word of H * mu, whose lower 32 bits are T's 32-bit reflected word.
+//  3. H x^32 - T P has degree < 32, and H x^32 and T x^32 have no terms below x^32, so it is the
+//     low 32 coefficients of T * P: the upper 32 bits of clmul(T, P as a 33-bit reflected word).
+//  The result is L + (H x^32 mod P). The Barrett quotient is exact because deg(H x^32) <= 63 < 2
+//  deg P. Tests check it against the loop and against zlib's crc32_combine_op.
+
+// The w-bit word v with its bits in the opposite order.
+constexpr uint64_t reflect_bits(uint64_t v, int w) {
+  uint64_t r = 0;
+  for (int i = 0; i < w; ++i) r |= ((v >> i) & 1u) << (w - 1 - i);
+  return r;
+}
+
+// P in the usual (not reflected) representation, x^32 as bit 32: 0x104C11DB7.
+constexpr uint64_t kPolyNormal = uint64_t{1} << 32 | reflect_bits(kCrc32PolyReflected, 32);
+
+// floor(x^64 / P) by long division, in the usual representation (degree 32, bit 32 set).
+constexpr uint64_t barrett_mu_normal() {
+  uint64_t rem = 0;  // the 33-bit window of the dividend x^64 being divided
+  uint64_t quotient = 0;
+  for (int d = 64; d >= 0; --d) {
+    rem = rem << 1 | (d == 64 ? 1u : 0u);
+    if ((rem >> 32) & 1) {
+      rem ^= kPolyNormal;
+      quotient |= uint64_t{1} << d;  // only ever d <= 32: bit 32 first appears at d = 32
+    }
+  }
+  return quotient;
+}
+
+constexpr uint64_t kPolyReflected33 = reflect_bits(kPolyNormal, 33);
+constexpr uint64_t kMuReflected33 = reflect_bits(barrett_mu_normal(), 33);
+// The constants of Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ"
+// white paper and Linux's crc32-pclmul for this polynomial (P' and mu'), as a cross-check.
+static_assert(kPolyReflected33 == 0x1DB710641);
+static_assert(kMuReflected33 == 0x1F7011641);
+
+// The low 64 bits of the carry-less product of x and y (both below 2^33 here, so nothing is lost).
+__attribute__((target("pclmul"))) inline uint64_t clmul(uint64_t x, uint64_t y) {
+  const __m128i product = _mm_clmulepi64_si128(_mm_cvtsi64_si128(static_cast<long long>(x)),
+                                               _mm_cvtsi64_si128(static_cast<long long>(y)), 0x00);
+  return static_cast<uint64_t>(_mm_cvtsi128_si64(product));
+}
+
+__attribute__((target("pclmul"))) uint32_t gf2_mul_mod_p_clmul(uint32_t a, uint32_t b) {
+  const uint64_t c = clmul(a, b) << 1;
+  const auto low = static_cast<uint32_t>(c >> 32);
+  const uint64_t t = clmul(c & 0xFFFFFFFFu, kMuReflected33) & 0xFFFFFFFFu;
+  return low ^ static_cast<uint32_t>(clmul(t, kPolyReflected33) >> 32);
+}
+
+const bool kCpuHasPclmul = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("pclmul") != 0;
+}();
+
+#endif
+
 }  // namespace
+
+uint32_t gf2_mul_mod_p_fast(uint32_t a, uint32_t b) {
+#if defined(__x86_64__)
+  if (kCpuHasPclmul) return gf2_mul_mod_p_clmul(a, b);
+#endif
+  return gf2_mul_mod_p(a, b);
+}
 
 uint32_t gf2_x_pow_mod_p(uint64_t k) {
   return pow_by_table(kXPow2, k);

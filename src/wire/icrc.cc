@@ -268,7 +268,7 @@ uint32_t ipv4_id_icrc_delta(uint16_t ip_id, size_t udp_payload_bytes) {
   if (ip_id == 0 || !payload_size_ok(udp_payload_bytes)) return 0;
   const uint32_t u = uint32_t{static_cast<uint8_t>(ip_id >> 8)} << 8 |
                      uint32_t{static_cast<uint8_t>(ip_id)} << 16;
-  return gf2_mul_mod_p(
+  return gf2_mul_mod_p_fast(
       u, shift_by_length<gf2_x_pow_mod_p>(udp_payload_bytes, bytes_after_id(udp_payload_bytes)));
 }
 
@@ -289,8 +289,8 @@ Ipv4IcrcMatch solve_ipv4_id(uint32_t received_icrc, uint32_t icrc_id0_df, size_t
   if (!payload_size_ok(udp_payload_bytes)) return {};
   const uint64_t bytes_after = bytes_after_id(udp_payload_bytes);
   const uint32_t u =
-      gf2_mul_mod_p(received_icrc ^ icrc_id0_df,
-                    shift_by_length<gf2_x_inv_pow_mod_p>(udp_payload_bytes, bytes_after));
+      gf2_mul_mod_p_fast(received_icrc ^ icrc_id0_df,
+                         shift_by_length<gf2_x_inv_pow_mod_p>(udp_payload_bytes, bytes_after));
   if ((u & 0xFF) != 0) return {};  // degree >= 24: no 3-byte change explains it
   const uint8_t id_high = static_cast<uint8_t>(u >> 8);
   const uint8_t id_low = static_cast<uint8_t>(u >> 16);

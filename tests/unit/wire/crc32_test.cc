@@ -82,6 +82,28 @@ TEST(Gf2, MultiplicationMatchesZlibCombineOp) {
   }
 }
 
+// The run-time product (carry-less multiply and Barrett reduction on x86-64 with PCLMULQDQ)
+// against the compile-time loop and zlib, on random words and on the words with one or all bits
+// set, where a wrong shift or mask in the reduction shows first.
+TEST(Gf2, FastMultiplicationMatchesTheLoopAndZlib) {
+  std::vector<uint32_t> edges = {0, 0xFFFFFFFF, kCrc32PolyReflected, 0x80000001};
+  for (int bit = 0; bit < 32; ++bit) edges.push_back(uint32_t{1} << bit);
+  for (uint32_t a : edges) {
+    for (uint32_t b : edges) {
+      ASSERT_EQ(gf2_mul_mod_p_fast(a, b), gf2_mul_mod_p(a, b)) << a << " * " << b;
+    }
+  }
+  std::mt19937 rng(8);
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t a = static_cast<uint32_t>(rng());
+    const uint32_t b = static_cast<uint32_t>(rng());
+    ASSERT_EQ(gf2_mul_mod_p_fast(a, b), gf2_mul_mod_p(a, b)) << a << " * " << b;
+    if (i % 50 == 0) {
+      ASSERT_EQ(gf2_mul_mod_p_fast(a, b), static_cast<uint32_t>(crc32_combine_op(a, 0, b)));
+    }
+  }
+}
+
 TEST(Gf2, PowersOfXMatchZlibCombineGen) {
   // zlib's crc32_combine_gen(n) (z_off_t is 64-bit here) is x^(8n) mod P: the operator appending n
   // zero bytes.
