@@ -6,9 +6,10 @@
 //            build-bench/bench/urdma_loopback_bench --seconds 0.001 --rounds 100   (one line)
 //   build-bench/bench/urdma_hop_pages /tmp/hop.<pid>     # once per process
 //
-// A hop's user-space part starts when a recvmmsg returns datagrams and ends when the next
-// syscall is a sendmmsg: the answer leaves. Such segments are grouped by the thread and by the
-// socket the sendmmsg wrote to (urdma_loopback_bench's RC socket, and the one of its
+// A hop's user-space part starts when a recvmmsg or recvmsg returns datagrams and ends when the
+// next syscall is a sendmmsg or sendmsg: the answer leaves (UdpSocketIo reads one datagram by
+// recvmsg after a read that found at most one, and sends one message by sendmsg). Such segments
+// are grouped by the thread and by the socket the send wrote to (urdma_loopback_bench's RC socket, and the one of its
 // "raw UDP shaped as RC's datagrams" row), and the median pages and instructions of each group
 // are printed. Valgrind runs clock_gettime as a syscall, where the vDSO would not enter the
 // kernel: those do not end a segment.
@@ -24,6 +25,8 @@
 namespace {
 
 constexpr int kClockGettime = 228;
+constexpr int kSendmsg = 46;
+constexpr int kRecvmsg = 47;
 constexpr int kRecvmmsg = 299;
 constexpr int kSendmmsg = 307;
 
@@ -75,12 +78,14 @@ int main(int argc, char** argv) {
     if (std::sscanf(line, "SYSCALL[%d,%d](%d)", &pid, &tid, &nr) != 3) continue;
     if (nr == kClockGettime) continue;
     const bool returned = std::strstr(line, "... [async] -->") != nullptr;
-    if (!returned && after_data && nr == kSendmmsg) {
-      const char* args = std::strstr(line, "sys_sendmmsg ( ");
-      const int fd = args != nullptr ? std::atoi(args + 15) : -1;
+    if (!returned && after_data && (nr == kSendmmsg || nr == kSendmsg)) {
+      const char* args = std::strstr(line, nr == kSendmmsg ? "sys_sendmmsg ( " : "sys_sendmsg ( ");
+      const int fd = args != nullptr ? std::atoi(std::strchr(args, '(') + 2) : -1;
       groups[{tid, fd}].push_back({code.size(), data.size(), instructions});
     }
-    after_data = returned && nr == kRecvmmsg && std::strstr(line, "Success(0x") != nullptr &&
+    // A recvmmsg returns the datagrams it read, a recvmsg their bytes: either way not 0.
+    after_data = returned && (nr == kRecvmmsg || nr == kRecvmsg) &&
+                 std::strstr(line, "Success(0x") != nullptr &&
                  std::strstr(line, "Success(0x0)") == nullptr;
     code.clear();
     data.clear();
