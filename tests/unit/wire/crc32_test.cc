@@ -83,8 +83,9 @@ TEST(Gf2, MultiplicationMatchesZlibCombineOp) {
 }
 
 // The run-time product (carry-less multiply and Barrett reduction on x86-64 with PCLMULQDQ)
-// against the compile-time loop and zlib, on random words and on the words with one or all bits
-// set, where a wrong shift or mask in the reduction shows first.
+// against the compile-time loop and zlib, on random words and on edge words (one bit, all bits,
+// P itself). On a CPU without PCLMULQDQ both sides of the first comparison are the loop; the zlib
+// comparison still holds the product to an independent implementation.
 TEST(Gf2, FastMultiplicationMatchesTheLoopAndZlib) {
   std::vector<uint32_t> edges = {0, 0xFFFFFFFF, kCrc32PolyReflected, 0x80000001};
   for (int bit = 0; bit < 32; ++bit) edges.push_back(uint32_t{1} << bit);
