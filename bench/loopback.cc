@@ -31,7 +31,9 @@
 //    by sendmsg with GSO), with UdpSocketIo's source-address and TTL cmsgs, from a socket set up
 //    as UdpSocketIo's — and reads as UdpSocketIo reads (recvmmsg over 32 buffers, recvmsg after
 //    a read that found at most one datagram). No engine: the kernel's cost of RC's datagrams, so
-//    that RC over it is what urdma's own code adds.
+//    that RC over it is what urdma's own code adds. The three rows run in blocks of 1,000
+//    rounds taken in turn, so that the host's slow and fast spells fall on all three; besides the
+//    ratios of the overall medians, the medians of the per-block ratios are printed.
 //  * bandwidth: raw = 4 KiB datagrams, one sendto per datagram, as fast as A can, received by B
 //    with one recv per datagram; the rate B receives. RC = RDMA WRITE 64 KiB, 16 outstanding,
 //    path MTU 4096; A's application thread posts and polls (driving inline), B's application
@@ -90,6 +92,7 @@ constexpr uint32_t kRateWindow = 64;
 constexpr int kRecvDepth = 128;
 constexpr int kCqDepth = 4096;
 constexpr int kPollBatch = 32;
+constexpr uint32_t kLatBlock = 1000;  // rounds per latency block (latency_rows)
 // Local ACK timeout code 14 (4.096 us << 14 = 67 ms): a loaded 2-core machine must not turn a
 // slow turn into a retransmission; real losses (a full socket buffer) still recover.
 constexpr uint8_t kAckTimeoutCode = 14;
@@ -607,9 +610,11 @@ Latency summarize(std::vector<double>& half_rtt_us) {
 }
 
 // A's side of one ping-pong phase: `hop(i)` sends round i and returns the round that came back
-// (anything else counts as an error, as do B's).
+// (anything else counts as an error, as do B's). Appends each round's half round trip to `all`
+// and returns the median of this phase's rounds.
 template <typename Hop>
-Latency ping_pong(int ctl, Phase phase, uint32_t rounds, const char* what, Hop hop) {
+double ping_pong(int ctl, Phase phase, uint32_t rounds, const char* what, Hop hop,
+                 std::vector<double>& all) {
   Msg m;
   m.phase = phase;
   m.rounds = rounds;
@@ -624,39 +629,84 @@ Latency ping_pong(int ctl, Phase phase, uint32_t rounds, const char* what, Hop h
   }
   const Msg r = ctl_recv<Msg>(ctl);
   require(errors == 0 && r.errors == 0, what);
-  return summarize(t);
+  all.insert(all.end(), t.begin(), t.end());
+  return summarize(t).median_us;
 }
 
-Latency raw_latency(Host& h, int ctl, uint32_t rounds) {
+double raw_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& all) {
   const sockaddr_in to_b = sockaddr_of(h.peer, kRawPort);
-  return ping_pong(ctl, Phase::kRawLat, rounds, "raw ping-pong: a reply was wrong",
-                   [&](uint64_t i) {
-                     raw_send(h.raw_fd, to_b, &i, sizeof i);
-                     uint64_t back = 0;
-                     const ssize_t n = raw_recv_spin(h.raw_fd, &back, sizeof back);
-                     return n == static_cast<ssize_t>(kLatBytes) ? back : ~i;
-                   });
+  return ping_pong(
+      ctl, Phase::kRawLat, rounds, "raw ping-pong: a reply was wrong",
+      [&](uint64_t i) {
+        raw_send(h.raw_fd, to_b, &i, sizeof i);
+        uint64_t back = 0;
+        const ssize_t n = raw_recv_spin(h.raw_fd, &back, sizeof back);
+        return n == static_cast<ssize_t>(kLatBytes) ? back : ~i;
+      },
+      all);
 }
 
-Latency shaped_latency(Host& h, int ctl, uint32_t rounds) {
+double shaped_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& all) {
   const sockaddr_in to_b = sockaddr_of(h.peer, kShapedPort);
-  return ping_pong(ctl, Phase::kShapedLat, rounds, "RC-shaped ping-pong: a reply was wrong",
-                   [&](uint64_t i) {
-                     shaped_send(h, to_b, i);
-                     return shaped_recv_spin(h);
-                   });
+  return ping_pong(
+      ctl, Phase::kShapedLat, rounds, "RC-shaped ping-pong: a reply was wrong",
+      [&](uint64_t i) {
+        shaped_send(h, to_b, i);
+        return shaped_recv_spin(h);
+      },
+      all);
 }
 
 // The last SEND completions (ACKs) may still be on their way at the end: not needed.
-Latency rc_latency(Host& h, int ctl, uint32_t rounds) {
-  return ping_pong(ctl, Phase::kRcLat, rounds,
-                   "RC ping-pong: a completion or a round number was wrong", [&](uint64_t i) {
-                     post_lat_send(h, i);
-                     h.rt->try_progress();
-                     uint64_t bad = 0;
-                     const uint64_t back = wait_lat_recv(h, &bad);
-                     return bad == 0 ? back : ~i;
-                   });
+double rc_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& all) {
+  return ping_pong(
+      ctl, Phase::kRcLat, rounds, "RC ping-pong: a completion or a round number was wrong",
+      [&](uint64_t i) {
+        post_lat_send(h, i);
+        h.rt->try_progress();
+        uint64_t bad = 0;
+        const uint64_t back = wait_lat_recv(h, &bad);
+        return bad == 0 ? back : ~i;
+      },
+      all);
+}
+
+// The three latency rows in blocks of kLatBlock rounds taken in turn (raw, shaped, RC), so
+// that this VM's slow and fast spells, which last seconds, fall on all three alike. Each ratio
+// is also taken block by block, and its median over the blocks is printed beside the ratio of
+// the overall medians.
+struct LatencyRows {
+  Latency raw, shaped, rc;
+  double rc_raw = 0, shaped_raw = 0, rc_shaped = 0;  // medians of the per-block ratios
+  uint32_t blocks = 0;
+};
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+LatencyRows latency_rows(Host& h, int ctl, uint32_t rounds) {
+  std::vector<double> raw, shaped, rc;
+  std::vector<double> rc_raw, shaped_raw, rc_shaped;
+  LatencyRows rows;
+  for (uint32_t done = 0; done < rounds; done += kLatBlock) {
+    const uint32_t n = std::min(kLatBlock, rounds - done);
+    const double r = raw_latency(h, ctl, n, raw);
+    const double s = shaped_latency(h, ctl, n, shaped);
+    const double c = rc_latency(h, ctl, n, rc);
+    rc_raw.push_back(c / r);
+    shaped_raw.push_back(s / r);
+    rc_shaped.push_back(c / s);
+    ++rows.blocks;
+  }
+  rows.raw = summarize(raw);
+  rows.shaped = summarize(shaped);
+  rows.rc = summarize(rc);
+  rows.rc_raw = median_of(rc_raw);
+  rows.shaped_raw = median_of(shaped_raw);
+  rows.rc_shaped = median_of(rc_shaped);
+  return rows;
 }
 
 // Raw stream: datagrams/s B received.
@@ -749,16 +799,15 @@ Stream rc_write_stream(Host& h, int ctl, Phase phase, const HostInfo& peer, uint
 int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double seconds,
           uint32_t rounds, size_t tx_batch, uint64_t ack_delay_ns, bool gso, bool gro) {
   for (int s = 0; s < kRecvDepth; ++s) post_recv_slot(h, s);
-  // Warm-up: both paths once, untimed.
-  (void)raw_latency(h, ctl, 1000);
-  (void)shaped_latency(h, ctl, 1000);
-  (void)rc_latency(h, ctl, 1000);
+  // Warm-up: every path once, untimed.
+  (void)latency_rows(h, ctl, kLatBlock);
 
-  const Latency raw = raw_latency(h, ctl, rounds);
-  const Latency shaped = shaped_latency(h, ctl, rounds);
   const uint64_t turns0 = h.rt->engine_thread_turns(), wakeups0 = h.rt->eventfd_wakeups(),
                  inline0 = h.rt->inline_turns();
-  const Latency rc = rc_latency(h, ctl, rounds);
+  const LatencyRows lat = latency_rows(h, ctl, rounds);
+  const Latency& raw = lat.raw;
+  const Latency& shaped = lat.shaped;
+  const Latency& rc = lat.rc;
   const double per_round = 1.0 / rounds;
   const double lat_turns = static_cast<double>(h.rt->engine_thread_turns() - turns0) * per_round;
   const double lat_wakeups = static_cast<double>(h.rt->eventfd_wakeups() - wakeups0) * per_round;
@@ -801,6 +850,10 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
       "RC latency median over the RC-shaped raw UDP ping-pong: %.2f (urdma's own code; "
       "the row above is what RC's datagrams cost the kernel)\n",
       rc.median_us / shaped.median_us);
+  std::printf(
+      "latency in %u blocks of %u rounds (raw, shaped, RC in turn), median of the blocks' "
+      "ratios: RC/raw %.2f, shaped/raw %.2f, RC/shaped %.2f\n",
+      lat.blocks, kLatBlock, lat.rc_raw, lat.shaped_raw, lat.rc_shaped);
   std::printf("RC latency rounds, A per round: %.2f engine-thread turns, %.2f doorbell wake-ups, "
               "%.2f inline turns\n",
               lat_turns, lat_wakeups, lat_inline);
