@@ -86,7 +86,7 @@ void BM_IcrcComputeIpv4(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.size()));
 }
-BENCHMARK(BM_IcrcComputeIpv4)->Arg(1024)->Arg(4096);
+BENCHMARK(BM_IcrcComputeIpv4)->Arg(8)->Arg(1024)->Arg(4096);
 
 // Receive side, urdma peer: ICRC at {ID 0, DF} matches on the first try.
 void BM_IcrcVerifyIpv4Id0(benchmark::State& state) {
@@ -98,7 +98,7 @@ void BM_IcrcVerifyIpv4Id0(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.size()));
 }
-BENCHMARK(BM_IcrcVerifyIpv4Id0)->Arg(1024)->Arg(4096);
+BENCHMARK(BM_IcrcVerifyIpv4Id0)->Arg(8)->Arg(1024)->Arg(4096);
 
 // Receive side, Linux rxe peer: non-zero ID, recovered by the solve.
 void BM_IcrcVerifyIpv4SolvedId(benchmark::State& state) {
@@ -110,7 +110,7 @@ void BM_IcrcVerifyIpv4SolvedId(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * p.size()));
 }
-BENCHMARK(BM_IcrcVerifyIpv4SolvedId)->Arg(1024)->Arg(4096);
+BENCHMARK(BM_IcrcVerifyIpv4SolvedId)->Arg(8)->Arg(1024)->Arg(4096);
 
 // The solve alone, per packet (independent of the CRC pass).
 void BM_Ipv4IdSolve(benchmark::State& state) {

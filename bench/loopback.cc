@@ -672,9 +672,9 @@ double rc_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& all) {
 }
 
 // The three latency rows in blocks of kLatBlock rounds taken in turn (raw, shaped, RC), so
-// that this VM's slow and fast spells, which last seconds, fall on all three alike. Each ratio
-// is also taken block by block, and its median over the blocks is printed beside the ratio of
-// the overall medians.
+// that this VM's slow and fast spells, which come and go within minutes, fall on all three
+// alike. Each ratio is also taken block by block, and its median over the blocks is printed
+// beside the ratio of the overall medians.
 struct LatencyRows {
   Latency raw, shaped, rc;
   double rc_raw = 0, shaped_raw = 0, rc_shaped = 0;  // medians of the per-block ratios
