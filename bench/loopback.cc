@@ -681,11 +681,6 @@ struct LatencyRows {
   uint32_t blocks = 0;
 };
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 LatencyRows latency_rows(Host& h, int ctl, uint32_t rounds) {
   std::vector<double> raw, shaped, rc;
   std::vector<double> rc_raw, shaped_raw, rc_shaped;
@@ -703,9 +698,9 @@ LatencyRows latency_rows(Host& h, int ctl, uint32_t rounds) {
   rows.raw = summarize(raw);
   rows.shaped = summarize(shaped);
   rows.rc = summarize(rc);
-  rows.rc_raw = median_of(rc_raw);
-  rows.shaped_raw = median_of(shaped_raw);
-  rows.rc_shaped = median_of(rc_shaped);
+  rows.rc_raw = summarize(rc_raw).median_us;
+  rows.shaped_raw = summarize(shaped_raw).median_us;
+  rows.rc_shaped = summarize(rc_shaped).median_us;
   return rows;
 }
 
