@@ -9,12 +9,28 @@
 # Ends with one line "urdma: N passed, M failed". Exit status is non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-./scripts/deps.sh || exit 1
 
 jobs=$(nproc)
 fuzz_seconds=${URDMA_FUZZ_SECONDS:-60}
 passed=0
 failed=0
+stage_name=""
+stage_start=0
+stage_times=()
+
+# stage NAME: ends the stage that runs (printing its wall time) and starts the next.
+stage() {
+  local now
+  now=$(date +%s)
+  if [ -n "$stage_name" ]; then
+    echo "== $stage_name: $((now - stage_start)) s"
+    stage_times+=("$(printf '%6d s  %s' $((now - stage_start)) "$stage_name")")
+  fi
+  stage_name=$1
+  stage_start=$now
+  [ -n "$stage_name" ] && echo "== $stage_name"
+  return 0
+}
 
 # run_ctest DIR [ctest args]: runs the tests of one build and adds up its counts.
 run_ctest() {
@@ -52,24 +68,27 @@ build() {
   return 1
 }
 
-echo "== plain build"
+stage "dependencies (apt)"
+./scripts/deps.sh || exit 1
+
+stage "plain build"
 build build -DCMAKE_BUILD_TYPE=RelWithDebInfo && run_ctest build
 
-echo "== ASan+UBSan build"
+stage "ASan+UBSan build"
 build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_SANITIZE=address,undefined -DURDMA_BENCH=OFF &&
   run_ctest build-asan
 
-echo "== TSan build: the provider, engine and runtime tests (engine threads against application threads)"
+stage "TSan build: the provider, engine and runtime tests"
 build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_SANITIZE=thread -DURDMA_BENCH=OFF \
   -- urdma_provider_tests urdma_engine_tests urdma_runtime_tests &&
   run_ctest build-tsan -R '^(provider|engine|runtime)[.]'
 
-echo "== libFuzzer (${fuzz_seconds}s per target)"
+stage "libFuzzer (${fuzz_seconds}s per target)"
 CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_FUZZ=ON \
   -DURDMA_FUZZ_SECONDS="$fuzz_seconds" -DURDMA_SANITIZE=address,undefined,fuzzer-no-link \
   -DURDMA_BENCH=OFF && run_ctest build-fuzz -L fuzz
 
-echo "== interop with Linux rxe (qemu)"
+stage "interop with Linux rxe (qemu)"
 if [ "${URDMA_INTEROP:-1}" = 0 ]; then
   echo "interop: skipped (URDMA_INTEROP=0)"
 elif [ "$(id -u)" != 0 ]; then
@@ -89,5 +108,8 @@ else
   rm -f "$log"
 fi
 
+stage ""
+echo "== stage times (wall)"
+printf '%s\n' "${stage_times[@]}"
 echo "urdma: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
