@@ -112,7 +112,12 @@ std::string_view event_name(EventType t) {
 }
 
 Manager::Manager(const ManagerConfig& config, const net::Clock& clock)
-    : config_(config), clock_(clock), psn_rng_(config.seed ^ 0x5053'4e00'0000'0000ULL) {
+    : config_(config), clock_(clock), psn_random_(config.random) {
+  if (!psn_random_) {
+    psn_random_ = [rng = net::SplitMix64(config.seed ^ 0x5053'4e00'0000'0000ULL)]() mutable {
+      return rng.next();
+    };
+  }
   base::check(config.slot < (1u << (32 - daemon::kCommIdSlotShift)), "cm: slot out of range");
   next_low_id_ = static_cast<uint32_t>(net::SplitMix64(config.seed).next()) & kIdLowMask;
 }
@@ -140,6 +145,15 @@ std::optional<State> Manager::state(ConnId id) const {
   const Conn* c = find(id);
   if (!c) return std::nullopt;
   return c->state;
+}
+
+std::optional<Manager::Peer> Manager::peer(ConnId id) const {
+  const Conn* c = find(id);
+  if (!c || !c->remote_known) return std::nullopt;
+  return Peer{.remote_comm_id = c->remote_id,
+              .remote_qpn = c->remote_qpn,
+              .local_gid = c->local_gid,
+              .remote_gid = c->remote_gid};
 }
 
 void Manager::send(const Gid& to, const Mad& mad, uint32_t dest_qpn) {
@@ -769,7 +783,7 @@ void Manager::on_req(const Gid& src, const Mad& mad) {
   c.remote_known = true;
   // Linux cm_req_handler: we send from the REQ's Starting PSN and expect the REP's.
   c.sq_psn = req.starting_psn();
-  c.rq_psn = static_cast<uint32_t>(psn_rng_.next()) & kMask24;
+  c.rq_psn = static_cast<uint32_t>(psn_random_()) & kMask24;
   c.unreliable = type == wire::CmTransportType::kUc;
   c.mtu = std::min(mtu, config_.max_path_mtu);
   c.pkey = req.partition_key();

@@ -27,6 +27,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -101,6 +102,9 @@ struct ManagerConfig {
   uint8_t max_cm_retries = kCmaMaxCmRetries;
   uint8_t mra_service_timeout = kCmaMraServiceTimeout;
   size_t max_connections = 4096;  // connections + SIDR requests held at once
+  // Where the REP Starting PSNs come from. Unset: a SplitMix64 stream of `seed` (replayable, for
+  // tests); a process passes an unpredictable source (base::SecureRandom), as a peer sees them.
+  std::function<uint64_t()> random;
 };
 
 // The path a REQ or SIDR_REQ travels (rdma_cm's resolved route).
@@ -299,6 +303,15 @@ class Manager {
 
   // State of a connection; nullopt once it is gone.
   std::optional<State> state(ConnId id) const;
+  // Who a connection's peer is, as the peer names it: its communication ID and QPN, and the two
+  // GIDs. nullopt once the connection is gone or before the peer is known.
+  struct Peer {
+    uint32_t remote_comm_id = 0;
+    uint32_t remote_qpn = 0;
+    Gid local_gid{};
+    Gid remote_gid{};
+  };
+  std::optional<Peer> peer(ConnId id) const;
   size_t connection_count() const { return conns_.size(); }
   const Counters& counters() const { return counters_; }
 
@@ -383,7 +396,7 @@ class Manager {
   ManagerConfig config_;
   const net::Clock& clock_;
   uint32_t next_low_id_;
-  net::SplitMix64 psn_rng_;  // the REP Starting PSNs we pick
+  std::function<uint64_t()> psn_random_;  // the REP Starting PSNs we pick (ManagerConfig::random)
   std::map<uint64_t, bool> listeners_;
   std::map<ConnId, Conn> conns_;
   std::vector<OutgoingMad> outgoing_;

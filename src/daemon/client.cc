@@ -20,6 +20,11 @@
 
 #include "base/check.h"
 #include "daemon/daemon.h"
+#include "daemon/paths.h"
+
+#ifndef URDMA_LIB_TO_BIN
+#define URDMA_LIB_TO_BIN "../../bin"
+#endif
 
 namespace urdma::daemon {
 
@@ -27,15 +32,10 @@ namespace {
 
 constexpr int kStatusFd = 3;
 
-
 int64_t now_ms() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return int64_t{ts.tv_sec} * 1000 + ts.tv_nsec / 1000000;
-}
-
-bool executable(const std::string& path) {
-  return !path.empty() && access(path.c_str(), X_OK) == 0;
 }
 
 std::string dir_of(const std::string& path) {
@@ -43,12 +43,62 @@ std::string dir_of(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
-int try_connect(const std::string& name, int timeout_ms, UniqueFd* out) {
+std::string real(const std::string& path) {
+  char resolved[PATH_MAX];
+  return realpath(path.c_str(), resolved) ? std::string(resolved) : std::string();
+}
+
+// The file of the binary or library holding this code.
+std::string own_module() {
+  Dl_info info{};
+  if (!dladdr(reinterpret_cast<void*>(&own_module), &info) || !info.dli_fname) return "";
+  return real(info.dli_fname);
+}
+
+// A urdmad to run: a regular executable file that the caller may trust (paths.h).
+bool trusted_binary(const std::string& path, std::string* why) {
+  const std::string file = real(path);
+  struct stat st;
+  if (file.empty() || stat(file.c_str(), &st) != 0) {
+    *why = path + ": " + std::strerror(errno);
+    return false;
+  }
+  if (!S_ISREG(st.st_mode) || access(file.c_str(), X_OK) != 0) {
+    *why = path + " is not an executable file";
+    return false;
+  }
+  if (!trusted_path(file, geteuid(), why)) {
+    *why = "not running " + path + ": " + *why;
+    return false;
+  }
+  return true;
+}
+
+// Connects to a daemon's socket, checks who listens and sets the reply timeouts. ENOENT or
+// ECONNREFUSED: nobody serves there.
+int try_connect(const std::string& path, int timeout_ms, UniqueFd* out, std::string* detail) {
   UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return errno;
   sockaddr_un sun;
-  const socklen_t len = abstract_address(name, &sun);
-  if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&sun), len) != 0) return errno;
+  socklen_t len;
+  if (!unix_address(path, &sun, &len)) {
+    *detail = path + ": the path is too long for a unix socket";
+    return ENAMETOOLONG;
+  }
+  if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&sun), len) != 0) {
+    const int err = errno;
+    *detail = errno_text(("connect to urdmad at " + path).c_str(), err);
+    return err;
+  }
+  // By the kernel's word: whoever listens there must be root or ourselves.
+  ucred cred{};
+  socklen_t clen = sizeof cred;
+  if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) return errno;
+  if (cred.uid != 0 && cred.uid != geteuid()) {
+    *detail = "the urdmad socket " + path + " is served by " + owner_text(cred.uid) +
+              ", neither root nor this user: refusing it";
+    return EACCES;
+  }
   // Replies are bounded in time: a stuck daemon is an error, never a hang.
   const timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
   setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -57,29 +107,47 @@ int try_connect(const std::string& name, int timeout_ms, UniqueFd* out) {
   return 0;
 }
 
+// The daemon's log: a file of ours (never a link another user planted), or none.
+int open_log(std::string* why) {
+  const char* path = secure_getenv("URDMA_DAEMON_LOG");
+  if (!path || !*path) return -1;
+  const int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    *why = errno_text(("URDMA_DAEMON_LOG=" + std::string(path)).c_str());
+    return -1;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    *why = "URDMA_DAEMON_LOG=" + std::string(path) + " is not a regular file of this user";
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // Starts `path` detached (double fork: the daemon is not our child and never our zombie) with
 // its status pipe on fd 3. Only async-signal-safe calls between fork and exec: the caller may
 // have threads. Returns the read end of the status pipe, or -errno.
-int spawn_detached(const std::string& path, const std::string& log_path) {
+int spawn_detached(const std::string& path, const std::string& runtime_dir, int log_fd) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return -errno;
   UniqueFd rd(pipe_fds[0]), wr(pipe_fds[1]);
   const std::string status_arg = std::to_string(kStatusFd);
   // With a log file, the daemon says what it does (clients, slots); otherwise only errors.
-  const char* argv[] = {path.c_str(), "--status-fd", status_arg.c_str(),
-                        log_path.empty() ? nullptr : "--verbose", nullptr};
-  const char* log = log_path.empty() ? "/dev/null" : log_path.c_str();
+  const char* argv[] = {path.c_str(),    "--status-fd",       status_arg.c_str(),
+                        "--runtime-dir", runtime_dir.c_str(), log_fd >= 0 ? "--verbose" : nullptr,
+                        nullptr};
   const pid_t child = fork();
   if (child < 0) return -errno;
   if (child == 0) {
     setsid();
     if (fork() != 0) _exit(0);  // the intermediate exits; the daemon is reparented
-    const int null_fd = open("/dev/null", O_RDONLY);
-    const int log_fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    const int null_fd = open("/dev/null", O_RDWR);
+    const int out = log_fd >= 0 ? log_fd : null_fd;
     if (null_fd >= 0) dup2(null_fd, 0);
-    if (log_fd >= 0) {
-      dup2(log_fd, 1);
-      dup2(log_fd, 2);
+    if (out >= 0) {
+      dup2(out, 1);
+      dup2(out, 2);
     }
     if (wr.get() == kStatusFd) {
       fcntl(kStatusFd, F_SETFD, 0);  // already there: only keep it open across exec
@@ -104,33 +172,35 @@ int spawn_detached(const std::string& path, const std::string& log_path) {
 
 }  // namespace
 
-std::string find_daemon_binary(const ClientOptions& options) {
-  if (!options.daemon_path.empty()) return options.daemon_path;
-  if (const char* env = std::getenv("URDMA_DAEMON"); env && *env) return env;
-  char exe[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    const std::string candidate = dir_of(std::string(exe, static_cast<size_t>(n))) + "/urdmad";
-    if (executable(candidate)) return candidate;
-  }
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&find_daemon_binary), &info) && info.dli_fname) {
-    const std::string candidate = dir_of(info.dli_fname) + "/urdmad";
-    if (executable(candidate)) return candidate;
-  }
-  if (const char* path = std::getenv("PATH")) {
-    std::string dirs = path;
-    size_t start = 0;
-    while (start <= dirs.size()) {
-      const size_t end = std::min(dirs.find(':', start), dirs.size());
-      const std::string candidate = dirs.substr(start, end - start) + "/urdmad";
-      if (executable(candidate)) return candidate;
-      start = end + 1;
+bool running_from_build_tree() {
+#ifdef URDMA_BINARY_DIR
+  const std::string module = own_module();
+  const std::string build = real(URDMA_BINARY_DIR);
+  return !module.empty() && !build.empty() && module.rfind(build + "/", 0) == 0;
+#else
+  return false;
+#endif
+}
+
+std::string find_daemon_binary(const ClientOptions& options, std::string* why) {
+  std::string ignored;
+  if (!why) why = &ignored;
+  auto take = [&](const std::string& path) { return trusted_binary(path, why) ? path : ""; };
+  if (!options.daemon_path.empty()) return take(options.daemon_path);
+  if (const char* env = secure_getenv("URDMA_DAEMON"); env && *env) return take(env);
+  const std::string module = own_module();
+  if (!module.empty()) {
+    // Installed: urdmad beside the tools in bin/, or bin/ seen from <libdir>/urdma.
+    for (const std::string& candidate :
+         {dir_of(module) + "/urdmad", dir_of(module) + "/" URDMA_LIB_TO_BIN "/urdmad"}) {
+      struct stat st;
+      if (stat(candidate.c_str(), &st) == 0) return take(candidate);
     }
   }
 #ifdef URDMA_BUILT_DAEMON
-  if (executable(URDMA_BUILT_DAEMON)) return URDMA_BUILT_DAEMON;
+  if (running_from_build_tree()) return take(URDMA_BUILT_DAEMON);
 #endif
+  *why = "no urdmad found (installed beside urdma's libraries, or named by URDMA_DAEMON)";
   return "";
 }
 
@@ -138,9 +208,15 @@ namespace {
 
 // Starts urdmad and waits for its verdict: 0 (serving), EADDRINUSE (another daemon won the
 // race to serve the namespace) or why it could not start.
-int spawn_and_wait(const std::string& path, int64_t deadline, int timeout_ms, std::string* detail) {
-  const char* log = std::getenv("URDMA_DAEMON_LOG");
-  const int status_fd = spawn_detached(path, log ? log : "");
+int spawn_and_wait(const std::string& path, const std::string& runtime_dir, int64_t deadline,
+                   int timeout_ms, std::string* detail) {
+  std::string log_why;
+  UniqueFd log(open_log(&log_why));
+  if (!log_why.empty()) {
+    *detail = log_why;
+    return EACCES;
+  }
+  const int status_fd = spawn_detached(path, runtime_dir, log.get());
   if (status_fd < 0) {
     *detail = errno_text(("start " + path).c_str(), -status_fd);
     return -status_fd;
@@ -174,57 +250,86 @@ int spawn_and_wait(const std::string& path, int64_t deadline, int timeout_ms, st
 
 }  // namespace
 
+int Client::greet() {
+  // Our network namespace travels as an fd: the daemon serves only its own.
+  UniqueFd ns(open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC));
+  if (!ns.valid()) return errno;
+  const int fds[] = {ns.get()};
+  std::vector<uint8_t> reply;
+  int err = call_record_locked(encode_request(MsgType::kHello), &reply, nullptr, fds);
+  if (err == 0) err = decode_hello(reply, &hello_);
+  return err;
+}
+
 int Client::connect_or_spawn(const ClientOptions& options, Client* out, std::string* detail) {
-  const std::string name =
-      options.socket_name.empty() ? socket_name_from_env() : options.socket_name;
+  const uint64_t netns = netns_inode();
   const int64_t deadline = now_ms() + options.timeout_ms;
+  // Greets the daemon at `path`: 0, or why not (ECONNREFUSED: nobody, or it was going away).
+  auto reach = [&](const std::string& path) {
+    UniqueFd fd;
+    int err = try_connect(path, options.timeout_ms, &fd, detail);
+    if (err != 0) return err == ENOENT ? ECONNREFUSED : err;
+    out->fd_ = std::move(fd);
+    out->push_only_ = false;
+    out->options_ = options;
+    out->socket_path_ = path;
+    err = out->greet();
+    if (err == 0) return 0;
+    out->fd_.reset();
+    if (err == ECONNRESET || err == EPIPE) return ECONNREFUSED;  // it was exiting (idle)
+    *detail = errno_text(("urdmad at " + path).c_str(), err);
+    if (err == EACCES) *detail += " (it serves another user)";
+    if (err == EMFILE) *detail += " (too many connections of this process or user)";
+    return err;
+  };
+
+  // A system daemon of this namespace first: its directory must be root's.
+  if (options.system && options.runtime_dir.empty()) {
+    for (const Endpoint& ep : {system_endpoint(netns), systemd_endpoint()}) {
+      std::string why;
+      struct stat st;
+      if (stat(ep.socket.c_str(), &st) != 0 || !trusted_path(ep.dir, 0, &why)) continue;
+      const int err = reach(ep.socket);
+      if (err == 0) return 0;
+      if (err != ECONNREFUSED && err != EXDEV) return err;  // it is there and refused us
+    }
+  }
+
+  Endpoint ep;
+  if (!options.runtime_dir.empty()) {
+    ep = endpoint_in(options.runtime_dir, netns, false);
+    if (!trusted_path(ep.dir, geteuid(), detail)) return EACCES;
+  } else if (const int err = user_endpoint(geteuid(), netns, &ep, detail)) {
+    return err;
+  }
   std::string path;
   // Each round: connect and greet; else start a daemon. A round repeats when the daemon we
   // reached was exiting (idle) as we connected, or when another daemon won the start-up race
   // and is not listening yet, until the deadline.
   for (;;) {
-    UniqueFd fd;
-    int err = try_connect(name, options.timeout_ms, &fd);
-    if (err == 0) {
-      out->fd_ = std::move(fd);
-      out->push_only_ = false;
-      out->options_ = options;
-      std::vector<uint8_t> reply;
-      err = out->call(MsgType::kHello, &reply, nullptr);
-      MsgHeader h;
-      if (err == 0) err = decode_header(reply, &h);
-      if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kError))
-        err = h.status > 0 ? h.status : EPROTO;
-      else if (err == 0 && h.type != static_cast<uint16_t>(MsgType::kHello))
-        err = EPROTO;
-      if (err == 0) return 0;
-      out->fd_.reset();
-      if (err != ECONNRESET && err != EPIPE) {
-        *detail = errno_text(("urdmad at @" + name).c_str(), err) +
-                  (err == EACCES ? " (it runs as another user)" : "");
-        return err;
-      }
-      err = ECONNREFUSED;  // it was going away: as if nobody listened
-    }
-    if (err != ECONNREFUSED || !options.spawn) {
-      *detail = errno_text(("connect to urdmad at @" + name).c_str(), err);
-      return err;
+    int err = reach(ep.socket);
+    if (err == 0) return 0;
+    if (err != ECONNREFUSED) return err;
+    if (!options.spawn) {
+      *detail = "urdmad is not running in this network namespace (" + ep.socket + ")";
+      return ECONNREFUSED;
     }
     if (now_ms() >= deadline) {
-      *detail = "urdmad at @" + name + " did not come up within " +
+      *detail = "urdmad at " + ep.socket + " did not come up within " +
                 std::to_string(options.timeout_ms) + " ms";
       return ETIMEDOUT;
     }
     if (path.empty()) {
-      path = find_daemon_binary(options);
-      if (!executable(path)) {
-        *detail = "urdmad is not running and no urdmad binary was found (set URDMA_DAEMON)";
+      std::string why;
+      path = find_daemon_binary(options, &why);
+      if (path.empty()) {
+        *detail = "urdmad is not running and cannot be started: " + why;
         return ENOENT;
       }
     }
-    err = spawn_and_wait(path, deadline, options.timeout_ms, detail);
+    err = spawn_and_wait(path, ep.dir, deadline, options.timeout_ms, detail);
     if (err == EADDRINUSE) {
-      usleep(5000);  // the winner has bound its socket; let it listen
+      usleep(5000);  // the winner holds the lock; let it listen
     } else if (err != 0) {
       return err;
     }
@@ -276,11 +381,9 @@ int Client::acquire_slot(Slot* slot) {
   if (const int err = call(MsgType::kAcquireSlot, &reply, &fds)) return err;
   SlotInfo info;
   if (const int err = decode_slot(reply, &info)) return err;
-  if (fds.size() != size_t{info.slot_count} + 1) return EPROTO;
+  if (fds.size() != 1) return EPROTO;
   slot->fd = std::move(fds.front());
   slot->info = info;
-  slot->group.clear();
-  for (size_t i = 1; i < fds.size(); ++i) slot->group.push_back(std::move(fds[i]));
   return 0;
 }
 
@@ -379,8 +482,7 @@ int Client::report_counters(const CounterReport& report) {
 }
 
 int Client::reattach(const Slot& slot) {
-  std::vector<int> fds{slot.fd.get()};
-  for (const auto& s : slot.group) fds.push_back(s.get());
+  const int fds[] = {slot.fd.get()};
   std::vector<uint8_t> reply;
   const auto request = encode_reattach(slot.info);
   int err;
@@ -393,6 +495,25 @@ int Client::reattach(const Slot& slot) {
   return err ? err : decode_ok(reply);
 }
 
+int Client::conn_up(const ConnRecord& conn) {
+  std::unique_lock<std::mutex> lock;
+  if (keeper_) lock = std::unique_lock(keeper_->mu);
+  std::vector<uint8_t> reply;
+  int err = call_record_locked(encode_conn_up(conn), &reply, nullptr);
+  if (err == 0) err = decode_ok(reply);
+  if (err == 0) conns_[conn.local_comm_id] = conn;
+  return err;
+}
+
+int Client::conn_down(uint32_t local_comm_id) {
+  std::unique_lock<std::mutex> lock;
+  if (keeper_) lock = std::unique_lock(keeper_->mu);
+  conns_.erase(local_comm_id);
+  std::vector<uint8_t> reply;
+  const int err = call_record_locked(encode_conn_down(local_comm_id), &reply, nullptr);
+  return err ? err : decode_ok(reply);
+}
+
 // ---- the keeper ----
 
 Client::Client() = default;
@@ -400,7 +521,10 @@ Client::Client(Client&& other) noexcept
     : fd_(std::move(other.fd_)),
       push_only_(other.push_only_),
       options_(std::move(other.options_)),
-      listening_(std::move(other.listening_)) {
+      listening_(std::move(other.listening_)),
+      conns_(std::move(other.conns_)),
+      hello_(other.hello_),
+      socket_path_(std::move(other.socket_path_)) {
   // Moved only before keep(): the keeper thread holds `this`.
   base::check(other.keeper_ == nullptr, "a kept Client is not moved");
 }
@@ -410,6 +534,9 @@ Client& Client::operator=(Client&& other) noexcept {
   push_only_ = other.push_only_;
   options_ = std::move(other.options_);
   listening_ = std::move(other.listening_);
+  conns_ = std::move(other.conns_);
+  hello_ = other.hello_;
+  socket_path_ = std::move(other.socket_path_);
   return *this;
 }
 Client::~Client() {
@@ -486,16 +613,19 @@ void Client::keep_loop() {
         if (err == 0) {
           std::lock_guard lock(k.mu);
           // The CM services this process listened on (best effort: another process may have
-          // taken one meanwhile).
+          // taken one meanwhile), and its established connections.
           for (const uint64_t id : listening_) (void)fresh.listen(id);
+          for (const auto& [id, conn] : conns_) (void)fresh.conn_up(conn);
           fd_ = std::move(fresh.fd_);
+          hello_ = fresh.hello_;
+          socket_path_ = fresh.socket_path_;
           k.reattachments.fetch_add(1, std::memory_order_relaxed);
           reported = false;  // the new daemon has none yet
           break;
         }
         // The daemon refused the slot for good (another group or port: EINVAL; the slot leased
-        // to someone else: EBUSY; another user's daemon: EACCES). The slot keeps working for
-        // this process; only the daemon does not know it.
+        // to someone else: EBUSY; a daemon or socket we cannot trust: EACCES). The slot keeps
+        // working for this process; only the daemon does not know it.
         if (err == EINVAL || err == EBUSY || err == EACCES) {
           (void)wait_stop(-1);
           return;

@@ -5,24 +5,30 @@
 //   Slot slot;
 //   if (int err = client.acquire_slot(&slot)) ...                    // EBUSY: table full
 //
-// connect_or_spawn connects to the namespace's abstract socket; when nobody listens it starts
-// urdmad (detached: its own session, reparented away from the caller, stdio on /dev/null or
-// $URDMA_DAEMON_LOG) and waits, bounded, until it serves. Two processes spawning at once end with
-// one daemon: the loser's bind fails (EADDRINUSE) and both connect to the winner.
+// connect_or_spawn finds the namespace's daemon (paths.h): a system daemon first, then the
+// caller's own per-user daemon, which it starts when none listens (detached: its own session,
+// reparented away from the caller, stdio on /dev/null or $URDMA_DAEMON_LOG) and waits for,
+// bounded. Before it sends anything it checks whose the socket is: its directory must be one the
+// caller can trust, and the daemon (SO_PEERCRED) must run as root or as the caller's euid. Then
+// it greets the daemon with its network namespace; a daemon of another namespace (EXDEV) is
+// passed over. Two processes spawning at once end with one daemon: the loser finds the
+// namespace's lock held (EADDRINUSE) and both connect to the winner. Only a trusted urdmad binary
+// is started (find_daemon_binary).
 // The connection must stay open while the slot is in use: the daemon reclaims the slot when it
 // closes (process exit or death).
 //
 // A process's runtime then hands the slot to keep(): a thread of the Client that sleeps in poll
 // on the connection. Every second it reports the engine's counters when they changed (the
-// daemon shows them in `urdma status`); when the daemon dies it reconnects — starting a new
-// daemon if none runs — and reattaches the slot and the group (protocol.h, TAKEOVER). The
-// slot's socket is never touched: the process's QPs keep working throughout. A daemon that
-// refuses the slot for good (EINVAL: another group; EBUSY: leased again meanwhile; EACCES) ends
-// the retries; the slot keeps working, unknown to the daemon.
+// daemon shows them in `urdma status`); when the daemon dies it reconnects — to the keeper's
+// restarted daemon, or one it starts — checks the daemon as above and hands the slot back with
+// its CM listens and connections (protocol.h, RESTART). The slot's socket is never touched: the
+// process's QPs keep working throughout. A daemon that refuses the slot for good (EINVAL, EBUSY:
+// leased again meanwhile, EACCES) ends the retries; the slot keeps working, unknown to it.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -37,11 +43,11 @@
 namespace urdma::daemon {
 
 struct ClientOptions {
-  // Empty: $URDMA_SOCKET, else kDefaultSocketName.
-  std::string socket_name;
-  // The urdmad to start. Empty: $URDMA_DAEMON, else "urdmad" next to the running executable,
-  // else next to the library holding this code, else $PATH, else the urdmad built with this
-  // library (running from the build tree).
+  // The per-user daemon's directory. Empty: paths.h's choice ($URDMA_RUNTIME_DIR first).
+  std::string runtime_dir;
+  // Try the system daemons (paths.h) before the per-user one.
+  bool system = true;
+  // The urdmad to start (find_daemon_binary). Empty: the trusted default.
   std::string daemon_path;
   bool spawn = true;
   // How long to wait for a spawned daemon, and for any reply.
@@ -51,17 +57,14 @@ struct ClientOptions {
 struct Slot {
   UniqueFd fd;  // the slot's UDP socket (bound, unconnected, non-blocking)
   SlotInfo info{};
-  // Copies of every socket of the group, held and never read: while they are open no socket of
-  // the group closes, so the steering of this slot survives the daemon's death (protocol.h).
-  std::vector<UniqueFd> group;
 };
 
 class Client {
  public:
-  // 0 or an errno: ECONNREFUSED (no daemon and spawn off), EACCES (the namespace's daemon runs
-  // as another user), ENOENT (no urdmad to start), ETIMEDOUT (none came up in time), or the
-  // daemon's own start-up error. *detail says what happened in a sentence. Connected means
-  // greeted: the daemon has accepted this process.
+  // 0 or an errno: ECONNREFUSED (no daemon and spawn off), EACCES (a socket or daemon that
+  // cannot be trusted, or a daemon that refused this user), ENOENT (no trusted urdmad to start),
+  // ETIMEDOUT (none came up in time), or the daemon's own start-up error. *detail says what
+  // happened in a sentence. Connected means greeted: the daemon has accepted this process.
   static int connect_or_spawn(const ClientOptions& options, Client* out, std::string* detail);
 
   // 0 or an errno: EBUSY (every slot leased), EALREADY, EACCES (another uid's daemon), ...
@@ -72,8 +75,17 @@ class Client {
   int query_clients(ClientsPage* page, std::vector<ClientEntry>* entries);
   // One-way: the daemon keeps the latest report of the connection holding the slot.
   int report_counters(const CounterReport& report);
-  // Hands a slot leased from an earlier daemon to this one (protocol.h, TAKEOVER).
+  // Hands a slot leased from an earlier daemon to this one (protocol.h, RESTART).
   int reattach(const Slot& slot);
+  // A CM connection of this process's slot became established / ended (cm_agent.h): the daemon
+  // releases it with a DREQ if the process dies. Remembered, so the keeper reports them again
+  // to a restarted daemon. 0 or an errno (EINVAL, ENOSPC, ENOENT).
+  int conn_up(const ConnRecord& conn);
+  int conn_down(uint32_t local_comm_id);
+  // The daemon this client greeted (pid, keeper, uid, mode, namespace).
+  const HelloInfo& daemon_info() const { return hello_; }
+  // The socket it connected to.
+  const std::string& socket_path() const { return socket_path_; }
 
   // Keeps `slot` (leased on this connection) through daemon restarts, and reports `counters`
   // (when set; called on the keeper thread about once a second, it must be thread-safe) while
@@ -122,6 +134,7 @@ class Client {
                          std::vector<UniqueFd>* passed, std::span<const int> fds = {});
   int next_push(std::vector<uint8_t>* record);
   int service_request(MsgType type, uint64_t service_id);
+  int greet();
 
   struct Keeper;
   void keep_loop();
@@ -130,11 +143,21 @@ class Client {
   UniqueFd fd_;
   bool push_only_ = false;
   ClientOptions options_;
-  std::set<uint64_t> listening_;  // service IDs this connection listens on
+  std::set<uint64_t> listening_;          // service IDs this connection listens on
+  std::map<uint32_t, ConnRecord> conns_;  // connections reported up, by local comm ID
+  HelloInfo hello_{};
+  std::string socket_path_;
   std::unique_ptr<Keeper> keeper_;
 };
 
-// Where connect_or_spawn looks for urdmad (exposed for tests and diagnostics).
-std::string find_daemon_binary(const ClientOptions& options);
+// The urdmad connect_or_spawn starts: options.daemon_path, else $URDMA_DAEMON (secure_getenv),
+// else the installed one beside this code (<prefix>/bin/urdmad, from <prefix>/bin or
+// <prefix>/<libdir>/urdma), else — only for code running from the build tree — the urdmad
+// built with it. Whichever is named, it must be a regular executable file that it and every
+// directory above it belong to root or the caller and no one else may write (trusted_path):
+// otherwise "" and the reason in *why.
+std::string find_daemon_binary(const ClientOptions& options, std::string* why = nullptr);
+// True when the code calling it runs from this build tree (a build-tree binary or library).
+bool running_from_build_tree();
 
 }  // namespace urdma::daemon

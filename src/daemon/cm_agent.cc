@@ -1,9 +1,11 @@
 #include "daemon/cm_agent.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <type_traits>
 #include <variant>
 
+#include "daemon/mad_router.h"
 #include "wire/cm.h"
 #include "wire/headers.h"
 #include "wire/icrc.h"
@@ -127,90 +129,41 @@ bool icrc_ok(std::span<const uint8_t> datagram, const net::Endpoint& src,
 
 // --- ConnTable ------------------------------------------------------------------------------
 
-void ConnTable::observe(unsigned slot, const net::Address& peer, const net::Address& local,
-                        std::span<const uint8_t> mad) {
-  const auto m = parse(mad);
-  if (!m) return;
-  std::visit(
-      [&](const auto& v) {
-        using V = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<V, wire::CmReqView>) {
-          // Passive side, step 1: the peer's QPN, until the RTU names our comm ID.
-          Slot& s = slots_[slot];
-          s.pending[{peer.bytes(), v.local_comm_id()}] =
-              Pending{.remote_qpn = v.local_qpn(), .order = ++order_};
-          if (s.pending.size() > kMaxPendingReqs) {
-            s.pending.erase(std::min_element(
-                s.pending.begin(), s.pending.end(),
-                [](const auto& a, const auto& b) { return a.second.order < b.second.order; }));
-          }
-        } else if constexpr (std::is_same_v<V, wire::CmRtuView>) {
-          const auto it = slots_.find(slot);
-          if (it == slots_.end()) return;
-          const auto p = it->second.pending.find({peer.bytes(), v.local_comm_id()});
-          if (p == it->second.pending.end()) return;
-          establish(it->second, PeerConn{.local_comm_id = v.remote_comm_id(),
-                                         .remote_comm_id = v.local_comm_id(),
-                                         .remote_qpn = p->second.remote_qpn,
-                                         .local = local,
-                                         .peer = peer});
-          it->second.pending.erase(p);
-        } else if constexpr (std::is_same_v<V, wire::CmRepView>) {
-          // Active side: the REP carries everything; the process answers with its RTU.
-          establish(slots_[slot], PeerConn{.local_comm_id = v.remote_comm_id(),
-                                           .remote_comm_id = v.local_comm_id(),
-                                           .remote_qpn = v.local_qpn(),
-                                           .local = local,
-                                           .peer = peer});
-        } else if constexpr (std::is_same_v<V, wire::CmRejView>) {
-          forget(slot, v.remote_comm_id(), v.local_comm_id());
-          const auto it = slots_.find(slot);
-          if (it != slots_.end()) it->second.pending.erase({peer.bytes(), v.local_comm_id()});
-        } else if constexpr (std::is_same_v<V, wire::CmDreqView> ||
-                             std::is_same_v<V, wire::CmDrepView>) {
-          // The peer releases it (the process answers), or answers the process's DREQ: a DREQ
-          // repeated after the process died is answered by the daemon (orphan_drep).
-          forget(slot, v.remote_comm_id(), v.local_comm_id());
-        }
-      },
-      m->view);
+int ConnTable::add(unsigned slot, const PeerConn& c) {
+  if (slot_of_comm_id(c.local_comm_id) != slot) return EINVAL;
+  auto& conns = slots_[slot];
+  if (conns.size() >= kMaxConnsPerSlot && !conns.contains(c.local_comm_id)) return ENOSPC;
+  conns[c.local_comm_id] = c;
+  return 0;
 }
 
-void ConnTable::establish(Slot& s, const PeerConn& c) {
-  if (s.conns.size() >= kMaxConns && !s.conns.contains(c.local_comm_id)) return;
-  s.conns[c.local_comm_id] = c;
-}
-
-void ConnTable::forget(unsigned slot, uint32_t local_comm_id, uint32_t remote_comm_id) {
+int ConnTable::remove(unsigned slot, uint32_t local_comm_id) {
   const auto it = slots_.find(slot);
-  if (it == slots_.end()) return;
-  const auto c = it->second.conns.find(local_comm_id);
-  // A REJ may carry Local Comm ID 0 (a sender that never learnt its own, Linux cm_issue_rej).
-  if (c != it->second.conns.end() &&
-      (remote_comm_id == 0 || c->second.remote_comm_id == remote_comm_id))
-    it->second.conns.erase(c);
+  if (it == slots_.end() || it->second.erase(local_comm_id) == 0) return ENOENT;
+  return 0;
 }
 
 std::vector<PeerConn> ConnTable::reclaim(unsigned slot) {
   std::vector<PeerConn> out;
   const auto it = slots_.find(slot);
   if (it == slots_.end()) return out;
-  for (const auto& [id, c] : it->second.conns) out.push_back(c);
+  for (const auto& [id, c] : it->second) out.push_back(c);
   slots_.erase(it);
   return out;
 }
 
 size_t ConnTable::established(unsigned slot) const {
   const auto it = slots_.find(slot);
-  return it == slots_.end() ? 0 : it->second.conns.size();
+  return it == slots_.end() ? 0 : it->second.size();
 }
 
 // --- Releases -------------------------------------------------------------------------------
 
-void Releases::sent(const Dreq& d, int64_t now_ms) {
-  if (entries_.size() >= kMax && !entries_.contains(d.conn.local_comm_id)) return;
+bool Releases::add(const Dreq& d, int64_t now_ms) {
+  if (entries_.size() >= kMax && !entries_.contains(d.conn.local_comm_id)) return false;
   entries_[d.conn.local_comm_id] =
-      Entry{.dreq = d, .deadline_ms = now_ms + kTimeoutMs, .retries_left = kRetries};
+      Entry{.dreq = d, .deadline_ms = now_ms, .sends_left = 1 + kRetries};
+  return true;
 }
 
 bool Releases::take_drep(const net::Address& peer, std::span<const uint8_t> mad) {
@@ -228,18 +181,24 @@ bool Releases::take_drep(const net::Address& peer, std::span<const uint8_t> mad)
 }
 
 std::vector<Releases::Dreq> Releases::due(int64_t now_ms) {
+  tokens_ = std::min(kBurst, tokens_ + (now_ms - refilled_ms_) * kPerSecond / 1000);
+  refilled_ms_ = now_ms;
   std::vector<Dreq> out;
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& e = it->second;
     if (e.deadline_ms > now_ms) {
       ++it;
-    } else if (e.retries_left == 0) {
+    } else if (e.sends_left == 0) {
       it = entries_.erase(it);  // the peer is gone too, or will time out its connection
-    } else {
-      --e.retries_left;
+    } else if (tokens_ > 0) {
+      --tokens_;
+      --e.sends_left;
       e.deadline_ms = now_ms + kTimeoutMs;
+      ++e.dreq.sends;
       out.push_back(e.dreq);
       ++it;
+    } else {
+      ++it;  // due, waiting for the pace
     }
   }
   return out;
@@ -249,6 +208,8 @@ std::optional<int64_t> Releases::next_deadline_ms() const {
   std::optional<int64_t> next;
   for (const auto& [id, e] : entries_)
     if (!next || e.deadline_ms < *next) next = e.deadline_ms;
+  // Due but paced: when the next token comes.
+  if (next && tokens_ == 0) next = std::max(*next, refilled_ms_ + 1000 / kPerSecond);
   return next;
 }
 

@@ -8,12 +8,11 @@
 //  * when a process dies, every connection it had established gets a DREQ, so its peers see
 //    DISCONNECTED (the kernel sends DREQ for each connected cm_id of a dying process).
 //
-// The daemon learns the connections from the CM MADs it routes to each slot (it never sees what
-// a process sends): the passive side from REQ (the peer's comm ID and QPN) then RTU (its own comm
-// ID), the active side from REP (both comm IDs and the peer's QPN); DREQ, DREP and REJ end them.
-// What it cannot see: a passive side that became established without an RTU (the RTU lost and
-// the first data packet taking its place, IBA 12.9.6 COMM_EST) is not known, so its peer gets no
-// DREQ. The DREQs are repeated until their DREP comes (Releases), a few times at most.
+// The daemon learns a process's connections from the process itself (kConnUp when it becomes
+// established, kConnDown when it ends: protocol.h), never from the MADs it routes, which a peer
+// could forge: a REP with a good ICRC proves nothing about what the process started. The DREQs
+// are bounded (kMaxConnsPerSlot per process), paced (Releases::kPerSecond, shared by every dead
+// process) and repeated until their DREP comes, a few times at most.
 #pragma once
 
 #include <array>
@@ -68,58 +67,48 @@ size_t build_gmp(std::span<uint8_t, kGmpDatagramSize> buf, std::span<const uint8
 // answers only what a host's CM would have received (processes check their own MADs).
 bool icrc_ok(std::span<const uint8_t> datagram, const net::Endpoint& src, const net::Endpoint& dst);
 
-// Per slot, the connections learnt from the MADs routed to it.
+// Per slot, the connections its process reported established.
 class ConnTable {
  public:
-  // Bounds per slot: connections (a process's whole CM) and REQs awaiting their RTU (the
-  // oldest is forgotten: a REQ the process rejected never sees one).
-  static constexpr size_t kMaxConns = 65536;
-  static constexpr size_t kMaxPendingReqs = 4096;
+  static constexpr size_t kMaxConnsPerSlot = 4096;
 
-  // A CM MAD from `peer` to `local`, routed to `slot`'s process.
-  void observe(unsigned slot, const net::Address& peer, const net::Address& local,
-               std::span<const uint8_t> mad);
+  // kConnUp from `slot`'s process: 0, or EINVAL (the local comm ID is not the slot's: its top
+  // bits name the slot, comm_id_for_slot), ENOSPC (kMaxConnsPerSlot). The same local comm ID
+  // again replaces the record.
+  int add(unsigned slot, const PeerConn& c);
+  // kConnDown: 0 or ENOENT.
+  int remove(unsigned slot, uint32_t local_comm_id);
   // The slot's process is gone: its established connections, and the slot forgotten.
   std::vector<PeerConn> reclaim(unsigned slot);
   size_t established(unsigned slot) const;
 
  private:
-  // A REQ the slot's process received, by the peer's address and comm ID.
-  using PendingKey = std::pair<net::Address::Bytes, uint32_t>;
-  struct Pending {
-    uint32_t remote_qpn = 0;
-    uint64_t order = 0;  // arrival, to forget the oldest
-  };
-  struct Slot {
-    std::map<uint32_t, PeerConn> conns;  // by local comm ID
-    std::map<PendingKey, Pending> pending;
-  };
-  void establish(Slot& s, const PeerConn& c);
-  void forget(unsigned slot, uint32_t local_comm_id, uint32_t remote_comm_id);
-
-  std::map<unsigned, Slot> slots_;
-  uint64_t order_ = 0;
+  std::map<unsigned, std::map<uint32_t, PeerConn>> slots_;  // slot -> local comm ID -> conn
 };
 
-// The DREQs sent for a dead process's connections, repeated until their DREP comes or the
-// retries run out (as a CM retransmits its DREQ: IBA 12.9.7; the peer answers a repeated DREQ
-// with another DREP). The DREPs are the daemon's: they are not forwarded to whichever process
-// holds the slot by then.
+// The DREQs for dead processes' connections: sent at most kPerSecond (a burst of kBurst), and
+// repeated until their DREP comes or the retries run out (as a CM retransmits its DREQ: IBA
+// 12.9.7; the peer answers a repeated DREQ with another DREP). The DREPs are the daemon's: they
+// are not forwarded to whichever process holds the slot by then.
 class Releases {
  public:
   static constexpr int64_t kTimeoutMs = 1000;
   static constexpr int kRetries = 3;
-  static constexpr size_t kMax = 65536;  // beyond: sent once, not tracked
+  static constexpr size_t kMax = 65536;  // beyond: not sent (counted by the caller)
+  static constexpr int64_t kPerSecond = 1000;
+  static constexpr int64_t kBurst = 256;
 
   struct Dreq {
     PeerConn conn;
     uint64_t transaction_id = 0;
+    int sends = 0;  // as due() returns it: how many times it is sent, this time included
   };
-  // Tracks `d`, sent now (`now_ms`).
-  void sent(const Dreq& d, int64_t now_ms);
+  // Queues `d` to be sent as soon as the pace allows; false when kMax are tracked already.
+  bool add(const Dreq& d, int64_t now_ms);
   // A DREP from `peer`: true when it answers one of ours (then forgotten).
   bool take_drep(const net::Address& peer, std::span<const uint8_t> mad);
-  // The DREQs to send again at `now_ms`; those out of retries are forgotten.
+  // The DREQs to send at `now_ms` (first sends and repeats), within the pace; those out of
+  // retries are forgotten.
   std::vector<Dreq> due(int64_t now_ms);
   // When due() next has something; nullopt when nothing is tracked.
   std::optional<int64_t> next_deadline_ms() const;
@@ -129,9 +118,12 @@ class Releases {
   struct Entry {
     Dreq dreq;
     int64_t deadline_ms = 0;
-    int retries_left = 0;
+    int sends_left = 0;
   };
   std::map<uint32_t, Entry> entries_;  // by the dead process's comm ID
+  // The pace: a bucket of kBurst tokens refilled at kPerSecond.
+  int64_t tokens_ = kBurst;
+  int64_t refilled_ms_ = 0;
 };
 
 }  // namespace urdma::daemon

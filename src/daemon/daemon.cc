@@ -1,7 +1,10 @@
 #include "daemon/daemon.h"
 
+#include <linux/nsfs.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -35,7 +38,8 @@ enum Kind : uint64_t {
   kSlotSocket,
   kClient,
   kTakeoverTimer,
-  kReleaseTimer
+  kReleaseTimer,
+  kHelloTimer
 };
 constexpr uint64_t tag(Kind k, uint64_t id = 0) {
   return uint64_t{k} << 56 | id;
@@ -77,27 +81,7 @@ bool same_socket(int a, int b) {
          sa.st_dev == sb.st_dev;
 }
 
-// A UDP socket bound to `port`; its family in *family.
-bool udp_socket_on(int fd, uint16_t port, int* family) {
-  int type = 0;
-  socklen_t len = sizeof type;
-  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_DGRAM) return false;
-  sockaddr_storage ss{};
-  len = sizeof ss;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return false;
-  *family = ss.ss_family;
-  if (ss.ss_family == AF_INET6)
-    return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port) == port;
-  if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port) == port;
-  return false;
-}
-
 }  // namespace
-
-std::string socket_name_from_env() {
-  const char* v = std::getenv("URDMA_SOCKET");
-  return v && *v ? v : kDefaultSocketName;
-}
 
 uint16_t udp_port_from_env() {
   const char* v = std::getenv("URDMA_UDP_PORT");
@@ -108,28 +92,42 @@ uint16_t udp_port_from_env() {
                                                  : wire::kRoceV2UdpPort;
 }
 
-Daemon::Daemon(const DaemonOptions& options)
-    : options_(options), uid_(geteuid()), slots_(options.slot_count), start_ms_(now_ms()) {}
+Daemon::Daemon(const DaemonOptions& options, DaemonHandoff handoff)
+    : options_(options),
+      uid_(geteuid()),
+      netns_(netns_inode()),
+      listener_(std::move(handoff.listener)),
+      keeper_(std::move(handoff.keeper)),
+      keeper_pid_(handoff.keeper_pid),
+      restarts_(handoff.restarts),
+      group_(std::move(handoff.group)),
+      slots_(static_cast<unsigned>(group_.sockets.size())),
+      start_ms_(now_ms()) {}
 
 Daemon::~Daemon() {
-  // UDP sockets first, every copy of them (the group dissolves), then the listener (the
-  // namespace is free): a daemon started meanwhile must find no socket of ours on the port.
+  // The keeper holds the group and the listener; these are the daemon's copies.
   gsi_io_.reset();
   group_.sockets.clear();
   clients_.clear();
   listener_.reset();
 }
 
-std::unique_ptr<Daemon> Daemon::create(const DaemonOptions& options, int* err, std::string* error) {
-  if (options.slot_count < kMinSlots || options.slot_count > kMaxSlots) {
+std::unique_ptr<Daemon> Daemon::create(const DaemonOptions& options, DaemonHandoff handoff,
+                                       int* err, std::string* error) {
+  const size_t n = handoff.group.sockets.size();
+  if (n < kMinSlots || n > kMaxSlots || !handoff.listener.valid()) {
     *err = EINVAL;
-    *error =
-        "--slots must be in [" + std::to_string(kMinSlots) + ", " + std::to_string(kMaxSlots) + "]";
+    *error = "the keeper handed over no listener or a group of " + std::to_string(n) + " sockets";
     return nullptr;
   }
-  std::unique_ptr<Daemon> d(new Daemon(options));
+  std::unique_ptr<Daemon> d(new Daemon(options, std::move(handoff)));
   if (!d->setup(err, error)) return nullptr;
+  d->tell_keeper(kKeeperReady);
   return d;
+}
+
+void Daemon::tell_keeper(char what) {
+  if (keeper_.valid()) (void)!send(keeper_.get(), &what, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 bool Daemon::setup(int* err, std::string* error) {
@@ -153,46 +151,8 @@ bool Daemon::setup(int* err, std::string* error) {
     if (room < options_.max_clients) options_.max_clients = static_cast<unsigned>(room);
   }
 
-  // 1. The namespace's unix socket: the one place where two daemons meet.
-  listener_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!listener_.valid()) return fail("unix socket");
-  sockaddr_un sun;
-  const socklen_t sun_len = abstract_address(options_.socket_name, &sun);
-  if (bind(listener_.get(), reinterpret_cast<const sockaddr*>(&sun), sun_len) != 0) {
-    if (errno == EADDRINUSE) {
-      *err = EADDRINUSE;
-      *error = "another urdmad already serves this network namespace (@" + options_.socket_name +
-               " is in use)";
-      return false;
-    }
-    return fail("bind @" + options_.socket_name);
-  }
-  if (listen(listener_.get(), 128) != 0) return fail("listen");
-
-  // 2. The UDP slot group, or a takeover: the port is held by the group of an earlier daemon
-  // that running processes keep open; they will hand it over (protocol.h, TAKEOVER).
-  SlotGroupOptions g{.slot_count = options_.slot_count,
-                     .port = options_.udp_port,
-                     .allow_ipv6 = options_.allow_ipv6};
-  if (const int e = open_slot_group(g, &group_, error)) {
-    if (e != EADDRNOTAVAIL || options_.udp_port == 0) {
-      *err = e;
-      return false;
-    }
-    log(*error + "; waiting " + std::to_string(options_.takeover_wait_ms) +
-        " ms for a running process to hand that group over");
-    error->clear();
-    takeover_ = kTakeoverWaiting;
-    group_.port = options_.udp_port;
-  } else {
-    // Prove the steering before handing anything out.
-    bool skipped = false;
-    if (!verify_steering(group_, error, &skipped)) {
-      *err = EADDRNOTAVAIL;
-      return false;
-    }
-    if (skipped) log("loopback unusable: steering not verified");
-  }
+  // After a restart, survivors reattach their slots before anyone else is given one.
+  if (restarts_ > 0) takeover_ = kTakeoverGrace;
 
   // 3. Addresses, signals, idle timer, epoll.
   errno = 0;
@@ -214,6 +174,8 @@ bool Daemon::setup(int* err, std::string* error) {
   if (!takeover_timer_fd_.valid()) return fail("timerfd");
   release_timer_fd_.reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   if (!release_timer_fd_.valid()) return fail("timerfd");
+  hello_timer_fd_.reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!hello_timer_fd_.valid()) return fail("timerfd");
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_.valid()) return fail("epoll");
   if (!watch(listener_.get(), tag(kListener), EPOLLIN) ||
@@ -221,22 +183,20 @@ bool Daemon::setup(int* err, std::string* error) {
       !watch(timer_fd_.get(), tag(kTimer), EPOLLIN) ||
       !watch(takeover_timer_fd_.get(), tag(kTakeoverTimer), EPOLLIN) ||
       !watch(release_timer_fd_.get(), tag(kReleaseTimer), EPOLLIN) ||
+      !watch(hello_timer_fd_.get(), tag(kHelloTimer), EPOLLIN) ||
       !watch(addresses_.fd(), tag(kNetlink), EPOLLIN))
     return fail("epoll_ctl");
-  if (takeover_ == kTakeoverNone) {
-    if (!start_group(error)) {
-      *err = errno ? errno : EIO;
-      return false;
-    }
-  } else {
-    arm_takeover_timer(options_.takeover_wait_ms);
+  if (!start_group(error)) {
+    *err = errno ? errno : EIO;
+    return false;
   }
+  if (takeover_ == kTakeoverGrace) arm_takeover_timer(options_.takeover_grace_ms);
   update_idle_timer();
-  log("serving @" + options_.socket_name + ", UDP port " + std::to_string(group_.port) + " (" +
-      (takeover_ != kTakeoverNone                ? std::string("group to be taken over")
-       : group_.family == AF_INET6 ? std::string("IPv6 dual-stack")
-                                   : std::string("IPv4")) +
-      "), " + std::to_string(slots_.slot_count()) + " slots");
+  log(std::string(options_.system ? "system daemon" : "daemon of " + owner_text(uid_)) +
+      " serving " + options_.socket_path + ", UDP port " + std::to_string(group_.port) + " (" +
+      (group_.family == AF_INET6 ? "IPv6 dual-stack" : "IPv4") + "), " +
+      std::to_string(slots_.slot_count()) + " slots" +
+      (restarts_ ? ", restart " + std::to_string(restarts_) + ": survivors may reattach" : ""));
   return true;
 }
 
@@ -253,9 +213,10 @@ bool Daemon::start_group(std::string* error) {
   gsi_io_ = net::UdpSocketIo::adopt(
       gsi_fd, error, net::UdpSocketIoOptions{.socket_buffer_bytes = net::kLargeSocketBufferBytes});
   if (!gsi_io_) return false;
-  // Slot 0 is routed; every free slot is drained until it is leased.
+  // Slot 0 is routed; every free slot is drained until it is leased — after a restart only once
+  // the grace period is over (a survivor's socket is not ours to drain).
   for (unsigned s = 0; s < group_.sockets.size(); ++s) {
-    if (s > 0 && slots_.leased(s)) continue;
+    if (s > 0 && (slots_.leased(s) || takeover_ == kTakeoverGrace)) continue;
     if (!watch(group_.sockets[s].get(), tag(kSlotSocket, s), EPOLLIN)) {
       *error = errno_text("epoll_ctl");
       return false;
@@ -279,10 +240,6 @@ void Daemon::takeover_timer_fired() {
     for (unsigned s = 1; s < group_.sockets.size(); ++s)
       if (!slots_.leased(s)) watch(group_.sockets[s].get(), tag(kSlotSocket, s), EPOLLIN);
     log("takeover done: " + std::to_string(survivors_) + " processes reattached their slots");
-  } else if (takeover_ == kTakeoverWaiting) {
-    takeover_expired_ = true;
-    log("no process handed the group over within " + std::to_string(options_.takeover_wait_ms) +
-        " ms");
   }
   answer_pending();
 }
@@ -343,8 +300,15 @@ int Daemon::run() {
           accept_clients();
           if (clients_.empty()) {
             log("idle for " + std::to_string(options_.idle_timeout_ms) + " ms, exiting");
+            tell_keeper(kKeeperIdle);
             stop_ = true;
           }
+          break;
+        }
+        case kHelloTimer: {
+          uint64_t expirations;
+          if (read(hello_timer_fd_.get(), &expirations, sizeof expirations) > 0)
+            hello_timer_fired();
           break;
         }
         case kTakeoverTimer: {
@@ -392,8 +356,8 @@ void Daemon::log_mad_drops() const {
   std::string line;
   for (size_t i = 0; i < kMadDropCount; ++i) {
     if (counters_.mads_dropped[i] == 0) continue;
-    line += (line.empty() ? "" : ", ") + std::string(mad_drop_name(static_cast<MadDrop>(i))) +
-            " " + std::to_string(counters_.mads_dropped[i]);
+    line += (line.empty() ? "" : ", ") + std::string(mad_drop_name(static_cast<MadDrop>(i))) + " " +
+            std::to_string(counters_.mads_dropped[i]);
   }
   if (!line.empty()) log("MADs dropped: " + line);
 }
@@ -420,8 +384,11 @@ void Daemon::route_mads() {
     if (n == 0) return;
     for (size_t i = 0; i < n; ++i) {
       const std::span<const uint8_t> datagram(buffers[i].data(), rx[i].length);
-      const MadRoute route =
-          rx[i].truncated ? MadRoute{.drop = MadDrop::kTruncated} : route_mad(datagram);
+      // Nothing a peer sends has an effect before its ICRC holds (IBA annex A17.4.3.1).
+      const MadRoute route = rx[i].truncated ? MadRoute{.drop = MadDrop::kTruncated}
+                             : !icrc_ok(datagram, rx[i].src, rx[i].dst)
+                                 ? MadRoute{.drop = MadDrop::kBadIcrc}
+                                 : route_mad(datagram);
       MadDrop drop = route.drop;
       unsigned slot = route.slot;
       if (route.by == MadRoute::By::kSlot && take_release_drep(datagram, rx[i])) continue;
@@ -462,9 +429,6 @@ void Daemon::route_mads() {
         ++counters_.mads_forwarded;
         if (route.by == MadRoute::By::kServiceId && route.sender_comm_id != 0)
           requesters_.remember(rx[i].src.address, route.sender_comm_id, slot);
-        // Learnt from what its process will accept (it checks the ICRC too).
-        if (icrc_ok(datagram, rx[i].src, rx[i].dst))
-          conns_.observe(slot, rx[i].src.address, rx[i].dst.address, mad_of(datagram));
       } else {
         ++counters_.mads_dropped[static_cast<size_t>(drop)];
         answer_for_host(drop, datagram, rx[i]);
@@ -499,19 +463,17 @@ void Daemon::watch_backlog(uint64_t id, Client& c) {
 bool Daemon::take_release_drep(std::span<const uint8_t> datagram, const net::RxDatagram& rx) {
   // A DREP answering the daemon's DREQ for a dead process is the daemon's, whoever holds the
   // slot now.
-  if (releases_.size() == 0 || !icrc_ok(datagram, rx.src, rx.dst) ||
-      !releases_.take_drep(rx.src.address, mad_of(datagram)))
-    return false;
+  if (releases_.size() == 0 || !releases_.take_drep(rx.src.address, mad_of(datagram))) return false;
   arm_release_timer();
   return true;
 }
 
 void Daemon::answer_for_host(MadDrop drop, std::span<const uint8_t> datagram,
                              const net::RxDatagram& rx) {
-  // What no process will answer, if it arrived intact (cm_agent.h).
+  // What no process will answer (cm_agent.h); the ICRC was checked first.
   const bool answerable =
       drop == MadDrop::kNoListener || drop == MadDrop::kNoSlot || drop == MadDrop::kNoChannel;
-  if (!answerable || !icrc_ok(datagram, rx.src, rx.dst)) return;
+  if (!answerable) return;
   const auto mad = mad_of(datagram);
   if (drop == MadDrop::kNoListener) {
     if (const auto reply = no_listener_reply(mad)) {
@@ -541,12 +503,10 @@ void Daemon::send_gmp(const CmMad& mad, const net::Address& from, const net::Add
 void Daemon::release_connections(unsigned slot) {
   const int64_t now = now_ms();
   for (const PeerConn& c : conns_.reclaim(slot)) {
-    const Releases::Dreq d{.conn = c, .transaction_id = next_dreq_tid_++};
-    send_dreq(d);
-    releases_.sent(d, now);
-    ++counters_.cm_dreqs_sent;
+    if (!releases_.add(Releases::Dreq{.conn = c, .transaction_id = next_dreq_tid_++}, now))
+      ++counters_.cm_dreqs_dropped;
   }
-  arm_release_timer();
+  release_timer_fired();
 }
 
 void Daemon::send_dreq(const Releases::Dreq& d) {
@@ -556,7 +516,7 @@ void Daemon::send_dreq(const Releases::Dreq& d) {
 void Daemon::release_timer_fired() {
   for (const Releases::Dreq& d : releases_.due(now_ms())) {
     send_dreq(d);
-    ++counters_.cm_dreq_retries;
+    ++(d.sends == 1 ? counters_.cm_dreqs_sent : counters_.cm_dreq_retries);
   }
   arm_release_timer();
 }
@@ -575,6 +535,11 @@ int Daemon::listen_request(Client& c, MsgType type, std::span<const uint8_t> rec
   ServiceIdBody body;
   if (const int err = decode_request_body(rec, &body)) return err;
   if (!c.slot) return EINVAL;  // MADs are delivered per slot
+  // On a system daemon users share the namespace's ports: below 1024 only root listens, as
+  // Linux's rdma_cm binds them only with CAP_NET_BIND_SERVICE (cma_alloc_port's check).
+  if (options_.system && c.uid != 0 && type == MsgType::kListen &&
+      (body.service_id & 0xFFFF) < 1024)
+    return EACCES;
   const auto it = listeners_.find(body.service_id);
   if (type == MsgType::kListen) {
     if (it != listeners_.end()) return it->second == *c.slot ? 0 : EADDRINUSE;
@@ -584,6 +549,25 @@ int Daemon::listen_request(Client& c, MsgType type, std::span<const uint8_t> rec
   if (it == listeners_.end() || it->second != *c.slot) return ENOENT;
   listeners_.erase(it);
   return 0;
+}
+
+int Daemon::conn_request(Client& c, MsgType type, std::span<const uint8_t> rec) {
+  if (!c.slot) return EINVAL;
+  if (type == MsgType::kConnDown) {
+    CommIdBody body;
+    if (const int err = decode_request_body(rec, &body)) return err;
+    return conns_.remove(*c.slot, body.local_comm_id);
+  }
+  ConnRecord r;
+  if (const int err = decode_request_body(rec, &r)) return err;
+  net::Address::Bytes local, peer;
+  std::memcpy(local.data(), r.local_address, local.size());
+  std::memcpy(peer.data(), r.peer_address, peer.size());
+  return conns_.add(*c.slot, PeerConn{.local_comm_id = r.local_comm_id,
+                                      .remote_comm_id = r.remote_comm_id,
+                                      .remote_qpn = r.remote_qpn & wire::kQpnMask,
+                                      .local = net::Address(local),
+                                      .peer = net::Address(peer)});
 }
 
 int Daemon::channel_request(uint64_t id, Client& c, std::span<const uint8_t> rec) {
@@ -619,35 +603,83 @@ void Daemon::reset_socket(int fd) const {
   }
 }
 
+int Daemon::refusal(uid_t uid, pid_t pid) const {
+  if (!options_.system && uid != uid_) return EACCES;
+  if (clients_.size() >= options_.max_clients) return EMFILE;
+  unsigned of_user = 0, of_process = 0;
+  for (const auto& [id, c] : clients_) {
+    of_user += c.uid == uid;
+    of_process += c.pid == pid;
+  }
+  if (of_user >= options_.max_clients_per_user || of_process >= options_.max_clients_per_process)
+    return EMFILE;
+  return 0;
+}
+
 void Daemon::accept_clients() {
   for (;;) {
     UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!fd.valid()) return;  // EAGAIN, or a connection that went away
+    if (!fd.valid()) break;  // EAGAIN, or a connection that went away
     ucred cred{};
     socklen_t len = sizeof cred;
     if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) continue;
-    int refuse = 0;
-    if (cred.uid != uid_) {
-      refuse = EACCES;
-      log("refusing pid " + std::to_string(cred.pid) + ": uid " + std::to_string(cred.uid) +
-          " is not the daemon's uid " + std::to_string(uid_));
-    } else if (clients_.size() >= options_.max_clients) {
-      refuse = EMFILE;
-    }
-    if (refuse) {
+    if (const int refuse = refusal(cred.uid, cred.pid)) {
       ++counters_.clients_refused;
+      log("refusing pid " + std::to_string(cred.pid) + " of " + owner_text(cred.uid) + ": " +
+          (refuse == EACCES ? "not the daemon's user" : "too many connections"));
       send_record(fd.get(), encode_error(refuse));
       continue;  // hang up: the client reads the error, then EOF
     }
     const uint64_t id = next_client_id_++;
     if (!watch(fd.get(), tag(kClient, id), EPOLLIN | EPOLLRDHUP)) continue;
     ++counters_.clients_accepted;
-    Client c{std::move(fd), cred.uid, cred.pid, std::nullopt};
+    Client c{std::move(fd), cred.uid, cred.pid};
+    c.hello_deadline_ms = now_ms() + options_.hello_timeout_ms;
     c.comm = comm_of(cred.pid);
     c.connected_ms = now_ms();
     clients_[id] = std::move(c);
     update_idle_timer();
   }
+  arm_hello_timer();
+}
+
+void Daemon::arm_hello_timer() {
+  std::optional<int64_t> next;
+  for (const auto& [id, c] : clients_)
+    if (!c.greeted && (!next || c.hello_deadline_ms < *next)) next = c.hello_deadline_ms;
+  itimerspec its{};  // zero disarms
+  if (next) {
+    const int64_t ms = std::max<int64_t>(*next - now_ms(), 1);
+    its.it_value.tv_sec = ms / 1000;
+    its.it_value.tv_nsec = static_cast<long>(ms % 1000) * 1000000;
+  }
+  base::check(timerfd_settime(hello_timer_fd_.get(), 0, &its, nullptr) == 0, "timerfd_settime");
+}
+
+void Daemon::hello_timer_fired() {
+  const int64_t now = now_ms();
+  std::vector<uint64_t> late;
+  for (const auto& [id, c] : clients_)
+    if (!c.greeted && c.hello_deadline_ms <= now) late.push_back(id);
+  for (const uint64_t id : late) {
+    log("pid " + std::to_string(clients_.at(id).pid) + " did not greet within " +
+        std::to_string(options_.hello_timeout_ms) + " ms: closed");
+    ++counters_.clients_refused;
+    drop_client(id);
+  }
+  arm_hello_timer();
+}
+
+int Daemon::hello_request(Client& c, std::vector<UniqueFd>& fds) {
+  // The client's network namespace, as an fd it holds: a daemon serves its own namespace only
+  // (a system daemon's socket file is reachable from every namespace that shares /run).
+  if (fds.size() != 1) return EPROTO;
+  struct stat st {};
+  if (fstat(fds[0].get(), &st) != 0 || ioctl(fds[0].get(), NS_GET_NSTYPE) != CLONE_NEWNET)
+    return EPROTO;
+  if (st.st_ino != netns_) return EXDEV;
+  c.greeted = true;
+  return 0;
 }
 
 void Daemon::serve(uint64_t id) {
@@ -670,29 +702,12 @@ void Daemon::serve(uint64_t id) {
 
 int Daemon::lease(Client& c, std::vector<uint8_t>* reply, std::vector<int>* pass_fds) {
   if (c.slot) return EALREADY;
-  if (takeover_ == kTakeoverWaiting) {
-    if (!takeover_expired_) return EAGAIN;
-    // Nobody handed a group over. Perhaps nobody holds the port any more: try a group of our
-    // own, else the port is taken by something we cannot adopt.
-    std::string error;
-    SlotGroup g;
-    const SlotGroupOptions o{.slot_count = slots_.slot_count(),
-                             .port = options_.udp_port,
-                             .allow_ipv6 = options_.allow_ipv6};
-    bool skipped = false;
-    if (open_slot_group(o, &g, &error) != 0 || !verify_steering(g, &error, &skipped)) {
-      log("no group: " + error);
-      return EADDRNOTAVAIL;
-    }
-    group_ = std::move(g);
-    if (!start_group(&error)) {
-      log(error);
-      return EIO;
-    }
-    takeover_ = kTakeoverNone;
-    log("the port is free again: opened a group of our own");
-  }
   if (takeover_ == kTakeoverGrace) return EAGAIN;
+  if (options_.system && options_.max_slots_per_user > 0) {
+    unsigned held = 0;
+    for (const auto& [id, other] : clients_) held += other.slot && other.uid == c.uid;
+    if (held >= options_.max_slots_per_user) return EBUSY;
+  }
   const auto l = slots_.acquire();
   if (!l) return EBUSY;
   // A leased socket is the client's to read: stop draining it, and hand it over empty
@@ -703,9 +718,8 @@ int Daemon::lease(Client& c, std::vector<uint8_t>* reply, std::vector<int>* pass
   c.qpn_base = l->qpn_base;
   c.qpn_count = l->qpn_count;
   ++counters_.slots_leased;
-  // The slot's socket, then the whole group (see protocol.h: why every client holds it).
+  // The slot's socket and nothing else: the group stays with the keeper and the daemon.
   pass_fds->push_back(group_.sockets[l->slot].get());
-  for (const auto& s : group_.sockets) pass_fds->push_back(s.get());
   *reply = encode_slot(SlotInfo{.slot = l->slot,
                                 .slot_count = slots_.slot_count(),
                                 .qpn_base = l->qpn_base,
@@ -743,45 +757,14 @@ int Daemon::reattach_request(Client& c, std::span<const uint8_t> rec, std::vecto
   SlotInfo info;
   if (const int err = decode_request_body(rec, &info)) return err;
   if (c.slot || c.channel_slot || c.watches_gids) return EALREADY;
-  const unsigned n = info.slot_count;
-  if (n < kMinSlots || n > kMaxSlots || info.slot == 0 || info.slot >= n ||
-      fds.size() != size_t{n} + 1 || info.qpn_count != kQpnsPerRange ||
-      info.qpn_base % kQpnsPerRange != 0 || slot_of_qpn(info.qpn_base, n) != info.slot ||
-      range_of_qpn(info.qpn_base) == 0 || info.udp_port != group_.port)
+  const unsigned n = slots_.slot_count();
+  if (info.slot_count != n || info.slot == 0 || info.slot >= n || fds.size() != 1 ||
+      info.qpn_count != kQpnsPerRange || info.qpn_base % kQpnsPerRange != 0 ||
+      slot_of_qpn(info.qpn_base, n) != info.slot || range_of_qpn(info.qpn_base) == 0 ||
+      info.udp_port != group_.port)
     return EINVAL;
-  // The slot's socket must be the group's socket at its index.
-  if (!same_socket(fds[0].get(), fds[1 + info.slot].get())) return EINVAL;
-  if (group_.sockets.empty()) {
-    // The first survivor: its copy of the group becomes ours, if it is a group on our port.
-    int family = 0;
-    for (size_t i = 1; i < fds.size(); ++i) {
-      int f = 0;
-      if (!udp_socket_on(fds[i].get(), group_.port, &f) || (family != 0 && f != family))
-        return EINVAL;
-      family = f;
-    }
-    for (size_t i = 1; i < fds.size(); ++i) group_.sockets.push_back(std::move(fds[i]));
-    group_.family = family;
-    slots_ = SlotTable(n);
-    std::string error;
-    if (!start_group(&error)) {  // slot 0 only: nothing is free until the grace period ends
-      log("takeover: " + error);
-      group_.sockets.clear();
-      gsi_io_.reset();
-      return EIO;
-    }
-    // start_group watched every slot as free; none is until the grace period ends.
-    for (unsigned s = 1; s < n; ++s) unwatch(group_.sockets[s].get());
-    takeover_ = kTakeoverGrace;
-    arm_takeover_timer(options_.takeover_grace_ms);
-    log("took the group over from pid " + std::to_string(c.pid) + " (" + std::to_string(n) +
-        " slots on UDP port " + std::to_string(group_.port) + ")");
-  } else {
-    // Later survivors hold the same group, socket for socket.
-    if (n != slots_.slot_count()) return EINVAL;
-    for (unsigned i = 0; i < n; ++i)
-      if (!same_socket(fds[1 + i].get(), group_.sockets[i].get())) return EINVAL;
-  }
+  // Proof of ownership: the socket itself, the group's at that index.
+  if (!same_socket(fds[0].get(), group_.sockets[info.slot].get())) return EINVAL;
   if (!slots_.adopt(info.slot, range_of_qpn(info.qpn_base))) return EBUSY;
   // A free slot was being drained (a survivor after the grace period): it is the process's now.
   unwatch(group_.sockets[info.slot].get());
@@ -790,27 +773,40 @@ int Daemon::reattach_request(Client& c, std::span<const uint8_t> rec, std::vecto
   c.qpn_count = info.qpn_count;
   c.reattached = true;
   ++survivors_;
-  log("pid " + std::to_string(c.pid) + " reattached slot " + std::to_string(info.slot) +
-      " (QPNs " + std::to_string(info.qpn_base) + "+" + std::to_string(info.qpn_count) + ")");
+  log("pid " + std::to_string(c.pid) + " reattached slot " + std::to_string(info.slot) + " (QPNs " +
+      std::to_string(info.qpn_base) + "+" + std::to_string(info.qpn_count) + ")");
   return 0;
 }
 
-std::vector<uint8_t> Daemon::clients_page(std::span<const uint8_t> rec, int* err) const {
+std::vector<uint8_t> Daemon::clients_page(const Client& viewer, std::span<const uint8_t> rec,
+                                          int* err) const {
   ClientsQuery q;
   if ((*err = decode_request_body(rec, &q)) != 0) return {};
-  struct stat ns{};
-  stat("/proc/self/ns/net", &ns);
+  // A user sees their own processes; root sees everyone's.
+  const bool all = viewer.uid == 0;
+  auto visible = [&](uid_t uid) { return all || uid == viewer.uid; };
+  uint32_t total = 0;
+  for (const auto& [id, c] : clients_) total += visible(c.uid);
+  for (const Departed& d : departed_) total += visible(d.uid);
   const int64_t now = now_ms();
   const ClientsPage page{.uptime_ms = static_cast<uint64_t>(now - start_ms_),
-                         .netns_inode = ns.st_ino,
-                         .total = static_cast<uint32_t>(clients_.size() + departed_.size()),
+                         .netns_inode = netns_,
+                         .total = total,
                          .first = q.first,
                          .count = 0,
                          .takeover = takeover_,
-                         .survivors = survivors_};
+                         .survivors = survivors_,
+                         .keeper_pid = static_cast<uint32_t>(keeper_pid_),
+                         .restarts = restarts_,
+                         .mode = options_.system ? kModeSystem : kModeUser,
+                         .reserved16 = 0,
+                         .daemon_uid = static_cast<uint32_t>(uid_),
+                         .viewer_uid = all ? kAllUsers : static_cast<uint32_t>(viewer.uid),
+                         .reserved = 0};
   std::vector<ClientEntry> entries;
   uint32_t index = 0;
   for (const auto& [id, c] : clients_) {
+    if (!visible(c.uid)) continue;
     if (index++ < q.first) continue;
     if (entries.size() == kClientsPerPage) break;
     ClientEntry e{};
@@ -834,6 +830,7 @@ std::vector<uint8_t> Daemon::clients_page(std::span<const uint8_t> rec, int* err
     entries.push_back(e);
   }
   for (const Departed& d : departed_) {
+    if (!visible(d.uid)) continue;
     if (index++ < q.first) continue;
     if (entries.size() == kClientsPerPage) break;
     ClientEntry e{};
@@ -857,13 +854,38 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
   int err = decode_header(rec, &h);
   std::vector<uint8_t> reply;
   std::vector<int> pass_fds;
-  if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kAcquireSlot)) {
+  const auto type = static_cast<MsgType>(h.type);
+  if (err == 0 && !c.greeted) {
+    // The first request must be the hello; anything else, or a hello that fails, ends the
+    // connection after its answer.
+    err = type == MsgType::kHello ? hello_request(c, fds) : EPROTO;
+    if (err == 0) {
+      arm_hello_timer();
+      reply = encode_hello(HelloInfo{.pid = static_cast<uint32_t>(getpid()),
+                                     .keeper_pid = static_cast<uint32_t>(keeper_pid_),
+                                     .uid = static_cast<uint32_t>(uid_),
+                                     .mode = options_.system ? kModeSystem : kModeUser,
+                                     .reserved = 0,
+                                     .netns_inode = netns_});
+      if (send_record(c.fd.get(), reply) != 0) drop_client(id);
+    } else {
+      ++counters_.clients_refused;
+      send_record(c.fd.get(), encode_error(err));
+      drop_client(id);
+    }
+    return;
+  }
+  // Only a reattach passes an fd (its slot's socket).
+  if (err == 0 && !fds.empty() && type != MsgType::kReattach) err = EPROTO;
+  if (err) {
+    // (the error reply below)
+  } else if (type == MsgType::kAcquireSlot) {
     err = lease(c, &reply, &pass_fds);
     if (err == EAGAIN) {  // answered when the takeover settles
       pending_.push_back(id);
       return;
     }
-  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kReportCounters)) {
+  } else if (type == MsgType::kReportCounters) {
     CounterReport report;
     err = decode_request_body(rec, &report);
     if (err == 0) {
@@ -871,25 +893,26 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
       c.report_ms = now_ms();
       return;  // one-way
     }
-  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kReattach)) {
+  } else if (type == MsgType::kReattach) {
     err = reattach_request(c, rec, fds);
     if (err == 0) reply = encode_request(MsgType::kOk);
-  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kQueryClients)) {
-    reply = clients_page(rec, &err);
-  } else if (err == 0 && (h.type == static_cast<uint16_t>(MsgType::kQueryGids) ||
-                          h.type == static_cast<uint16_t>(MsgType::kWatchGids))) {
+  } else if (type == MsgType::kQueryClients) {
+    reply = clients_page(c, rec, &err);
+  } else if (type == MsgType::kQueryGids || type == MsgType::kWatchGids) {
     reply = encode_gids(gids_.entries());
-    if (h.type == static_cast<uint16_t>(MsgType::kWatchGids)) c.watches_gids = true;
-  } else if (err == 0 && (h.type == static_cast<uint16_t>(MsgType::kListen) ||
-                          h.type == static_cast<uint16_t>(MsgType::kUnlisten))) {
-    err = listen_request(c, static_cast<MsgType>(h.type), rec);
+    if (type == MsgType::kWatchGids) c.watches_gids = true;
+  } else if (type == MsgType::kListen || type == MsgType::kUnlisten) {
+    err = listen_request(c, type, rec);
     if (err == 0) reply = encode_request(MsgType::kOk);
-  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kMadChannel)) {
+  } else if (type == MsgType::kMadChannel) {
     err = channel_request(id, c, rec);
     if (err == 0) reply = encode_request(MsgType::kOk);
-  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kHello)) {
-    reply = encode_request(MsgType::kHello);
-  } else if (err == 0 && h.type == static_cast<uint16_t>(MsgType::kQueryStatus)) {
+  } else if (type == MsgType::kConnUp || type == MsgType::kConnDown) {
+    err = conn_request(c, type, rec);
+    if (err == 0) reply = encode_request(MsgType::kOk);
+  } else if (type == MsgType::kHello) {
+    err = EALREADY;
+  } else if (type == MsgType::kQueryStatus) {
     reply = encode_status(
         StatusInfo{.pid = static_cast<uint32_t>(getpid()),
                    .slot_count = slots_.slot_count(),
@@ -912,7 +935,7 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
                    .cm_dreqs_sent = counters_.cm_dreqs_sent,
                    .cm_dreps_sent = counters_.cm_dreps_sent,
                    .cm_dreq_retries = counters_.cm_dreq_retries});
-  } else if (err == 0) {
+  } else {
     err = EPROTO;
   }
   if (err) {

@@ -1,14 +1,18 @@
-// urdmad: the host agent of one network namespace (see docs/ARCHITECTURE.md, "urdmad").
+// urdmad: the host agent of one network namespace (see docs/ARCHITECTURE.md, "urdmad"). This
+// is the daemon proper, the child its keeper starts (supervisor.h), which hands it the listening
+// socket and the slot group.
 //
-// One thread, one epoll loop over: the abstract unix listener and its client connections, the
-// rtnetlink address socket (GID table), a signalfd (SIGTERM/SIGINT/SIGHUP: clean exit), a
-// timerfd (idle exit), slot 0 (CM MADs, routed to their process: mad_router.h) and the free slot
-// sockets (drained: their datagrams name QPNs nobody owns). Nothing polls; an idle daemon sleeps
-// in epoll_wait.
+// One thread, one epoll loop over: the unix listener and its client connections, the rtnetlink
+// address socket (GID table), a signalfd (SIGTERM/SIGINT/SIGHUP: clean exit), timerfds (idle
+// exit, hello deadlines, the restart grace, DREQ pacing), slot 0 (CM MADs, routed to their
+// process: mad_router.h) and the free slot sockets (drained: their datagrams name QPNs nobody
+// owns). Nothing polls; an idle daemon sleeps in epoll_wait.
 //
-// Start-up order matters: the unix socket is bound first, so a second daemon in the namespace
-// fails there (EADDRINUSE) before it could join the first one's SO_REUSEPORT group and shift
-// its socket indices. At exit the UDP sockets close before the unix listener.
+// Who it serves: a per-user daemon only its own euid (SO_PEERCRED at accept); a system daemon
+// (--system) every user of the namespace, each with their own slots, each seeing only their own
+// processes in `urdma status` (root sees all). Every connection must greet it (kHello, with its
+// network namespace) within the hello timeout; connections are capped per process, per user and
+// in all, slots per user (system daemon).
 #pragma once
 
 #include <sys/types.h>
@@ -26,6 +30,7 @@
 #include "daemon/gid_table.h"
 #include "daemon/mad_backlog.h"
 #include "daemon/mad_router.h"
+#include "daemon/paths.h"
 #include "daemon/protocol.h"
 #include "daemon/slot_table.h"
 #include "daemon/steering.h"
@@ -35,43 +40,64 @@
 namespace urdma::daemon {
 
 struct DaemonOptions {
-  std::string socket_name = kDefaultSocketName;
   uint16_t udp_port = wire::kRoceV2UdpPort;
   unsigned slot_count = kDefaultSlots;
   bool allow_ipv6 = true;
   // Exit after this long without clients; 0 = never.
   uint32_t idle_timeout_ms = 30000;
-  // Most client connections at once (each may lease one slot).
+  // Serve every user of the namespace (a system daemon), not only the daemon's own euid.
+  bool system = false;
+  // Connections at once: in all, per user (a system daemon), per process. Each process of urdma
+  // uses up to three (its slot, its MAD channel, its GID watcher) and `urdma status` one more.
   unsigned max_clients = 1024;
+  unsigned max_clients_per_user = 256;
+  unsigned max_clients_per_process = 16;
+  // Slots one user may hold at once (a system daemon; 0: no cap beyond the table).
+  unsigned max_slots_per_user = 0;
+  // A connection that has not greeted (kHello) within this is closed.
+  uint32_t hello_timeout_ms = 2000;
   // Log to stderr.
   bool verbose = false;
-  // Takeover (protocol.h): how long a daemon that finds the port held waits for the first
-  // surviving process to hand its group over before acquiring fails with EADDRNOTAVAIL, and
-  // how long after that first reattach new leases wait for the other survivors.
-  uint32_t takeover_wait_ms = 3000;
+  // After a restart, how long new leases wait for the survivors to reattach (protocol.h).
   uint32_t takeover_grace_ms = 500;
+  // The socket clients connect to (for logs).
+  std::string socket_path;
 };
+
+// What the keeper hands the daemon it starts (supervisor.h).
+struct DaemonHandoff {
+  UniqueFd listener;  // listening, non-blocking
+  SlotGroup group;    // opened and proved
+  UniqueFd keeper;    // the control socket to the keeper: kKeeperReady, kKeeperIdle
+  pid_t keeper_pid = 0;
+  uint32_t restarts = 0;  // 0: the keeper's first daemon; else survivors may be waiting
+};
+// The one-byte records the daemon sends its keeper.
+inline constexpr char kKeeperReady = 'R';  // serving
+inline constexpr char kKeeperIdle = 'I';   // exiting idle: the keeper exits too
 
 struct DaemonCounters {
   uint64_t clients_accepted = 0;
-  uint64_t clients_refused = 0;  // another uid, or too many
+  uint64_t clients_refused = 0;  // another uid or namespace, too many, no hello in time
   uint64_t slots_leased = 0;
   uint64_t slots_reclaimed = 0;
   uint64_t drained_datagrams = 0;  // read from free slots
   uint64_t mads_forwarded = 0;
   std::array<uint64_t, kMadDropCount> mads_dropped{};
   // What the daemon answered on QP1 itself (cm_agent.h).
-  uint64_t cm_rejects_sent = 0;  // REJ / SIDR_REP to a service nobody listens on
-  uint64_t cm_dreqs_sent = 0;    // for the connections of processes that died
-  uint64_t cm_dreps_sent = 0;    // to DREQs for connections nobody holds
-  uint64_t cm_dreq_retries = 0;  // DREQs of cm_dreqs_sent sent again (no DREP yet)
+  uint64_t cm_rejects_sent = 0;   // REJ / SIDR_REP to a service nobody listens on
+  uint64_t cm_dreqs_sent = 0;     // for the connections of processes that died
+  uint64_t cm_dreps_sent = 0;     // to DREQs for connections nobody holds
+  uint64_t cm_dreq_retries = 0;   // DREQs of cm_dreqs_sent sent again (no DREP yet)
+  uint64_t cm_dreqs_dropped = 0;  // beyond Releases::kMax: never sent
 };
 
 class Daemon {
  public:
-  // Binds everything. On failure returns null with an errno in *err (EADDRINUSE: another
-  // daemon owns the namespace's socket) and a sentence in *error.
-  static std::unique_ptr<Daemon> create(const DaemonOptions& options, int* err, std::string* error);
+  // Sets up everything around what the keeper handed over. On failure returns null with an
+  // errno in *err and a sentence in *error.
+  static std::unique_ptr<Daemon> create(const DaemonOptions& options, DaemonHandoff handoff,
+                                        int* err, std::string* error);
   ~Daemon();
 
   // Runs until a signal, the idle timeout or a fatal error. Returns the process exit code.
@@ -85,6 +111,8 @@ class Daemon {
     UniqueFd fd;
     uid_t uid = 0;
     pid_t pid = 0;
+    bool greeted = false;  // its kHello was accepted; nothing else is answered before
+    int64_t hello_deadline_ms = 0;
     std::optional<unsigned> slot;
     bool watches_gids = false;
     std::optional<unsigned> channel_slot;  // a MAD channel for this slot
@@ -98,8 +126,16 @@ class Daemon {
     int64_t report_ms = 0;
   };
 
-  explicit Daemon(const DaemonOptions& options);
+  Daemon(const DaemonOptions& options, DaemonHandoff handoff);
   bool setup(int* err, std::string* error);
+  // kHello: the client's namespace (the fd it passed) must be ours.
+  int hello_request(Client& c, std::vector<UniqueFd>& fds);
+  // Closes connections that did not greet in time; arms the timer for the next deadline.
+  void hello_timer_fired();
+  void arm_hello_timer();
+  // Why a new connection of `cred` is refused (an errno), or 0.
+  int refusal(uid_t uid, pid_t pid) const;
+  int conn_request(Client& c, MsgType type, std::span<const uint8_t> rec);
   bool watch(int fd, uint64_t tag, uint32_t events);
   void unwatch(int fd);
   void accept_clients();
@@ -118,10 +154,12 @@ class Daemon {
   int lease(Client& c, std::vector<uint8_t>* reply, std::vector<int>* pass_fds);
   void answer_pending();
   int reattach_request(Client& c, std::span<const uint8_t> rec, std::vector<UniqueFd>& fds);
-  std::vector<uint8_t> clients_page(std::span<const uint8_t> rec, int* err) const;
-  // The group is ours: slot 0 routed, free slots drained.
+  std::vector<uint8_t> clients_page(const Client& viewer, std::span<const uint8_t> rec,
+                                    int* err) const;
+  // Slot 0 routed; free slots drained (after a restart, once the grace period is over).
   bool start_group(std::string* error);
   void takeover_timer_fired();
+  void tell_keeper(char what);
   void arm_takeover_timer(uint32_t ms);
   void drain(unsigned slot);
   void publish_gids();
@@ -148,13 +186,17 @@ class Daemon {
 
   DaemonOptions options_;
   uid_t uid_;
-  // Declared first, destroyed last: the namespace stays claimed until the UDP group is gone.
+  uint64_t netns_;  // the namespace it serves (paths.h)
   UniqueFd listener_;
+  UniqueFd keeper_;
+  pid_t keeper_pid_ = 0;
+  uint32_t restarts_ = 0;
   UniqueFd epoll_;
   UniqueFd signal_fd_;
   UniqueFd timer_fd_;
   UniqueFd takeover_timer_fd_;
-  UniqueFd release_timer_fd_;  // DREQ retransmission (releases_)
+  UniqueFd release_timer_fd_;  // DREQ pacing and retransmission (releases_)
+  UniqueFd hello_timer_fd_;
   AddressMonitor addresses_;
   GidTable gids_;
   SlotGroup group_;
@@ -176,7 +218,7 @@ class Daemon {
   std::unique_ptr<net::UdpSocketIo> gsi_io_;
   std::map<uint64_t, unsigned> listeners_;  // service ID -> slot
   std::map<unsigned, uint64_t> channels_;   // slot -> the client id of its MAD channel
-  ConnTable conns_;                         // each slot's established connections
+  ConnTable conns_;                         // each slot's connections, as its process reports
   RequesterTable requesters_;               // where a REJ with RemoteCommID 0 goes
   Releases releases_;                       // DREQs of dead processes awaiting their DREP
   uint32_t gmp_psn_ = 0;
@@ -184,7 +226,6 @@ class Daemon {
   uint64_t next_client_id_ = 1;
   int64_t start_ms_ = 0;
   uint32_t takeover_ = kTakeoverNone;
-  bool takeover_expired_ = false;  // waited takeover_wait_ms for a survivor, none came
   uint32_t survivors_ = 0;
   std::vector<uint64_t> pending_;  // clients whose kAcquireSlot waits for the takeover
   DaemonCounters counters_;
@@ -192,8 +233,6 @@ class Daemon {
   int exit_code_ = 0;
 };
 
-// The socket name clients and the daemon use: $URDMA_SOCKET, else kDefaultSocketName.
-std::string socket_name_from_env();
 // The UDP port: $URDMA_UDP_PORT, else 4791.
 uint16_t udp_port_from_env();
 

@@ -33,6 +33,8 @@ const char* mad_drop_name(MadDrop d) {
       return "channel_full";
     case MadDrop::kTruncated:
       return "truncated";
+    case MadDrop::kBadIcrc:
+      return "bad_icrc";
     case MadDrop::kCount:
       break;
   }

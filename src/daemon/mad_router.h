@@ -48,6 +48,7 @@ enum class MadDrop : uint8_t {
   kNoChannel,      // the slot's process opened no MAD channel
   kChannelFull,    // the channel's socket buffer is full (its process is not reading)
   kTruncated,      // larger than any MAD datagram
+  kBadIcrc,        // its ICRC does not hold: checked before anything else
   kCount,
 };
 inline constexpr size_t kMadDropCount = static_cast<size_t>(MadDrop::kCount);

@@ -92,6 +92,28 @@ template int decode_request_body(std::span<const uint8_t>, SlotBody*);
 template int decode_request_body(std::span<const uint8_t>, ClientsQuery*);
 template int decode_request_body(std::span<const uint8_t>, CounterReport*);
 template int decode_request_body(std::span<const uint8_t>, SlotInfo*);
+template int decode_request_body(std::span<const uint8_t>, ConnRecord*);
+template int decode_request_body(std::span<const uint8_t>, CommIdBody*);
+
+std::vector<uint8_t> encode_hello(const HelloInfo& info) {
+  return record(MsgType::kHello, info);
+}
+
+int decode_hello(std::span<const uint8_t> rec, HelloInfo* info) {
+  MsgHeader h;
+  if (const int err = check_reply(rec, MsgType::kHello, &h)) return err;
+  if (rec.size() != sizeof h + sizeof *info) return EPROTO;
+  std::memcpy(info, rec.data() + sizeof h, sizeof *info);
+  return 0;
+}
+
+std::vector<uint8_t> encode_conn_up(const ConnRecord& conn) {
+  return record(MsgType::kConnUp, conn);
+}
+
+std::vector<uint8_t> encode_conn_down(uint32_t local_comm_id) {
+  return record(MsgType::kConnDown, CommIdBody{local_comm_id, 0});
+}
 
 std::vector<uint8_t> encode_clients_query(uint32_t first) {
   return record(MsgType::kQueryClients, ClientsQuery{first, 0});
@@ -113,8 +135,7 @@ std::vector<uint8_t> encode_clients(const ClientsPage& page, std::span<const Cli
   p.count = static_cast<uint32_t>(n);
   std::memcpy(out.data(), &h, sizeof h);
   std::memcpy(out.data() + sizeof h, &p, sizeof p);
-  if (n > 0)
-    std::memcpy(out.data() + sizeof h + sizeof p, entries.data(), n * sizeof(ClientEntry));
+  if (n > 0) std::memcpy(out.data() + sizeof h + sizeof p, entries.data(), n * sizeof(ClientEntry));
   return out;
 }
 
@@ -280,12 +301,13 @@ ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* 
   return n;
 }
 
-socklen_t abstract_address(const std::string& name, sockaddr_un* out) {
+bool unix_address(const std::string& path, sockaddr_un* out, socklen_t* len) {
   std::memset(out, 0, sizeof *out);
   out->sun_family = AF_UNIX;
-  const size_t len = std::min(name.size(), sizeof out->sun_path - 1);
-  std::memcpy(out->sun_path + 1, name.data(), len);
-  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + len);
+  if (path.empty() || path.size() >= sizeof out->sun_path) return false;
+  std::memcpy(out->sun_path, path.data(), path.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+  return true;
 }
 
 }  // namespace urdma::daemon

@@ -1,12 +1,20 @@
 // The urdmad protocol: fixed-layout request/response records over a SOCK_SEQPACKET unix socket
-// in the abstract namespace ("@urdma/v1" by default). Abstract unix sockets belong to a network
-// namespace, so each namespace is a separate host with its own daemon.
+// in a trusted directory (paths.h: one socket per network namespace, so each namespace is a host
+// with its own daemon).
 //
 // Every record starts with a MsgHeader {magic, version, type, size, status}; `size` is the whole
 // record and must equal what one recv returned (SEQPACKET keeps record boundaries). Both ends
-// run on the same host, so fields are host-endian. A request:
-//   kAcquireSlot  -> kSlot (+ SCM_RIGHTS: the slot's UDP socket, then every socket of the group
-//                    in index order) or kError
+// run on the same host, so fields are host-endian. Before anything else each side checks the
+// other by the kernel's word (SO_PEERCRED): a client believes only a daemon of its own euid or
+// root, a per-user daemon serves only its own euid, a system daemon serves every user and keeps
+// them apart. A record carries at most one fd (SCM_RIGHTS); more are closed unread and the record
+// is refused. A request:
+//   kHello (+ the client's /proc/self/ns/net) -> kHello{HelloInfo}, or kError: EXDEV (the daemon
+//                    serves another network namespace), EACCES (another user's daemon), EMFILE
+//                    (too many connections of this process, this user or in all). The first
+//                    request of every connection, within the hello timeout; nothing else is
+//                    answered before it.
+//   kAcquireSlot  -> kSlot (+ SCM_RIGHTS: the slot's UDP socket) or kError
 //   kQueryGids    -> kGids or kError
 //   kQueryStatus  -> kStatus (counters and occupancy, for `urdmad --status`) or kError
 //   kListen{service ID}    -> kOk, or EADDRINUSE (another process listens), EINVAL (no slot)
@@ -14,38 +22,33 @@
 //   kMadChannel{slot}      -> kOk, or EPERM (the slot is not this process's); from then on the
 //                    connection carries only kMad pushes: every CM MAD routed to the slot
 //                    (mad_router.h), the datagram with its source and destination endpoints
-//   kHello        -> kHello (the client library's first request: proves the daemon accepted the
-//                    connection; a refused client learns why at connect time)
 //   kWatchGids    -> kGids now, then an unsolicited kGids whenever the table changes (the
 //                    connection does nothing else; a watcher that stops reading until its
 //                    socket buffer is full is disconnected)
-//   kQueryClients{first}  -> kClients: the daemon (uptime, namespace) and one page of its
-//                    connections from index `first` (`urdma status`), or kError
+//   kQueryClients{first}  -> kClients: the daemon (uptime, namespace) and one page of the
+//                    connections the caller may see from index `first` (`urdma status`): its
+//                    own user's, or every user's for root
 //   kReportCounters{...}  -> no reply when well-formed: the process's engine counters and QP
 //                    count, pushed by the connection holding the slot (Client::keep); a
 //                    malformed one gets kError EPROTO
-//   kReattach{SlotInfo}   (+ SCM_RIGHTS: the slot's socket, then the whole group in index order)
-//                 -> kOk, or kError: a process whose daemon died hands its slot and its copy of
-//                    the group to the restarted daemon (TAKEOVER below)
-// kError carries an errno in `status`: EACCES (the client's uid is not the daemon's; sent at
-// accept, then the daemon hangs up), EBUSY (every slot is leased), EALREADY (this connection
-// holds a slot already), EPROTONOSUPPORT (version), EPROTO (malformed), EMFILE (too many
-// clients). A slot belongs to its connection: when the connection closes (the process exited or
-// died) the daemon drains the slot's socket and frees it.
-// Why every client holds the whole group: the kernel compacts a reuseport group when a socket
-// closes (the last socket moves into the hole), so if the daemon died holding the only copies of
-// the free slots, every surviving process's socket could move to another index and its QPNs would
-// steer elsewhere. With copies in every client, no socket of the group closes while anyone uses it.
-// TAKEOVER. A restarted urdmad finds the port held by the group the surviving processes keep
-// open, so it cannot open a new one (it would join theirs and shift every index). It serves the
-// namespace anyway, in takeover: each survivor's Client::keep thread sees its connection hang
-// up, reconnects (starting a daemon if none runs) and sends kReattach. The first one's group
-// becomes the daemon's (the steering program stays attached to the kernel's group); each
-// survivor gets its slot and QPN range back. New leases wait until a grace period after the
-// first reattach has passed, so a survivor that is a little late does not find its socket
-// leased to someone else; then the slots nobody claimed are free (drained and leased). With no
-// survivor within the grace period, acquiring fails with EADDRNOTAVAIL (the port is held by
-// something that is not ours to adopt), retried at every request.
+//   kReattach{SlotInfo}   (+ SCM_RIGHTS: the slot's socket)
+//                 -> kOk, or kError: a process hands its slot back to a restarted daemon
+//                    (RESTART below), proving it holds the slot by the socket itself
+//   kConnUp{ConnRecord}   -> kOk, or EINVAL (no slot; a comm ID that is not the slot's), ENOSPC
+//                    (kMaxConnsPerSlot): a connection the process established, released with
+//                    a DREQ from the daemon if the process dies (cm_agent.h)
+//   kConnDown{local comm ID} -> kOk, or ENOENT
+// kError carries an errno in `status`: EBUSY (every slot is leased, or the user's share),
+// EALREADY (this connection holds a slot already), EPROTONOSUPPORT (version), EPROTO (malformed).
+// A slot belongs to its connection: when the connection closes (the process exited or died) the
+// daemon drains the slot's socket and frees it.
+// RESTART. The daemon runs as two processes (supervisor.h): a keeper that holds the namespace's
+// lock, the listening socket and every socket of the slot group, and the daemon proper, its
+// child. Only the keeper and the daemon ever hold the group: a client holds its own slot socket
+// and nothing else. When the daemon dies, the keeper starts another; connections wait in the
+// listening socket's backlog meanwhile. Each process's Client::keep thread sees its connection
+// hang up, reconnects, checks the new daemon's credentials and hands its slot back (kReattach);
+// new leases wait a grace period for the survivors, so nobody else is given a slot in use.
 // Growth: a new request type or a longer record with a higher version; the daemon answers a
 // version it does not know with EPROTONOSUPPORT and its own version in the header.
 #pragma once
@@ -65,9 +68,8 @@
 
 namespace urdma::daemon {
 
-inline constexpr char kDefaultSocketName[] = "urdma/v1";
 inline constexpr uint32_t kProtocolMagic = 0x75724d44;  // "urMD"
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 // Room for the largest record (kGids with kMaxGids entries).
 inline constexpr size_t kMaxMessageBytes = 32768;
 
@@ -90,6 +92,39 @@ enum class MsgType : uint16_t {
   kClients = 16,
   kReportCounters = 17,
   kReattach = 18,
+  kConnUp = 19,
+  kConnDown = 20,
+};
+
+// How a daemon serves (HelloInfo::mode, ClientsPage::mode).
+inline constexpr uint16_t kModeUser = 1;    // one user's own daemon
+inline constexpr uint16_t kModeSystem = 2;  // every user of the namespace
+
+// The kHello reply's body.
+struct HelloInfo {
+  uint32_t pid;         // the daemon
+  uint32_t keeper_pid;  // its keeper (supervisor.h)
+  uint32_t uid;         // the daemon's euid
+  uint16_t mode;        // kMode*
+  uint16_t reserved;
+  uint64_t netns_inode;  // the namespace it serves
+};
+static_assert(sizeof(HelloInfo) == 24);
+
+// The body of kConnUp: one established CM connection of the caller's slot, as its peer names it.
+struct ConnRecord {
+  uint32_t local_comm_id;   // the process's (comm_id_for_slot of its slot)
+  uint32_t remote_comm_id;  // the peer's
+  uint32_t remote_qpn;      // the peer's QP
+  uint32_t reserved;
+  uint8_t local_address[16];  // IPv6 or IPv4-mapped, as net::Address
+  uint8_t peer_address[16];
+};
+static_assert(sizeof(ConnRecord) == 48);
+// The body of kConnDown.
+struct CommIdBody {
+  uint32_t local_comm_id;
+  uint32_t reserved;
 };
 
 // The body of kListen / kUnlisten and of kMadChannel.
@@ -164,10 +199,14 @@ static_assert(sizeof(StatusInfo) == 120);
 // The engine counters a process reports, in this order; the names are rxe's (`rdma statistic`)
 // where ours map onto them, then our own.
 inline constexpr const char* kCounterNames[] = {
-    "sent_pkts",          "rcvd_pkts",          "duplicate_request",      "out_of_seq_request",
-    "rcvd_rnr_err",       "send_rnr_err",       "rcvd_seq_err",           "ack_deferred",
-    "retry_exceeded_err", "retry_rnr_exceeded_err", "completer_retry_err", "send_err",
-    "link_downed",        "rdma_sends",         "rdma_recvs",             "dropped_pkts",
+    "sent_pkts",           "rcvd_pkts",
+    "duplicate_request",   "out_of_seq_request",
+    "rcvd_rnr_err",        "send_rnr_err",
+    "rcvd_seq_err",        "ack_deferred",
+    "retry_exceeded_err",  "retry_rnr_exceeded_err",
+    "completer_retry_err", "send_err",
+    "link_downed",         "rdma_sends",
+    "rdma_recvs",          "dropped_pkts",
 };
 inline constexpr size_t kCounterCount = std::size(kCounterNames);
 // The first kRxeCounterCount names are rxe's.
@@ -195,16 +234,22 @@ struct ClientsPage {
   uint64_t netns_inode;  // of /proc/self/ns/net: which namespace this daemon serves
   uint32_t total;        // connections now
   uint32_t first;
-  uint32_t count;  // entries in this record, at most kClientsPerPage
-  uint32_t takeover;  // kTakeover*: how this daemon came by its group
-  uint32_t survivors;  // processes that reattached their slot to this daemon
+  uint32_t count;       // entries in this record, at most kClientsPerPage
+  uint32_t takeover;    // kTakeover*: whether this daemon took over from one that died
+  uint32_t survivors;   // processes that reattached their slot to this daemon
+  uint32_t keeper_pid;  // the keeper holding the group (supervisor.h)
+  uint32_t restarts;    // daemons the keeper started after the first
+  uint16_t mode;        // kMode*
+  uint16_t reserved16;
+  uint32_t daemon_uid;
+  uint32_t viewer_uid;  // whose connections this page lists (kAllUsers: everyone's)
   uint32_t reserved;
 };
-static_assert(sizeof(ClientsPage) == 40);
-inline constexpr uint32_t kTakeoverNone = 0;     // it opened the group
-inline constexpr uint32_t kTakeoverWaiting = 1;  // the port is held; waiting for survivors
-inline constexpr uint32_t kTakeoverGrace = 2;    // adopted; waiting for late survivors
-inline constexpr uint32_t kTakeoverDone = 3;     // adopted from survivors and serving
+static_assert(sizeof(ClientsPage) == 64);
+inline constexpr uint32_t kAllUsers = 0xFFFFFFFF;
+inline constexpr uint32_t kTakeoverNone = 0;   // the keeper's first daemon
+inline constexpr uint32_t kTakeoverGrace = 2;  // restarted; new leases wait for the survivors
+inline constexpr uint32_t kTakeoverDone = 3;   // restarted and serving
 
 enum class ClientRole : uint16_t {
   kConnection = 0,  // greeted, holds nothing
@@ -226,11 +271,11 @@ struct ClientEntry {
   uint32_t slot;  // kNotASlot, or the slot this connection holds (or the MAD channel's slot)
   uint32_t qpn_base;
   uint32_t qpn_count;
-  uint16_t role;   // ClientRole
-  uint16_t flags;  // kClient*
-  char comm[16];   // /proc/<pid>/comm, NUL-terminated
-  uint64_t connected_ms;     // how long ago it connected
-  uint64_t report_age_ms;    // how long ago its last kReportCounters came
+  uint16_t role;           // ClientRole
+  uint16_t flags;          // kClient*
+  char comm[16];           // /proc/<pid>/comm, NUL-terminated
+  uint64_t connected_ms;   // how long ago it connected
+  uint64_t report_age_ms;  // how long ago its last kReportCounters came
   CounterReport report;
 };
 static_assert(sizeof(ClientEntry) == 56 + sizeof(CounterReport));
@@ -271,8 +316,12 @@ std::vector<uint8_t> encode_clients_query(uint32_t first);
 std::vector<uint8_t> encode_clients(const ClientsPage& page, std::span<const ClientEntry> entries);
 std::vector<uint8_t> encode_counter_report(const CounterReport& report);
 std::vector<uint8_t> encode_reattach(const SlotInfo& slot);
+std::vector<uint8_t> encode_hello(const HelloInfo& info);
+std::vector<uint8_t> encode_conn_up(const ConnRecord& conn);
+std::vector<uint8_t> encode_conn_down(uint32_t local_comm_id);
 // A request's fixed body (kListen, kUnlisten: ServiceIdBody; kMadChannel: SlotBody;
-// kQueryClients: ClientsQuery; kReportCounters: CounterReport; kReattach: SlotInfo): 0 or EPROTO.
+// kQueryClients: ClientsQuery; kReportCounters: CounterReport; kReattach: SlotInfo; kConnUp:
+// ConnRecord; kConnDown: CommIdBody): 0 or EPROTO.
 template <class Body>
 int decode_request_body(std::span<const uint8_t> record, Body* body);
 
@@ -285,23 +334,24 @@ int decode_gids(std::span<const uint8_t> record, std::vector<GidEntry>* gids);
 int decode_status(std::span<const uint8_t> record, StatusInfo* info);
 // kOk: 0; kError: its errno; anything else EPROTO.
 int decode_ok(std::span<const uint8_t> record);
+int decode_hello(std::span<const uint8_t> record, HelloInfo* info);
 int decode_mad(std::span<const uint8_t> record, MadDelivery* info, std::vector<uint8_t>* datagram);
 // page->count must be at most kClientsPerPage and the record exactly that long; every comm comes
 // out NUL-terminated.
 int decode_clients(std::span<const uint8_t> record, ClientsPage* page,
                    std::vector<ClientEntry>* entries);
 
-// Most fds one record carries: a slot and its whole group.
-inline constexpr size_t kMaxPassedFds = kMaxSlots + 1;
-static_assert(kMaxPassedFds <= 253, "SCM_MAX_FD");
+// Most fds one record carries: a slot's socket, or the netns of a hello.
+inline constexpr size_t kMaxPassedFds = 1;
 
 // One record (and up to kMaxPassedFds fds) on a SEQPACKET socket. send_record returns 0 or an
 // errno (never raises SIGPIPE). recv_record returns the record size, 0 at EOF, or -errno; passed
-// fds are appended to *fds (close-on-exec), or closed when fds is null.
+// fds are appended to *fds (close-on-exec), or closed when fds is null. A record that came with
+// more fds than kMaxPassedFds (the kernel closes the rest) or was cut short is -EMSGSIZE.
 int send_record(int sock, std::span<const uint8_t> record, std::span<const int> fds = {});
 ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* fds, int flags = 0);
 
-// The abstract address: sun_path = "\0" + name. Returns the sockaddr length.
-socklen_t abstract_address(const std::string& name, sockaddr_un* out);
+// The address of a socket file: false when the path does not fit sun_path.
+bool unix_address(const std::string& path, sockaddr_un* out, socklen_t* len);
 
 }  // namespace urdma::daemon

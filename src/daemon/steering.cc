@@ -5,7 +5,10 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "base/check.h"
 
@@ -212,6 +215,27 @@ bool verify_steering(const SlotGroup& group, std::string* error, bool* skipped) 
     return false;
   }
   return true;
+}
+
+std::optional<uid_t> udp_port_owner(uint16_t port) {
+  // "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid ..."
+  for (const char* table : {"/proc/net/udp6", "/proc/net/udp"}) {
+    std::ifstream f(table);
+    std::string line;
+    std::getline(f, line);  // the heading
+    while (std::getline(f, line)) {
+      std::istringstream fields(line);
+      std::string sl, local, remote, st, queues, timer, retransmits;
+      unsigned long uid = 0;
+      if (!(fields >> sl >> local >> remote >> st >> queues >> timer >> retransmits >> uid))
+        continue;
+      const auto colon = local.rfind(':');
+      if (colon == std::string::npos) continue;
+      if (std::strtoul(local.c_str() + colon + 1, nullptr, 16) == port)
+        return static_cast<uid_t>(uid);
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace urdma::daemon

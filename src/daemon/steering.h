@@ -19,13 +19,16 @@
 // The BPF program sees the UDP payload at offset 0 (the kernel pulls the UDP header before
 // running it), so DestQP is the big-endian 24 bits at payload bytes 5-7. The index it returns is
 // an index into the group's socket array in bind order; the kernel moves the last socket into a
-// hole when one closes, so the daemon keeps every socket open for its whole life and every client
-// holds copies of the whole group (protocol.h).
+// hole when one closes, so the group's every socket stays open as long as any slot is in use: the
+// keeper holds them all (supervisor.h).
 #pragma once
 
 #include <linux/filter.h>
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,8 +43,7 @@ namespace urdma::daemon {
 inline constexpr unsigned kSlotShift = 12;
 inline constexpr uint32_t kQpnsPerRange = 1u << kSlotShift;
 inline constexpr uint32_t kRangeCount = (wire::kQpnMask + 1) >> kSlotShift;
-// Slot counts a group may have: slot 0 plus at least one client slot; at most 128 sockets (a
-// lease passes the whole group in one SCM_RIGHTS message, at most 253 fds: SCM_MAX_FD).
+// Slot counts a group may have: slot 0 plus at least one client slot; at most 128 sockets.
 inline constexpr unsigned kMinSlots = 2;
 inline constexpr unsigned kMaxSlots = 128;
 inline constexpr unsigned kDefaultSlots = 64;
@@ -100,5 +102,8 @@ int open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::stri
 // loopback is unusable or no probe came back at all (*skipped set): nothing was proved then.
 // Takes at most ~200 ms.
 bool verify_steering(const SlotGroup& group, std::string* error, bool* skipped);
+
+// Who holds a socket bound to UDP `port` in this namespace (/proc/net/udp and udp6), if anyone.
+std::optional<uid_t> udp_port_owner(uint16_t port);
 
 }  // namespace urdma::daemon

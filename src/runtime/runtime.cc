@@ -44,22 +44,14 @@ void add_to_epoll(int epoll_fd, int fd) {
 daemon::CounterReport counter_report(const engine::EngineCounters& c, uint32_t qp_count) {
   daemon::CounterReport r{};
   r.qp_count = qp_count;
-  const uint64_t values[] = {c.sent_pkts,
-                             c.rcvd_pkts,
-                             c.duplicate_request,
-                             c.out_of_seq_request,
-                             c.rcvd_rnr_err,
-                             c.send_rnr_err,
-                             c.rcvd_seq_err,
-                             c.ack_deferred,
-                             c.retry_exceeded_err,
-                             c.retry_rnr_exceeded_err,
-                             c.completer_retry_err,
-                             c.send_err,
-                             c.link_downed,
-                             c.rdma_sends,
-                             c.rdma_recvs,
-                             c.drops()};
+  const uint64_t values[] = {c.sent_pkts,           c.rcvd_pkts,
+                             c.duplicate_request,   c.out_of_seq_request,
+                             c.rcvd_rnr_err,        c.send_rnr_err,
+                             c.rcvd_seq_err,        c.ack_deferred,
+                             c.retry_exceeded_err,  c.retry_rnr_exceeded_err,
+                             c.completer_retry_err, c.send_err,
+                             c.link_downed,         c.rdma_sends,
+                             c.rdma_recvs,          c.drops()};
   static_assert(std::size(values) == daemon::kCounterCount);
   std::copy(std::begin(values), std::end(values), r.counters);
   return r;
@@ -140,7 +132,7 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
   }
   // The slot's QPNs steer to its socket; QP0/QP1 are the daemon's (range 0 is never leased).
   config.device.qpn_base = slot->info.qpn_base;
-  // The socket stays the daemon's too (its copy keeps the group's order); ours is a dup.
+  // The slot keeps its own copy (the keeper thread hands it back after a daemon restart).
   const int fd = dup(slot->fd.get());
   if (fd < 0) {
     *err = errno;
@@ -194,7 +186,9 @@ namespace {
 thread_local const Runtime* t_event_from = nullptr;
 }  // namespace
 
-void Runtime::event_taken() { t_event_from = this; }
+void Runtime::event_taken() {
+  t_event_from = this;
+}
 
 // A thread that took a completion event usually answers it, and the engine thread often sleeps
 // by then (the waiting thread took the datagram's turn itself). Waking it for the answer costs
@@ -231,7 +225,9 @@ void Runtime::wake_token_waiter() {
   token_wakes_.notify_all();
 }
 
-bool Runtime::try_progress() { return take_turn(kPoll); }
+bool Runtime::try_progress() {
+  return take_turn(kPoll);
+}
 
 bool Runtime::take_turn(TurnKind kind) {
   uint32_t expected = kFree;
@@ -338,8 +334,8 @@ void Runtime::run() {
             if (ready[i].data.fd != io_->readable_fd()) drain_fd(ready[i].data.fd);
           more = n > 0;
         }
-        app_polls = inline_turns_.load(std::memory_order_relaxed) - inline_before >=
-                    kInlineTurnsOfAPoller;
+        app_polls =
+            inline_turns_.load(std::memory_order_relaxed) - inline_before >= kInlineTurnsOfAPoller;
       }
       const uint64_t spin_end = clock_.now_ns();
       busy_poll_.spun(spin_end - turn_end, spin_end);
@@ -383,8 +379,8 @@ int Runtime::wait_readable(int fd, const bool& delivered) {
       std::lock_guard lock(rt->watch_mutex_);
       // Blocked on transmit, the engine thread waits for EPOLLOUT on it: left in.
       if (rt->watchers_++ == 0 && !rt->epollout_)
-        rt->socket_out_ = epoll_ctl(rt->epoll_fd_, EPOLL_CTL_DEL, rt->io_->readable_fd(),
-                                    nullptr) == 0;
+        rt->socket_out_ =
+            epoll_ctl(rt->epoll_fd_, EPOLL_CTL_DEL, rt->io_->readable_fd(), nullptr) == 0;
     }
     ~Watch() {
       std::lock_guard lock(rt->watch_mutex_);

@@ -182,7 +182,8 @@ TEST(CmTeardown, ARequestBeforeListenWaitsForIt) {
         const Started server =
             start(std::string(URDMA_RDMACM_PEER) + " late-listen-server 7193 300");
         ASSERT_TRUE(wait_output(server, "bound", 10000)) << finish(server, 0).output;
-        const ToolRun client = run(std::string(URDMA_RDMACM_PEER) + " client 127.0.0.1 7193", 30000);
+        const ToolRun client =
+            run(std::string(URDMA_RDMACM_PEER) + " client 127.0.0.1 7193", 30000);
         const ToolRun srv = finish(server, 10000);
         EXPECT_EQ(client.exit_code, 0) << client.output;
         EXPECT_NE(client.output.find("event RDMA_CM_EVENT_ESTABLISHED status 0"), std::string::npos)
@@ -394,13 +395,25 @@ TEST(CmTeardown, UrdmadReleasesADeadProcesssConnectionAndAnswersForIt) {
   setenv("URDMA_IDLE_TIMEOUT_MS", "10000", 1);
   in_fresh_netns(
       [] {
-        // A: holds a connection to B (learnt by urdmad from the REP it routes to A), then dies.
+        // A: holds a connection to B, which it reports to urdmad as librdmacm does once it is
+        // established (kConnUp), then dies. A second REP, for a connection A never reports (a
+        // forged one, say), must not make urdmad send anything.
         Pipe pipe;
         const pid_t a = fork_process([&pipe] {
           Process p;
           if (p.open() != 0) return 1;
           pipe.put(uint32_t{p.slot.info.slot});
-          if (!p.next(5000)) return 2;  // the REP reached A
+          const auto rep = p.next(5000);
+          if (!rep) return 2;  // the REP reached A
+          const auto m = gmp_message<wire::CmRepView>(*rep);
+          if (!m) return 3;
+          daemon::ConnRecord conn{.local_comm_id = m->remote_comm_id(),
+                                  .remote_comm_id = m->local_comm_id(),
+                                  .remote_qpn = m->local_qpn()};
+          std::memcpy(conn.local_address, kLoopback.bytes().data(), 16);
+          std::memcpy(conn.peer_address, kLoopback.bytes().data(), 16);
+          if (p.control.conn_up(conn) != 0) return 4;
+          if (!p.next(5000)) return 5;  // the REP A never reports
           pipe.put(uint32_t{1});
           pause();
           return 0;
@@ -417,6 +430,13 @@ TEST(CmTeardown, UrdmadReleasesADeadProcesssConnectionAndAnswersForIt) {
               r.set_local_qpn(0x1234);  // B's QP
             },
             0x42)));
+        ASSERT_TRUE(b.send(cm<wire::CmRep>(
+            [&](wire::CmRep r) {
+              r.set_local_comm_id(b.comm_id(10));
+              r.set_remote_comm_id(daemon::comm_id_for_slot(a_slot, 9));
+              r.set_local_qpn(0x5678);
+            },
+            0x43)));
         ASSERT_TRUE(pipe.get(&got_rep));
         ASSERT_EQ(kill(a, SIGKILL), 0);
         ASSERT_TRUE(wait_exit(a, 5000));

@@ -29,7 +29,9 @@ bool real_root();
 
 // Forks a process that runs `fn` and exits with its return value.
 pid_t fork_process(const std::function<int()>& fn);
-// Waits (bounded) for a child; its exit status in the waitpid form, or nullopt on timeout.
+// Waits (bounded) for a child; its exit status in the waitpid form, or nullopt on timeout. For a
+// process that is not our child (urdmad's daemon proper is its keeper's) only its end is seen:
+// status 0 once it is gone.
 std::optional<int> wait_exit(pid_t pid, int timeout_ms);
 
 // A second host for a test body: a forked child in a network namespace of its own (loopback

@@ -44,13 +44,15 @@ std::vector<std::string> library_dirs() {
       if (have == c) return;
     dirs.push_back(c);
   };
-  if (const char* env = std::getenv("URDMA_LIBDIR"); env && *env) add(env);
+  if (const char* env = secure_getenv("URDMA_LIBDIR"); env && *env) add(env);
   const std::string bin = self_dir();
   if (!bin.empty()) {
     add(bin + "/../" URDMA_INSTALL_LIBDIR "/urdma");
     add(bin + "/../lib/urdma");
   }
-  add(URDMA_BUILD_LIBDIR);
+  // The build tree's libraries only for the build tree's urdma: an installed copy never points
+  // back into a directory it does not own.
+  if (daemon::running_from_build_tree()) add(URDMA_BUILD_LIBDIR);
   return dirs;
 }
 
@@ -70,11 +72,11 @@ int run_command(const RunOptions& options) {
   if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) path += std::string(":") + old;
   setenv("LD_LIBRARY_PATH", path.c_str(), 1);
 
-  // The library finds urdmad next to the program's executable or its own file, on $PATH or at
-  // the path it was built with; the program is not ours, so name the daemon this command found.
+  // The library finds the urdmad installed beside it (daemon/client.h); the program's libraries
+  // may come from elsewhere (URDMA_LIBDIR), so name the trusted daemon this command found.
   daemon::ClientOptions o;
   const std::string daemon_path = daemon::find_daemon_binary(o);
-  if (!daemon_path.empty() && !std::getenv("URDMA_DAEMON"))
+  if (!daemon_path.empty() && !secure_getenv("URDMA_DAEMON"))
     setenv("URDMA_DAEMON", canonical(daemon_path).c_str(), 1);
   if (options.start_daemon) {
     // Up before the program starts, so it does not pay for it; our connection closes at exec.

@@ -1,7 +1,9 @@
-// `urdma status` and `urdma devices`: what this network namespace's urdmad reports (the @urdma/v1
-// queries kQueryStatus, kQueryClients and kQueryGids), as text or JSON.
+// `urdma status` and `urdma devices`: what this network namespace's urdmad reports (the queries
+// kQueryStatus, kQueryClients and kQueryGids of daemon/protocol.h), as text or JSON. A system
+// daemon lists a user's own processes only (root: everyone's).
 #include <net/if.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -12,6 +14,7 @@
 
 #include "daemon/client.h"
 #include "daemon/daemon.h"
+#include "daemon/paths.h"
 #include "tools/urdma/commands.h"
 #include "tools/urdma/json.h"
 
@@ -28,7 +31,8 @@ using daemon::StatusInfo;
 constexpr char kDeviceName[] = "urdma0";
 
 struct Snapshot {
-  std::string socket_name;
+  std::string socket;
+  daemon::HelloInfo hello{};
   StatusInfo status{};
   ClientsPage page{};
   std::vector<ClientEntry> clients;
@@ -41,15 +45,19 @@ int query(bool spawn, bool want_clients, Snapshot* s, const char* who) {
   daemon::ClientOptions o;
   o.spawn = spawn;
   std::string detail;
-  s->socket_name = daemon::socket_name_from_env();
-  if (const int err = daemon::Client::connect_or_spawn(o, &client, &detail)) {
-    if (err == ECONNREFUSED)
-      std::cerr << who << ": urdmad is not running in this network namespace (@" << s->socket_name
-                << ")\n";
-    else
-      std::cerr << who << ": " << detail << '\n';
+  if (daemon::Client::connect_or_spawn(o, &client, &detail) != 0) {
+    std::cerr << who << ": " << detail << '\n';
+    // Another user's daemon may serve the namespace: say whose, not only that ours is absent.
+    const uint16_t port = daemon::udp_port_from_env();
+    if (const auto owner = daemon::udp_port_owner(port); owner && *owner != geteuid())
+      std::cerr << who << ": UDP port " << port << " of this network namespace is held by "
+                << daemon::owner_text(*owner)
+                << "; a system daemon (`systemctl enable --now urdmad.socket`, or `urdmad "
+                   "--system` as root) serves every user\n";
     return 1;
   }
+  s->socket = client.socket_path();
+  s->hello = client.daemon_info();
   int err = client.query_status(&s->status);
   if (err == 0 && want_clients) {
     err = client.query_clients(&s->page, &s->clients);
@@ -101,8 +109,6 @@ const char* role_name(uint16_t role) {
 
 const char* takeover_name(uint32_t t) {
   switch (t) {
-    case daemon::kTakeoverWaiting:
-      return "waiting for survivors";
     case daemon::kTakeoverGrace:
       return "took over, grace period";
     case daemon::kTakeoverDone:
@@ -150,12 +156,14 @@ void json_gids(JsonWriter& j, const std::vector<GidEntry>& gids) {
 
 void json_counters(JsonWriter& j, const daemon::CounterReport& r) {
   j.begin_object("counters");
-  for (size_t i = 0; i < daemon::kCounterCount; ++i) j.value(daemon::kCounterNames[i], r.counters[i]);
+  for (size_t i = 0; i < daemon::kCounterCount; ++i)
+    j.value(daemon::kCounterNames[i], r.counters[i]);
   j.end_object();
 }
 
 void print_gid_table(const std::vector<GidEntry>& gids, const char* indent) {
-  std::cout << indent << "GID  type     netdev      gid                                      "
+  std::cout << indent
+            << "GID  type     netdev      gid                                      "
                "address\n";
   for (const auto& g : gids) {
     std::cout << indent << std::left << std::setw(5) << g.index << std::setw(9) << "RoCE v2"
@@ -191,9 +199,18 @@ int print_status(const StatusOptions& options) {
     j.value("running", true);
     j.begin_object("daemon");
     j.value("pid", st.pid);
+    j.value("keeper_pid", s.page.keeper_pid);
+    j.value("restarts", s.page.restarts);
+    j.value("mode", s.page.mode == daemon::kModeSystem ? "system" : "user");
+    j.value("uid", s.page.daemon_uid);
+    if (s.page.viewer_uid == daemon::kAllUsers) {
+      j.value("shows", "all users");
+    } else {
+      j.value("shows", "uid " + std::to_string(s.page.viewer_uid));
+    }
     j.value("uptime_ms", s.page.uptime_ms);
     j.value("netns", netns_text(s.page.netns_inode));
-    j.value("socket", "@" + s.socket_name);
+    j.value("socket", s.socket);
     j.value("udp_port", uint32_t{st.udp_port});
     j.value("family", st.family == AF_INET6 ? "ipv6-dual-stack" : "ipv4");
     j.value("idle_timeout_ms", st.idle_timeout_ms);
@@ -269,10 +286,17 @@ int print_status(const StatusOptions& options) {
     return 0;
   }
 
-  std::cout << "urdmad: pid " << st.pid << ", up " << duration(s.page.uptime_ms)
-            << ", network namespace " << netns_text(s.page.netns_inode) << ", socket @"
-            << s.socket_name << '\n'
-            << "  UDP port " << st.udp_port
+  std::cout << "urdmad: pid " << st.pid << " (keeper " << s.page.keeper_pid << ", "
+            << s.page.restarts << " restarts), "
+            << (s.page.mode == daemon::kModeSystem
+                    ? std::string("system daemon")
+                    : "daemon of " + daemon::owner_text(s.page.daemon_uid))
+            << ", up " << duration(s.page.uptime_ms) << ", network namespace "
+            << netns_text(s.page.netns_inode) << ", socket " << s.socket << '\n';
+  if (s.page.viewer_uid != daemon::kAllUsers && s.page.mode == daemon::kModeSystem)
+    std::cout << "  showing the processes of " << daemon::owner_text(s.page.viewer_uid)
+              << " only (root sees every user's)\n";
+  std::cout << "  UDP port " << st.udp_port
             << (st.family == AF_INET6 ? " (IPv6 dual-stack)" : " (IPv4)") << ", "
             << (st.idle_timeout_ms ? "idle exit after " + duration(st.idle_timeout_ms)
                                    : std::string("no idle exit"))
@@ -281,12 +305,11 @@ int print_status(const StatusOptions& options) {
   std::cout << '\n'
             << "  since start: " << st.clients_accepted << " clients accepted, "
             << st.clients_refused << " refused, " << st.leases << " leases, " << st.reclaims
-            << " reclaimed, " << st.drained_datagrams << " datagrams drained, "
-            << st.mads_forwarded << " CM MADs forwarded, " << st.mads_dropped << " dropped\n"
+            << " reclaimed, " << st.drained_datagrams << " datagrams drained, " << st.mads_forwarded
+            << " CM MADs forwarded, " << st.mads_dropped << " dropped\n"
             << "CM answered by urdmad: " << st.cm_rejects_sent << " REJ/SIDR_REP (no listener), "
-            << st.cm_dreqs_sent << " DREQ (process died; " << st.cm_dreq_retries
-            << " repeated), " << st.cm_dreps_sent
-            << " DREP (no holder)\n\n"
+            << st.cm_dreqs_sent << " DREQ (process died; " << st.cm_dreq_retries << " repeated), "
+            << st.cm_dreps_sent << " DREP (no holder)\n\n"
             << "slots: " << st.slots_leased << " of " << st.slot_count - 1 << " leased ("
             << st.slot_count << " sockets)\n"
             << "  SLOT  STATE   PID      UID    QPNs\n"
@@ -342,7 +365,7 @@ int print_devices(const DevicesOptions& options) {
     j.value("name", kDeviceName);
     j.value("transport", "RoCE v2 (UDP port " + std::to_string(s.status.udp_port) + ")");
     j.value("daemon_pid", s.status.pid);
-    j.value("socket", "@" + s.socket_name);
+    j.value("socket", s.socket);
     j.value("port", 1);
     json_gids(j, s.gids);
     j.end_object();
@@ -352,7 +375,7 @@ int print_devices(const DevicesOptions& options) {
     return 0;
   }
   std::cout << kDeviceName << ": RoCE v2 over UDP port " << s.status.udp_port << ", urdmad pid "
-            << s.status.pid << " (@" << s.socket_name << ")\n"
+            << s.status.pid << " (" << s.socket << ")\n"
             << "  port 1, " << s.gids.size() << " GIDs (pass the index to -g of ibv_*_pingpong, "
             << "-x of perftest):\n";
   print_gid_table(s.gids, "    ");

@@ -1,9 +1,11 @@
-// urdmad: the urdma host agent of one network namespace. Started on demand by the library
-// (and exits when idle), or as a service with --foreground. See src/daemon/daemon.h.
+// urdmad: the urdma host agent of one network namespace. Started on demand by the library as the
+// user's own daemon (and exits when idle), or as the namespace's system daemon for every user
+// (--system, or systemd's urdmad.socket). See src/daemon/supervisor.h and daemon.h.
 #include <CLI/CLI.hpp>
 
 #include <net/if.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -11,33 +13,19 @@
 #include <iostream>
 
 #include "daemon/client.h"
-#include "daemon/daemon.h"
+#include "daemon/paths.h"
+#include "daemon/supervisor.h"
 
 namespace {
 
-// Tells the process that spawned us (src/daemon/client.cc) how start-up went.
-void report_status(int fd, int err, const std::string& reason) {
-  if (fd < 0) return;
-  urdma::daemon::SpawnStatus st{urdma::daemon::kSpawnStarted, err, {}};
-  std::strncpy(st.reason, reason.c_str(), sizeof st.reason - 1);
-  (void)!write(fd, &st, sizeof st);
-  close(fd);
-}
+using namespace urdma::daemon;
 
 // `urdmad --status`: what the namespace's daemon reports, without starting one.
-int print_status(const std::string& socket_name) {
-  using namespace urdma::daemon;
+int print_status(const ClientOptions& o) {
   Client client;
   std::string detail;
-  ClientOptions o;
-  o.socket_name = socket_name;
-  o.spawn = false;
-  if (const int err = Client::connect_or_spawn(o, &client, &detail)) {
-    std::cerr << "urdmad: "
-              << (err == ECONNREFUSED
-                      ? "not running in this network namespace (@" + socket_name + ")"
-                      : detail)
-              << '\n';
+  if (Client::connect_or_spawn(o, &client, &detail) != 0) {
+    std::cerr << "urdmad: " << detail << '\n';
     return 1;
   }
   StatusInfo st{};
@@ -48,7 +36,10 @@ int print_status(const std::string& socket_name) {
     std::cerr << "urdmad: " << std::strerror(err) << '\n';
     return 1;
   }
-  std::cout << "urdmad pid " << st.pid << " on @" << socket_name << ": UDP port " << st.udp_port
+  const HelloInfo& h = client.daemon_info();
+  std::cout << "urdmad pid " << st.pid << " (keeper " << h.keeper_pid << ", "
+            << (h.mode == kModeSystem ? "system daemon" : "daemon of " + owner_text(h.uid))
+            << ") on " << client.socket_path() << ": UDP port " << st.udp_port
             << (st.family == AF_INET6 ? " (IPv6 dual-stack)" : " (IPv4)") << ", "
             << (st.idle_timeout_ms ? "idle exit after " + std::to_string(st.idle_timeout_ms) + " ms"
                                    : std::string("no idle exit"))
@@ -70,71 +61,107 @@ int print_status(const std::string& socket_name) {
   return 0;
 }
 
+// A number from the environment (secure_getenv), or `fallback`.
+template <class T>
+T env_or(const char* name, T fallback) {
+  const char* v = secure_getenv(name);
+  return v && *v ? static_cast<T>(std::strtoul(v, nullptr, 10)) : fallback;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  using urdma::daemon::DaemonOptions;
   CLI::App app{
       "urdmad: the urdma host agent. Owns the RoCEv2 UDP port through a group of steered slot "
       "sockets, hands one to each process, keeps the GID table. One per network namespace."};
-  DaemonOptions options;
-  options.socket_name = urdma::daemon::socket_name_from_env();
-  options.udp_port = urdma::daemon::udp_port_from_env();
+  SupervisorOptions so;
+  DaemonOptions& options = so.daemon;
+  options.udp_port = udp_port_from_env();
+  options.slot_count = env_or<unsigned>("URDMA_SLOTS", options.slot_count);
+  options.takeover_grace_ms =
+      env_or<uint32_t>("URDMA_TAKEOVER_GRACE_MS", options.takeover_grace_ms);
+  options.hello_timeout_ms = env_or<uint32_t>("URDMA_HELLO_TIMEOUT_MS", options.hello_timeout_ms);
+  uint32_t idle_timeout_ms = env_or<uint32_t>("URDMA_IDLE_TIMEOUT_MS", 30000);
   bool foreground = false;
   bool ipv4_only = false;
-  int status_fd = -1;
-  uint32_t idle_timeout_ms = 30000;
-  if (const char* env = std::getenv("URDMA_IDLE_TIMEOUT_MS"); env && *env)
-    idle_timeout_ms = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
-  if (const char* env = std::getenv("URDMA_SLOTS"); env && *env)
-    options.slot_count = static_cast<unsigned>(std::strtoul(env, nullptr, 10));
-  if (const char* env = std::getenv("URDMA_TAKEOVER_WAIT_MS"); env && *env)
-    options.takeover_wait_ms = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
-  if (const char* env = std::getenv("URDMA_TAKEOVER_GRACE_MS"); env && *env)
-    options.takeover_grace_ms = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
+  std::string runtime_dir;
   app.add_flag("--foreground", foreground,
                "run as a service: log to stderr, no idle exit unless --idle-timeout-ms is given");
+  app.add_flag("--system", options.system,
+               "serve every user of the namespace (root, or systemd's urdmad.socket); each user "
+               "sees and reaches only their own processes");
+  app.add_option("--runtime-dir", runtime_dir,
+                 "the per-user daemon's directory (default: the one the library would choose)");
   auto* idle = app.add_option("--idle-timeout-ms", idle_timeout_ms,
                               "exit after this long without clients (0: never; "
                               "default 30000 or $URDMA_IDLE_TIMEOUT_MS)");
   app.add_option("--port", options.udp_port, "UDP port of RoCEv2 (default 4791 or $URDMA_UDP_PORT)")
       ->default_val(options.udp_port);
-  app.add_option("--socket-name", options.socket_name,
-                 "abstract unix socket name (default urdma/v1 or $URDMA_SOCKET)")
-      ->default_val(options.socket_name);
   app.add_option("--slots", options.slot_count,
                  "slot sockets in the group, slot 0 included (default 64 or $URDMA_SLOTS)")
       ->default_val(options.slot_count)
-      ->check(CLI::Range(urdma::daemon::kMinSlots, urdma::daemon::kMaxSlots));
+      ->check(CLI::Range(kMinSlots, kMaxSlots));
   app.add_flag("--ipv4-only", ipv4_only, "bind 0.0.0.0 instead of dual-stack [::]");
-  app.add_option("--takeover-wait-ms", options.takeover_wait_ms,
-                 "when the port is held by the group of an earlier urdmad, wait this long for a "
-                 "running process to hand it over (default 3000 or $URDMA_TAKEOVER_WAIT_MS)")
-      ->default_val(options.takeover_wait_ms);
   app.add_option("--takeover-grace-ms", options.takeover_grace_ms,
-                 "after the first process handed the group over, hold new leases this long for "
-                 "the others (default 500 or $URDMA_TAKEOVER_GRACE_MS)")
+                 "after a restart, hold new leases this long for the survivors to reattach "
+                 "(default 500 or $URDMA_TAKEOVER_GRACE_MS)")
       ->default_val(options.takeover_grace_ms);
+  app.add_option("--hello-timeout-ms", options.hello_timeout_ms,
+                 "close a connection that has not greeted within this (default 2000)")
+      ->default_val(options.hello_timeout_ms);
+  app.add_option("--max-clients-per-user", options.max_clients_per_user,
+                 "connections one user may have open (default 256)")
+      ->default_val(options.max_clients_per_user);
+  app.add_option("--max-clients-per-process", options.max_clients_per_process,
+                 "connections one process may have open (default 16)")
+      ->default_val(options.max_clients_per_process);
+  unsigned max_slots_per_user = 0;
+  auto* slots_per_user = app.add_option(
+      "--max-slots-per-user", max_slots_per_user,
+      "slots one user may hold at once on a system daemon (default: three quarters of them)");
   app.add_flag("-v,--verbose", options.verbose, "log clients and slots to stderr");
   bool status = false;
   app.add_flag("--status", status,
                "print the running daemon's slots, counters and GID table (starts none)");
-  app.add_option("--status-fd", status_fd, "write the start-up result here (used by the library)");
+  app.add_option("--status-fd", so.status_fd,
+                 "write the start-up result here (used by the library)");
   CLI11_PARSE(app, argc, argv);
 
-  if (status) return print_status(options.socket_name);
+  if (status) {
+    ClientOptions o;
+    o.spawn = false;
+    o.runtime_dir = runtime_dir;
+    return print_status(o);
+  }
   options.allow_ipv6 = !ipv4_only;
   options.idle_timeout_ms = foreground && idle->count() == 0 ? 0 : idle_timeout_ms;
   if (foreground) options.verbose = true;
+  options.max_slots_per_user = slots_per_user->count() ? max_slots_per_user
+                               : options.system        ? (options.slot_count - 1) * 3 / 4
+                                                       : 0;
 
-  int err = 0;
-  std::string error;
-  auto daemon = urdma::daemon::Daemon::create(options, &err, &error);
-  if (!daemon) {
-    std::cerr << "urdmad: " << error << '\n';
-    report_status(status_fd, err, error);
-    return err == EADDRINUSE ? 3 : 1;
+  const uint64_t netns = netns_inode();
+  std::string why;
+  if (options.system) {
+    so.endpoint = system_endpoint(netns);
+    // The system directory is root's: made here when root starts the first system daemon.
+    if (mkdir(so.endpoint.dir.c_str(), 0755) != 0 && errno != EEXIST) why = so.endpoint.dir;
+    if (why.empty() && !trusted_path(so.endpoint.dir, 0, &why)) why = "refusing it: " + why;
+  } else if (!runtime_dir.empty()) {
+    so.endpoint = endpoint_in(runtime_dir, netns, false);
+    if (!trusted_path(runtime_dir, geteuid(), &why)) why = "refusing it: " + why;
+  } else if (user_endpoint(geteuid(), netns, &so.endpoint, &why) == 0) {
+    why.clear();
   }
-  report_status(status_fd, 0, "");
-  return daemon->run();
+  // Under systemd the socket is systemd's: no directory of ours is needed.
+  if (!why.empty() && !std::getenv("LISTEN_FDS")) {
+    std::cerr << "urdmad: no usable directory for the socket: " << why << '\n';
+    if (so.status_fd >= 0) {
+      SpawnStatus st{kSpawnStarted, EACCES, {}};
+      std::strncpy(st.reason, why.c_str(), sizeof st.reason - 1);
+      (void)!write(so.status_fd, &st, sizeof st);
+    }
+    return 1;
+  }
+  return run_supervisor(std::move(so));
 }

@@ -43,32 +43,32 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
-#include <chrono>
-#include <condition_variable>
 #include <mutex>
-#include <random>
 #include <optional>
 #include <set>
 #include <span>
 #include <thread>
 #include <vector>
 
+#include "base/secure_random.h"
 #include "cm/manager.h"
 #include "daemon/client.h"
 #include "daemon/protocol.h"
 #include "net/clock.h"
 #include "runtime/runtime.h"
 #include "verbs/internal.h"
+#include "wire/cm.h"
 #include "wire/headers.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
 #include "wire/packet.h"
-#include "wire/cm.h"
 #include "wire/rdma_cm_ip.h"
 
 #define URDMA_EXPORT extern "C" __attribute__((visibility("default")))
@@ -88,8 +88,17 @@ struct Channel {
   std::deque<rdma_cm_event*> queue;
 };
 
-enum class IdState { kIdle, kBound, kAddrResolved, kRouteResolved, kListening, kConnecting,
-                     kRequest, kConnected, kDisconnected };
+enum class IdState {
+  kIdle,
+  kBound,
+  kAddrResolved,
+  kRouteResolved,
+  kListening,
+  kConnecting,
+  kRequest,
+  kConnected,
+  kDisconnected
+};
 
 struct Id {
   rdma_cm_id id;  // first
@@ -97,6 +106,7 @@ struct Id {
   IdState state = IdState::kIdle;
   bool has_conn = false;
   ConnId conn = 0;
+  bool reported_up = false;  // urdmad knows the connection (report_up_locked)
   uint64_t listen_sid = 0;
   bool listening = false;
   bool claimed = false;  // listen_sid is registered with urdmad (rdma_bind_addr or rdma_listen)
@@ -112,7 +122,7 @@ struct Id {
   bool has_ep_attr = false;
   ibv_qp_init_attr ep_attr{};
   ibv_pd* ep_pd = nullptr;
-  bool own_cqs = false;  // rdma_create_qp made the CQs and their channels
+  bool own_cqs = false;    // rdma_create_qp made the CQs and their channels
   ibv_sa_path_rec path{};  // id.route.path_rec once the route is resolved (or the REQ arrived)
   // rdma_set_option: the route's traffic class (taken at rdma_resolve_route, as Linux's
   // cma_resolve_iboe_route takes id_priv->tos) and the QP's local ACK timeout, which replaces
@@ -164,7 +174,9 @@ bool take_count_nowait(int fd) {
   return taken;
 }
 
-bool is_ud_ps(rdma_port_space ps) { return ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB; }
+bool is_ud_ps(rdma_port_space ps) {
+  return ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB;
+}
 
 bool gid_is_v4(const Gid& g) {
   static constexpr uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
@@ -186,8 +198,7 @@ void set_sockaddr(sockaddr_storage* out, const Gid& g, uint16_t port_host) {
 }
 uint16_t port_of(const sockaddr* sa) {
   if (sa->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
-  if (sa->sa_family == AF_INET6)
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
+  if (sa->sa_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
   return 0;
 }
 size_t sockaddr_size(const sockaddr* sa) {
@@ -196,10 +207,14 @@ size_t sockaddr_size(const sockaddr* sa) {
 
 urdma::wire::RdmaPortSpace port_space(rdma_port_space ps) {
   switch (ps) {
-    case RDMA_PS_UDP: return urdma::wire::RdmaPortSpace::kUdp;
-    case RDMA_PS_IB: return urdma::wire::RdmaPortSpace::kIb;
-    case RDMA_PS_IPOIB: return urdma::wire::RdmaPortSpace::kIpoib;
-    default: return urdma::wire::RdmaPortSpace::kTcp;
+    case RDMA_PS_UDP:
+      return urdma::wire::RdmaPortSpace::kUdp;
+    case RDMA_PS_IB:
+      return urdma::wire::RdmaPortSpace::kIb;
+    case RDMA_PS_IPOIB:
+      return urdma::wire::RdmaPortSpace::kIpoib;
+    default:
+      return urdma::wire::RdmaPortSpace::kTcp;
   }
 }
 
@@ -235,6 +250,10 @@ class Cma {
   void pump_locked();
   // Under mu: the id's connection and listen are forgotten, and the peer hears what it must.
   void release_locked(Id* x);
+  // urdmad releases (DREQ) the connections a process established if it dies, and learns them
+  // from the process only (daemon/cm_agent.h): up when established, down when it ends.
+  void report_up_locked(Id* id);
+  void report_down_locked(Id* id);
   // Under mu: the service ID of a bound id is registered with urdmad, so a REQ that comes before
   // rdma_listen waits here for it (Linux answers it REJ 8; qperf 0.4.11 sends its port to the
   // client before calling rdma_listen, and about one first connection in ten lost that race).
@@ -276,7 +295,8 @@ class Cma {
   void to_error_locked(Id* id);
 
   urdma::net::MonotonicClock clock_;
-  std::mt19937_64 rng_{std::random_device{}()};
+  // PSNs, the comm ID and TID bases and ports: what a peer could guess comes from getrandom(2).
+  urdma::base::SecureRandom rng_;
   urdma::daemon::Client mad_channel_;  // the CM thread's alone once it runs
   unsigned slot_ = 0;
   int send_fd_ = -1;
@@ -321,7 +341,8 @@ int Cma::open_locked() {
 
   std::string why;
   slot_ = slot->info.slot;
-  if (int e = urdma::daemon::Client::connect_or_spawn({}, &mad_channel_, &why)) return open_errno = e;
+  if (int e = urdma::daemon::Client::connect_or_spawn({}, &mad_channel_, &why))
+    return open_errno = e;
   if (int e = mad_channel_.open_mad_channel(slot_)) return open_errno = e;
 
   ibv_device_attr dattr{};
@@ -330,6 +351,7 @@ int Cma::open_locked() {
   cfg.local_ca_guid = be64toh(ibv_get_device_guid(verbs->device));
   cfg.seed = rng_();
   cfg.tid_high = static_cast<uint32_t>(rng_());
+  cfg.random = [r = urdma::base::SecureRandom()]() mutable { return r(); };
   if (ibv_query_device(verbs, &dattr) == 0) {
     cfg.max_initiator_depth = static_cast<uint8_t>(std::min(dattr.max_qp_rd_atom, 255));
     cfg.max_responder_resources = static_cast<uint8_t>(std::min(dattr.max_qp_init_rd_atom, 255));
@@ -436,8 +458,9 @@ void Cma::loop() {
     int timeout_ms = -1;
     if (deadline != urdma::net::kNever) {
       const uint64_t now = clock_.now_ns();
-      timeout_ms = deadline <= now ? 0 : static_cast<int>(std::min<uint64_t>(
-                                              (deadline - now + 999'999) / 1'000'000, 60'000));
+      timeout_ms = deadline <= now ? 0
+                                   : static_cast<int>(std::min<uint64_t>(
+                                         (deadline - now + 999'999) / 1'000'000, 60'000));
     }
     // A negative fd is skipped by poll: only the wake-up and the timers while the channel is down.
     pollfd fds[2] = {{mad_channel_.connected() ? mad_channel_.fd() : -1, POLLIN, 0},
@@ -497,8 +520,8 @@ void Cma::receive_locked(const urdma::daemon::MadDelivery& info,
   if (const auto sid = request_service_id(parsed->payload()); sid && claimed.count(*sid)) {
     auto& waiting = parked[*sid];
     if (waiting.size() < kMaxParked) {
-      waiting.push_back({src, parsed->deth()->src_qp(),
-                         {parsed->payload().begin(), parsed->payload().end()}});
+      waiting.push_back(
+          {src, parsed->deth()->src_qp(), {parsed->payload().begin(), parsed->payload().end()}});
       return;
     }
   }
@@ -555,9 +578,9 @@ void Cma::send_mad_locked(const urdma::cm::OutgoingMad& m) {
     if (probe < 0) return;
     sockaddr_storage local{};
     socklen_t len = sizeof local;
-    const bool routed =
-        connect(probe, reinterpret_cast<sockaddr*>(&dst), sockaddr_size(reinterpret_cast<sockaddr*>(&dst))) == 0 &&
-        getsockname(probe, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+    const bool routed = connect(probe, reinterpret_cast<sockaddr*>(&dst),
+                                sockaddr_size(reinterpret_cast<sockaddr*>(&dst))) == 0 &&
+                        getsockname(probe, reinterpret_cast<sockaddr*>(&local), &len) == 0;
     close(probe);
     if (!routed) return;
     src = gid_of(reinterpret_cast<sockaddr*>(&local));
@@ -787,6 +810,7 @@ void Cma::pump_locked() {
         if (err == 0) err = manager->establish(ev.id).error();
         if (err == 0) {
           id->state = IdState::kConnected;
+          report_up_locked(id);
           queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &ev);
         } else {
           to_error_locked(id);
@@ -797,6 +821,7 @@ void Cma::pump_locked() {
       }
       case T::kEstablished:  // the passive side's RTU (its QP moved at rdma_accept)
         id->state = IdState::kConnected;
+        report_up_locked(id);
         queue_event(id, RDMA_CM_EVENT_ESTABLISHED, 0, &ev);
         break;
       case T::kRejected: {
@@ -819,6 +844,7 @@ void Cma::pump_locked() {
           id->state = IdState::kDisconnected;
           queue_event(id, RDMA_CM_EVENT_DISCONNECTED, 0, &ev);
         }
+        report_down_locked(id);
         break;
       case T::kTimewaitExit:
         queue_event(id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
@@ -833,8 +859,29 @@ void Cma::pump_locked() {
 // Linux ib_destroy_cm_id, through Manager::destroy: a DREP for a DREQ received (qperf's server
 // takes DISCONNECTED and never calls rdma_disconnect: without this the client waited for its
 // DREQ's retransmission, ~6 s), a DREQ for an established connection, a REJ for a pending one.
+void Cma::report_up_locked(Id* id) {
+  if (!slot_client || !id->has_conn || id->reported_up) return;
+  const auto peer = manager->peer(id->conn);
+  if (!peer) return;
+  urdma::daemon::ConnRecord r{};
+  r.local_comm_id = id->conn;
+  r.remote_comm_id = peer->remote_comm_id;
+  r.remote_qpn = peer->remote_qpn;
+  std::memcpy(r.local_address, peer->local_gid.data(), sizeof r.local_address);
+  std::memcpy(r.peer_address, peer->remote_gid.data(), sizeof r.peer_address);
+  // Best effort: a daemon that refuses it (ENOSPC) only sends no DREQ for it.
+  id->reported_up = slot_client->conn_up(r) == 0;
+}
+
+void Cma::report_down_locked(Id* id) {
+  if (!id->reported_up) return;
+  id->reported_up = false;
+  if (slot_client) (void)slot_client->conn_down(id->conn);
+}
+
 void Cma::release_locked(Id* x) {
   unclaim_locked(x);
+  report_down_locked(x);
   if (x->has_conn) {
     manager->destroy(x->conn);
     by_conn.erase(x->conn);
@@ -953,23 +1000,40 @@ URDMA_EXPORT int rdma_ack_cm_event(rdma_cm_event* event) {
 
 URDMA_EXPORT const char* rdma_event_str(rdma_cm_event_type event) {
   switch (event) {
-    case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
-    case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
-    case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
-    case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
-    case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
-    case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
-    case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
-    case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
-    case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
-    case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
-    case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
-    case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
-    case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
-    case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
-    case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
-    case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
-    default: return "UNKNOWN EVENT";
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      return "RDMA_CM_EVENT_ADDR_RESOLVED";
+    case RDMA_CM_EVENT_ADDR_ERROR:
+      return "RDMA_CM_EVENT_ADDR_ERROR";
+    case RDMA_CM_EVENT_ROUTE_RESOLVED:
+      return "RDMA_CM_EVENT_ROUTE_RESOLVED";
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+      return "RDMA_CM_EVENT_ROUTE_ERROR";
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+      return "RDMA_CM_EVENT_CONNECT_REQUEST";
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+      return "RDMA_CM_EVENT_CONNECT_RESPONSE";
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+      return "RDMA_CM_EVENT_CONNECT_ERROR";
+    case RDMA_CM_EVENT_UNREACHABLE:
+      return "RDMA_CM_EVENT_UNREACHABLE";
+    case RDMA_CM_EVENT_REJECTED:
+      return "RDMA_CM_EVENT_REJECTED";
+    case RDMA_CM_EVENT_ESTABLISHED:
+      return "RDMA_CM_EVENT_ESTABLISHED";
+    case RDMA_CM_EVENT_DISCONNECTED:
+      return "RDMA_CM_EVENT_DISCONNECTED";
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      return "RDMA_CM_EVENT_DEVICE_REMOVAL";
+    case RDMA_CM_EVENT_MULTICAST_JOIN:
+      return "RDMA_CM_EVENT_MULTICAST_JOIN";
+    case RDMA_CM_EVENT_MULTICAST_ERROR:
+      return "RDMA_CM_EVENT_MULTICAST_ERROR";
+    case RDMA_CM_EVENT_ADDR_CHANGE:
+      return "RDMA_CM_EVENT_ADDR_CHANGE";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+      return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+    default:
+      return "UNKNOWN EVENT";
   }
 }
 
@@ -991,7 +1055,9 @@ URDMA_EXPORT ibv_context** rdma_get_devices(int* num_devices) {
   return list;
 }
 
-URDMA_EXPORT void rdma_free_devices(ibv_context** list) { free(list); }
+URDMA_EXPORT void rdma_free_devices(ibv_context** list) {
+  free(list);
+}
 
 // ---- ids ----
 
@@ -1197,7 +1263,8 @@ static int rdma_resolve_addr_async(rdma_cm_id* id, sockaddr* src_addr, sockaddr*
     reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(urdma::wire::kRoceV2UdpPort);
     sockaddr_storage local{};
     socklen_t len = sizeof local;
-    if (probe < 0 || connect(probe, reinterpret_cast<sockaddr*>(&dst), sockaddr_size(dst_addr)) != 0 ||
+    if (probe < 0 ||
+        connect(probe, reinterpret_cast<sockaddr*>(&dst), sockaddr_size(dst_addr)) != 0 ||
         getsockname(probe, reinterpret_cast<sockaddr*>(&local), &len) != 0)
       status = -EHOSTUNREACH;
     if (probe >= 0) close(probe);
@@ -1299,9 +1366,11 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
     ibv_comp_channel* sch = ibv_create_comp_channel(x->id.verbs);
     ibv_comp_channel* rch = ibv_create_comp_channel(x->id.verbs);
     ibv_cq* scq = sch ? ibv_create_cq(x->id.verbs, std::max<int>(qp_init_attr->cap.max_send_wr, 1),
-                                      &x->id, sch, 0) : nullptr;
+                                      &x->id, sch, 0)
+                      : nullptr;
     ibv_cq* rcq = rch ? ibv_create_cq(x->id.verbs, std::max<int>(qp_init_attr->cap.max_recv_wr, 1),
-                                      &x->id, rch, 0) : nullptr;
+                                      &x->id, rch, 0)
+                      : nullptr;
     if (!scq || !rcq) {
       const int e = errno ? errno : ENOMEM;
       if (scq) ibv_destroy_cq(scq);
@@ -1344,12 +1413,13 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
   rtr.qp_state = IBV_QPS_RTR;
   rts.qp_state = IBV_QPS_RTS;
   rts.sq_psn = c.random_psn();
-  if (ud ? (ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                         IBV_QP_QKEY) != 0 ||
+  if (ud ? (ibv_modify_qp(qp, &attr,
+                          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) != 0 ||
             ibv_modify_qp(qp, &rtr, IBV_QP_STATE) != 0 ||
             ibv_modify_qp(qp, &rts, IBV_QP_STATE | IBV_QP_SQ_PSN) != 0)
          : ibv_modify_qp(qp, &attr,
-                         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+                         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) !=
+               0) {
     const int e = errno;
     ibv_destroy_qp(qp);
     drop_cqs();
@@ -1374,7 +1444,8 @@ URDMA_EXPORT int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
   a.cap = attr->cap;
   a.qp_type = attr->qp_type;
   a.sq_sig_all = attr->sq_sig_all;
-  const int r = rdma_create_qp(id, (attr->comp_mask & IBV_QP_INIT_ATTR_PD) ? attr->pd : nullptr, &a);
+  const int r =
+      rdma_create_qp(id, (attr->comp_mask & IBV_QP_INIT_ATTR_PD) ? attr->pd : nullptr, &a);
   attr->cap = a.cap;
   return r;
 }
@@ -1476,8 +1547,8 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
     urdma::cm::SidrQueryParams sp;
     sp.path.local_gid = x->sgid;
     sp.path.remote_gid = x->dgid;
-    sp.service_id = urdma::wire::rdma_service_id(port_space(x->id.ps),
-                                                 port_of(&x->id.route.addr.dst_addr));
+    sp.service_id =
+        urdma::wire::rdma_service_id(port_space(x->id.ps), port_of(&x->id.route.addr.dst_addr));
     sp.ip = cma_address(*x);
     if (p && p->private_data)
       sp.private_data = {static_cast<const uint8_t*>(p->private_data), p->private_data_len};
@@ -1794,10 +1865,12 @@ URDMA_EXPORT int rdma_create_ep(rdma_cm_id** id, rdma_addrinfo* res, ibv_pd* pd,
                                 ibv_qp_init_attr* qp_init_attr) {
   if (!id || !res) return fail(EINVAL);
   rdma_cm_id* cm = nullptr;
-  const auto ps = res->ai_port_space ? static_cast<rdma_port_space>(res->ai_port_space) : RDMA_PS_TCP;
+  const auto ps =
+      res->ai_port_space ? static_cast<rdma_port_space>(res->ai_port_space) : RDMA_PS_TCP;
   if (rdma_create_id(nullptr, &cm, nullptr, ps) != 0) return -1;
   // rdma-core's rdma_create_ep: the QP type is the address info's.
-  if (qp_init_attr && res->ai_qp_type) qp_init_attr->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
+  if (qp_init_attr && res->ai_qp_type)
+    qp_init_attr->qp_type = static_cast<ibv_qp_type>(res->ai_qp_type);
   int r;
   if (res->ai_flags & RAI_PASSIVE) {
     r = res->ai_src_addr ? rdma_bind_addr(cm, res->ai_src_addr) : fail(EINVAL);
@@ -1862,8 +1935,8 @@ URDMA_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
 // rdma_getaddrinfo(3) for IP addresses: getaddrinfo's first answer becomes the destination (the
 // source with RAI_PASSIVE); the hints' source address is kept. No route or connect data (no SA:
 // the route is resolved locally). Returns getaddrinfo's error codes, as rdma-core does.
-URDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service,
-                                  const rdma_addrinfo* hints, rdma_addrinfo** res) {
+URDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
+                                  rdma_addrinfo** res) {
   if (!res || (!node && !service)) {
     errno = EINVAL;
     return EAI_FAIL;
@@ -1928,17 +2001,27 @@ URDMA_EXPORT void rdma_freeaddrinfo(rdma_addrinfo* res) {
     res = next;
   }
 }
-URDMA_EXPORT int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) { return fail(ENOSYS); }
+URDMA_EXPORT int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) {
+  return fail(ENOSYS);
+}
 URDMA_EXPORT int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) {
   return fail(ENOSYS);
 }
-URDMA_EXPORT int rdma_leave_multicast(rdma_cm_id*, sockaddr*) { return fail(ENOSYS); }
-URDMA_EXPORT int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
-URDMA_EXPORT int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return fail(EOPNOTSUPP); }
+URDMA_EXPORT int rdma_leave_multicast(rdma_cm_id*, sockaddr*) {
+  return fail(ENOSYS);
+}
+URDMA_EXPORT int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) {
+  return fail(EOPNOTSUPP);
+}
+URDMA_EXPORT int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) {
+  return fail(EOPNOTSUPP);
+}
 
 // rsockets (rdma/rsocket.h): not built. Each sets errno ENOSYS and returns -1.
 #define URDMA_RSOCKET_STUB(name) \
-  URDMA_EXPORT long name(...) { return fail(ENOSYS); }
+  URDMA_EXPORT long name(...) {  \
+    return fail(ENOSYS);         \
+  }
 extern "C" {
 URDMA_RSOCKET_STUB(rsocket)
 URDMA_RSOCKET_STUB(rbind)

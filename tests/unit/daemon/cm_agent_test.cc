@@ -156,21 +156,6 @@ TEST(CmAgent, IcrcOkChecksTheFlowAndTheBytes) {
   }
 }
 
-CmMad rtu(uint32_t from, uint32_t to) {
-  return mad<wire::CmRtu>([&](wire::CmRtu r) {
-    r.set_local_comm_id(from);
-    r.set_remote_comm_id(to);
-  });
-}
-
-CmMad rep(uint32_t from, uint32_t to, uint32_t qpn) {
-  return mad<wire::CmRep>([&](wire::CmRep r) {
-    r.set_local_comm_id(from);
-    r.set_remote_comm_id(to);
-    r.set_local_qpn(qpn);
-  });
-}
-
 CmMad dreq(uint32_t from, uint32_t to) {
   return mad<wire::CmDreq>([&](wire::CmDreq d) {
     d.set_local_comm_id(from);
@@ -192,87 +177,50 @@ void expect_dreq_for(const PeerConn& c, uint32_t own, uint32_t peer, uint32_t pe
   for (uint8_t b : d.private_data()) ASSERT_EQ(b, 0);
 }
 
-TEST(ConnTable, PassiveSideLearnsFromReqThenRtu) {
+TEST(ConnTable, AReportedConnectionIsReleasedWithADreqNamingThePeer) {
   ConnTable t;
-  t.observe(3, kPeer, kLocal, req());
-  EXPECT_EQ(t.established(3), 0u) << "a REQ alone is no connection";
-  t.observe(3, kPeer, kLocal, rtu(kPeerId, kOwnId));
+  const PeerConn c{kOwnId, kPeerId, kPeerQpn, kLocal, kPeer};
+  ASSERT_EQ(t.add(3, c), 0);
   ASSERT_EQ(t.established(3), 1u);
   const auto conns = t.reclaim(3);
   ASSERT_EQ(conns.size(), 1u);
-  EXPECT_EQ(conns[0], (PeerConn{kOwnId, kPeerId, kPeerQpn, kLocal, kPeer}));
+  EXPECT_EQ(conns[0], c);
   expect_dreq_for(conns[0], kOwnId, kPeerId, kPeerQpn);
   EXPECT_TRUE(t.reclaim(3).empty()) << "a slot is reclaimed once";
 }
 
-TEST(ConnTable, RtuFromAnotherPeerOrWithoutReqIsIgnored) {
+TEST(ConnTable, OnlyTheSlotsOwnCommIdsAndAtMostTheBound) {
   ConnTable t;
-  t.observe(3, kPeer, kLocal, rtu(kPeerId, kOwnId));
-  t.observe(3, kPeer, kLocal, req());
-  t.observe(3, net::Address::from_v4(10, 99, 0, 9), kLocal, rtu(kPeerId, kOwnId));
-  EXPECT_EQ(t.established(3), 0u);
+  EXPECT_EQ(t.add(4, PeerConn{kOwnId, kPeerId, kPeerQpn, kLocal, kPeer}), EINVAL)
+      << "slot 3's comm ID reported on slot 4";
+  EXPECT_EQ(t.established(4), 0u);
+  for (uint32_t i = 0; i < ConnTable::kMaxConnsPerSlot; ++i)
+    ASSERT_EQ(t.add(3, PeerConn{comm_id_for_slot(3, i + 1), i, 1, kLocal, kPeer}), 0) << i;
+  EXPECT_EQ(t.add(3, PeerConn{comm_id_for_slot(3, 0xFFFFF), 1, 1, kLocal, kPeer}), ENOSPC);
+  EXPECT_EQ(t.add(3, PeerConn{comm_id_for_slot(3, 1), 7, 1, kLocal, kPeer}), 0)
+      << "a known connection may be reported again";
+  EXPECT_EQ(t.established(3), ConnTable::kMaxConnsPerSlot);
 }
 
-TEST(ConnTable, ActiveSideLearnsFromRep) {
+TEST(ConnTable, ADownConnectionIsNotReleased) {
   ConnTable t;
-  t.observe(3, kPeer, kLocal, rep(kPeerId, kOwnId, 0x99));
+  const uint32_t a = comm_id_for_slot(3, 1), b = comm_id_for_slot(3, 2);
+  ASSERT_EQ(t.add(3, PeerConn{a, 11, 0x21, kLocal, kPeer}), 0);
+  ASSERT_EQ(t.add(3, PeerConn{b, 12, 0x22, kLocal, kPeer}), 0);
+  EXPECT_EQ(t.remove(3, a), 0);
+  EXPECT_EQ(t.remove(3, a), ENOENT);
+  EXPECT_EQ(t.remove(4, b), ENOENT) << "another slot's";
   const auto conns = t.reclaim(3);
   ASSERT_EQ(conns.size(), 1u);
-  expect_dreq_for(conns[0], kOwnId, kPeerId, 0x99);
-  EXPECT_EQ(conns[0].peer, kPeer);
-  EXPECT_EQ(conns[0].local, kLocal);
-}
-
-TEST(ConnTable, DreqDrepAndRejEndAConnection) {
-  ConnTable t;
-  const uint32_t a = comm_id_for_slot(3, 1), b = comm_id_for_slot(3, 2), c = comm_id_for_slot(3, 3),
-                 d = comm_id_for_slot(3, 4);
-  t.observe(3, kPeer, kLocal, rep(11, a, 0x21));
-  t.observe(3, kPeer, kLocal, rep(12, b, 0x22));
-  t.observe(3, kPeer, kLocal, rep(13, c, 0x23));
-  t.observe(3, kPeer, kLocal, rep(14, d, 0x24));
-  ASSERT_EQ(t.established(3), 4u);
-  t.observe(3, kPeer, kLocal, dreq(11, a));  // the peer disconnects
-  t.observe(3, kPeer, kLocal, mad<wire::CmDrep>([&](wire::CmDrep r) {
-              r.set_local_comm_id(12);  // the peer answers the process's DREQ
-              r.set_remote_comm_id(b);
-            }));
-  t.observe(3, kPeer, kLocal, mad<wire::CmRej>([&](wire::CmRej r) {
-              r.set_local_comm_id(13);
-              r.set_remote_comm_id(c);
-            }));
-  t.observe(3, kPeer, kLocal, dreq(99, d));  // another peer's ID: not this connection's
-  const auto conns = t.reclaim(3);
-  ASSERT_EQ(conns.size(), 1u);
-  EXPECT_EQ(conns[0].local_comm_id, d);
+  EXPECT_EQ(conns[0].local_comm_id, b);
 }
 
 TEST(ConnTable, SlotsAreApart) {
   ConnTable t;
-  t.observe(3, kPeer, kLocal, rep(kPeerId, kOwnId, 1));
-  t.observe(4, kPeer, kLocal, rep(kPeerId + 1, comm_id_for_slot(4, 1), 2));
+  ASSERT_EQ(t.add(3, PeerConn{kOwnId, kPeerId, 1, kLocal, kPeer}), 0);
+  ASSERT_EQ(t.add(4, PeerConn{comm_id_for_slot(4, 1), kPeerId + 1, 2, kLocal, kPeer}), 0);
   EXPECT_EQ(t.reclaim(4).size(), 1u);
   EXPECT_EQ(t.established(3), 1u);
-}
-
-TEST(ConnTable, PendingReqsAreBounded) {
-  ConnTable t;
-  for (uint32_t i = 0; i <= ConnTable::kMaxPendingReqs; ++i)
-    t.observe(3, kPeer, kLocal, req(i + 1));
-  // The first REQ was forgotten; the last is still awaited.
-  t.observe(3, kPeer, kLocal, rtu(1, kOwnId));
-  EXPECT_EQ(t.established(3), 0u);
-  t.observe(3, kPeer, kLocal, rtu(ConnTable::kMaxPendingReqs + 1, kOwnId));
-  EXPECT_EQ(t.established(3), 1u);
-}
-
-TEST(ConnTable, GarbageIsIgnored) {
-  ConnTable t;
-  CmMad garbage{};
-  garbage.fill(0xAB);
-  t.observe(3, kPeer, kLocal, garbage);
-  t.observe(3, kPeer, kLocal, std::span<const uint8_t>());
-  EXPECT_EQ(t.established(3), 0u);
 }
 
 CmMad drep(uint32_t from, uint32_t to) {
@@ -284,27 +232,56 @@ CmMad drep(uint32_t from, uint32_t to) {
 
 const Releases::Dreq kDreq{.conn = {kOwnId, kPeerId, kPeerQpn, kLocal, kPeer}, .transaction_id = 5};
 
-TEST(Releases, ADreqIsRepeatedUntilItsRetriesRunOut) {
+TEST(Releases, ADreqIsSentThenRepeatedUntilItsRetriesRunOut) {
   Releases r;
-  r.sent(kDreq, 1000);
-  EXPECT_EQ(r.next_deadline_ms(), 1000 + Releases::kTimeoutMs);
-  EXPECT_TRUE(r.due(1000 + Releases::kTimeoutMs - 1).empty());
+  ASSERT_TRUE(r.add(kDreq, 1000));
+  EXPECT_EQ(r.next_deadline_ms(), 1000) << "due at once";
   int64_t now = 1000;
-  for (int i = 0; i < Releases::kRetries; ++i) {
+  for (int i = 0; i <= Releases::kRetries; ++i) {
+    const auto out = r.due(now);
+    ASSERT_EQ(out.size(), 1u) << i;
+    EXPECT_EQ(out[0].conn, kDreq.conn);
+    EXPECT_EQ(out[0].transaction_id, 5u) << "a retransmission keeps its TID";
+    EXPECT_EQ(out[0].sends, i + 1);
+    EXPECT_TRUE(r.due(now + Releases::kTimeoutMs - 1).empty());
     now += Releases::kTimeoutMs;
-    const auto again = r.due(now);
-    ASSERT_EQ(again.size(), 1u) << i;
-    EXPECT_EQ(again[0].conn, kDreq.conn);
-    EXPECT_EQ(again[0].transaction_id, 5u) << "a retransmission keeps its TID";
   }
-  EXPECT_TRUE(r.due(now + Releases::kTimeoutMs).empty());
+  EXPECT_TRUE(r.due(now).empty());
   EXPECT_EQ(r.size(), 0u) << "forgotten once out of retries";
   EXPECT_FALSE(r.next_deadline_ms());
 }
 
+TEST(Releases, DreqsArePacedAndBounded) {
+  // Many connections of dead processes: at most kBurst at once, then kPerSecond.
+  Releases r;
+  const int64_t n = 3 * Releases::kBurst;
+  for (int64_t i = 0; i < n; ++i) {
+    Releases::Dreq d = kDreq;
+    d.conn.local_comm_id = comm_id_for_slot(3, static_cast<uint32_t>(i + 1));
+    ASSERT_TRUE(r.add(d, 0));
+  }
+  EXPECT_EQ(static_cast<int64_t>(r.due(0).size()), Releases::kBurst);
+  EXPECT_TRUE(r.due(0).empty()) << "no token left";
+  const auto next = r.next_deadline_ms();
+  ASSERT_TRUE(next);
+  EXPECT_GT(*next, 0) << "the timer waits for the next token";
+  const int64_t later = 100;  // ms: kPerSecond / 10 more
+  EXPECT_EQ(static_cast<int64_t>(r.due(later).size()), later * Releases::kPerSecond / 1000);
+  Releases full;
+  for (size_t i = 0; i < Releases::kMax; ++i) {
+    Releases::Dreq d = kDreq;
+    d.conn.local_comm_id = static_cast<uint32_t>(i + 1);
+    ASSERT_TRUE(full.add(d, 0));
+  }
+  Releases::Dreq extra = kDreq;
+  extra.conn.local_comm_id = 0xFFFFFFF0;
+  EXPECT_FALSE(full.add(extra, 0)) << "beyond kMax";
+}
+
 TEST(Releases, ItsDrepEndsIt) {
   Releases r;
-  r.sent(kDreq, 0);
+  ASSERT_TRUE(r.add(kDreq, 0));
+  ASSERT_EQ(r.due(0).size(), 1u);
   EXPECT_FALSE(r.take_drep(kPeer, drep(kPeerId + 1, kOwnId))) << "another peer comm ID";
   EXPECT_FALSE(r.take_drep(kLocal, drep(kPeerId, kOwnId))) << "from another address";
   EXPECT_FALSE(r.take_drep(kPeer, drep(kPeerId, kOwnId + 1))) << "another connection";

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 namespace urdma::daemon {
 namespace {
@@ -112,7 +113,7 @@ TEST(Protocol, RejectsMalformedRecords) {
   EXPECT_EQ(decode_header(bad, &h), EPROTO);
   // Another version.
   bad = rec;
-  bad[4] = 2;
+  bad[4] = static_cast<uint8_t>(kProtocolVersion + 1);
   EXPECT_EQ(decode_header(bad, &h), EPROTONOSUPPORT);
   // Size field disagrees with the record.
   bad = rec;
@@ -133,11 +134,40 @@ TEST(Protocol, RejectsMalformedRecords) {
   EXPECT_EQ(decode_gids(gids, &out), EPROTO);
 }
 
+TEST(Protocol, HelloAndConnectionRecordsRoundTrip) {
+  const HelloInfo hello{.pid = 7,
+                        .keeper_pid = 6,
+                        .uid = 1000,
+                        .mode = kModeSystem,
+                        .reserved = 0,
+                        .netns_inode = 4026531840u};
+  HelloInfo got{};
+  ASSERT_EQ(decode_hello(encode_hello(hello), &got), 0);
+  EXPECT_EQ(got.pid, 7u);
+  EXPECT_EQ(got.keeper_pid, 6u);
+  EXPECT_EQ(got.uid, 1000u);
+  EXPECT_EQ(got.mode, kModeSystem);
+  EXPECT_EQ(got.netns_inode, 4026531840u);
+  EXPECT_EQ(decode_hello(encode_error(EXDEV), &got), EXDEV);
+  EXPECT_EQ(decode_hello(encode_request(MsgType::kHello), &got), EPROTO) << "a hello without body";
+  ConnRecord conn{.local_comm_id = 0x03000001, .remote_comm_id = 9, .remote_qpn = 0x1234};
+  conn.peer_address[15] = 1;
+  ConnRecord body{};
+  ASSERT_EQ(decode_request_body(encode_conn_up(conn), &body), 0);
+  EXPECT_EQ(body.local_comm_id, 0x03000001u);
+  EXPECT_EQ(body.remote_qpn, 0x1234u);
+  EXPECT_EQ(body.peer_address[15], 1);
+  CommIdBody down{};
+  ASSERT_EQ(decode_request_body(encode_conn_down(0x03000001), &down), 0);
+  EXPECT_EQ(down.local_comm_id, 0x03000001u);
+  EXPECT_EQ(decode_request_body(encode_conn_up(conn), &down), EPROTO) << "the wrong body size";
+}
+
 TEST(Protocol, RecordsAndFdsCrossASeqpacketSocket) {
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
   UniqueFd a(sv[0]), b(sv[1]);
-  // As many fds as a lease carries: a slot and a full group.
+  // As many fds as a record may carry: a slot's socket.
   std::vector<UniqueFd> in;
   std::vector<int> raw;
   for (size_t i = 0; i < kMaxPassedFds; ++i) {
@@ -159,6 +189,40 @@ TEST(Protocol, RecordsAndFdsCrossASeqpacketSocket) {
   }
   raw.push_back(raw.front());
   EXPECT_EQ(send_record(a.get(), rec, raw), EINVAL) << "more than kMaxPassedFds";
+  // A peer that passes more (sendmsg by hand) gets its record refused, and none of its fds stays
+  // open here: the kernel closes what did not fit, recv_record what did.
+  {
+    auto count_fds = [] {
+      size_t open_fds = 0;
+      for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
+        open_fds += !e.path().empty();
+      return open_fds;
+    };
+    std::vector<UniqueFd> many;
+    std::vector<int> many_raw;
+    for (int i = 0; i < 10; ++i) {
+      many.emplace_back(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+      many_raw.push_back(many.back().get());
+    }
+    const size_t before = count_fds();
+    iovec iov{const_cast<uint8_t*>(rec.data()), rec.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(10 * sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(10 * sizeof(int));
+    std::memcpy(CMSG_DATA(c), many_raw.data(), 10 * sizeof(int));
+    ASSERT_EQ(sendmsg(a.get(), &msg, 0), static_cast<ssize_t>(rec.size()));
+    std::vector<UniqueFd> got;
+    EXPECT_EQ(recv_record(b.get(), buf, &got), -EMSGSIZE);
+    got.clear();
+    EXPECT_EQ(count_fds(), before) << "every passed fd closed";
+  }
   // A record larger than the buffer is an error, not a silent truncation.
   ASSERT_EQ(send_record(a.get(), encode_gids(std::vector<GidEntry>(4))), 0);
   EXPECT_EQ(recv_record(b.get(), std::span(buf).first(20), nullptr), -EMSGSIZE);
@@ -186,8 +250,12 @@ ClientEntry entry(uint32_t pid, const char* comm) {
 }
 
 TEST(Protocol, ClientsPageRoundTrips) {
-  const ClientsPage page{.uptime_ms = 1234, .netns_inode = 4026531840, .total = 40, .first = 32,
-                         .takeover = kTakeoverDone, .survivors = 2};
+  const ClientsPage page{.uptime_ms = 1234,
+                         .netns_inode = 4026531840,
+                         .total = 40,
+                         .first = 32,
+                         .takeover = kTakeoverDone,
+                         .survivors = 2};
   std::vector<ClientEntry> in{entry(10, "ibv_rc_pingpong"), entry(11, "qperf")};
   ClientsPage out_page{};
   std::vector<ClientEntry> out;
