@@ -270,86 +270,91 @@ void Daemon::update_idle_timer() {
 }
 
 int Daemon::run() {
-  std::vector<epoll_event> events(64);
   while (!stop_) {
-    const int n = epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      std::cerr << "urdmad: " << errno_text("epoll_wait") << '\n';
-      return 1;
-    }
-    for (int i = 0; i < n && !stop_; ++i) {
-      const uint64_t t = events[i].data.u64;
-      switch (kind_of(t)) {
-        case kListener:
-          accept_clients();
-          break;
-        case kSignal: {
-          signalfd_siginfo si;
-          while (read(signal_fd_.get(), &si, sizeof si) == sizeof si) {
-            log("signal " + std::to_string(si.ssi_signo) + ", exiting");
-            stop_ = true;
-          }
-          break;
-        }
-        case kTimer: {
-          uint64_t expirations;
-          // A client still in the listen backlog is a client: take it before deciding. (One
-          // that connects after this and before exit sees its hello fail and starts a daemon.)
-          if (read(timer_fd_.get(), &expirations, sizeof expirations) <= 0) break;  // re-armed
-          accept_clients();
-          if (clients_.empty()) {
-            log("idle for " + std::to_string(options_.idle_timeout_ms) + " ms, exiting");
-            tell_keeper(kKeeperIdle);
-            stop_ = true;
-          }
-          break;
-        }
-        case kHelloTimer: {
-          uint64_t expirations;
-          if (read(hello_timer_fd_.get(), &expirations, sizeof expirations) > 0)
-            hello_timer_fired();
-          break;
-        }
-        case kTakeoverTimer: {
-          uint64_t expirations;
-          if (read(takeover_timer_fd_.get(), &expirations, sizeof expirations) > 0)
-            takeover_timer_fired();
-          break;
-        }
-        case kReleaseTimer: {
-          uint64_t expirations;
-          if (read(release_timer_fd_.get(), &expirations, sizeof expirations) > 0)
-            release_timer_fired();
-          break;
-        }
-        case kNetlink: {
-          std::string error;
-          bool changed = false;
-          if (!addresses_.handle_readable(&gids_, &error, &changed)) {
-            std::cerr << "urdmad: " << error << '\n';
-            exit_code_ = 1;
-            stop_ = true;
-          }
-          if (changed) publish_gids();
-          break;
-        }
-        case kSlotSocket:
-          if (id_of(t) == 0) {
-            route_mads();
-          } else {
-            drain(static_cast<unsigned>(id_of(t)));
-          }
-          break;
-        case kClient:
-          if (events[i].events & EPOLLOUT) flush_backlog(id_of(t));
-          if (events[i].events & ~EPOLLOUT) serve(id_of(t));
-          break;
-      }
-    }
+    if (!step(-1)) return 1;
   }
   log_mad_drops();
   return exit_code_;
+}
+
+bool Daemon::step(int timeout_ms) {
+  std::array<epoll_event, 64> events;
+  const int n =
+      epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), timeout_ms);
+  if (n < 0) {
+    if (errno == EINTR) return true;
+    std::cerr << "urdmad: " << errno_text("epoll_wait") << '\n';
+    return false;
+  }
+  for (int i = 0; i < n && !stop_; ++i) {
+    const uint64_t t = events[i].data.u64;
+    switch (kind_of(t)) {
+      case kListener:
+        accept_clients();
+        break;
+      case kSignal: {
+        signalfd_siginfo si;
+        while (read(signal_fd_.get(), &si, sizeof si) == sizeof si) {
+          log("signal " + std::to_string(si.ssi_signo) + ", exiting");
+          stop_ = true;
+        }
+        break;
+      }
+      case kTimer: {
+        uint64_t expirations;
+        // A client still in the listen backlog is a client: take it before deciding. (One
+        // that connects after this and before exit sees its hello fail and starts a daemon.)
+        if (read(timer_fd_.get(), &expirations, sizeof expirations) <= 0) break;  // re-armed
+        accept_clients();
+        if (clients_.empty()) {
+          log("idle for " + std::to_string(options_.idle_timeout_ms) + " ms, exiting");
+          tell_keeper(kKeeperIdle);
+          stop_ = true;
+        }
+        break;
+      }
+      case kHelloTimer: {
+        uint64_t expirations;
+        if (read(hello_timer_fd_.get(), &expirations, sizeof expirations) > 0) hello_timer_fired();
+        break;
+      }
+      case kTakeoverTimer: {
+        uint64_t expirations;
+        if (read(takeover_timer_fd_.get(), &expirations, sizeof expirations) > 0)
+          takeover_timer_fired();
+        break;
+      }
+      case kReleaseTimer: {
+        uint64_t expirations;
+        if (read(release_timer_fd_.get(), &expirations, sizeof expirations) > 0)
+          release_timer_fired();
+        break;
+      }
+      case kNetlink: {
+        std::string error;
+        bool changed = false;
+        if (!addresses_.handle_readable(&gids_, &error, &changed)) {
+          std::cerr << "urdmad: " << error << '\n';
+          exit_code_ = 1;
+          stop_ = true;
+        }
+        if (changed) publish_gids();
+        break;
+      }
+      case kSlotSocket:
+        if (id_of(t) == 0) {
+          route_mads();
+        } else {
+          drain(static_cast<unsigned>(id_of(t)));
+        }
+        break;
+      case kClient:
+        if (events[i].events & EPOLLOUT) flush_backlog(id_of(t));
+        if (events[i].events & ~EPOLLOUT) serve(id_of(t));
+        break;
+    }
+  }
+  return true;
 }
 
 void Daemon::log_mad_drops() const {

@@ -102,6 +102,11 @@ class Daemon {
 
   // Runs until a signal, the idle timeout or a fatal error. Returns the process exit code.
   int run();
+  // One round of the loop: waits up to timeout_ms (-1: no bound) and handles what came. False
+  // on a fatal error. For tests and fuzzers that drive a daemon in their own process.
+  bool step(int timeout_ms);
+  // Stopped: a signal, the idle timeout or a fatal error (run() returns).
+  bool stopped() const { return stop_; }
 
   uint16_t udp_port() const { return group_.port; }
   const DaemonCounters& counters() const { return counters_; }
