@@ -624,9 +624,11 @@ void Client::keep_loop() {
           break;
         }
         // The daemon refused the slot for good (another group or port: EINVAL; the slot leased
-        // to someone else: EBUSY; a daemon or socket we cannot trust: EACCES). The slot keeps
-        // working for this process; only the daemon does not know it.
-        if (err == EINVAL || err == EBUSY || err == EACCES) {
+        // to someone else: EBUSY; a daemon or socket we cannot trust: EACCES), or the group died
+        // with its keeper and no daemon can start while our own socket holds the port
+        // (EADDRNOTAVAIL). The slot's socket stays open for this process; only the daemon does
+        // not know it.
+        if (err == EINVAL || err == EBUSY || err == EACCES || err == EADDRNOTAVAIL) {
           (void)wait_stop(-1);
           return;
         }

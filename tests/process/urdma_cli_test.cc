@@ -509,7 +509,29 @@ TEST_F(UrdmaCli, InstalledTreeWorksLikeTheBuildTree) {
     const auto lines = lines_of(out);
     ASSERT_EQ(lines.size(), 2u) << out;
     EXPECT_EQ(lines[0].substr(0, lines[0].find(':')), real_path(libdir)) << lines[0];
+    EXPECT_EQ(lines[0].find(real_path(URDMA_BUILD_LIBDIR)), std::string::npos)
+        << "the installed urdma put the build tree's libraries on the path: " << lines[0];
     EXPECT_EQ(lines[1], real_path(prefix + "/bin/urdmad"));
+    // The system service: both units, naming the installed urdmad, and valid to systemd.
+    const auto file = [](const std::string& path) {
+      std::ifstream in(path);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    const std::string units = prefix + "/lib/systemd/system/";
+    EXPECT_NE(file(units + "urdmad.socket").find("ListenSequentialPacket=/run/urdma/urdmad.sock"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(file(units + "urdmad.service")
+                  .find("ExecStart=" + prefix + "/bin/urdmad --system --foreground"),
+              std::string::npos)
+        << file(units + "urdmad.service");
+    shell("command -v systemd-analyze > /dev/null", &rc);
+    if (rc == 0) {
+      const std::string verdict = shell("systemd-analyze verify " + units + "urdmad.socket " +
+                                            units + "urdmad.service 2>&1",
+                                        &rc);
+      EXPECT_EQ(rc, 0) << verdict;
+    }
     // The daemon `urdma run` started is the installed one.
     const StatusView v = status(bin);
     ASSERT_EQ(v.rc, 0);
@@ -536,10 +558,6 @@ TEST_F(UrdmaCli, InstalledTreeWorksLikeTheBuildTree) {
     // before our library, which tool_run.cc arranges for the tool tests.)
     shell("command -v ibv_rc_pingpong > /dev/null", &rc);
     if (rc == 0) {
-      const auto file = [](const std::string& path) {
-        std::ifstream in(path);
-        return std::string(std::istreambuf_iterator<char>(in), {});
-      };
       const std::string pp =
           "PATH=/usr/bin:/bin timeout 60 " + bin + " run ibv_rc_pingpong -g 0 -n 20 -c -p 18811";
       shell("(" + pp + " > " + prefix + "/server.log 2>&1 &)", &rc);
