@@ -193,7 +193,7 @@ void Runtime::event_taken() {
 // A thread that took a completion event usually answers it, and the engine thread often sleeps
 // by then (the waiting thread took the datagram's turn itself). Waking it for the answer costs
 // a second wake-up per hop, and on a loaded host the woken thread waits for a core
-// (docs/PERFORMANCE.md, "The answer to an event leaves from the thread that took it"). The
+// (docs/PERFORMANCE.md, "A waiting thread drives the engine"). The
 // first send after the event takes the turn here instead; later ones ring as usual, so a burst
 // still leaves in the engine thread's batches (every post its own turn halved the 64-byte
 // message rate).
