@@ -49,7 +49,11 @@ struct EngineCounters {
   uint64_t drop_no_recv_wqe = 0;   // UD/UC: no receive WQE posted
   uint64_t drop_bad_response = 0;  // completer: response that matches nothing outstanding
   uint64_t drop_uc_message = 0;    // UC: packets of a message abandoned after a gap or error
-  uint64_t drop_uc_invalid = 0;    // UC: a request a responder check refused (RC would NAK it)
+  uint64_t drop_uc_invalid = 0;    // UC: a request a responder check other than the R_Key's
+                                   // refused (RC would NAK it)
+  uint64_t drop_uc_access = 0;     // UC: an RDMA WRITE the R_Key check refused (key, PD, right,
+                                   // bounds, window state or QP; RC would NAK Remote Access
+                                   // Error, IBA 9.7.5.2.8): where a peer guessing keys shows
   uint64_t drop_ud_length = 0;     // UD: payload longer than the path MTU
   uint64_t drop_request_queue_full = 0;  // RC: a request behind a READ response found
                                          // kMaxWaitingRequests already waiting (qp_context.h)
@@ -59,8 +63,8 @@ struct EngineCounters {
   uint64_t drops() const {
     uint64_t n = drop_truncated + drop_icrc + drop_pkey + drop_unknown_qpn + drop_address +
                  drop_qp_type + drop_qp_state + drop_qkey + drop_no_recv_wqe + drop_bad_response +
-                 drop_uc_message + drop_uc_invalid + drop_ud_length + drop_ud_recv_length +
-                 drop_request_queue_full;
+                 drop_uc_message + drop_uc_invalid + drop_uc_access + drop_ud_length +
+                 drop_ud_recv_length + drop_request_queue_full;
     for (uint64_t d : drop_parse) n += d;
     return n;
   }

@@ -113,6 +113,13 @@ struct ResponderSteps {
     ++e.counters_.drop_uc_invalid;
     return uc_drop();
   }
+  // A UC request whose R_Key check failed (the RC path NAKs Remote Access Error): dropped
+  // silently as any UC error, but counted apart, since UC gives a peer guessing keys no NAK to
+  // pay for a wrong guess.
+  RespState uc_access_reject() {
+    ++e.counters_.drop_uc_access;
+    return uc_drop();
+  }
 
   RespState run() {
     RespState s = RespState::kCheckPsn;
@@ -286,7 +293,7 @@ struct ResponderSteps {
           !mrs.lookup_remote(reth.rkey(), pd, ctx.qpn, IBV_ACCESS_REMOTE_WRITE, reth.va(),
                              reth.dma_length())
                .ok())
-        return rc ? RespState::kErrRemoteAccess : uc_reject();
+        return rc ? RespState::kErrRemoteAccess : uc_access_reject();
       resp.write_rkey = reth.rkey();
       resp.write_va = reth.va();
       resp.write_length = reth.dma_length();
@@ -297,7 +304,7 @@ struct ResponderSteps {
       // invalidated) since the first packet; a stale pointer is never written through.
       target = mrs.lookup_remote(resp.write_rkey, pd, ctx.qpn, IBV_ACCESS_REMOTE_WRITE,
                                  resp.write_va + resp.write_offset, pkt.payload().size());
-      if (!target.ok()) return rc ? RespState::kErrRemoteAccess : uc_reject();
+      if (!target.ok()) return rc ? RespState::kErrRemoteAccess : uc_access_reject();
     }
     if (is_read()) {
       const wire::RethView reth = *pkt.reth();

@@ -54,7 +54,7 @@ inline constexpr DeviceLimits kLimits = {
     .max_qp = 4096,
     .max_cq = 1u << 20,
     .max_mr = (1u << 19) - 1,  // rxe RXE_MAX_MR: indices 1..2^19 - 1
-    .max_mw = (1u << 19) - 1,  // the key indices after the MRs', below 2^24
+    .max_mw = (1u << 19) - 1,  // handles after the MRs'; with them, 1/16 of the 2^24 key tags
     .max_srq = 1u << 20,
     .max_ah = (1u << 15) - 1,   // rxe RXE_MAX_AH
     .max_qp_wr = 1u << 20,      // rxe RXE_MAX_QP_WR
@@ -77,8 +77,8 @@ inline constexpr DeviceLimits kLimits = {
 
 // The one physical port.
 inline constexpr uint8_t kPortNum = 1;
-// MR/MW keys: index in the key table above 8 key bits (IBA 10.6.3.1 leaves the layout to
-// the CA; rxe uses the same split).
+// MR/MW keys: a 24-bit random tag above 8 key bits (IBA 10.6.3.1 leaves the layout to the CA;
+// rxe splits at the same bit). mr_table.h has the rules.
 inline constexpr unsigned kKeyBits = 8;
 inline constexpr uint32_t kKeyByteMask = (1u << kKeyBits) - 1;
 // QP attribute limits (IBA 11.2.4.2 / 9.7.5.2.8).

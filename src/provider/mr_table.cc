@@ -1,9 +1,16 @@
 // MR/MW table and the access check; see mr_table.h for the design.
 #include "provider/mr_table.h"
 
+#include <sys/random.h>
+#include <unistd.h>
+
 #include <cassert>
+#include <cerrno>
 #include <mutex>
 #include <new>
+#include <utility>
+
+#include "base/check.h"
 
 namespace urdma::provider {
 namespace {
@@ -41,17 +48,49 @@ const char* mem_error_name(MemError e) {
   return kNames[static_cast<size_t>(e)];
 }
 
-MrTable::MrTable(uint32_t max_mr, uint32_t max_mw, std::optional<uint64_t> key_seed)
-    : max_mr_(max_mr), max_mw_(max_mw) {
-  assert(uint64_t{max_mr} + max_mw < (uint64_t{1} << (32 - kKeyBits)));
-  if (key_seed) {
-    std::seed_seq seed{static_cast<uint32_t>(*key_seed), static_cast<uint32_t>(*key_seed >> 32)};
-    rng_.seed(seed);
-  } else {
-    std::random_device entropy;  // getrandom(2) on Linux
-    std::seed_seq seed{entropy(), entropy(), entropy(), entropy()};
-    rng_.seed(seed);
+KeySource::KeySource(std::optional<uint64_t> seed) {
+  if (seed) {
+    std::seed_seq seq{static_cast<uint32_t>(*seed), static_cast<uint32_t>(*seed >> 32)};
+    replay_.emplace(seq);
   }
+}
+
+void KeySource::refill() {
+  if (replay_) {
+    for (size_t i = 0; i < kPoolBytes; i += 8) {
+      const uint64_t v = (*replay_)();
+      for (size_t b = 0; b < 8; ++b) pool_[i + b] = static_cast<uint8_t>(v >> (8 * b));
+    }
+  } else {
+    // Up to 256 bytes, getrandom(2) returns all of them once the kernel's pool is initialised;
+    // before that it may block, and a signal may interrupt it: then it is asked again.
+    size_t got = 0;
+    while (got < kPoolBytes) {
+      const ssize_t n = getrandom(pool_.data() + got, kPoolBytes - got, 0);
+      if (n < 0) {
+        base::check(errno == EINTR, "getrandom(2) failed: no random bits for memory keys");
+        continue;
+      }
+      got += static_cast<size_t>(n);
+    }
+    pid_ = getpid();
+  }
+  used_ = 0;
+}
+
+void KeySource::fill(std::span<uint8_t> out) {
+  // Bytes buffered before a fork(2) are the parent's too: the child draws its own.
+  if (!replay_ && used_ < kPoolBytes && getpid() != pid_) used_ = kPoolBytes;
+  for (uint8_t& b : out) {
+    if (used_ == kPoolBytes) refill();
+    b = pool_[used_++];
+  }
+}
+
+MrTable::MrTable(uint32_t max_mr, uint32_t max_mw, std::optional<uint64_t> key_seed)
+    : max_mr_(max_mr), max_mw_(max_mw), key_index_(kKeyIndexMin), random_(key_seed) {
+  // Every live MR and MW needs its own non-zero tag.
+  assert(uint64_t{max_mr} + max_mw < (uint64_t{1} << (32 - kKeyBits)) - 1);
 }
 
 template <class Slot>
@@ -64,36 +103,115 @@ bool MrTable::grow(SlotChunks<Slot>& slots, uint32_t limit, uint32_t first_index
   } catch (const std::bad_alloc&) {
     return false;
   }
-  for (uint32_t i = old_size; i < slots.size(); ++i) {
+  // A random "previous" key byte per slot, so that the slot's first key byte is uniform too.
+  std::array<uint8_t, SlotChunks<Slot>::kChunk> previous;
+  random_.fill(std::span(previous).first(slots.size() - old_size));
+  for (uint32_t i = slots.size(); i-- > old_size;) {
     Slot& slot = slots[i];
     slot.index_ = first_index + i;
-    // A random "previous" key byte, so that the slot's first key is random too.
-    slot.last_key_byte_ = static_cast<uint8_t>(rng_());
+    slot.last_key_byte_ = previous[i - old_size];
     free_list.push_back(slot.index_);
   }
   return true;
 }
 
-Mr* MrTable::mr_slot(uint32_t index) const {
+// mr_slot, mw_slot and find_tag are inline: every lookup runs them.
+inline Mr* MrTable::mr_slot(uint32_t index) const {
   if (index == 0 || index > mrs_.size()) return nullptr;
   return &mrs_[index - 1];
 }
 
-Mw* MrTable::mw_slot(uint32_t index) const {
+inline Mw* MrTable::mw_slot(uint32_t index) const {
   if (index <= max_mr_ || index - max_mr_ - 1 >= mws_.size()) return nullptr;
   return &mws_[index - max_mr_ - 1];
 }
 
-uint8_t MrTable::fresh_key_byte(uint8_t previous) {
-  // 255 choices: never the previous byte, so an old key never names the new occupant.
-  return static_cast<uint8_t>(previous + 1 + rng_() % kKeyByteMask);
+inline const MrTable::KeyEntry* MrTable::find_tag(uint32_t tag) const {
+  // The load factor is at most 1/4, so the probe meets an empty entry. Tag 0 is never stored:
+  // it stops at the first empty entry like any absent tag.
+  const size_t mask = key_index_.size() - 1;
+  for (size_t i = tag & mask;; i = (i + 1) & mask) {
+    const KeyEntry& e = key_index_[i];
+    if (e.tag == 0) return nullptr;
+    if (e.tag == tag) return &e;
+  }
 }
 
-uint32_t MrTable::take_random(std::vector<uint32_t>& free_list) {
+bool MrTable::reserve_tag() {
+  if (kKeyIndexSlack * (size_t{live_keys_} + 1) <= key_index_.size()) return true;
+  std::vector<KeyEntry> bigger;
+  try {
+    bigger.resize(2 * key_index_.size());
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  const std::vector<KeyEntry> old = std::exchange(key_index_, std::move(bigger));
+  live_keys_ = 0;
+  for (const KeyEntry& e : old) {
+    if (e.tag != 0) insert_tag(e.tag, e.handle);
+  }
+  return true;
+}
+
+void MrTable::insert_tag(uint32_t tag, uint32_t handle) {
+  assert(tag != 0 && kKeyIndexSlack * (size_t{live_keys_} + 1) <= key_index_.size());
+  const size_t mask = key_index_.size() - 1;
+  size_t i = tag & mask;
+  while (key_index_[i].tag != 0) i = (i + 1) & mask;
+  key_index_[i] = {tag, handle};
+  ++live_keys_;
+}
+
+void MrTable::erase_tag(uint32_t tag) {
+  const size_t mask = key_index_.size() - 1;
+  size_t hole = tag & mask;
+  while (key_index_[hole].tag != tag) {
+    assert(key_index_[hole].tag != 0);
+    hole = (hole + 1) & mask;
+  }
+  // Backward shift: each later entry of the probe run whose home slot lies cyclically at or
+  // before the hole moves into it, so every entry stays reachable from its home without
+  // tombstones.
+  for (size_t i = (hole + 1) & mask; key_index_[i].tag != 0; i = (i + 1) & mask) {
+    const size_t home = key_index_[i].tag & mask;
+    if (((i - home) & mask) >= ((i - hole) & mask)) {
+      key_index_[hole] = key_index_[i];
+      hole = i;
+    }
+  }
+  key_index_[hole] = {};
+  --live_keys_;
+}
+
+uint32_t MrTable::fresh_tag() {
+  // IBA 10.6.3.1 leaves the key's layout to the CA: 24 uniformly random bits, redrawn when 0
+  // or a live object's. At most 2^20 of the 2^24 tags are live, so a draw is kept with
+  // probability at least 15/16; 64 draws all refused would be a broken generator.
+  for (int draws = 0; draws < 64; ++draws) {
+    std::array<uint8_t, 3> b;
+    random_.fill(b);
+    const uint32_t tag = uint32_t{b[0]} | uint32_t{b[1]} << 8 | uint32_t{b[2]} << 16;
+    if (tag != 0 && find_tag(tag) == nullptr) return tag;
+  }
+  base::check(false, "no free memory key tag in 64 random draws");
+  return 0;
+}
+
+uint8_t MrTable::fresh_key_byte(uint8_t previous) {
+  // Uniform over the 255 bytes other than the previous one, so a slot's old key never names its
+  // new occupant.
+  for (int draws = 0; draws < 64; ++draws) {
+    uint8_t b;
+    random_.fill(std::span(&b, 1));
+    if (b != previous) return b;
+  }
+  base::check(false, "the same key byte in 64 random draws");
+  return 0;
+}
+
+uint32_t MrTable::take_free(std::vector<uint32_t>& free_list) {
   assert(!free_list.empty());
-  const size_t pick = rng_() % free_list.size();
-  const uint32_t index = free_list[pick];
-  free_list[pick] = free_list.back();
+  const uint32_t index = free_list.back();
   free_list.pop_back();
   return index;
 }
@@ -109,10 +227,13 @@ Result<Mr*> MrTable::reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int
 
   std::unique_lock lock(mutex_);
   if (free_mrs_.empty() && !grow(mrs_, max_mr_, 1, free_mrs_)) return Status(ENOMEM);
-  Mr& mr = mrs_[take_random(free_mrs_) - 1];
+  if (!reserve_tag()) return Status(ENOMEM);
+  Mr& mr = mrs_[take_free(free_mrs_) - 1];
   assert(!mr.live_);
+  const uint32_t tag = fresh_tag();
+  insert_tag(tag, mr.index_);
   mr.last_key_byte_ = fresh_key_byte(mr.last_key_byte_);
-  mr.key_ = (mr.index_ << kKeyBits) | mr.last_key_byte_;
+  mr.key_ = (tag << kKeyBits) | mr.last_key_byte_;
   mr.live_ = true;
   mr.pd_ = pd;
   mr.addr_ = static_cast<uint8_t*>(addr);
@@ -169,6 +290,7 @@ Status MrTable::dereg(Mr* mr) {
   if (!mr->live_) return Status(EINVAL);
   // IBA 10.6.7.2.6; rxe_dereg_mr returns EINVAL while windows are bound.
   if (mr->bound_mws_ != 0) return Status(EINVAL);
+  erase_tag(mr->key_ >> kKeyBits);
   mr->live_ = false;
   mr->pd_->remove_user();
   mr->pd_ = nullptr;
@@ -188,9 +310,14 @@ Result<Mw*> MrTable::alloc_mw(Pd* pd, ibv_mw_type type) {
   if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return Status(EINVAL);
   std::unique_lock lock(mutex_);
   if (free_mws_.empty() && !grow(mws_, max_mw_, max_mr_ + 1, free_mws_)) return Status(ENOMEM);
-  Mw& mw = mws_[take_random(free_mws_) - max_mr_ - 1];
+  if (!reserve_tag()) return Status(ENOMEM);
+  Mw& mw = mws_[take_free(free_mws_) - max_mr_ - 1];
+  assert(!mw.live_);
+  // IBA 10.6.7 / o10-37: the tag is the window's for its lifetime; binds change the key byte.
+  const uint32_t tag = fresh_tag();
+  insert_tag(tag, mw.index_);
   mw.last_key_byte_ = fresh_key_byte(mw.last_key_byte_);
-  mw.key_ = (mw.index_ << kKeyBits) | mw.last_key_byte_;
+  mw.key_ = (tag << kKeyBits) | mw.last_key_byte_;
   mw.live_ = true;
   mw.pd_ = pd;
   mw.type_ = type;
@@ -218,6 +345,7 @@ Status MrTable::dealloc_mw(Mw* mw) {
   std::unique_lock lock(mutex_);
   if (!mw->live_) return Status(EINVAL);
   unbind_locked(*mw);
+  erase_tag(mw->key_ >> kKeyBits);
   mw->live_ = false;
   mw->key_ = 0;
   mw->pd_->remove_user();
@@ -234,15 +362,18 @@ Mw* MrTable::mw_by_handle(uint32_t handle) const {
 
 uint32_t MrTable::next_mw_rkey(const Mw* mw) {
   std::unique_lock lock(mutex_);
-  return (mw->index_ << kKeyBits) | fresh_key_byte(static_cast<uint8_t>(mw->key_));
+  // ibv_inc_rkey(3) and IBA 10.6.7: a new key byte under the window's tag.
+  return (mw->key_ & ~kKeyByteMask) | fresh_key_byte(static_cast<uint8_t>(mw->key_));
 }
 
 MemRef MrTable::lookup_local(uint32_t lkey, const Pd* pd, int access, uint64_t addr,
                              uint64_t length) const {
   std::shared_lock lock(mutex_);
+  const KeyEntry* entry = find_tag(lkey >> kKeyBits);
+  if (entry == nullptr) return {nullptr, MemError::kBadKey};
   // An lkey only ever names an MR: MWs have no lkey (IBA 10.6.7).
-  const Mr* mr = mr_slot(lkey >> kKeyBits);
-  if (mr == nullptr || !mr->live_ || mr->key_ != lkey) return {nullptr, MemError::kBadKey};
+  const Mr* mr = mr_slot(entry->handle);
+  if (mr == nullptr || mr->key_ != lkey) return {nullptr, MemError::kBadKey};
   if (mr->pd_ != pd) return {nullptr, MemError::kWrongPd};
   if ((mr->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
   if (!range_inside(addr, length, mr->iova_, mr->length_)) return {nullptr, MemError::kOutOfBounds};
@@ -252,17 +383,18 @@ MemRef MrTable::lookup_local(uint32_t lkey, const Pd* pd, int access, uint64_t a
 MemRef MrTable::lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int access, uint64_t va,
                               uint64_t length) const {
   std::shared_lock lock(mutex_);
-  const uint32_t index = rkey >> kKeyBits;
+  const KeyEntry* entry = find_tag(rkey >> kKeyBits);
+  if (entry == nullptr) return {nullptr, MemError::kBadKey};
   // IBA 10.6.3.1 / C9-94: R_Key must name a valid region in the QP's PD with the right rights.
-  if (const Mr* mr = mr_slot(index)) {
-    if (!mr->live_ || mr->key_ != rkey) return {nullptr, MemError::kBadKey};
+  if (const Mr* mr = mr_slot(entry->handle)) {
+    if (mr->key_ != rkey) return {nullptr, MemError::kBadKey};
     if (mr->pd_ != pd) return {nullptr, MemError::kWrongPd};
     if ((mr->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
     if (!range_inside(va, length, mr->iova_, mr->length_)) return {nullptr, MemError::kOutOfBounds};
     return {mr->addr_ + (va - mr->iova_), MemError::kGranted};
   }
-  const Mw* mw = mw_slot(index);
-  if (mw == nullptr || !mw->live_) return {nullptr, MemError::kBadKey};
+  const Mw* mw = mw_slot(entry->handle);
+  assert(mw != nullptr && mw->live_);
   if (mw->key_ != rkey) return {nullptr, MemError::kBadKey};
   if (!mw->bound_) return {nullptr, MemError::kInvalidated};
   if (mw->pd_ != pd) return {nullptr, MemError::kWrongPd};
@@ -306,8 +438,9 @@ Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op)
   }
 
   unbind_locked(*mw);  // type 1: a rebind replaces the previous binding
+  // o10-37 / IBA 10.6.7: a bind changes the key byte only; the tag stays the window's.
   mw->last_key_byte_ = static_cast<uint8_t>(op.new_rkey);
-  mw->key_ = (mw->index_ << kKeyBits) | mw->last_key_byte_;
+  mw->key_ = (mw->key_ & ~kKeyByteMask) | mw->last_key_byte_;
   if (mr == nullptr) return kOk;  // type 1 zero-length bind: unbound, new key
   ++mr->bound_mws_;
   mw->bound_ = true;
@@ -322,7 +455,8 @@ Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op)
 
 Status MrTable::invalidate_st(uint32_t rkey, const Pd* qp_pd, uint32_t qp_num, bool remote) {
   std::unique_lock lock(mutex_);
-  Mw* mw = mw_slot(rkey >> kKeyBits);
+  const KeyEntry* entry = find_tag(rkey >> kKeyBits);
+  Mw* mw = entry != nullptr ? mw_slot(entry->handle) : nullptr;
   // MRs of this device are never invalidated by WR: only fast-register MRs could be, and the
   // device has none (rxe refuses LOCAL_INV on user MRs the same way).
   if (mw == nullptr || !mw->live_ || mw->key_ != rkey) return Status(EINVAL);

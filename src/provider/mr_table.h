@@ -1,15 +1,28 @@
 // Memory regions, memory windows and THE access check.
 //
 // Design
-// * One key space for MRs and MWs: key = (index << 8) | key byte (IBA 10.6.3.1 leaves the
-//   split to the CA; rxe uses the same). MR indices are 1..max_mr, MW indices follow them.
-//   The slot index is drawn at random among the free slots (slots are made 4096 at a time as
-//   registrations need them, so the draw is among at least the rest of the newest chunk) and
-//   the key byte comes from a
-//   generator seeded by std::random_device (getrandom) — or by the caller's key_seed, so that
-//   a deterministic simulation replays the same keys — never equal to the slot's previous
-//   byte: a peer cannot guess an rkey from one it has seen, and a stale key of a
-//   deregistered region never matches the slot's next occupant. lkey == rkey, as on rxe.
+// * Keys: one key space for MRs and MWs, key = (tag << 8) | key byte (IBA 10.6.3.1 leaves the
+//   split to the CA; rxe splits at the same bit). The tag, the upper 24 bits, is drawn
+//   uniformly at random for every registration and window allocation, never 0 and never the
+//   tag of another live MR or MW; for an MW it is the window's identity, since ibv_inc_rkey(3)
+//   and a type 2 bind change only the key byte (o10-37, IBA 10.6.7). The key byte is random and
+//   never the slot's previous byte. So a peer guessing a key faces 24 unpredictable bits plus
+//   the byte, not an index below the table's size. A stale key of a deregistered region never
+//   names the slot's next occupant (another byte), and names a later region elsewhere only if
+//   that one drew the same tag (probability 2^-24 per registration) and byte. lkey == rkey, as
+//   on rxe.
+// * Handles (ibv_mr.handle, ibv_mw.handle) are dense slot indices, MRs 1..max_mr and MWs after
+//   them, the lowest never-used first and then the last freed; they never travel on the wire.
+//   The slots live in chunks that never move (SlotChunks), so an Mr*/Mw* stays valid for the
+//   table's lifetime while it grows.
+// * Key index: from a tag to the handle, open addressing with linear probing, the home slot the
+//   tag's low bits (tags are uniform: no hash is needed), load factor at most 1/4 (the index
+//   doubles when a tag would pass it), deletion by backward shift (no tombstones). A lookup
+//   reads 8-byte entries before the object itself, on average 1.17 for a live key and 1.39 for
+//   a miss at load 1/4 (1.5 and 2.5 at 1/2): a number of probes that varies is a mispredicted
+//   branch. The index takes 32 to 64 bytes per live key, no more than an Mr.
+// * Random bits (KeySource): from getrandom(2) on a real device; from a seeded std::mt19937_64
+//   only when DeviceConfig::key_seed asks for a replayable simulation.
 // * Memory is the application's own (the engine runs in its process), so registration pins
 //   nothing; ON_DEMAND is accepted as is, and an MR is (host address, IOVA, length, access).
 // * lookup_local / lookup_remote are what the engine calls on every access. They return the
@@ -20,15 +33,18 @@
 //   The bind itself executes on the engine thread in send-queue order (bind_mw_st), as rxe's
 //   requester does, so the rules of IBA 10.6.7.2 are checked there.
 // * Locking: one shared_mutex. Lookups (engine thread, frequent) share it; reg/rereg/dereg/
-//   alloc/dealloc (application threads) and bind/invalidate (engine thread) take it
-//   exclusively. The slots live in chunks that never move (SlotChunks), so an Mr*/Mw* stays a
-//   valid object address for the table's lifetime while the table grows.
+//   alloc/dealloc/next_mw_rkey (application threads) and bind/invalidate (engine thread) take
+//   it exclusively; they alone draw random bits and change the key index.
 #pragma once
 
+#include <sys/types.h>
+
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <random>
 #include <shared_mutex>
+#include <span>
 #include <vector>
 
 #include <infiniband/verbs.h>
@@ -73,7 +89,8 @@ struct MemRef {
 
 class MrTable;
 
-class Mr {
+// One cache line (64 bytes, aligned): the access check of a lookup reads one line of its region.
+class alignas(64) Mr {
  public:
   uint32_t handle() const { return index_; }  // goes into ibv_mr.handle
   uint32_t lkey() const { return key_; }
@@ -100,6 +117,7 @@ class Mr {
   int access_ = 0;
   uint32_t bound_mws_ = 0;
 };
+static_assert(sizeof(Mr) == 64, "an Mr is one cache line");
 
 class Mw {
  public:
@@ -137,16 +155,47 @@ class Mw {
 // type 2B BIND_MW WR).
 struct MwBindOp {
   uint32_t mw_handle = 0;
-  uint32_t new_rkey = 0;   // only the key byte is taken (the index is the MW's)
+  uint32_t new_rkey = 0;   // only the key byte is taken (the tag is the MW's)
   uint32_t mr_handle = 0;  // 0: no MR (type 1 unbind)
   uint64_t addr = 0;
   uint64_t length = 0;
   int access = 0;
 };
 
+// The random bits behind MR and MW keys.
+//
+// Without a seed (every real device) the bytes come from getrandom(2), the kernel's CSPRNG,
+// kPoolBytes at a time. Every key a peer sees is output of this source, and a key is what it
+// needs to reach the application's memory: a seeded PRNG such as std::mt19937_64 is a linear
+// map of its state, so enough observed outputs give that state and with it every later key,
+// whereas nothing a peer observes of the kernel's generator predicts its next bytes. A forked
+// child drops the bytes buffered before the fork (the pid changed), so parent and child never
+// hand out the same bits.
+// With a seed (DeviceConfig::key_seed: a deterministic simulation) the bytes come from a
+// std::mt19937_64 seeded with it, each draw's 8 bytes least significant first: the same seed
+// gives the same bytes in any process on any host, so a replay repeats its keys bit for bit.
+// Not synchronised: the owner's lock covers every draw.
+class KeySource {
+ public:
+  static constexpr size_t kPoolBytes = 256;  // getrandom(2) never returns less for this size
+
+  explicit KeySource(std::optional<uint64_t> seed);
+
+  // Fills `out` with random bytes.
+  void fill(std::span<uint8_t> out);
+
+ private:
+  void refill();
+
+  std::optional<std::mt19937_64> replay_;  // only with a seed
+  std::array<uint8_t, kPoolBytes> pool_{};
+  size_t used_ = kPoolBytes;  // bytes of pool_ already handed out
+  pid_t pid_ = 0;             // the process pool_ was filled in (unseeded)
+};
+
 class MrTable {
  public:
-  // `key_seed`: seeds slot and key choice (a simulation's replay); nullopt = std::random_device.
+  // `key_seed`: seeds the key bits (a simulation's replay); nullopt = getrandom(2).
   MrTable(uint32_t max_mr, uint32_t max_mw, std::optional<uint64_t> key_seed = std::nullopt);
   MrTable(const MrTable&) = delete;
   MrTable& operator=(const MrTable&) = delete;
@@ -165,7 +214,7 @@ class MrTable {
   Result<Mw*> alloc_mw(Pd* pd, ibv_mw_type type);
   Status dealloc_mw(Mw* mw);
   Mw* mw_by_handle(uint32_t handle) const;
-  // The rkey a type 1 bind through ibv_bind_mw will give `mw`: same index, a fresh random
+  // The rkey a type 1 bind through ibv_bind_mw will give `mw`: same tag, a fresh random
   // key byte. The table changes only when the engine executes the bind.
   uint32_t next_mw_rkey(const Mw* mw);
 
@@ -190,12 +239,29 @@ class MrTable {
   void unbind_qp_windows(uint32_t qp_num);
 
  private:
+  // One entry of the key index: a live MR's or MW's tag and handle.
+  struct KeyEntry {
+    uint32_t tag = 0;  // 0: empty (no key has tag 0)
+    uint32_t handle = 0;
+  };
+  static constexpr size_t kKeyIndexMin = 64;   // entries of the first key index
+  static constexpr size_t kKeyIndexSlack = 4;  // entries per live tag, at least: load <= 1/4
+
   Mr* mr_slot(uint32_t index) const;
   Mw* mw_slot(uint32_t index) const;
+  // The live MR's or MW's entry with this tag, or nullptr.
+  const KeyEntry* find_tag(uint32_t tag) const;
+  // Room in the key index for one more tag at load <= 1/4; false when memory ran out.
+  bool reserve_tag();
+  void insert_tag(uint32_t tag, uint32_t handle);
+  void erase_tag(uint32_t tag);
+  // A uniformly random tag, neither 0 nor a live object's.
+  uint32_t fresh_tag();
+  // A uniformly random key byte other than `previous`.
   uint8_t fresh_key_byte(uint8_t previous);
-  uint32_t take_random(std::vector<uint32_t>& free_list);
+  uint32_t take_free(std::vector<uint32_t>& free_list);
   // Makes the next chunk of slots (indices from first_index + slots.size()) and puts them on
-  // free_list; false at the limit or when memory ran out.
+  // free_list, lowest index on top; false at the limit or when memory ran out.
   template <class Slot>
   bool grow(SlotChunks<Slot>& slots, uint32_t limit, uint32_t first_index,
             std::vector<uint32_t>& free_list);
@@ -204,11 +270,13 @@ class MrTable {
   const uint32_t max_mr_;
   const uint32_t max_mw_;
   mutable std::shared_mutex mutex_;
-  SlotChunks<Mr> mrs_;  // index i at mrs_[i - 1]
-  SlotChunks<Mw> mws_;  // index max_mr_ + 1 + j at mws_[j]
-  std::vector<uint32_t> free_mrs_;
+  SlotChunks<Mr> mrs_;              // index i at mrs_[i - 1]
+  SlotChunks<Mw> mws_;              // index max_mr_ + 1 + j at mws_[j]
+  std::vector<uint32_t> free_mrs_;  // a stack
   std::vector<uint32_t> free_mws_;
-  std::mt19937_64 rng_;
+  std::vector<KeyEntry> key_index_;  // a power of two, >= kKeyIndexSlack * live_keys_
+  uint32_t live_keys_ = 0;
+  KeySource random_;
 };
 
 // Overflow-safe: does [iova, iova + length) lie inside [base, base + size)?

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -620,6 +621,111 @@ TEST_F(ResponderTest, SendWithInvalidateInvalidatesWindow) {
   // The window no longer grants access.
   inject(op::kRcWriteOnly, kRqPsn + 1, std::vector<uint8_t>(4, 1), reth(mem_va(), rkey, 4));
   expect_nak(1, wire::NakCode::kRemoteAccessError, kRqPsn + 1);
+}
+
+// A UC QP (IBA 9.8.3): a request the responder refuses is dropped without a NAK. Those the
+// R_Key check refuses (IBA 9.7.5.2.8 / 10.6.7: key, PD, right, bounds, window state, QP) are
+// counted in drop_uc_access, apart from the other refusals (drop_uc_invalid): UC gives a peer
+// guessing keys no NAK to pay for a wrong guess, so the counter is where guessing shows.
+class UcResponderTest : public ProtocolTest {
+ protected:
+  void SetUp() override {
+    QpParams p;
+    p.type = IBV_QPT_UC;
+    make_qp(p);
+    mem_.assign(8192, 0xAA);
+    mem_mr_ = reg(mem_.data(), mem_.size(),
+                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND);
+  }
+  uint64_t mem_va(size_t off = 0) { return reinterpret_cast<uint64_t>(mem_.data()) + off; }
+  bool untouched(size_t from = 0) const {
+    return std::all_of(mem_.begin() + static_cast<ptrdiff_t>(from), mem_.end(),
+                       [](uint8_t b) { return b == 0xAA; });
+  }
+  // A WRITE Only of 16 bytes of 0x55 at the next PSN.
+  void write_only(uint64_t va, uint32_t rkey) {
+    inject(op::kUcWriteOnly, psn_++, std::vector<uint8_t>(16, 0x55), reth(va, rkey, 16));
+  }
+
+  std::vector<uint8_t> mem_;
+  provider::Mr* mem_mr_ = nullptr;
+  uint32_t psn_ = kRqPsn;
+};
+
+// Wrong keys — another key byte, two other tags, the key 0 — write nothing, send nothing,
+// complete nothing, leave the QP in RTS and count in drop_uc_access alone; a WRITE with the
+// right key then lands.
+TEST_F(UcResponderTest, WritesWithWrongRkeysAreDroppedAndCounted) {
+  const uint32_t rkey = mem_mr_->rkey();
+  for (uint32_t bad : {rkey ^ 0x01u, rkey ^ 0x100u, rkey ^ 0x80000000u, 0u})
+    write_only(mem_va(), bad);
+  EXPECT_EQ(engine_.counters().drop_uc_access, 4u);
+  EXPECT_EQ(engine_.counters().drop_uc_invalid, 0u);
+  EXPECT_EQ(engine_.counters().drops(), 4u);
+  EXPECT_EQ(sent_count(), 0u);
+  EXPECT_TRUE(untouched());
+  EXPECT_TRUE(cqes().empty());
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
+  write_only(mem_va(), rkey);
+  EXPECT_EQ(mem_[0], 0x55);
+  EXPECT_TRUE(untouched(16));
+  EXPECT_EQ(engine_.counters().drop_uc_access, 4u);
+  EXPECT_EQ(sent_count(), 0u);
+}
+
+// Every kind of R_Key refusal counts as an access error: another PD's region, a region without
+// REMOTE_WRITE, a range past the region's end, an unbound window, a type 2B window bound to
+// another QP (IBA 10.6.7.2.2), and a region deregistered between two packets of one WRITE. A
+// refusal that is not the R_Key's (a DMA length the payload does not match) stays in
+// drop_uc_invalid.
+TEST_F(UcResponderTest, EveryKindOfRkeyRefusalIsAnAccessError) {
+  provider::Pd* other_pd = dev_.alloc_pd().value();
+  std::vector<uint8_t> foreign(64, 0xAA);
+  provider::Mr* foreign_mr = dev_.reg_mr(other_pd, foreign.data(), foreign.size(),
+                                         reinterpret_cast<uint64_t>(foreign.data()),
+                                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+                                 .value();
+  write_only(reinterpret_cast<uint64_t>(foreign.data()), foreign_mr->rkey());  // wrong PD
+  std::vector<uint8_t> read_only(64, 0xAA);
+  provider::Mr* ro_mr = reg(read_only.data(), read_only.size(), IBV_ACCESS_REMOTE_READ);
+  write_only(reinterpret_cast<uint64_t>(read_only.data()), ro_mr->rkey());  // no REMOTE_WRITE
+  write_only(mem_va(mem_.size() - 8), mem_mr_->rkey());                     // out of bounds
+  provider::Mw* unbound = dev_.alloc_mw(pd_, IBV_MW_TYPE_2).value();
+  write_only(mem_va(), unbound->rkey());  // a window not bound
+  provider::Mw* elsewhere = dev_.alloc_mw(pd_, IBV_MW_TYPE_2).value();
+  const provider::MwBindOp bind{.mw_handle = elsewhere->handle(),
+                                .new_rkey = elsewhere->rkey() + 1,
+                                .mr_handle = mem_mr_->handle(),
+                                .addr = mem_va(),
+                                .length = 64,
+                                .access = IBV_ACCESS_REMOTE_WRITE};
+  ASSERT_EQ(dev_.mr_table().bind_mw_st(pd_, qp_->qp_num() + 1, bind).error(), 0);
+  write_only(mem_va(), elsewhere->rkey());  // a 2B window of another QP
+  EXPECT_EQ(engine_.counters().drop_uc_access, 5u);
+  EXPECT_TRUE(untouched());
+  EXPECT_TRUE(std::all_of(foreign.begin(), foreign.end(), [](uint8_t b) { return b == 0xAA; }));
+  EXPECT_TRUE(std::all_of(read_only.begin(), read_only.end(), [](uint8_t b) { return b == 0xAA; }));
+
+  // A DMA length the WRITE Only's payload does not match is no R_Key refusal.
+  inject(op::kUcWriteOnly, psn_++, std::vector<uint8_t>(16, 0x55),
+         reth(mem_va(), mem_mr_->rkey(), 32));
+  EXPECT_EQ(engine_.counters().drop_uc_invalid, 1u);
+  EXPECT_EQ(engine_.counters().drop_uc_access, 5u);
+
+  // Each packet's piece is checked again (IBA 10.6.7): after the deregistration the Last is
+  // refused and writes nothing.
+  ASSERT_EQ(dev_.dealloc_mw(elsewhere).error(), 0);
+  const uint32_t mtu = 1024;  // QpParams' path MTU
+  inject(op::kUcWriteFirst, psn_++, std::vector<uint8_t>(mtu, 1),
+         reth(mem_va(), mem_mr_->rkey(), 2 * mtu));
+  EXPECT_EQ(mem_[0], 1);
+  ASSERT_EQ(dev_.dereg_mr(mem_mr_).error(), 0);
+  inject(op::kUcWriteLast, psn_++, std::vector<uint8_t>(mtu, 2));
+  EXPECT_EQ(engine_.counters().drop_uc_access, 6u);
+  EXPECT_TRUE(untouched(mtu));
+  EXPECT_EQ(sent_count(), 0u);
+  EXPECT_TRUE(cqes().empty());
+  EXPECT_EQ(qp_->state(), IBV_QPS_RTS);
 }
 
 }  // namespace

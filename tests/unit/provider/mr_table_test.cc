@@ -1,10 +1,14 @@
 // MR table: registration rules, THE access check (bounds, PD, access), key unpredictability.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <limits>
 #include <map>
+#include <random>
 #include <set>
+#include <unordered_set>
 #include <vector>
 
 #include "provider/device.h"
@@ -32,10 +36,10 @@ class MrTest : public ProviderTest {
   std::vector<uint8_t> buf_ = std::vector<uint8_t>(8192);
 };
 
-TEST_F(MrTest, KeysNameTheSlotAndLkeyEqualsRkey) {
+TEST_F(MrTest, LkeyEqualsRkeyAndTheHandleFindsTheRegion) {
   Mr* mr = reg(kLw | kRr, addr());
   EXPECT_EQ(mr->lkey(), mr->rkey());
-  EXPECT_EQ(mr->lkey() >> 8, mr->handle());
+  EXPECT_NE(mr->lkey() >> 8, 0u);
   EXPECT_NE(mr->handle(), 0u);
   EXPECT_EQ(table().mr_by_handle(mr->handle()), mr);
   const MemRef ref = table().lookup_local(mr->lkey(), pd(), kLw, addr() + 10, 100);
@@ -226,6 +230,149 @@ TEST_F(MrTest, KeySeedMakesKeysReproducible) {
   };
   EXPECT_EQ(keys(7), keys(7));
   EXPECT_NE(keys(7), keys(8));
+}
+
+// 10,000 regions live at once: every tag (a key's upper 24 bits) is non-zero and unlike every
+// other live one, the tags spread over the whole 24-bit space (expect_uniform_tags, which a
+// slot-index key fails), every key is found as lkey and as rkey, and each key is refused as
+// kBadKey once its region is deregistered.
+TEST_F(MrTest, ManyLiveRegionsHaveDistinctUniformTags) {
+  std::vector<Mr*> mrs;
+  std::vector<uint32_t> keys;
+  std::unordered_set<uint32_t> tags;
+  for (int i = 0; i < 10'000; ++i) {
+    Mr* mr = reg(kLw | kRr, addr(), 64);
+    ASSERT_NE(mr, nullptr);
+    const uint32_t tag = mr->rkey() >> 8;
+    EXPECT_NE(tag, 0u);
+    EXPECT_TRUE(tags.insert(tag).second) << "tag " << std::hex << tag << " is live twice";
+    mrs.push_back(mr);
+    keys.push_back(mr->rkey());
+  }
+  expect_uniform_tags(keys);
+  for (Mr* mr : mrs) {
+    const MemRef local = table().lookup_local(mr->lkey(), pd(), kLw, addr() + 8, 8);
+    ASSERT_TRUE(local.ok()) << mem_error_name(local.error);
+    EXPECT_EQ(local.addr, buf_.data() + 8);
+    EXPECT_TRUE(table().lookup_remote(mr->rkey(), pd(), 0, kRr, addr(), 64).ok());
+  }
+  for (Mr* mr : mrs) {
+    const uint32_t key = mr->rkey();
+    ASSERT_EQ(dev_.dereg_mr(mr), kOk);
+    EXPECT_EQ(table().lookup_remote(key, pd(), 0, kRr, addr(), 8).error, MemError::kBadKey);
+    EXPECT_EQ(table().lookup_local(key, pd(), 0, addr(), 8).error, MemError::kBadKey);
+  }
+}
+
+// 10,000 registrations with deregistrations between them (up to 500 live): each new tag is
+// non-zero and unlike every live one, a key is refused as kBadKey as soon as its region is
+// deregistered, every live key is found, and over the run the keys spread like uniform draws —
+// a reused slot gets a new random tag, not one tied to the slot.
+TEST_F(MrTest, ChurnKeepsTagsDistinctAndUniform) {
+  std::mt19937 pick(1);
+  std::vector<Mr*> live;
+  std::unordered_set<uint32_t> live_tags;
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < 10'000; ++i) {
+    while (live.size() >= 500 || (!live.empty() && pick() % 2 == 0)) {
+      const size_t j = pick() % live.size();
+      const uint32_t key = live[j]->rkey();
+      ASSERT_EQ(dev_.dereg_mr(live[j]), kOk);
+      live_tags.erase(key >> 8);
+      live[j] = live.back();
+      live.pop_back();
+      EXPECT_EQ(table().lookup_remote(key, pd(), 0, kRr, addr(), 8).error, MemError::kBadKey);
+    }
+    Mr* mr = reg(kLw | kRr, addr(), 64);
+    ASSERT_NE(mr, nullptr);
+    const uint32_t tag = mr->rkey() >> 8;
+    EXPECT_NE(tag, 0u);
+    EXPECT_TRUE(live_tags.insert(tag).second) << "tag " << std::hex << tag << " is live twice";
+    live.push_back(mr);
+    keys.push_back(mr->rkey());
+  }
+  for (Mr* mr : live) {
+    EXPECT_TRUE(table().lookup_local(mr->lkey(), pd(), kLw, addr(), 64).ok());
+    EXPECT_TRUE(table().lookup_remote(mr->rkey(), pd(), 0, kRr, addr(), 64).ok());
+  }
+  expect_uniform_tags(keys);
+}
+
+// A seeded table (the simulation's key_seed) gives the same keys, bit for bit, through the same
+// registrations, deregistrations and window operations; another seed gives others, and so do
+// two unseeded tables (getrandom(2)).
+TEST(MrTableKeys, SeededTablesRepeatTheirKeysUnseededOnesDoNot) {
+  const auto keys = [](std::optional<uint64_t> seed) {
+    MrTable t(kLimits.max_mr, kLimits.max_mw, seed);
+    Pd pd(1);
+    std::vector<uint8_t> buf(64);
+    std::mt19937 script(3);  // the same operations for every table
+    std::vector<Mr*> mrs;
+    std::vector<uint32_t> out;
+    for (int i = 0; i < 10'000; ++i) {
+      if (!mrs.empty() && script() % 3 == 0) {
+        const size_t j = script() % mrs.size();
+        EXPECT_EQ(t.dereg(mrs[j]), kOk);
+        mrs[j] = mrs.back();
+        mrs.pop_back();
+      }
+      Mr* mr = t.reg(&pd, buf.data(), buf.size(), 0, kLw).value();
+      mrs.push_back(mr);
+      out.push_back(mr->rkey());
+      if (i % 100 == 0) {
+        Mw* mw = t.alloc_mw(&pd, IBV_MW_TYPE_1).value();
+        out.push_back(mw->rkey());
+        out.push_back(t.next_mw_rkey(mw));
+        EXPECT_EQ(t.dealloc_mw(mw), kOk);
+      }
+    }
+    for (Mr* mr : mrs) EXPECT_EQ(t.dereg(mr), kOk);
+    return out;
+  };
+  EXPECT_EQ(keys(7), keys(7));
+  EXPECT_NE(keys(7), keys(8));
+  EXPECT_NE(keys(std::nullopt), keys(std::nullopt));
+}
+
+// The unseeded source buffers bytes from getrandom(2); a forked child must not hand out the
+// bytes its parent buffered before the fork (both would then issue the same keys).
+TEST(MrTableKeys, AForkedChildDrawsBytesOfItsOwn) {
+  KeySource source(std::nullopt);
+  std::array<uint8_t, 16> before;
+  source.fill(before);  // the rest of the buffer is now the parent's next bytes
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::array<uint8_t, 16> drawn;
+    source.fill(drawn);
+    _exit(write(fds[1], drawn.data(), drawn.size()) == static_cast<ssize_t>(drawn.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::array<uint8_t, 16> parent;
+  source.fill(parent);
+  std::array<uint8_t, 16> from_child{};
+  EXPECT_EQ(read(fds[0], from_child.data(), from_child.size()),
+            static_cast<ssize_t>(from_child.size()));
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_NE(parent, from_child);
+}
+
+// With a seed the source's bytes are a function of the seed alone.
+TEST(MrTableKeys, ASeededSourceRepeatsItsBytes) {
+  const auto bytes = [](std::optional<uint64_t> seed) {
+    KeySource source(seed);
+    std::vector<uint8_t> out(1000);
+    source.fill(out);
+    return out;
+  };
+  EXPECT_EQ(bytes(5), bytes(5));
+  EXPECT_NE(bytes(5), bytes(6));
+  EXPECT_NE(bytes(std::nullopt), bytes(std::nullopt));
 }
 
 TEST_F(MrTest, TheTableIsBounded) {

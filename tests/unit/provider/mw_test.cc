@@ -4,6 +4,9 @@
 // MrTable::bind_mw_st for that QP.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <random>
+#include <unordered_set>
 #include <vector>
 
 #include "provider/device.h"
@@ -234,6 +237,92 @@ TEST_F(MwTest, BindWqeCarriesWhatTheEngineNeeds) {
   EXPECT_EQ(send_opcode_info(wqe->opcode)->wc_opcode, IBV_WC_BIND_MW);
   // Until the engine executes it the window keeps its old key.
   EXPECT_NE(mw->rkey(), rkey);
+}
+
+// 10,000 windows live beside the MR: every tag (the window's identity, IBA 10.6.7) is non-zero
+// and unlike the MR's and every other window's, the tags spread over the whole 24-bit space
+// (expect_uniform_tags), every window's key is found (unbound: kInvalidated, not kBadKey), and
+// each is refused as kBadKey once its window is deallocated.
+TEST_F(MwTest, ManyLiveWindowsHaveDistinctUniformTags) {
+  std::vector<Mw*> mws;
+  std::vector<uint32_t> keys;
+  std::unordered_set<uint32_t> tags = {mr_->rkey() >> 8};
+  for (int i = 0; i < 10'000; ++i) {
+    Mw* mw = dev_.alloc_mw(pd(), i % 2 ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2).value();
+    const uint32_t tag = mw->rkey() >> 8;
+    EXPECT_NE(tag, 0u);
+    EXPECT_TRUE(tags.insert(tag).second) << "tag " << std::hex << tag << " is live twice";
+    mws.push_back(mw);
+    keys.push_back(mw->rkey());
+  }
+  expect_uniform_tags(keys);
+  for (Mw* mw : mws) {
+    EXPECT_EQ(table().lookup_remote(mw->rkey(), pd(), 0, kRr, base_, 8).error,
+              MemError::kInvalidated);
+  }
+  for (Mw* mw : mws) {
+    const uint32_t key = mw->rkey();
+    ASSERT_EQ(dev_.dealloc_mw(mw), kOk);
+    EXPECT_EQ(table().lookup_remote(key, pd(), 0, kRr, base_, 8).error, MemError::kBadKey);
+  }
+  EXPECT_TRUE(table().lookup_remote(mr_->rkey(), pd(), 0, kRr, base_, 8).ok());
+}
+
+// 10,000 window allocations with deallocations between them (up to 300 live), each bound once
+// with ibv_bind_mw: the bind keeps the tag and changes only the key byte (ibv_inc_rkey(3),
+// o10-37); a new tag is never a live window's or the MR's; the old key byte and a deallocated
+// window's key are refused as kBadKey at once; over the run the tags spread like uniform draws.
+TEST_F(MwTest, ChurnKeepsWindowTagsDistinctAndUniform) {
+  std::mt19937 pick(2);
+  std::vector<Mw*> live;
+  std::unordered_set<uint32_t> live_tags = {mr_->rkey() >> 8};
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < 10'000; ++i) {
+    while (live.size() >= 300 || (!live.empty() && pick() % 2 == 0)) {
+      const size_t j = pick() % live.size();
+      const uint32_t key = live[j]->rkey();
+      ASSERT_EQ(dev_.dealloc_mw(live[j]), kOk);
+      live_tags.erase(key >> 8);
+      live[j] = live.back();
+      live.pop_back();
+      EXPECT_EQ(table().lookup_remote(key, pd(), 0, kRr, base_, 8).error, MemError::kBadKey);
+    }
+    Mw* mw = dev_.alloc_mw(pd(), IBV_MW_TYPE_1).value();
+    const uint32_t key = mw->rkey();
+    EXPECT_NE(key >> 8, 0u);
+    EXPECT_TRUE(live_tags.insert(key >> 8).second) << "tag " << std::hex << (key >> 8);
+    keys.push_back(key);
+    uint32_t rkey = 0;
+    ASSERT_EQ(bind1(mw, base_, 64, kRr, &ibv_mr_, &rkey), kOk);
+    EXPECT_EQ(rkey >> 8, key >> 8) << "a bind keeps the window's tag";
+    EXPECT_NE(rkey & 0xFF, key & 0xFF) << "and draws another key byte";
+    EXPECT_EQ(table().lookup_remote(key, pd(), 0, kRr, base_, 8).error, MemError::kBadKey);
+    EXPECT_TRUE(table().lookup_remote(rkey, pd(), 0, kRr, base_, 8).ok());
+    live.push_back(mw);
+  }
+  expect_uniform_tags(keys);
+  for (Mw* mw : live) ASSERT_EQ(dev_.dealloc_mw(mw), kOk);
+  EXPECT_EQ(mr_->bound_mw_count(), 0u);
+}
+
+// next_mw_rkey draws the key byte uniformly from the 255 bytes other than the current one: in
+// 10,000 draws every other byte occurs (each is missed with probability (254/255)^10000 <
+// e^-39) and the current one never does.
+TEST_F(MwTest, NextRkeyIsAnyKeyByteButTheCurrentOne) {
+  Mw* mw = dev_.alloc_mw(pd(), IBV_MW_TYPE_1).value();
+  std::array<int, 256> seen{};
+  for (int i = 0; i < 10'000; ++i) {
+    const uint32_t next = table().next_mw_rkey(mw);
+    ASSERT_EQ(next >> 8, mw->rkey() >> 8);
+    ++seen[next & 0xFF];
+  }
+  for (int b = 0; b < 256; ++b) {
+    if (b == static_cast<int>(mw->rkey() & 0xFF)) {
+      EXPECT_EQ(seen[b], 0);
+    } else {
+      EXPECT_GT(seen[b], 0) << "key byte " << b << " never drawn";
+    }
+  }
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -67,6 +69,30 @@ inline ibv_qp_attr valid_attr(ibv_qp_state cur, ibv_qp_state next) {
   a.path_mig_state = IBV_MIG_MIGRATED;
   a.en_sqd_async_notify = 1;
   return a;
+}
+
+// Checks that the tags (upper 24 bits) of at least 10,000 keys look like uniform draws from the
+// whole 24-bit space: every one of the 256 top bytes occurs, the largest key is above 0xF0000000
+// and the smallest below 0x10000000, and each of the 24 tag bits is set in 45% to 55% of the
+// keys. A scheme with 20 random bits (slot indices below 2^20, or any tag bit fixed) fails: its
+// top byte is 0, or a bit is set in 0% or 100% of the keys. Uniform draws pass but with
+// probability below 2^-47: a given top byte is missed with probability (255/256)^10000 < e^-39,
+// and 5% of 10,000 is 10 standard deviations of a bit's count.
+inline void expect_uniform_tags(const std::vector<uint32_t>& keys) {
+  ASSERT_GE(keys.size(), 10'000u);
+  std::array<size_t, 256> top{};
+  std::array<size_t, 24> ones{};
+  for (uint32_t key : keys) {
+    ++top[key >> 24];
+    for (unsigned b = 0; b < ones.size(); ++b) ones[b] += (key >> (8 + b)) & 1;
+  }
+  for (size_t i = 0; i < top.size(); ++i) EXPECT_GT(top[i], 0u) << "no key with top byte " << i;
+  EXPECT_GT(*std::max_element(keys.begin(), keys.end()), 0xF0000000u);
+  EXPECT_LT(*std::min_element(keys.begin(), keys.end()), 0x10000000u);
+  for (unsigned b = 0; b < ones.size(); ++b) {
+    EXPECT_GE(ones[b] * 100, keys.size() * 45) << "tag bit " << b;
+    EXPECT_LE(ones[b] * 100, keys.size() * 55) << "tag bit " << b;
+  }
 }
 
 class ProviderTest : public ::testing::Test {
