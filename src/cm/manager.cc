@@ -541,6 +541,9 @@ void Manager::destroy(ConnId id) {
 provider::Result<ConnId> Manager::sidr_query(const SidrQueryParams& p) {
   const size_t pd_max = p.ip ? kRdmaSidrReqPrivateDataMax : kSidrReqPrivateDataMax;
   if (p.private_data.size() > pd_max) return Status(EINVAL);
+  // As connect(): the rdma_cm IP header names IPv4 or IPv6.
+  if (p.ip && p.ip->ip_version != wire::kCmaIpVersion4 && p.ip->ip_version != wire::kCmaIpVersion6)
+    return Status(EINVAL);
   if (conns_.size() >= config_.max_connections) return Status(ENOMEM);
   Conn c;
   c.id = allocate_id();

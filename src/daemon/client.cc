@@ -107,21 +107,37 @@ int try_connect(const std::string& path, int timeout_ms, UniqueFd* out, std::str
   return 0;
 }
 
-// The daemon's log: a file of ours (never a link another user planted), or none.
+// The daemon's log: a regular file of ours in a directory we can trust, reached through no link
+// another user could point elsewhere (trusted_path checks every component), opened without
+// following a link and without blocking (a FIFO planted there fails instead of hanging us). -1
+// and *why when it is set but refused.
 int open_log(std::string* why) {
-  const char* path = secure_getenv("URDMA_DAEMON_LOG");
-  if (!path || !*path) return -1;
-  const int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const char* env = secure_getenv("URDMA_DAEMON_LOG");
+  if (!env || !*env) return -1;
+  const std::string path = env;
+  const std::string label = "URDMA_DAEMON_LOG=" + path;
+  if (path[0] != '/') {
+    *why = label + " is not an absolute path";
+    return -1;
+  }
+  std::string dir_why;
+  if (!trusted_path(dir_of(path), geteuid(), &dir_why, /*to_create_in=*/true)) {
+    *why = label + ": " + dir_why;
+    return -1;
+  }
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
   if (fd < 0) {
-    *why = errno_text(("URDMA_DAEMON_LOG=" + std::string(path)).c_str());
+    *why = errno_text(label.c_str());
     return -1;
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
-    *why = "URDMA_DAEMON_LOG=" + std::string(path) + " is not a regular file of this user";
+    *why = label + " is not a regular file of this user";
     close(fd);
     return -1;
   }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
 }
 
@@ -381,7 +397,11 @@ int Client::acquire_slot(Slot* slot) {
   if (const int err = call(MsgType::kAcquireSlot, &reply, &fds)) return err;
   SlotInfo info;
   if (const int err = decode_slot(reply, &info)) return err;
-  if (fds.size() != 1) return EPROTO;
+  int type = 0;
+  socklen_t len = sizeof type;
+  if (fds.size() != 1 || getsockopt(fds.front().get(), SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+      type != SOCK_DGRAM)
+    return EPROTO;
   slot->fd = std::move(fds.front());
   slot->info = info;
   return 0;
@@ -455,7 +475,9 @@ int Client::next_mad(MadDelivery* info, std::vector<uint8_t>* datagram) {
 int Client::query_clients(ClientsPage* page, std::vector<ClientEntry>* entries) {
   entries->clear();
   // Pages until every connection was listed; connections come and go meanwhile, so stop at an
-  // empty page (bounded: at most total / kClientsPerPage + 1 rounds of a growing list).
+  // empty page, and after as many entries as a daemon can have (a daemon that claims more is
+  // not believed).
+  constexpr size_t kMaxEntries = 65536;
   for (uint32_t first = 0;;) {
     std::vector<uint8_t> reply;
     if (const int err = call_record(encode_clients_query(first), &reply, nullptr)) return err;
@@ -466,6 +488,7 @@ int Client::query_clients(ClientsPage* page, std::vector<ClientEntry>* entries) 
     entries->insert(entries->end(), got.begin(), got.end());
     first += p.count;
     if (p.count == 0 || first >= p.total) break;
+    if (entries->size() >= kMaxEntries) return EPROTO;
   }
   page->total = static_cast<uint32_t>(entries->size());
   page->first = 0;

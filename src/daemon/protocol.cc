@@ -276,7 +276,9 @@ ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* 
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(kMaxPassedFds * sizeof(int))];
+  // Room for one fd more than a record may carry, so that a record with too many is seen as such
+  // (CMSG_SPACE rounds up: the kernel fills what fits and truncates the rest).
+  alignas(cmsghdr) char control[CMSG_SPACE((kMaxPassedFds + 1) * sizeof(int))];
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
   ssize_t n;
@@ -284,20 +286,19 @@ ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* 
     n = recvmsg(sock, &msg, flags | MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n < 0) return -errno;
+  std::vector<UniqueFd> passed;  // closed here unless the record is good and wanted
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (size_t i = 0; i < count; ++i) {
-      int passed;
-      std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof passed);
-      if (fds) {
-        fds->emplace_back(passed);
-      } else {
-        ::close(passed);
-      }
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      passed.emplace_back(fd);
     }
   }
-  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) return -EMSGSIZE;
+  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || passed.size() > kMaxPassedFds) return -EMSGSIZE;
+  if (fds)
+    for (auto& fd : passed) fds->push_back(std::move(fd));
   return n;
 }
 

@@ -7,8 +7,8 @@
 // run on the same host, so fields are host-endian. Before anything else each side checks the
 // other by the kernel's word (SO_PEERCRED): a client believes only a daemon of its own euid or
 // root, a per-user daemon serves only its own euid, a system daemon serves every user and keeps
-// them apart. A record carries at most one fd (SCM_RIGHTS); more are closed unread and the record
-// is refused. A request:
+// them apart. A record carries at most one fd (SCM_RIGHTS); a record with more is refused, its
+// fds closed unread, and the daemon closes the connection. A request:
 //   kHello (+ the client's /proc/self/ns/net) -> kHello{HelloInfo}, or kError: EXDEV (the daemon
 //                    serves another network namespace), EACCES (another user's daemon), EMFILE
 //                    (too many connections of this process, this user or in all). The first
@@ -207,6 +207,7 @@ inline constexpr const char* kCounterNames[] = {
     "completer_retry_err", "send_err",
     "link_downed",         "rdma_sends",
     "rdma_recvs",          "dropped_pkts",
+    "uc_access_err",  // UC requests whose R_Key check failed (dropped: UC has no NAK)
 };
 inline constexpr size_t kCounterCount = std::size(kCounterNames);
 // The first kRxeCounterCount names are rxe's.
@@ -347,7 +348,7 @@ inline constexpr size_t kMaxPassedFds = 1;
 // One record (and up to kMaxPassedFds fds) on a SEQPACKET socket. send_record returns 0 or an
 // errno (never raises SIGPIPE). recv_record returns the record size, 0 at EOF, or -errno; passed
 // fds are appended to *fds (close-on-exec), or closed when fds is null. A record that came with
-// more fds than kMaxPassedFds (the kernel closes the rest) or was cut short is -EMSGSIZE.
+// more fds than kMaxPassedFds or was cut short is -EMSGSIZE, every fd it carried closed.
 int send_record(int sock, std::span<const uint8_t> record, std::span<const int> fds = {});
 ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* fds, int flags = 0);
 

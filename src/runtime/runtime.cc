@@ -51,7 +51,8 @@ daemon::CounterReport counter_report(const engine::EngineCounters& c, uint32_t q
                              c.retry_exceeded_err,  c.retry_rnr_exceeded_err,
                              c.completer_retry_err, c.send_err,
                              c.link_downed,         c.rdma_sends,
-                             c.rdma_recvs,          c.drops()};
+                             c.rdma_recvs,          c.drops(),
+                             c.drop_uc_access};
   static_assert(std::size(values) == daemon::kCounterCount);
   std::copy(std::begin(values), std::end(values), r.counters);
   return r;
