@@ -3,6 +3,9 @@
 # directions, every packet captured and checked (tests/interop/README.md). Needs root.
 #   sudo scripts/interop.sh                       all cases
 #   URDMA_INTEROP_CASES='rc_pingpong' sudo scripts/interop.sh   the cases whose "NAME DIRECTION" match
+#   sudo scripts/interop.sh --prepare             only the host tools and the guest image (no
+#                                                 guest, no cases): scripts/test.sh runs this in
+#                                                 the background while it compiles
 # Uses the build in $URDMA_BUILD (default build/); prints a markdown table (also
 # $OUT/table.md), compares it with docs/COMPATIBILITY.md's (a difference is a failure, unless
 # URDMA_INTEROP_CASES selected a subset) and prints "interop: N passed, M failed"; exit status
@@ -27,6 +30,12 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "[interop] installing ${need[*]}"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     --no-install-recommends "${need[@]}" > /dev/null || exit 2
+fi
+if [ "${1:-}" = --prepare ]; then
+  tests/interop/image.sh
+  rc=$?
+  echo "[interop] host tools and guest image: exit $rc after ${SECONDS} s"
+  exit $rc
 fi
 
 . tests/interop/lib.sh
