@@ -97,7 +97,7 @@ fi
 # Plain: what the process tests, the sweeps, the benchmark tests and the interop suite run.
 stage "plain build"
 build build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -- src/all tools/all examples/all tests/process/all bench/all urdma-sim
+  -- src/all tools/all examples/all tests/process/all tests/security/all bench/all urdma-sim
 plain_built=$?
 stage "plain tests: process, simulation sweeps, benchmarks"
 [ "$plain_built" -eq 0 ] && run_ctest build -L '^(process|sim|bench)$'
