@@ -171,12 +171,10 @@ void Engine::poll(bool hold_acks, bool receive) {
 
 // What was just posted leaves before the socket is read. A thread that posts and then polls
 // (ibv_post_send, then ibv_poll_cq: every hop of a ping-pong) would otherwise send its request
-// only after a recvmmsg that usually finds nothing (docs/PERFORMANCE.md, "A post leaves before
-// the turn reads the socket"). Only the requesters of the QPs rung: a READ being answered on
-// another QP keeps its one budget per turn. The ACK a QP held for its reply (ack_delay_ns)
-// goes in the same send, right behind the request: sent after the socket was read, it left
-// just as the peer's next request came in, and delayed it (docs/PERFORMANCE.md, "The held ACK
-// leaves in the request's own send").
+// only after a recvmmsg that usually finds nothing. Only the requesters of the QPs rung: a READ
+// being answered on another QP keeps its one budget per turn. The ACK a QP held for its reply
+// (ack_delay_ns) goes in the same send, right behind the request: sent after the socket was
+// read, it would leave just as the peer's next request comes in, and delay it.
 void Engine::send_posted_first(bool receive) {
   if (rung_now_.empty()) return;  // a busy poller's every empty turn
   if (receive && !tx_blocked()) {
@@ -282,9 +280,9 @@ void Engine::ring_srq(provider::Srq&) {
   doorbell_rung_.store(true, std::memory_order_release);
 }
 
-// Control operations are commands the engine executes (issue 7): a modify is queued and runs
-// inline only when no turn is running (always so with one thread: the simulation and the
-// engine tests see exactly the old order); otherwise the turn holder runs it before it next
+// Control operations are commands the engine executes: a modify is queued and runs inline only
+// when no turn is running (always so with one thread, so the simulation and the engine tests
+// see every modify at the point of the call); otherwise the turn holder runs it before it next
 // serves a doorbell or a received batch. Only RESET and destroy wait, because the provider
 // empties the QP's queues (or frees them) as soon as they return (provider/doorbell.h).
 void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
@@ -666,8 +664,8 @@ void Engine::flush_tx() {
       counters_.send_err += io_.counters().tx_rejected - rejected_before;
     }
   }
-  // Refused for now: keep copies, in order (no retransmission, no UD loss because a local
-  // buffer was full — issue 7, back-pressure).
+  // Refused for now: keep copies, in order (back-pressure: a full local socket buffer costs
+  // neither a retransmission nor a lost UD datagram).
   for (size_t i = done; i < batch.size(); ++i) backlog(batch[i]);
   tx_queued_ = 0;
   tx_gathered_ = false;

@@ -93,8 +93,7 @@ struct EngineConfig {
   // Datagrams queued before they go to the PacketIo in one send_batch (sendmmsg), 1 ..
   // net::kMaxBatch; the queue is also flushed at the end of every poll() and before a send
   // completion. 1 (the default here) sends every packet as it is built; processes run with 64
-  // (verbs/device.cc, URDMA_TX_BATCH: measured in docs/PERFORMANCE.md). The loopback
-  // benchmark measures both (--tx-batch).
+  // (verbs/device.cc, URDMA_TX_BATCH). The loopback benchmark measures both (--tx-batch).
   size_t tx_batch = 1;
   // Delayed ACKs: 0 (the default here) sends an owed ACK at the end of the received batch.
   // > 0 holds it on a QP in a conversation — one that started a request of its own within this

@@ -2,7 +2,7 @@
 //
 // One sendmmsg per send_batch and one recvmmsg per recv_batch, straight from and into the
 // caller's iovecs and buffers (no staging copy). Two exceptions save what a conversation pays
-// for the batch calls (docs/PERFORMANCE.md, "One datagram, one recvmsg"): a send of one
+// for the batch calls (their setup costs more than the single-message calls'): a send of one
 // message is a sendmsg; and after a read that found at most one datagram, the next reads one
 // by recvmsg — recvmmsg would go back to the socket for a second that is not there — until a
 // one-datagram read finds one, when the next reads a batch again.

@@ -7,8 +7,8 @@
 //     have caught it — the window grows (0 → kGrowStartNs, then doubles, up to max_ns);
 //   * work came later than max_ns: no window would have caught it — the window halves (and
 //     closes below kGrowStartNs). Halving, not closing: in a conversation one late reply among
-//     prompt ones would otherwise start the growth over (measured: closing made qperf rc_lat
-//     bistable, 12 or 40 us from run to run);
+//     prompt ones would otherwise start the growth over, and the latency would flip between
+//     two levels from run to run;
 //   * a spin that lost its core (spun()) closes the window for kClosedNs.
 //
 // "Work" is a datagram or a post (the doorbell); a timer that fires is the engine's own and says
@@ -52,9 +52,8 @@ class BusyPollWindow {
   // A spin took `spun_ns` of wall time. Longer than the window by kDescheduledNs means the
   // thread was off its core that long in the middle of it: another thread wanted the core for
   // longer than a wake-up of our own application thread takes. Spinning then takes the core from
-  // it, and costs this thread the scheduler's favour as a sleeper, so its wake-ups come later
-  // (measured: docs/PERFORMANCE.md, "An adaptive busy-poll window"): the window closes, and stays
-  // closed for kClosedNs.
+  // it, and costs this thread the scheduler's favour as a sleeper, so its wake-ups come later:
+  // the window closes, and stays closed for kClosedNs.
   void spun(uint64_t spun_ns, uint64_t now_ns) {
     if (!adaptive_ || spun_ns <= window_ns_ + kDescheduledNs) return;
     window_ns_ = 0;

@@ -11,8 +11,8 @@
 // An event produced by the turn of the thread that waits for it (Runtime::wait_readable: the
 // thread blocked in get_event takes the turn of the datagram it waits for) is handed to it in
 // memory instead: queued as above but counted in direct_, not in the eventfd, so that thread
-// neither writes the eventfd nor wakes on it and reads it back (a syscall costs over 1 us on
-// some VMs: docs/PERFORMANCE.md, "Fewer syscalls per hop"). Only while that thread is inside
+// neither writes the eventfd nor wakes on it and reads it back (three syscalls saved per
+// event; a syscall can cost over a microsecond on a VM). Only while that thread is inside
 // get_event, which takes the event right after the turn; when one turn fires two CQs of the
 // channel, the first is that thread's and the others go to the eventfd, so other consumers of
 // the fd still see every event that nobody is about to take.

@@ -1,8 +1,7 @@
-// A timerfd set lazily. On some VMs a syscall costs over 1 us (docs/PERFORMANCE.md, "Fewer
-// syscalls per hop"), and the runtime's timers moved at nearly every turn of a conversation:
-// a turn that sends a request starts its retransmission timer, the next turn's ACK stops it,
-// and the engine thread's timer or the application timer (runtime.h) followed each move — two
-// timerfd_settime per message. A timer only has to fire no later than its deadline, so:
+// A timerfd set lazily. A syscall can cost over a microsecond on a VM, and the runtime's
+// timers move at nearly every turn of a conversation: a turn that sends a request starts its
+// retransmission timer, the next turn's ACK stops it; a timer that followed each move would
+// cost two timerfd_settime per message. A timer only has to fire no later than its deadline, so:
 //
 //   * a deadline earlier than what is armed (or nothing armed, or what was armed has passed):
 //     armed now;

@@ -193,11 +193,9 @@ void Runtime::event_taken() {
 
 // A thread that took a completion event usually answers it, and the engine thread often sleeps
 // by then (the waiting thread took the datagram's turn itself). Waking it for the answer costs
-// a second wake-up per hop, and on a loaded host the woken thread waits for a core
-// (docs/PERFORMANCE.md, "A waiting thread drives the engine"). The
-// first send after the event takes the turn here instead; later ones ring as usual, so a burst
-// still leaves in the engine thread's batches (every post its own turn halved the 64-byte
-// message rate).
+// a second wake-up per hop, and on a loaded host the woken thread waits for a core. The first
+// send after the event takes the turn here instead; later ones ring as usual, so a burst still
+// leaves in the engine thread's batches (a turn per post would cost a sendmmsg per message).
 void Runtime::send_posted() {
   if (!has_thread_) return;
   if (t_event_from == this) {
@@ -265,8 +263,7 @@ bool Runtime::take_turn(TurnKind kind) {
 // retransmission timer this turn started, an ACK held for a reply): the application timer
 // wakes it then, instead of waking it now to re-arm its own. Set to what this turn left, later
 // too when the armed time is near: an ACK held for a reply that then carried it must not wake
-// the engine thread for nothing (measured: docs/PERFORMANCE.md, "A waiting thread drives the
-// engine"); a far one is left to fire early once (lazy_timer.h).
+// the engine thread for nothing; a far one is left to fire early once (lazy_timer.h).
 void Runtime::set_app_timer(uint64_t deadline) {
   const uint64_t armed = armed_deadline_ns_.load(std::memory_order_seq_cst);
   // 0: the engine thread is awake and reads the deadline itself before it sleeps.
@@ -357,15 +354,13 @@ void Runtime::run() {
 // takes the turn a datagram asks for) while the engine thread keeps sleeping on its timers and
 // doorbell: the datagram wakes one thread, the one that wants the event, instead of the engine
 // thread, which would then wake it through the channel. Waking a sleeping thread is the cost
-// that matters on a VM whose idle vCPUs halt (docs/PERFORMANCE.md, "A waiting thread drives
-// the engine"). The first watcher takes the socket out of the engine thread's epoll set and the
-// last one puts it back (level-triggered: what arrived meanwhile is reported at once).
+// that matters on a VM whose idle vCPUs halt. The first watcher takes the socket out of the
+// engine thread's epoll set and the last one puts it back (level-triggered: what arrived
+// meanwhile is reported at once).
 //
-// Not EPOLLEXCLUSIVE sets instead (tried 2026-12-02, docs/PERFORMANCE.md, "Fewer syscalls per
-// hop"): they saved the two epoll_ctl per wait, but a woken waiter leaves the socket's wait queue
-// until it waits again, so the next datagram — the reply behind an ACK — woke the engine thread,
-// which then took turns beside the application thread; with two CPU-bound processes on the
-// 2 cores qperf rc_lat went from 93-219 to 144-493 us.
+// Not EPOLLEXCLUSIVE sets: they would save the two epoll_ctl per wait, but a woken waiter leaves
+// the socket's wait queue until it waits again, so the next datagram — the reply behind an ACK
+// — would wake the engine thread, which would then take turns beside the application thread.
 int Runtime::wait_readable(int fd, const bool& delivered) {
   const int sock = io_->readable_fd();
   if (!has_thread_ || sock < 0) {

@@ -32,9 +32,8 @@
 //   took in between compared its deadline with 0 ("awake") and did not set the application
 //   timer. The first send a thread posts after it took a completion event takes the turn
 //   itself when the engine thread sleeps (send_posted): the answer to the event leaves without
-//   a second thread woken for it. Only that one: when every post that found the engine thread
-//   asleep took the turn, the 64-byte message rate halved (every WRITE of a burst its own turn
-//   and sendmmsg) — docs/PERFORMANCE.md, "A waiting thread drives the engine".
+//   a second thread woken for it. Only that one: a burst's later posts ring the doorbell, so
+//   they leave in the engine thread's batches rather than a turn and a sendmmsg each.
 // * APPLICATION TIMER: a turn on an application thread that leaves a deadline earlier than the
 //   sleeping engine thread's timer (a retransmission timer, an ACK held for a reply) sets
 //   app_timer_fd_ to it before it lets go of the token, and the next such turn to what that turn

@@ -135,7 +135,7 @@ bool debug_enabled() {
 }
 
 // The engine settings a process runs with, each overridable by an environment variable (for
-// measuring; docs/PERFORMANCE.md has the numbers behind the defaults):
+// measuring; the loopback and tools benchmarks compare the values):
 //   URDMA_TX_BATCH       packets per sendmmsg, 1..net::kMaxBatch (default 64)
 //   URDMA_ACK_DELAY_US   how long an owed ACK of a QP in a conversation may wait for the reply
 //                        to carry it off the latency path, 0..1000 us (default 50; 0: every
@@ -150,7 +150,7 @@ bool debug_enabled() {
 //   URDMA_UDP_GRO        0 or 1 (default 1): UDP receive offload (the same)
 // 0, or EINVAL with a sentence for a value that is not a number in range.
 constexpr uint64_t kDefaultTxBatch = 64;
-constexpr uint64_t kDefaultAckDelayUs = 50;  // measured: docs/PERFORMANCE.md, "ACKs held for a reply"
+constexpr uint64_t kDefaultAckDelayUs = 50;  // longer than a reply's turnaround on one host
 constexpr uint64_t kDefaultBusyPollUs = 0;
 
 // base::env_number, and the refusal said on stderr: a setting the user made is always said.

@@ -12,11 +12,9 @@
 
 namespace urdma::wire {
 
-// Why isa-l: bench/crc_bench.cc measured (docs/PERFORMANCE.md, the project's 2-vCPU EPYC) isa-l's
-// crc32_gzip_refl (PCLMULQDQ folding, dispatched at run time) against zlib 1.2.13's crc32 and a
-// slicing-by-8 table loop: 8.5 / 35 / 42 GiB/s at 64 B / 1 KiB / 4 KiB, i.e. 12-16x zlib and
-// 3-18x the hand loop, and memcpy speed at 4 KiB. It is the fastest at every size we send, so it
-// is the one on the data path. crc32_gzip_refl already uses zlib's convention (it complements on
+// Why isa-l: its crc32_gzip_refl (PCLMULQDQ folding, dispatched at run time) is faster than
+// zlib's crc32 and a slicing-by-8 table loop at every size we send, and reaches memcpy speed at
+// 4 KiB (bench/crc_bench.cc compares the three), so it is the one on the data path. crc32_gzip_refl already uses zlib's convention (it complements on
 // entry and exit; the tests check it), so crc32_isal needs no adjustment.
 uint32_t crc32(uint32_t crc, std::span<const uint8_t> data) {
   return crc32_isal(crc, data);
@@ -27,10 +25,8 @@ namespace {
 // isa-l 2.30 (Debian 12) returns from its AVX-512 variant, crc32_gzip_refl_by16_10, without a
 // vzeroupper: the upper halves of zmm0-15 stay dirty, and on Intel cores every legacy-SSE
 // instruction after it (ours are built for baseline x86-64, which is SSE) pays an SSE/AVX
-// transition. Measured on a 2-vCPU Intel Xeon (docs/PERFORMANCE.md, "AVX-512 on an Intel
-// Xeon"): urdma_engine_bench BM_Write/64 744 -> 288 ns per packet, BM_IcrcSealVerify 64 B
-// 282 -> 73 ns, with perf putting the time on our first `pxor` after the call and isa-l's first
-// VEX instruction on entry. A vzeroupper after each call clears the state. It only exists
+// transition (on an Intel Xeon it more than doubles the engine's cost per small packet). A
+// vzeroupper after each call clears the state. It only exists
 // with AVX; without AVX isa-l never dirtied anything.
 const bool kCpuHasAvx = [] {
   __builtin_cpu_init();

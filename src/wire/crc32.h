@@ -2,7 +2,7 @@
 //
 // The RoCEv2 ICRC (icrc.h) is this CRC over a masked pseudo-header and the packet. Every caller
 // uses `crc32()`; the other three entry points are the candidates it was chosen from, kept for
-// the benchmark (bench/crc_bench.cc, table in docs/PERFORMANCE.md) and as test oracles.
+// the benchmark (bench/crc_bench.cc) and as test oracles.
 //
 // Convention (zlib's): start with 0, chain by passing the previous result back in;
 // crc32(crc32(0, a), b) == crc32(0, a ++ b). Internally the register starts at all ones and the

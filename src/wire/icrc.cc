@@ -235,7 +235,7 @@ Ipv4IcrcMatch verify_icrc_ipv4(const IcrcIpv4Flow& flow, std::span<const uint8_t
 namespace {
 
 // x^(±(8 * bytes_after + 32)) mod P depends only on the packet length. Computing it costs
-// O(log n) multiplications (~20 ns with PCLMULQDQ, ~120 ns with the bit loop; PERFORMANCE.md);
+// O(log n) carry-less multiplications;
 // packet lengths repeat (MTU-sized data, ACKs), so each thread keeps the last few in a small
 // direct-mapped cache (one per direction), which makes the solve, and the ID change, one lookup
 // and one multiplication.

@@ -150,8 +150,8 @@ enum class Ipv4DfSearch {
 // (ID, DF allowed by `df_search`) with fragment offset 0 and MF clear makes the ICRC correct,
 // and says which. {ID 0, DF set} is checked first (exact, 2^-32); otherwise the ID is solved
 // for (see the top of this file for what that costs in error detection).
-// Cost: one ICRC over the packet plus, for a non-zero ID, one GF(2) solve (bench/crc_bench.cc;
-// the figure is in docs/PERFORMANCE.md).
+// Cost: one ICRC over the packet plus, for a non-zero ID, one GF(2) solve (bench/crc_bench.cc
+// measures it).
 Ipv4IcrcMatch verify_icrc_ipv4(const IcrcIpv4Flow& flow, std::span<const uint8_t> udp_payload,
                                Ipv4DfSearch df_search);
 
