@@ -69,12 +69,14 @@
 #include "engine/engine.h"
 #include "net/udp_socket_io.h"
 #include "runtime/runtime.h"
+#include "support/checksum.h"
 #include "support/qp_setup.h"
 
 namespace {
 
 using namespace urdma;
 using Clock = std::chrono::steady_clock;
+using test_support::fnv1a;
 
 constexpr uint16_t kRawPort = 5000;     // the raw-UDP limit's sockets (RoCEv2 uses 4791)
 constexpr uint16_t kShapedPort = 5001;  // the RC-shaped raw UDP ping-pong's sockets
@@ -115,12 +117,6 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
           .count());
-}
-
-uint64_t fnv1a(const uint8_t* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
 }
 
 // ---------------------------------------------------------------------------------------------

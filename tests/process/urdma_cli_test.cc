@@ -27,9 +27,13 @@
 #include "netns_harness.h"
 #include "runtime/runtime.h"
 #include "support/qp_setup.h"
+#include "support/checksum.h"
 
 namespace urdma::process_test {
 namespace {
+
+using test_support::fill_pattern;
+using test_support::fnv1a;
 
 class UrdmaCli : public ::testing::Test {
  protected:
@@ -135,22 +139,6 @@ StatusView status(const std::string& urdma = kUrdma) {
 constexpr size_t kPart = 4 << 20;  // bytes per part of the stream
 constexpr size_t kChunk = 64 << 10;
 const net::Address kLo = net::Address::from_v4(127, 0, 0, 1);
-
-uint64_t fnv1a(const uint8_t* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
-void fill_pattern(std::vector<uint8_t>& v, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (uint8_t& b : v) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<uint8_t>(x);
-  }
-}
 
 struct Peer {
   std::unique_ptr<runtime::Runtime> rt;

@@ -14,26 +14,14 @@
 #include "link_io.h"
 #include "runtime/runtime.h"
 #include "support/qp_setup.h"
+#include "support/checksum.h"
 
 namespace urdma::runtime::testing {
 
+using test_support::fill_pattern;
+using test_support::fnv1a;
+
 inline constexpr auto kHangGuard = std::chrono::seconds(30);
-
-inline uint64_t fnv1a(const uint8_t* p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
-inline void fill_pattern(std::vector<uint8_t>& v, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (uint8_t& b : v) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    b = static_cast<uint8_t>(x);
-  }
-}
 
 struct Host {
   net::Address addr;

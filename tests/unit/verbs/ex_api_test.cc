@@ -20,19 +20,15 @@
 #include <vector>
 
 #include "verbs_test_env.h"
+#include "support/checksum.h"
 
 namespace urdma::verbs_test {
 namespace {
 
+using test_support::fnv1a;
+
 constexpr uint8_t kPort = 1;
 constexpr uint32_t kQkey = 0x11111111;
-
-uint64_t fnv1a(const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
 
 std::vector<uint8_t> seeded(size_t n, uint32_t seed) {
   std::mt19937 gen(seed);

@@ -24,18 +24,14 @@
 #include <vector>
 
 #include "verbs_test_env.h"
+#include "support/checksum.h"
 
 namespace urdma::verbs_test {
 namespace {
 
-constexpr uint8_t kPort = 1;
+using test_support::fnv1a;
 
-uint64_t fnv1a(const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
+constexpr uint8_t kPort = 1;
 
 std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
   std::mt19937 gen(seed);
