@@ -14,85 +14,12 @@
 // second WRITE's destination QP and PSN, so the suite can count its transmissions on the wire
 // (retry_cnt + 1). Timeout 14 (~67 ms) and retry_cnt 2 keep the exhaustion under a second.
 // Built against Debian's libibverbs: on the host it runs under `urdma run`, in the guest on rxe0.
-#include <arpa/inet.h>
-#include <infiniband/verbs.h>
-#include <netinet/in.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
+
+#include "rc_pair.h"
 
 enum { kPort = 18517, kBufSize = 4096, kWriteLen = 64, kTimeout = 14, kRetryCnt = 2 };
-
-struct peer {
-  uint32_t qpn, psn, rkey;
-  uint64_t addr;
-  union ibv_gid gid;
-};
-
-static void die(const char* what) {
-  perror(what);
-  exit(2);
-}
-
-static int tcp_pair(const char* server_ip) {
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(kPort)};
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  if (s < 0) die("socket");
-  if (server_ip) {
-    inet_pton(AF_INET, server_ip, &a.sin_addr);
-    if (connect(s, (struct sockaddr*)&a, sizeof a)) die("connect");
-    return s;
-  }
-  int one = 1;
-  setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(s, (struct sockaddr*)&a, sizeof a) || listen(s, 1)) die("bind/listen");
-  int c = accept(s, NULL, NULL);
-  if (c < 0) die("accept");
-  close(s);
-  return c;
-}
-
-static void exchange(int sock, const struct peer* mine, struct peer* theirs) {
-  if (write(sock, mine, sizeof *mine) != (ssize_t)sizeof *mine) die("write");
-  if (recv(sock, theirs, sizeof *theirs, MSG_WAITALL) != (ssize_t)sizeof *theirs) die("read");
-}
-
-static void connect_qp(struct ibv_qp* qp, int gid_index, const struct peer* mine,
-                       const struct peer* theirs) {
-  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-                          .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-    die("modify INIT");
-  memset(&a, 0, sizeof a);
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = theirs->qpn;
-  a.rq_psn = theirs->psn;
-  a.max_dest_rd_atomic = 1;
-  a.min_rnr_timer = 12;
-  a.ah_attr.is_global = 1;
-  a.ah_attr.grh.dgid = theirs->gid;
-  a.ah_attr.grh.sgid_index = gid_index;
-  a.ah_attr.grh.hop_limit = 64;
-  a.ah_attr.port_num = 1;
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-    die("modify RTR");
-  a.qp_state = IBV_QPS_RTS;
-  a.sq_psn = mine->psn;
-  a.timeout = kTimeout;
-  a.retry_cnt = kRetryCnt;  // not 7: rxe retries forever with 7 (NOTES.md)
-  a.rnr_retry = 0;
-  a.max_rd_atomic = 1;
-  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
-    die("modify RTS");
-}
 
 static void post_write(struct ibv_qp* qp, struct ibv_mr* mr, const struct peer* theirs,
                        uint64_t wr_id) {
@@ -171,32 +98,15 @@ int main(int argc, char** argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char* server_ip = optind < argc ? argv[optind] : NULL;
   if (server_ip && !cue_file) { fprintf(stderr, "the requester needs -w CUE_FILE\n"); return 2; }
-  struct ibv_device** list = ibv_get_device_list(NULL);
-  struct ibv_device* dev = NULL;
-  for (int i = 0; list && list[i]; ++i)
-    if (!dev_name || !strcmp(ibv_get_device_name(list[i]), dev_name)) dev = list[i];
-  if (!dev) { fprintf(stderr, "no device %s\n", dev_name ? dev_name : ""); return 2; }
-  struct ibv_context* ctx = ibv_open_device(dev);
-  if (!ctx) die("open_device");
-  struct ibv_pd* pd = ibv_alloc_pd(ctx);
-  struct ibv_cq* cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
-  char* buf = aligned_alloc(4096, kBufSize);
-  memset(buf, 0, kBufSize);
-  struct ibv_mr* mr = ibv_reg_mr(pd, buf, kBufSize, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-                                .cap = {.max_send_wr = 4, .max_recv_wr = 1,
-                                        .max_send_sge = 1, .max_recv_sge = 1}};
-  struct ibv_qp* qp = pd && cq && mr ? ibv_create_qp(pd, &qa) : NULL;
-  if (!qp) die("setup");
-
-  struct peer mine = {.qpn = qp->qp_num, .psn = (uint32_t)getpid() & 0xffffff,
-                      .rkey = mr->rkey, .addr = (uintptr_t)buf}, theirs;
-  if (ibv_query_gid(ctx, 1, gid_index, &mine.gid)) die("query_gid");
-  const int sock = tcp_pair(server_ip);
-  exchange(sock, &mine, &theirs);
-  connect_qp(qp, gid_index, &mine, &theirs);
-  if (server_ip) return requester(sock, cue_file, qp, cq, mr, &mine, &theirs);
-  printf("responder qpn 0x%06x: waiting to be killed\n", mine.qpn);
+  struct rc_end e;
+  rc_open(&e, dev_name, gid_index, kBufSize, 0, 4, 1);
+  struct peer theirs;
+  const int sock = tcp_pair(server_ip, kPort);
+  exchange(sock, &e.mine, &theirs);
+  connect_qp(e.qp, gid_index, &e.mine, &theirs,
+             (struct rc_rts){.timeout = kTimeout, .retry_cnt = kRetryCnt, .rnr_retry = 0});
+  if (server_ip) return requester(sock, cue_file, e.qp, e.cq, e.mr, &e.mine, &theirs);
+  printf("responder qpn 0x%06x: waiting to be killed\n", e.mine.qpn);
   char c;
   recv(sock, &c, 1, 0);
   printf("the requester went first\n");
