@@ -194,16 +194,7 @@ void Engine::handle_nak(QpContext& ctx, const wire::PacketView& pkt, CompleterRe
     // After an RNR NAK the rest of that message arrives out of sequence at the responder and
     // draws this NAK; the RNR timer resends, so it costs no retry.
     if (comp.rnr_deadline_ns != net::kNever) return;
-    if (comp.retry_left == 0) {
-      ++counters_.retry_exceeded_err;
-      fail_wqe_at(ctx, *oldest, IBV_WC_RETRY_EXC_ERR);
-      return;
-    }
-    --comp.retry_left;
-    ++counters_.completer_retry_err;
-    comp.retry_started = true;
-    r.rewind_to = comp.psn;
-    comp.retry_deadline_ns = net::kNever;  // re-armed by the resend
+    if (spend_retry(ctx, *oldest, r)) comp.retry_deadline_ns = net::kNever;  // re-armed by the resend
     return;
   }
   // IBA 9.7.5.1.4: invalid request / remote access / remote operational error NAKs are fatal
@@ -333,15 +324,21 @@ void Engine::retry_timeout(QpContext& ctx, CompleterResult& r) {
   if (!oldest) return;
   // IBA 9.7.6.1.1 (local ACK timeout): retry_cnt retries, then Transport Retry Counter
   // Exceeded.
+  spend_retry(ctx, *oldest, r);
+}
+
+bool Engine::spend_retry(QpContext& ctx, uint32_t oldest, CompleterResult& r) {
+  Completer& comp = ctx.comp;
   if (comp.retry_left == 0) {
     ++counters_.retry_exceeded_err;
-    fail_wqe_at(ctx, *oldest, IBV_WC_RETRY_EXC_ERR);
-    return;
+    fail_wqe_at(ctx, oldest, IBV_WC_RETRY_EXC_ERR);
+    return false;
   }
   --comp.retry_left;
   ++counters_.completer_retry_err;
   comp.retry_started = true;
   r.rewind_to = comp.psn;
+  return true;
 }
 
 void Engine::request_sent(QpContext& ctx) {

@@ -343,6 +343,10 @@ class Engine final : public provider::Doorbell {
   void progress(QpContext& ctx, uint32_t next_unacked_psn, CompleterResult& r);
   void fire_completer_timers(QpContext& ctx, uint64_t now_ns);
   void retry_timeout(QpContext& ctx, CompleterResult& r);
+  // One of retry_cnt's retries (a local ACK timeout, a PSN sequence error NAK): resend from the
+  // oldest unacknowledged PSN and true; with none left, the WQE at `oldest` completes with
+  // RETRY_EXC_ERR (the QP enters ERR) and false.
+  bool spend_retry(QpContext& ctx, uint32_t oldest, CompleterResult& r);
   // The requester sent a request packet: the local ACK timer runs (if it did not already).
   void request_sent(QpContext& ctx);
   // The transmit backlog drained after holding packets back for paused_ns: the local ACK and
