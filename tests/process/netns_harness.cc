@@ -184,17 +184,13 @@ std::optional<int> wait_exit(pid_t pid, int timeout_ms) {
 
 pid_t start_second_host(const std::string& here, const std::string& there,
                         const std::string& subnet, const std::function<int()>& host_b) {
-  const std::string prefix = subnet + ".";
   Pipe unshared, veth_made;
   const pid_t b = fork_process([&] {
     if (unshare(CLONE_NEWNET) != 0 || !link_up("lo")) return 10;
     unshared.put('u');
     char ch;
     if (!veth_made.get(&ch, 5000)) return 11;
-    if (std::system(
-            ("ip addr add " + prefix + "2/24 dev " + there + " && ip link set " + there + " up")
-                .c_str()) != 0)
-      return 12;
+    if (!address_there(there, subnet)) return 12;
     return host_b();
   });
   char ch;
@@ -202,16 +198,26 @@ pid_t start_second_host(const std::string& here, const std::string& there,
     ADD_FAILURE() << "the second host did not start";
     return b;
   }
-  if (std::system(("ip link add " + here + " type veth peer name " + there + " netns " +
-                   std::to_string(b) + " 2>&1")
-                      .c_str()) != 0) {
-    kill(b, SIGKILL);
-    skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
-  }
-  if (!sh("ip addr add " + prefix + "1/24 dev " + here + " && ip link set " + here + " up"))
-    kill(b, SIGKILL);
+  if (!veth_into(b, here, there, subnet)) kill(b, SIGKILL);
   veth_made.put('x');
   return b;
+}
+
+bool veth_into(pid_t pid, const std::string& here, const std::string& there,
+               const std::string& subnet) {
+  if (std::system(("ip link add " + here + " type veth peer name " + there + " netns " +
+                   std::to_string(pid) + " 2>&1")
+                      .c_str()) != 0) {
+    kill(pid, SIGKILL);
+    skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
+  }
+  return sh("ip addr add " + subnet + ".1/24 dev " + here + " && ip link set " + here + " up");
+}
+
+bool address_there(const std::string& there, const std::string& subnet) {
+  return std::system(("ip addr add " + subnet + ".2/24 dev " + there + " && ip link set " +
+                      there + " up")
+                         .c_str()) == 0;
 }
 
 bool sh(const std::string& command) {

@@ -43,6 +43,15 @@ std::optional<int> wait_exit(pid_t pid, int timeout_ms);
 pid_t start_second_host(const std::string& here, const std::string& there,
                         const std::string& subnet, const std::function<int()>& host_b);
 
+// The two halves of start_second_host, for a second host made another way (a peer process that
+// enters its own namespace in a set-up hook; a process that only holds a namespace):
+// veth_into makes the pair from this namespace into `pid`'s, with <subnet>.1/24 on `here`, up
+// (false and a test failure if the address fails; the test ends as skipped, and `pid` is
+// killed, when the kernel makes no veth pair); address_there, run inside the other namespace,
+// puts <subnet>.2/24 on `there` and brings it up.
+bool veth_into(pid_t pid, const std::string& here, const std::string& there,
+               const std::string& subnet);
+bool address_there(const std::string& there, const std::string& subnet);
 // Runs a shell command (iproute2); false and a message on failure.
 bool sh(const std::string& command);
 

@@ -267,15 +267,11 @@ TEST_F(RuntimeProcess, TwoNamespacesJoinedByAVethPairEveryOperation) {
           b_ready.put(getpid());
           char ch;
           if (!veth_made.get(&ch, 10000)) _exit(121);
-          if (std::system("ip addr add 10.89.0.2/24 dev vb && ip link set vb up") != 0) _exit(122);
+          if (!address_there("vb", "10.89.0")) _exit(122);
         });
         pid_t b_pid = 0;
         ASSERT_TRUE(b_ready.get(&b_pid));
-        if (std::system(
-                ("ip link add va type veth peer name vb netns " + std::to_string(b_pid) + " 2>&1")
-                    .c_str()) != 0)
-          skip_test("cannot create a veth pair between two namespaces (no veth in this kernel?)");
-        ASSERT_TRUE(sh("ip addr add 10.89.0.1/24 dev va && ip link set va up"));
+        ASSERT_TRUE(veth_into(b_pid, "va", "vb", "10.89.0"));
         veth_made.put('x');
         PeerProcess client(client_args("10.89.0.1", "10.89.0.2", 7002, common));
         expect_transfer(server, client, kAllOps, 90000);

@@ -679,8 +679,7 @@ TEST(WireCapture, EveryPacketAcrossAVethPairPassesUrdmaDecodeAndTshark) {
         done.close_rd();
         pid_t other;
         ASSERT_TRUE(ready.get(&other));
-        ASSERT_TRUE(sh("ip link add va type veth peer name vb netns " + std::to_string(other) +
-                       " && ip addr add 10.89.0.1/24 dev va && ip link set va up"));
+        ASSERT_TRUE(veth_into(other, "va", "vb", "10.89.0"));
         const int here = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
         const int there =
             open(("/proc/" + std::to_string(other) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC);
@@ -690,8 +689,8 @@ TEST(WireCapture, EveryPacketAcrossAVethPairPassesUrdmaDecodeAndTshark) {
                    nullptr, [&](const net::Clock& clock) {
                      Opened o;
                      if (setns(there, CLONE_NEWNET) != 0) return o;
-                     if (sh("ip addr add 10.89.0.2/24 dev vb && ip link set vb up") &&
-                         split_before("vb") && wait_oper_up("vb"))
+                     if (address_there("vb", "10.89.0") && split_before("vb") &&
+                         wait_oper_up("vb"))
                        o.io = open_io(net::Address::from_v4(10, 89, 0, 2), clock);
                      EXPECT_EQ(setns(here, CLONE_NEWNET), 0);
                      if (!wait_oper_up("va")) o.io.reset();
