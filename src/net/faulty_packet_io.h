@@ -3,7 +3,7 @@
 // real UDP (and a developer can reproduce a lossy network on a laptop). Set by URDMA_FAULTS
 // (packet_io_env.h; README "Faults on real sockets").
 //
-// The model is SimNetwork's (sim_network.h): a plain profile with a seed and probabilities in
+// The model is SimNetwork's (tests/support/sim_network.h): a plain profile with a seed and probabilities in
 // parts per million, drawn from the same Xoshiro256 in a fixed order per datagram —
 //   loss → duplication (a second, independent copy) → for each copy: delay in
 //   [delay_min_ns, delay_max_ns], reordering (held back until 1..reorder_depth later datagrams

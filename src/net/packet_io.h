@@ -2,7 +2,7 @@
 //
 // The engine knows nothing of sockets. It hands datagrams to a PacketIo and takes datagrams from
 // it; behind it sit either a real UDP slot socket (sendmmsg/recvmmsg on UDP 4791) or one host of
-// the simulated network (sim_network.h). The shapes are chosen so the real path needs no copies:
+// the simulated network (tests/support/sim_network.h). The shapes are chosen so the real path needs no copies:
 //  * transmit is a gather list (iovec): BTH and friends from an engine header buffer, the payload
 //    straight out of registered memory, the ICRC from the header buffer again. These map 1:1 onto
 //    msghdr.msg_iov;

@@ -14,7 +14,7 @@
 
 #include "base/check.h"
 #include "engine/engine.h"
-#include "net/sim_world.h"
+#include "support/sim_world.h"
 #include "provider/device.h"
 #include "support/engine_participant.h"
 #include "support/qp_setup.h"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "engine/engine_counters.h"
-#include "net/sim_network.h"
+#include "support/sim_network.h"
 #include "sim/checker.h"
 #include "sim/scenario.h"
 

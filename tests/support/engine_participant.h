@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "engine/engine.h"
-#include "net/sim_world.h"
+#include "support/sim_world.h"
 
 namespace urdma::test {
 

@@ -10,7 +10,7 @@
 
 #include "engine/engine.h"
 #include "engine_test_util.h"
-#include "net/sim_world.h"
+#include "support/sim_world.h"
 
 namespace urdma::engine::testing {
 namespace {

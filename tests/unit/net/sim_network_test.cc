@@ -1,4 +1,4 @@
-#include "net/sim_network.h"
+#include "support/sim_network.h"
 
 #include <gtest/gtest.h>
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "net/clock.h"
-#include "net/sim_network.h"
+#include "support/sim_network.h"
 
 namespace urdma::net {
 

@@ -1,4 +1,4 @@
-#include "net/sim_world.h"
+#include "support/sim_world.h"
 
 #include "base/check.h"
 
