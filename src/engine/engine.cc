@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "engine/sge_copy.h"
+#include "net/icrc_flow.h"
 #include "provider/limits.h"
 #include "wire/psn.h"
 
@@ -39,17 +40,6 @@ bool gid_is_zero(const ibv_gid& gid) {
   return true;
 }
 
-template <size_t N>
-std::array<uint8_t, N> address_bytes(const net::Address& a) {
-  std::array<uint8_t, N> out{};
-  if constexpr (N == 4) {
-    const auto v4 = a.v4_bytes();
-    std::copy(v4.begin(), v4.end(), out.begin());
-  } else {
-    out = a.bytes();
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -453,27 +443,9 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
   const wire::PacketView& pkt = *parsed;
 
   // IBA 7.8.1 (C7-48) / annex A17.4.3.1: a packet whose ICRC does not check is dropped.
-  if (config_.verify_icrc) {
-    bool ok = false;
-    if (d.src.address.is_v4() && d.dst.address.is_v4()) {
-      wire::IcrcIpv4Flow flow;
-      flow.src_addr = address_bytes<4>(d.src.address);
-      flow.dst_addr = address_bytes<4>(d.dst.address);
-      flow.udp_src_port = d.src.port;
-      flow.udp_dst_port = d.dst.port;
-      ok = wire::verify_icrc_ipv4(flow, bytes, config_.df_search).ok;
-    } else if (!d.src.address.is_v4() && !d.dst.address.is_v4()) {
-      wire::IcrcIpv6 h;
-      h.src_addr = address_bytes<16>(d.src.address);
-      h.dst_addr = address_bytes<16>(d.dst.address);
-      h.udp_src_port = d.src.port;
-      h.udp_dst_port = d.dst.port;
-      ok = wire::verify_icrc_ipv6(h, bytes);
-    }
-    if (!ok) {
-      ++counters_.drop_icrc;
-      return;
-    }
+  if (config_.verify_icrc && !net::icrc_ok(bytes, d.src, d.dst, config_.df_search)) {
+    ++counters_.drop_icrc;
+    return;
   }
 
   // IBA 9.6.1.1 / 10.9.3: P_Key check against the port's one P_Key (default, full member).
@@ -613,29 +585,16 @@ void Engine::send_packet(const Route& route) {
   const std::span<const std::span<const uint8_t>> gather(pieces.data(), npieces);
   // The ICRC covers the UDP source port the datagram really leaves from, which the I/O decides
   // (a socket sends only from ports it is bound to: net/udp_socket_io.h).
-  const uint16_t src_port = io_.source_port(route.src_port);
-  uint32_t icrc;
-  if (route.src.is_v4() && route.dst.is_v4()) {
-    wire::IcrcIpv4 h;
-    h.flow.src_addr = address_bytes<4>(route.src);
-    h.flow.dst_addr = address_bytes<4>(route.dst);
-    h.flow.udp_src_port = src_port;
-    h.flow.udp_dst_port = net::kRoceV2UdpPort;
-    icrc = wire::compute_icrc_gather(h, gather);
-  } else {
-    wire::IcrcIpv6 h;
-    h.src_addr = address_bytes<16>(route.src);
-    h.dst_addr = address_bytes<16>(route.dst);
-    h.udp_src_port = src_port;
-    h.udp_dst_port = net::kRoceV2UdpPort;
-    icrc = wire::compute_icrc_gather(h, gather);
-  }
-  wire::store_icrc(icrc_slot_owner, icrc);
+  const net::Endpoint src{route.src, io_.source_port(route.src_port)};
+  const net::Endpoint dst{route.dst, net::kRoceV2UdpPort};
+  // Addresses of mixed families (an IPv4 GID towards an IPv6 one) name no datagram the kernel
+  // can send; such a packet keeps a zero ICRC and the send fails.
+  wire::store_icrc(icrc_slot_owner, net::icrc_for(src, dst, gather).value_or(0));
   net::TxDatagram& tx = tx_queue_[tx_queued_];
   tx = net::TxDatagram{};
   tx.iov = {slot.iov.data(), niov};
-  tx.dst = net::Endpoint{route.dst, net::kRoceV2UdpPort};
-  tx.src_port = src_port;
+  tx.dst = dst;
+  tx.src_port = src.port;
   tx.src = route.src;
   tx.traffic_class = route.traffic_class;
   tx.hop_limit = route.hop_limit;

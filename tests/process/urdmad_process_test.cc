@@ -886,7 +886,7 @@ void send_datagram(const char* addr, std::span<const uint8_t> d, bool break_icrc
     return net::Address::from_v4(static_cast<uint8_t>(h >> 24), static_cast<uint8_t>(h >> 16),
                                  static_cast<uint8_t>(h >> 8), static_cast<uint8_t>(h));
   };
-  test::seal_icrc(sealed, {v4(from), ntohs(from.sin_port)}, {v4(sin), kPort});
+  net::seal_icrc(sealed, {v4(from), ntohs(from.sin_port)}, {v4(sin), kPort});
   if (break_icrc) sealed.back() ^= 1;
   ASSERT_EQ(sendto(fd.get(), sealed.data(), sealed.size(), 0, reinterpret_cast<sockaddr*>(&sin),
                    sizeof sin),

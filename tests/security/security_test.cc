@@ -767,7 +767,7 @@ int guess_keys(Pipe& info_pipe, Pipe& chunk_sent, Pipe& go_on) {
     reth.set_rkey(rkey);
     reth.set_dma_length(kPayload);
     std::copy(payload.begin(), payload.end(), d.begin() + wire::Bth::kSize + wire::Reth::kSize);
-    test::seal_icrc(d, from, to);
+    net::seal_icrc(d, from, to);
     return d;
   };
   Payload guess;

@@ -89,7 +89,7 @@ class ProtocolTest : public ::testing::Test {
   void deliver(std::vector<uint8_t> bytes, bool seal = true, net::Address src = kPeer) {
     const net::Endpoint from{src, kPeerPort};
     const net::Endpoint to{kLocal, net::kRoceV2UdpPort};
-    if (seal) test::seal_icrc(bytes, from, to);
+    if (seal) net::seal_icrc(bytes, from, to);
     io_.deliver(bytes, from, to);
   }
 
@@ -102,7 +102,7 @@ class ProtocolTest : public ::testing::Test {
   wire::PacketView sent(size_t i) {
     EXPECT_LT(i, io_.sent.size());
     const auto& s = io_.sent.at(i);
-    EXPECT_TRUE(test::icrc_ok(s.bytes, {kLocal, s.src_port}, s.dst));
+    EXPECT_TRUE(net::icrc_exact(s.bytes, {kLocal, s.src_port}, s.dst));
     auto r = wire::parse_packet(s.bytes);
     EXPECT_TRUE(r.ok()) << wire::parse_error_name(r.error());
     return *r;

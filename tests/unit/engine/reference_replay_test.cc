@@ -321,7 +321,7 @@ class Responder {
   std::vector<wire::PacketView> responses() const {
     std::vector<wire::PacketView> out;
     for (const test::MemoryIo::Sent& s : h_.io.sent) {
-      EXPECT_TRUE(test::icrc_ok(s.bytes, {s.src, s.src_port}, s.dst));
+      EXPECT_TRUE(net::icrc_exact(s.bytes, {s.src, s.src_port}, s.dst));
       EXPECT_EQ(s.src, c_.responder);
       EXPECT_EQ(s.dst, (net::Endpoint{c_.requester, net::kRoceV2UdpPort}));
       auto r = wire::parse_packet(s.bytes);
@@ -474,7 +474,7 @@ class Responder {
       if (Region* r = region(a->rkey())) a->set_rkey(r->mr->rkey());
       rewritten = true;
     }
-    if (rewritten) test::seal_icrc(bytes, d.src, d.dst);
+    if (rewritten) net::seal_icrc(bytes, d.src, d.dst);
     h_.io.deliver(bytes, d.src, d.dst);
     h_.engine.poll();
   }

@@ -146,7 +146,7 @@ TEST_F(RequesterTest, AckArrivingAfterTheReceiveOfATurnIsNoTimeout) {
   peer_ack.resize(built->layout.total_length());
   const net::Endpoint from{kPeer, kPeerPort};
   const net::Endpoint to{kLocal, net::kRoceV2UdpPort};
-  test::seal_icrc(peer_ack, from, to);
+  net::seal_icrc(peer_ack, from, to);
   bool arrived = false;
   io_.on_send = [&](const net::TxDatagram&, std::span<const uint8_t>) {
     if (arrived) return;
