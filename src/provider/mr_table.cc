@@ -420,10 +420,12 @@ Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op)
     // Type 1 windows cannot be zero based (ibv_bind_mw(3)).
     if (op.access & IBV_ACCESS_ZERO_BASED) return Status(EINVAL);
   }
-  if (op.access & ~kMwAccessKnown) return Status(EINVAL);
+  if (op.access & ~kMwBindAccessAccepted) return Status(EINVAL);
 
+  // A type 1 bind of length 0 unbinds the window, whatever MR it names (rxe_bind_mw: no MR
+  // without a length); type 2 was refused above.
   Mr* mr = nullptr;
-  if (op.mr_handle != 0 || op.length != 0) {
+  if (op.length != 0) {
     mr = mr_slot(op.mr_handle);
     if (mr == nullptr || !mr->live_) return Status(EINVAL);
     // C10-74: the MR and the window share a PD.

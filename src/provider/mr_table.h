@@ -64,6 +64,9 @@ inline constexpr int kMrAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE
 // Access flags an MW bind may grant (IBA 10.6.7.2: remote rights only, plus zero-based).
 inline constexpr int kMwAccessKnown = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                       IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;
+// Access flags a bind accepts: the above, and LOCAL_WRITE, which rdma-core's own tests pass
+// (tests/test_mr.py) and rxe and mlx5 accept; a window has no lkey, so it grants nothing.
+inline constexpr int kMwBindAccessAccepted = kMwAccessKnown | IBV_ACCESS_LOCAL_WRITE;
 inline constexpr int kRemoteAccess =
     IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
