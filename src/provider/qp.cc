@@ -217,7 +217,14 @@ Status Qp::modify(const ibv_qp_attr& attr, int mask) {
     state_.store(next, std::memory_order_release);
   }
   device_.doorbell().qp_modified(*this, cur, next);
-  if (next == IBV_QPS_RESET) empty_queues();
+  if (next == IBV_QPS_RESET) {
+    empty_queues();
+    // The engine has forgotten the QP (qp_modified waited for its turn): no completion of it
+    // follows. Those nobody polled go with its queues, as mlx5_modify_qp's mlx5_cq_clean does,
+    // so a QP taken from ERR through RESET back to RTS does not return old flushes first.
+    init_.send_cq->discard_qp(qp_num());
+    if (init_.recv_cq != init_.send_cq) init_.recv_cq->discard_qp(qp_num());
+  }
   return kOk;
 }
 
