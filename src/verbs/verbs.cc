@@ -6,6 +6,7 @@
 // errno and return NULL; a failed post names the first WR not posted in *bad_wr. Every verb
 // validates its arguments before the provider sees them; the provider's Status is already
 // rdma-core's errno (provider/status.h).
+#include <fcntl.h>
 #include <pthread.h>
 
 #include <cerrno>
@@ -187,7 +188,10 @@ void fill_context(Context& c, ibv_device* device, int async_fd) {
   ctx.ops.alloc_mw = op_alloc_mw;
   ctx.ops.dealloc_mw = op_dealloc_mw;
   ctx.ops.bind_mw = op_bind_mw;
-  ctx.cmd_fd = -1;  // no kernel uverbs file behind urdma
+  // No kernel uverbs file is behind urdma, but programs treat cmd_fd as a real descriptor
+  // (rdma-core's tests dup(2) it for ibv_import_device, which then answers EOPNOTSUPP): the
+  // context owns an fd of /dev/null, closed with it. Any ioctl on it fails (ENOTTY).
+  ctx.cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
   ctx.async_fd = async_fd;
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
@@ -332,6 +336,16 @@ int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, i
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
   }
+  // rdma-core's own input checks: a new translation needs an address and a length, and
+  // access flags only come with IBV_REREG_MR_CHANGE_ACCESS.
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  if (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
   verbs::Mr* w = verbs::Mr::from(mr);
   verbs::Pd* new_pd = nullptr;
   if (flags & IBV_REREG_MR_CHANGE_PD) {
@@ -429,6 +443,10 @@ int ibv_resize_cq(ibv_cq* cq, int cqe) {
   if (!cq) return EINVAL;
   if (cqe < 1) return EINVAL;
   verbs::Cq* w = verbs::Cq::from(cq);
+  // ibv_resize_cq(3): EINVAL below the entries the CQ holds. A kernel device (rxe) executes a
+  // post before it returns, so a UD send posted before the resize has its completion in the CQ
+  // by then; one engine turn on this thread makes that true here too before the count.
+  w->ctx->rt->runtime().progress_now();
   provider::Status s = w->p->resize(static_cast<uint32_t>(cqe));
   if (!s.ok()) return s.error();
   cq->cqe = static_cast<int>(w->p->cqe());
