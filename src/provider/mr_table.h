@@ -212,6 +212,11 @@ class MrTable {
   // ibv_dereg_mr: EINVAL while memory windows are bound to it (IBA 10.6.7.2.6, as rxe).
   Status dereg(Mr* mr);
   Mr* mr_by_handle(uint32_t handle) const;
+  // ibv_advise_mr(3)'s checks of its scatter list, and each SGE's host bytes into `out`: an
+  // lkey of a live MR (ENOENT), registered with ON_DEMAND (EINVAL), in `pd` (EPERM), with
+  // LOCAL_WRITE when `write` (EPERM), the range inside it (EFAULT).
+  Status advise_ranges(const Pd* pd, bool write, std::span<const ibv_sge> sges,
+                       std::vector<std::span<uint8_t>>* out) const;
 
   // ibv_alloc_mw / ibv_dealloc_mw. Dealloc of a bound window unbinds it.
   Result<Mw*> alloc_mw(Pd* pd, ibv_mw_type type);

@@ -17,8 +17,14 @@ namespace {
 // ibv_qp_attr_mask bits 0..20: IB_QP_ATTR_STANDARD_BITS. The rest (SMAC, VID, RATE_LIMIT)
 // are not for this device (rxe_modify_qp returns EOPNOTSUPP the same way).
 constexpr int kStandardMaskBits = (IBV_QP_DEST_QPN << 1) - 1;
+// qp_access_flags: the remote rights are what the responder checks; the kernel takes the MR
+// flags beside them (uverbs copies qp_access_flags unchecked), and rdma-core's tests pass
+// ON_DEMAND there (test_odp.py), so those are accepted and mean nothing for a QP. FLUSH and
+// unknown bits are EINVAL.
 constexpr int kQpAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                               IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
+                               IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
 constexpr uint32_t kSgeBytes = sizeof(ibv_sge);
 static_assert(kSgeBytes == 16);
 
