@@ -157,10 +157,11 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   full.device_cap_flags_ex = static_cast<uint64_t>(full.orig_attr.device_cap_flags);
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   // On-demand paging: every MR is (the engine touches registered memory from inside the
-  // process, where the CPU faults pages in), on every transport and operation, and an
-  // implicit MR (address 0, length SIZE_MAX) covers the whole address space. No TSO, RSS,
-  // packet pacing, tag matching, DM or CQ moderation: zeros.
-  full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+  // process, where the CPU faults pages in), on every transport and operation. Not implicit
+  // ODP: a peer's access through an implicit MR (address 0, SIZE_MAX bytes) to an address the
+  // process has not mapped would end the process (SIGSEGV in the engine), not in a remote
+  // access error. No TSO, RSS, packet pacing, tag matching, DM or CQ moderation: zeros.
+  full.odp_caps.general_caps = IBV_ODP_SUPPORT;
   full.odp_caps.per_transport_caps.rc_odp_caps =
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
       IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
