@@ -71,6 +71,11 @@ Status Cq::resize(uint32_t cqe) {
   return kOk;
 }
 
+uint32_t Cq::discard_qp(uint32_t qp_num) {
+  std::scoped_lock lock(producer_mutex_, poll_mutex_);
+  return ring_->remove_if([qp_num](const ibv_wc& wc) { return wc.qp_num == qp_num; });
+}
+
 bool Cq::push_st(const ibv_wc& wc, bool solicited) {
   {
     std::lock_guard lock(producer_mutex_);

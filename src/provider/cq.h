@@ -10,6 +10,9 @@
 // error state and one IBV_EVENT_CQ_ERR async event is raised; entries already present stay
 // pollable.
 //
+// A QP moved to RESET takes its completions that nobody polled with it (discard_qp): a QP
+// brought back from ERR through RESET does not hand its next poller the flushes of before.
+//
 // Notification (IBA 11.4.2.2, ibv_req_notify_cq(3)): req_notify arms the CQ for the next
 // completion or for the next solicited (or unsuccessful) completion; the first matching push
 // disarms it and calls the notify hook (the completion channel), once per arming.
@@ -51,6 +54,9 @@ class Cq {
   void set_notify(std::function<void(Cq&)> notify);
   // ibv_resize_cq: EINVAL if `cqe` is 0, above the device limit, or below the entries present.
   Status resize(uint32_t cqe);
+  // A QP of this CQ moved to RESET: its completions not yet polled are removed, the others
+  // stay in order (what mlx4, mlx5, mthca and hns do in their modify_qp). Returns how many.
+  uint32_t discard_qp(uint32_t qp_num);
 
   // ---- engine thread ----
   // Appends a completion. `solicited` is the SE bit of the message that produced a receive

@@ -305,6 +305,22 @@ Mr* MrTable::mr_by_handle(uint32_t handle) const {
   return mr != nullptr && mr->live_ ? mr : nullptr;
 }
 
+Status MrTable::advise_ranges(const Pd* pd, bool write, std::span<const ibv_sge> sges,
+                              std::vector<std::span<uint8_t>>* out) const {
+  std::shared_lock lock(mutex_);
+  for (const ibv_sge& sge : sges) {
+    const KeyEntry* entry = find_tag(sge.lkey >> kKeyBits);
+    const Mr* mr = entry != nullptr ? mr_slot(entry->handle) : nullptr;
+    if (mr == nullptr || mr->key_ != sge.lkey) return Status(ENOENT);
+    if ((mr->access_ & IBV_ACCESS_ON_DEMAND) == 0) return Status(EINVAL);
+    if (mr->pd_ != pd) return Status(EPERM);
+    if (write && (mr->access_ & IBV_ACCESS_LOCAL_WRITE) == 0) return Status(EPERM);
+    if (!range_inside(sge.addr, sge.length, mr->iova_, mr->length_)) return Status(EFAULT);
+    out->emplace_back(mr->addr_ + (sge.addr - mr->iova_), sge.length);
+  }
+  return kOk;
+}
+
 Result<Mw*> MrTable::alloc_mw(Pd* pd, ibv_mw_type type) {
   if (pd == nullptr) return Status(EINVAL);
   if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return Status(EINVAL);
@@ -420,10 +436,12 @@ Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op)
     // Type 1 windows cannot be zero based (ibv_bind_mw(3)).
     if (op.access & IBV_ACCESS_ZERO_BASED) return Status(EINVAL);
   }
-  if (op.access & ~kMwAccessKnown) return Status(EINVAL);
+  if (op.access & ~kMwBindAccessAccepted) return Status(EINVAL);
 
+  // A type 1 bind of length 0 unbinds the window, whatever MR it names (rxe_bind_mw: no MR
+  // without a length); type 2 was refused above.
   Mr* mr = nullptr;
-  if (op.mr_handle != 0 || op.length != 0) {
+  if (op.length != 0) {
     mr = mr_slot(op.mr_handle);
     if (mr == nullptr || !mr->live_) return Status(EINVAL);
     // C10-74: the MR and the window share a PD.

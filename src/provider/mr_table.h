@@ -64,6 +64,9 @@ inline constexpr int kMrAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE
 // Access flags an MW bind may grant (IBA 10.6.7.2: remote rights only, plus zero-based).
 inline constexpr int kMwAccessKnown = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                       IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;
+// Access flags a bind accepts: the above, and LOCAL_WRITE, which rdma-core's own tests pass
+// (tests/test_mr.py) and rxe and mlx5 accept; a window has no lkey, so it grants nothing.
+inline constexpr int kMwBindAccessAccepted = kMwAccessKnown | IBV_ACCESS_LOCAL_WRITE;
 inline constexpr int kRemoteAccess =
     IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
@@ -209,6 +212,11 @@ class MrTable {
   // ibv_dereg_mr: EINVAL while memory windows are bound to it (IBA 10.6.7.2.6, as rxe).
   Status dereg(Mr* mr);
   Mr* mr_by_handle(uint32_t handle) const;
+  // ibv_advise_mr(3)'s checks of its scatter list, and each SGE's host bytes into `out`: an
+  // lkey of a live MR (ENOENT), registered with ON_DEMAND (EINVAL), in `pd` (EPERM), with
+  // LOCAL_WRITE when `write` (EPERM), the range inside it (EFAULT).
+  Status advise_ranges(const Pd* pd, bool write, std::span<const ibv_sge> sges,
+                       std::vector<std::span<uint8_t>>* out) const;
 
   // ibv_alloc_mw / ibv_dealloc_mw. Dealloc of a bound window unbinds it.
   Result<Mw*> alloc_mw(Pd* pd, ibv_mw_type type);

@@ -17,8 +17,14 @@ namespace {
 // ibv_qp_attr_mask bits 0..20: IB_QP_ATTR_STANDARD_BITS. The rest (SMAC, VID, RATE_LIMIT)
 // are not for this device (rxe_modify_qp returns EOPNOTSUPP the same way).
 constexpr int kStandardMaskBits = (IBV_QP_DEST_QPN << 1) - 1;
+// qp_access_flags: the remote rights are what the responder checks; the kernel takes the MR
+// flags beside them (uverbs copies qp_access_flags unchecked), and rdma-core's tests pass
+// ON_DEMAND there (test_odp.py), so those are accepted and mean nothing for a QP. FLUSH and
+// unknown bits are EINVAL.
 constexpr int kQpAccessKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                               IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
+                               IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
 constexpr uint32_t kSgeBytes = sizeof(ibv_sge);
 static_assert(kSgeBytes == 16);
 
@@ -217,7 +223,14 @@ Status Qp::modify(const ibv_qp_attr& attr, int mask) {
     state_.store(next, std::memory_order_release);
   }
   device_.doorbell().qp_modified(*this, cur, next);
-  if (next == IBV_QPS_RESET) empty_queues();
+  if (next == IBV_QPS_RESET) {
+    empty_queues();
+    // The engine has forgotten the QP (qp_modified waited for its turn): no completion of it
+    // follows. Those nobody polled go with its queues, as mlx5_modify_qp's mlx5_cq_clean does,
+    // so a QP taken from ERR through RESET back to RTS does not return old flushes first.
+    init_.send_cq->discard_qp(qp_num());
+    if (init_.recv_cq != init_.send_cq) init_.recv_cq->discard_qp(qp_num());
+  }
   return kOk;
 }
 

@@ -120,6 +120,23 @@ class SpscRing {
 
   // Empties the ring. Only when neither side runs concurrently (owner holds both sides).
   void clear() { head_.store(tail_.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+  // Removes the entries `drop` selects and keeps the others in their order; returns how many
+  // went. The kept entries move towards the tail and the head advances past the gap, so only
+  // the consumer's index changes. Only when neither side runs concurrently (owner holds both).
+  template <class Pred>
+  uint32_t remove_if(Pred drop) {
+    const uint32_t head = head_.load(std::memory_order_relaxed);
+    const uint32_t n = tail_.load(std::memory_order_relaxed) - head;
+    uint32_t kept_from = n;  // the kept entries end up at offsets [kept_from, n)
+    for (uint32_t i = n; i-- > 0;) {
+      const T& entry = entries_[(head + i) & mask_];
+      if (drop(entry)) continue;
+      --kept_from;
+      if (kept_from != i) entries_[(head + kept_from) & mask_] = entry;
+    }
+    head_.store(head + kept_from, std::memory_order_relaxed);
+    return kept_from;
+  }
 
  private:
   const uint32_t slots_;

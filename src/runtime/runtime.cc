@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "base/check.h"
@@ -226,6 +228,15 @@ void Runtime::wake_token_waiter() {
 
 bool Runtime::try_progress() {
   return take_turn(kPoll);
+}
+
+bool Runtime::progress_now() {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::nanoseconds(kProgressWaitNs);
+  while (!take_turn(kPoll)) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::yield();
+  }
+  return true;
 }
 
 bool Runtime::take_turn(TurnKind kind) {

@@ -121,6 +121,13 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // Any thread (ibv_poll_cq finding its CQ empty): runs one engine turn on this thread if
   // nobody holds the progress token; false if somebody does (the engine is being driven).
   bool try_progress();
+  // Any thread (ibv_resize_cq): runs one engine turn on this thread, waiting for the token
+  // while another thread's turn runs, so whatever was posted before the call has executed as
+  // far as the device can take it alone (a UD send has left and completed), as a kernel
+  // device executes a post before it returns. False if the token stayed taken for
+  // kProgressWaitNs (a thread driving the engine without pause).
+  bool progress_now();
+  static constexpr uint64_t kProgressWaitNs = 100'000'000;
 
   // engine::Waker: a doorbell rang (any thread).
   void wake() override;

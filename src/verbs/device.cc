@@ -397,6 +397,7 @@ int ibv_close_device(ibv_context* context) {
   delete c->rt;  // destroys the objects the application left, dependents first
   verbs::free_live_objects(*c);  // and their wrappers
   pthread_mutex_destroy(&context->mutex);
+  if (context->cmd_fd >= 0) close(context->cmd_fd);
   delete c;
   std::lock_guard lock(p.mutex);
   if (--p.contexts == 0) {

@@ -6,10 +6,14 @@
 // errno and return NULL; a failed post names the first WR not posted in *bad_wr. Every verb
 // validates its arguments before the provider sees them; the provider's Status is already
 // rdma-core's errno (provider/status.h).
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <span>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -152,10 +156,61 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   full.orig_attr = Context::from(context)->dev().attr();
   full.device_cap_flags_ex = static_cast<uint64_t>(full.orig_attr.device_cap_flags);
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
-  // No ODP, TSO, RSS, packet pacing, tag matching, DM or CQ moderation: zeros.
+  // On-demand paging: every MR is (the engine touches registered memory from inside the
+  // process, where the CPU faults pages in), on every transport and operation. Not implicit
+  // ODP: a peer's access through an implicit MR (address 0, SIZE_MAX bytes) to an address the
+  // process has not mapped would end the process (SIGSEGV in the engine), not in a remote
+  // access error. No TSO, RSS, packet pacing, tag matching, DM or CQ moderation: zeros.
+  full.odp_caps.general_caps = IBV_ODP_SUPPORT;
+  full.odp_caps.per_transport_caps.rc_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+      IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
+  full.odp_caps.per_transport_caps.uc_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+      IBV_ODP_SUPPORT_SRQ_RECV;
+  full.odp_caps.per_transport_caps.ud_odp_caps =
+      IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
   std::memcpy(attr, &full, std::min(attr_size, sizeof full));
   if (attr_size > sizeof full)
     std::memset(reinterpret_cast<char*>(attr) + sizeof full, 0, attr_size - sizeof full);
+  return 0;
+}
+
+// ibv_advise_mr(3). The engine reads and writes registered memory from inside the process, so
+// every MR is "on demand": a page the device touches is faulted in by the CPU then, never
+// pinned. A prefetch makes the range's pages present now (madvise MADV_POPULATE_READ/_WRITE)
+// so the first access does not fault; NO_FAULT has nothing to do (a present page is already
+// the device's). Done before the call returns, with or without IBV_ADVISE_MR_FLAG_FLUSH.
+int op_advise_mr(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+                 uint32_t num_sge) {
+  if (!pd || (flags & ~uint32_t{IBV_ADVISE_MR_FLAG_FLUSH}) != 0) return EINVAL;
+  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return EOPNOTSUPP;
+  if (num_sge == 0 || !sg_list) return EINVAL;
+  Pd* p = Pd::from(pd);
+  const bool write = advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+  std::vector<std::span<uint8_t>> ranges;
+  provider::Status s = p->ctx->dev().mr_table().advise_ranges(
+      p->p, write, std::span<const ibv_sge>(sg_list, num_sge), &ranges);
+  if (!s.ok()) return s.error();
+  if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT) return 0;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  for (const std::span<uint8_t> r : ranges) {
+    if (r.empty()) continue;
+    const uintptr_t first = reinterpret_cast<uintptr_t>(r.data()) & ~(page - 1);
+    const uintptr_t end = reinterpret_cast<uintptr_t>(r.data()) + r.size();
+    if (madvise(reinterpret_cast<void*>(first), end - first,
+                write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+      continue;
+    // A kernel before 5.14 knows no MADV_POPULATE_*: the prefetch is best effort (the man
+    // page), so a hint it is. Memory outside the process's mappings is EFAULT.
+    if (errno == EINVAL) {
+      (void)madvise(reinterpret_cast<void*>(first), end - first, MADV_WILLNEED);
+      continue;
+    }
+    return errno == ENOMEM || errno == EFAULT ? EFAULT : errno;
+  }
   return 0;
 }
 
@@ -187,7 +242,10 @@ void fill_context(Context& c, ibv_device* device, int async_fd) {
   ctx.ops.alloc_mw = op_alloc_mw;
   ctx.ops.dealloc_mw = op_dealloc_mw;
   ctx.ops.bind_mw = op_bind_mw;
-  ctx.cmd_fd = -1;  // no kernel uverbs file behind urdma
+  // No kernel uverbs file is behind urdma, but programs treat cmd_fd as a real descriptor
+  // (rdma-core's tests dup(2) it for ibv_import_device, which then answers EOPNOTSUPP): the
+  // context owns an fd of /dev/null, closed with it. Any ioctl on it fails (ENOTTY).
+  ctx.cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
   ctx.async_fd = async_fd;
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
@@ -197,6 +255,7 @@ void fill_context(Context& c, ibv_device* device, int async_fd) {
   c.vctx.sz = sizeof(verbs_context);
   c.vctx.query_port = op_query_port;
   c.vctx.query_device_ex = op_query_device_ex;
+  c.vctx.advise_mr = op_advise_mr;
   c.vctx.create_cq_ex = create_cq_ex;
   c.vctx.create_qp_ex = create_qp_ex;
 }
@@ -332,6 +391,16 @@ int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, i
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
   }
+  // rdma-core's own input checks: a new translation needs an address and a length, and
+  // access flags only come with IBV_REREG_MR_CHANGE_ACCESS.
+  if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  if (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
   verbs::Mr* w = verbs::Mr::from(mr);
   verbs::Pd* new_pd = nullptr;
   if (flags & IBV_REREG_MR_CHANGE_PD) {
@@ -429,6 +498,10 @@ int ibv_resize_cq(ibv_cq* cq, int cqe) {
   if (!cq) return EINVAL;
   if (cqe < 1) return EINVAL;
   verbs::Cq* w = verbs::Cq::from(cq);
+  // ibv_resize_cq(3): EINVAL below the entries the CQ holds. A kernel device (rxe) executes a
+  // post before it returns, so a UD send posted before the resize has its completion in the CQ
+  // by then; one engine turn on this thread makes that true here too before the count.
+  w->ctx->rt->runtime().progress_now();
   provider::Status s = w->p->resize(static_cast<uint32_t>(cqe));
   if (!s.ok()) return s.error();
   cq->cqe = static_cast<int>(w->p->cqe());

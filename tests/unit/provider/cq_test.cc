@@ -107,6 +107,54 @@ TEST_F(CqTest, Resize) {
   for (uint64_t i = 0; i < 100; ++i) EXPECT_EQ(out[i].wr_id, i);
 }
 
+ibv_wc wc_of_qp(uint64_t wr_id, uint32_t qp_num) {
+  ibv_wc wc = make_wc(wr_id, IBV_WC_WR_FLUSH_ERR);
+  wc.qp_num = qp_num;
+  return wc;
+}
+
+// The entries of one QP go, the others keep their order, across the ring's wrap-around.
+TEST_F(CqTest, DiscardQpRemovesOnlyThatQpsEntriesInOrder) {
+  Cq* cq = make(8);  // 15 usable entries, 16 slots
+  std::vector<ibv_wc> out(16);
+  for (uint64_t i = 0; i < 11; ++i) ASSERT_TRUE(cq->push_st(make_wc(i), false));
+  ASSERT_EQ(cq->poll(11, out.data()), 11);  // the next entries wrap around the 16 slots
+  const uint32_t qpns[] = {5, 9, 5, 5, 9, 7, 5, 9, 9, 5, 7};
+  for (uint64_t i = 0; i < std::size(qpns); ++i)
+    ASSERT_TRUE(cq->push_st(wc_of_qp(100 + i, qpns[i]), false));
+  EXPECT_EQ(cq->discard_qp(5), 5u);
+  EXPECT_EQ(cq->discard_qp(5), 0u);
+  EXPECT_EQ(cq->size(), 6u);
+  ASSERT_EQ(cq->poll(16, out.data()), 6);
+  const uint64_t kept[] = {101, 104, 105, 107, 108, 110};
+  for (size_t i = 0; i < std::size(kept); ++i) EXPECT_EQ(out[i].wr_id, kept[i]) << i;
+  // The ring is whole afterwards: it fills to its capacity again.
+  for (uint64_t i = 0; i < cq->cqe(); ++i) ASSERT_TRUE(cq->push_st(make_wc(i), false));
+  EXPECT_FALSE(cq->push_st(make_wc(99), false));
+}
+
+// A QP moved to RESET takes its unpolled completions with it (as mlx4/mlx5 do); a QP sharing
+// the CQ keeps its own.
+TEST_F(CqTest, ModifyToResetDiscardsTheQpsCompletions) {
+  Qp* a = make_qp(IBV_QPT_RC);
+  Qp* b = make_qp(IBV_QPT_RC);
+  drive(a, IBV_QPS_RTS);
+  drive(b, IBV_QPS_RTS);
+  ASSERT_TRUE(cq()->push_st(wc_of_qp(1, a->qp_num()), false));
+  ASSERT_TRUE(cq()->push_st(wc_of_qp(2, b->qp_num()), false));
+  ASSERT_TRUE(cq()->push_st(wc_of_qp(3, a->qp_num()), false));
+  ibv_qp_attr attr = {};
+  attr.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(a->modify(attr, IBV_QP_STATE), kOk);
+  EXPECT_EQ(cq()->size(), 3u) << "ERR keeps them";
+  attr.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(a->modify(attr, IBV_QP_STATE), kOk);
+  std::vector<ibv_wc> out(4);
+  ASSERT_EQ(cq()->poll(4, out.data()), 1);
+  EXPECT_EQ(out[0].wr_id, 2u);
+  EXPECT_EQ(out[0].qp_num, b->qp_num());
+}
+
 TEST_F(CqTest, NotificationArming) {
   Cq* cq = make(16);
   int fired = 0;

@@ -156,6 +156,39 @@ TEST_F(MwTest, Type1BindRules) {
   EXPECT_TRUE(mw->bound());
 }
 
+// rdma-core's tests/test_mr.py binds with REMOTE_WRITE | LOCAL_WRITE (rxe and mlx5 take it):
+// LOCAL_WRITE is accepted and grants nothing, a window having no lkey. Other bits stay EINVAL.
+TEST_F(MwTest, BindAcceptsLocalWriteAndGrantsOnlyRemoteRights) {
+  Mw* mw1 = dev_.alloc_mw(pd(), IBV_MW_TYPE_1).value();
+  uint32_t rkey = 0;
+  ASSERT_EQ(bind1(mw1, base_, 64, kRw | kLw, &ibv_mr_, &rkey), kOk);
+  EXPECT_TRUE(table().lookup_remote(rkey, pd(), qp_->qp_num(), kRw, base_, 64).ok());
+  EXPECT_EQ(mw1->access(), kRw);
+  EXPECT_EQ(table().lookup_local(rkey, pd(), kLw, base_, 8).error, MemError::kBadKey);
+  EXPECT_EQ(bind1(mw1, base_, 64, kRw | kBind, &ibv_mr_, &rkey).error(), EINVAL);
+
+  Mw* mw2 = dev_.alloc_mw(pd(), IBV_MW_TYPE_2).value();
+  const uint32_t rkey2 = ibv_inc_rkey(mw2->rkey());
+  ASSERT_EQ(bind2(qp_, mw2, rkey2, base_, 64, kRw | kLw), kOk);
+  EXPECT_TRUE(table().lookup_remote(rkey2, pd(), qp_->qp_num(), kRw, base_, 64).ok());
+}
+
+// rxe_bind_mw: a type 1 bind of length 0 unbinds the window even when it names an MR (the
+// test's invalidation, MWBindInfo(mr, buf, 0, 0)); the MR is no longer held by it.
+TEST_F(MwTest, Type1ZeroLengthBindWithAnMrUnbinds) {
+  Mw* mw = dev_.alloc_mw(pd(), IBV_MW_TYPE_1).value();
+  uint32_t rkey = 0;
+  ASSERT_EQ(bind1(mw, base_, 64, kRw, &ibv_mr_, &rkey), kOk);
+  EXPECT_EQ(mr_->bound_mw_count(), 1u);
+  uint32_t rkey2 = 0;
+  ASSERT_EQ(bind1(mw, base_, 0, 0, &ibv_mr_, &rkey2), kOk);
+  EXPECT_FALSE(mw->bound());
+  EXPECT_EQ(mr_->bound_mw_count(), 0u);
+  EXPECT_EQ(table().lookup_remote(rkey, pd(), 0, kRw, base_, 8).error, MemError::kBadKey);
+  EXPECT_EQ(table().lookup_remote(rkey2, pd(), 0, kRw, base_, 8).error, MemError::kInvalidated);
+  EXPECT_EQ(dev_.dereg_mr(mr_), kOk);
+}
+
 TEST_F(MwTest, Type2BindIsTiedToItsQp) {
   Mw* mw = dev_.alloc_mw(pd(), IBV_MW_TYPE_2).value();
   const uint32_t rkey = ibv_inc_rkey(mw->rkey());

@@ -225,8 +225,10 @@ TEST_F(QpTransitionTest, AttributeValuesAreValidated) {
   const BadValue kCases[] = {
       {"pkey index 1", R, I, IBV_QP_PKEY_INDEX, [](ibv_qp_attr& a) { a.pkey_index = 1; }},
       {"port 2", R, I, IBV_QP_PORT, [](ibv_qp_attr& a) { a.port_num = 2; }},
-      {"access bit", R, I, IBV_QP_ACCESS_FLAGS,
-       [](ibv_qp_attr& a) { a.qp_access_flags = IBV_ACCESS_MW_BIND; }},
+      {"access bit FLUSH_GLOBAL", R, I, IBV_QP_ACCESS_FLAGS,
+       [](ibv_qp_attr& a) { a.qp_access_flags = 1 << 8; }},
+      {"access bit 15", R, I, IBV_QP_ACCESS_FLAGS,
+       [](ibv_qp_attr& a) { a.qp_access_flags = 1 << 15; }},
       {"mtu 0", I, RTR, IBV_QP_PATH_MTU, [](ibv_qp_attr& a) { a.path_mtu = ibv_mtu(0); }},
       {"mtu 6", I, RTR, IBV_QP_PATH_MTU, [](ibv_qp_attr& a) { a.path_mtu = ibv_mtu(6); }},
       {"dest qpn 25 bits", I, RTR, IBV_QP_DEST_QPN,

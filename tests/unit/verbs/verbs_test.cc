@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -49,13 +50,14 @@ ibv_gid loopback_v4_gid() {
   return g;
 }
 
-// Polls until `n` completions arrived (ibv_poll_cq drives the engine) or 10 s passed.
+// Polls until `n` completions arrived (ibv_poll_cq drives the engine) or 10 s passed; never
+// takes more than `n`.
 std::vector<ibv_wc> poll_n(ibv_cq* cq, size_t n) {
   std::vector<ibv_wc> out;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
     ibv_wc wc[16];
-    const int got = ibv_poll_cq(cq, 16, wc);
+    const int got = ibv_poll_cq(cq, static_cast<int>(std::min<size_t>(16, n - out.size())), wc);
     if (got < 0) break;
     out.insert(out.end(), wc, wc + got);
   }
@@ -148,10 +150,56 @@ class Verbs : public ::testing::Test {
     EXPECT_EQ(qp->state, IBV_QPS_RTS);
   }
 
+  // Back from ERR to RTS through RESET, as rdma-core's tests/test_mr.py restate_qps does.
+  void restate(ibv_qp* qp, uint32_t remote_qpn) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
+    connect(qp, remote_qpn);
+  }
+
+  int post_write(ibv_qp* qp, uint64_t wr_id, const ibv_sge& sge, uint64_t remote_addr,
+                 uint32_t rkey) {
+    ibv_sge s = sge;
+    ibv_send_wr w{}, *bad = nullptr;
+    w.wr_id = wr_id;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = remote_addr;
+    w.wr.rdma.rkey = rkey;
+    return ibv_post_send(qp, &w, &bad);
+  }
+
+  int post_send(ibv_qp* qp, uint64_t wr_id, const ibv_sge& sge) {
+    ibv_sge s = sge;
+    ibv_send_wr w{}, *bad = nullptr;
+    w.wr_id = wr_id;
+    w.opcode = IBV_WR_SEND;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.send_flags = IBV_SEND_SIGNALED;
+    return ibv_post_send(qp, &w, &bad);
+  }
+
+  int post_recv(ibv_qp* qp, uint64_t wr_id, const ibv_sge& sge) {
+    ibv_sge s = sge;
+    ibv_recv_wr w{}, *bad = nullptr;
+    w.wr_id = wr_id;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    return ibv_post_recv(qp, &w, &bad);
+  }
+
   ibv_device** list_ = nullptr;
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
 };
+
+ibv_sge sge_of(const void* p, size_t n, uint32_t lkey) {
+  return {reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(n), lkey};
+}
 
 // ---- device list and queries ----
 
@@ -516,8 +564,40 @@ TEST_F(Verbs, VerbsNotOfferedFailWithEopnotsupp) {
   EXPECT_TRUE(null_with(ibv_import_pd(ctx_, 1), EOPNOTSUPP));
   errno = 0;
   EXPECT_TRUE(null_with(ibv_import_mr(pd_, 1), EOPNOTSUPP));
-  ibv_sge sge{};
-  EXPECT_EQ(ibv_advise_mr(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 1), EOPNOTSUPP);
+}
+
+// ibv_advise_mr(3) on ODP MRs: a prefetch leaves the bytes as they were; each wrong argument
+// has the man page's errno.
+TEST_F(Verbs, OnDemandMrsTakeAdviceWithTheManPagesErrnos) {
+  const size_t kLen = 3 * 4096 + 100;
+  std::vector<uint8_t> buf(kLen, 0x33);
+  ibv_mr* odp = ibv_reg_mr(pd_, buf.data(), kLen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+  ibv_mr* ro = ibv_reg_mr(pd_, buf.data(), kLen, IBV_ACCESS_ON_DEMAND);
+  ibv_mr* pinned = ibv_reg_mr(pd_, buf.data(), kLen, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_TRUE(odp && ro && pinned) << std::strerror(errno);
+  ibv_sge sge = sge_of(buf.data() + 10, kLen - 10, odp->lkey);
+  for (auto advice : {IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+                      IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT}) {
+    EXPECT_EQ(ibv_advise_mr(pd_, advice, 0, &sge, 1), 0) << advice;
+    EXPECT_EQ(ibv_advise_mr(pd_, advice, IBV_ADVISE_MR_FLAG_FLUSH, &sge, 1), 0) << advice;
+  }
+  EXPECT_EQ(buf[10], 0x33);
+  EXPECT_EQ(ibv_advise_mr(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH, 2, &sge, 1), EINVAL);  // flags
+  EXPECT_EQ(ibv_advise_mr(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 0), EINVAL);
+  ibv_sge past = sge_of(buf.data() + 8, kLen, odp->lkey);
+  EXPECT_EQ(ibv_advise_mr(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &past, 1), EFAULT);
+  ibv_sge stale = sge_of(buf.data(), 8, odp->lkey ^ 0x80);
+  EXPECT_EQ(ibv_advise_mr(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &stale, 1), ENOENT);
+  ibv_sge not_odp = sge_of(buf.data(), 8, pinned->lkey);
+  EXPECT_EQ(ibv_advise_mr(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &not_odp, 1), EINVAL);
+  ibv_sge read_only = sge_of(buf.data(), 8, ro->lkey);
+  EXPECT_EQ(ibv_advise_mr(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &read_only, 1), 0);
+  EXPECT_EQ(ibv_advise_mr(pd_, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, 0, &read_only, 1), EPERM);
+  ibv_pd* other = ibv_alloc_pd(ctx_);
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(ibv_advise_mr(other, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 1), EPERM);
+  EXPECT_EQ(ibv_dealloc_pd(other), 0);
+  for (ibv_mr* m : {odp, ro, pinned}) EXPECT_EQ(ibv_dereg_mr(m), 0);
 }
 
 // ---- traffic ----
@@ -805,6 +885,254 @@ TEST_F(Verbs, MemoryWindowType1BindGrantsRemoteWrite) {
   EXPECT_EQ(ibv_dealloc_mw(mw), 0);
   for (ibv_mr* m : {ms, md}) EXPECT_EQ(ibv_dereg_mr(m), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// What rdma-core's tests/test_mr.py MWTest does: the bind's access carries LOCAL_WRITE next to
+// REMOTE_WRITE; type 1 through ibv_bind_mw, then unbound by a zero-length bind naming the MR;
+// type 2 through an IBV_WR_BIND_MW WR with ibv_inc_rkey, then LOCAL_INV.
+TEST_F(Verbs, MemoryWindowsBoundAsRdmaCoresTestsBindThem) {
+  ibv_cq* cq = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ibv_qp* a = make_qp(IBV_QPT_RC, cq, cq);
+  ibv_qp* b = make_qp(IBV_QPT_RC, cq, cq);
+  ASSERT_TRUE(cq && a && b);
+  connect(a, b->qp_num);
+  connect(b, a->qp_num);
+  std::vector<uint8_t> src = random_bytes(256, 9), dst(256);
+  ibv_mr* ms = ibv_reg_mr(pd_, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* md = ibv_reg_mr(pd_, dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  ASSERT_TRUE(ms && md);
+  const ibv_sge from = sge_of(src.data(), src.size(), ms->lkey);
+  const uint64_t at = reinterpret_cast<uintptr_t>(dst.data());
+  const unsigned access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+
+  ibv_mw* mw1 = ibv_alloc_mw(pd_, IBV_MW_TYPE_1);
+  ASSERT_NE(mw1, nullptr) << std::strerror(errno);
+  ibv_mw_bind bind{};
+  bind.wr_id = 1;
+  bind.send_flags = IBV_SEND_SIGNALED;
+  bind.bind_info = {.mr = md, .addr = at, .length = dst.size(), .mw_access_flags = access};
+  ASSERT_EQ(ibv_bind_mw(b, mw1, &bind), 0);
+  std::vector<ibv_wc> wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(wcs[0].opcode, IBV_WC_BIND_MW);
+  ASSERT_EQ(post_write(a, 2, from, at, mw1->rkey), 0);
+  wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+  // Unbound by a zero-length bind that still names the MR: a WRITE through it is refused.
+  bind.wr_id = 3;
+  bind.bind_info = {.mr = md, .addr = at, .length = 0, .mw_access_flags = 0};
+  ASSERT_EQ(ibv_bind_mw(b, mw1, &bind), 0);
+  wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  ASSERT_EQ(post_write(a, 4, from, at, mw1->rkey), 0);
+  wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(ibv_dealloc_mw(mw1), 0);
+  restate(a, b->qp_num);  // both in ERR after the refused WRITE
+  restate(b, a->qp_num);
+
+  ibv_mw* mw2 = ibv_alloc_mw(pd_, IBV_MW_TYPE_2);
+  ASSERT_NE(mw2, nullptr) << std::strerror(errno);
+  ibv_send_wr w{}, *bad = nullptr;
+  w.wr_id = 5;
+  w.opcode = IBV_WR_BIND_MW;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.bind_mw.mw = mw2;
+  w.bind_mw.rkey = ibv_inc_rkey(mw2->rkey);
+  w.bind_mw.bind_info = {.mr = md, .addr = at, .length = dst.size(), .mw_access_flags = access};
+  ASSERT_EQ(ibv_post_send(b, &w, &bad), 0);
+  wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(wcs[0].wr_id, 5u);
+  std::fill(dst.begin(), dst.end(), 0);
+  ASSERT_EQ(post_write(a, 6, from, at, w.bind_mw.rkey), 0);
+  wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+  ibv_send_wr inv{};
+  inv.wr_id = 7;
+  inv.opcode = IBV_WR_LOCAL_INV;
+  inv.send_flags = IBV_SEND_SIGNALED;
+  inv.invalidate_rkey = w.bind_mw.rkey;
+  ASSERT_EQ(ibv_post_send(b, &inv, &bad), 0);
+  wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(wcs[0].opcode, IBV_WC_LOCAL_INV);
+  ASSERT_EQ(post_write(a, 8, from, at, w.bind_mw.rkey), 0);
+  wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wcs[0].status);
+
+  for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_dealloc_mw(mw2), 0);
+  for (ibv_mr* m : {ms, md}) EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// rdma-core's test_mr_rereg_addr and test_mr_rereg_pd: a receive posted for the MR's old
+// translation (or with the MR moved to another PD) fails — REM_OP_ERR for the sender,
+// LOC_PROT_ERR for the receive —; the QPs come back from ERR through RESET and the next SEND
+// succeeds: RESET took the flushes nobody polled with it, so they are not polled first.
+TEST_F(Verbs, RereggedMrCarriesTrafficAfterTheQpsAreRestated) {
+  ibv_cq* ca = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ibv_cq* cb = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ASSERT_TRUE(ca && cb);
+  ibv_qp* a = make_qp(IBV_QPT_RC, ca, ca);
+  ibv_qp* b = make_qp(IBV_QPT_RC, cb, cb);
+  ASSERT_TRUE(a && b);
+  connect(a, b->qp_num);
+  connect(b, a->qp_num);
+  std::vector<uint8_t> src = random_bytes(512, 11), old_buf(512), new_buf(512);
+  ibv_mr* ms = ibv_reg_mr(pd_, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* mr = ibv_reg_mr(pd_, old_buf.data(), old_buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_TRUE(ms && mr);
+  const ibv_sge from = sge_of(src.data(), src.size(), ms->lkey);
+  const uint32_t lkey = mr->lkey;
+
+  // A receive for the old translation, then the MR moves.
+  ASSERT_EQ(post_recv(b, 1, sge_of(old_buf.data(), old_buf.size(), mr->lkey)), 0);
+  ASSERT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, new_buf.data(),
+                         new_buf.size(), 0),
+            0);
+  EXPECT_EQ(mr->addr, new_buf.data());
+  EXPECT_EQ(mr->lkey, lkey);  // kept: a new translation does not need new keys
+  ASSERT_EQ(post_recv(a, 2, from), 0);  // flushed when a enters ERR
+  ASSERT_EQ(post_send(a, 3, from), 0);
+  std::vector<ibv_wc> wcs = poll_n(ca, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_OP_ERR) << ibv_wc_status_str(wcs[0].status);
+  wcs = poll_n(cb, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(wcs[0].status);
+  // The flush of a's receive, queued as a entered ERR, is not polled before the restate.
+  restate(a, b->qp_num);
+  restate(b, a->qp_num);
+  ibv_wc none;
+  EXPECT_EQ(ibv_poll_cq(ca, 1, &none), 0) << "RESET leaves no completion of the QP";
+  EXPECT_EQ(ibv_poll_cq(cb, 1, &none), 0);
+
+  ASSERT_EQ(post_recv(b, 4, sge_of(new_buf.data(), new_buf.size(), mr->lkey)), 0);
+  ASSERT_EQ(post_send(a, 5, from), 0);
+  wcs = poll_n(ca, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(wcs[0].wr_id, 5u);
+  wcs = poll_n(cb, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(wcs[0].wr_id, 4u);
+  EXPECT_EQ(fnv1a(new_buf.data(), new_buf.size()), fnv1a(src.data(), src.size()));
+
+  // The MR moves to another PD: a receive through it fails the same way; back, it works.
+  ibv_pd* other = ibv_alloc_pd(ctx_);
+  ASSERT_NE(other, nullptr);
+  ASSERT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, other, nullptr, 0, 0), 0);
+  EXPECT_EQ(mr->pd, other);
+  ASSERT_EQ(post_recv(b, 6, sge_of(new_buf.data(), new_buf.size(), mr->lkey)), 0);
+  ASSERT_EQ(post_send(a, 7, from), 0);
+  wcs = poll_n(ca, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_OP_ERR) << ibv_wc_status_str(wcs[0].status);
+  restate(a, b->qp_num);
+  restate(b, a->qp_num);
+  ASSERT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd_, nullptr, 0, 0), 0);
+  std::fill(new_buf.begin(), new_buf.end(), 0);
+  ASSERT_EQ(post_recv(b, 8, sge_of(new_buf.data(), new_buf.size(), mr->lkey)), 0);
+  ASSERT_EQ(post_send(a, 9, from), 0);
+  wcs = poll_n(ca, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  wcs = poll_n(cb, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(fnv1a(new_buf.data(), new_buf.size()), fnv1a(src.data(), src.size()));
+
+  // rdma-core's input checks: a translation needs an address and a length; access flags
+  // need IBV_REREG_MR_CHANGE_ACCESS.
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, nullptr, 64, 0),
+            IBV_REREG_MR_ERR_INPUT);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, pd_, nullptr, 0, IBV_ACCESS_LOCAL_WRITE),
+            IBV_REREG_MR_ERR_INPUT);
+  EXPECT_EQ(errno, EINVAL);
+
+  for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  for (ibv_mr* m : {ms, mr}) EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_dealloc_pd(other), 0);
+  for (ibv_cq* c : {ca, cb}) EXPECT_EQ(ibv_destroy_cq(c), 0);
+}
+
+// rdma-core's test_resize_cq: UD sends posted and not polled, then a resize below their
+// number is EINVAL — at once, as on rxe, where the post executes the send: the resize lets
+// the engine run what was posted before it counts.
+TEST_F(Verbs, ResizeBelowTheUnpolledCompletionsIsEinval) {
+  for (int round = 0; round < 20; ++round) {
+    ibv_cq* cq = ibv_create_cq(ctx_, 3, nullptr, nullptr, 0);
+    ASSERT_NE(cq, nullptr);
+    ASSERT_EQ(ibv_resize_cq(cq, 1), 0);
+    EXPECT_GE(cq->cqe, 1);
+    ASSERT_EQ(ibv_resize_cq(cq, 7), 0);
+    ASSERT_GE(cq->cqe, 7);
+    ibv_qp* qp = make_qp(IBV_QPT_UD, cq, cq);
+    ASSERT_NE(qp, nullptr);
+    connect(qp, 0);
+    ibv_ah_attr ah_attr{};
+    ah_attr.is_global = 1;
+    ah_attr.grh.dgid = loopback_v4_gid();
+    ah_attr.grh.hop_limit = 64;
+    ah_attr.port_num = kPort;
+    ibv_ah* ah = ibv_create_ah(pd_, &ah_attr);
+    ASSERT_NE(ah, nullptr);
+    std::vector<uint8_t> msg(64, 0x5a);
+    ibv_mr* mr = ibv_reg_mr(pd_, msg.data(), msg.size(), IBV_ACCESS_LOCAL_WRITE);
+    ASSERT_NE(mr, nullptr);
+    const int sends = cq->cqe - 1;
+    for (int i = 0; i < sends; ++i) {
+      ibv_sge sge = sge_of(msg.data(), msg.size(), mr->lkey);
+      ibv_send_wr w{}, *bad = nullptr;
+      w.wr_id = static_cast<uint64_t>(i);
+      w.opcode = IBV_WR_SEND;
+      w.sg_list = &sge;
+      w.num_sge = 1;
+      w.send_flags = IBV_SEND_SIGNALED;
+      w.wr.ud.ah = ah;
+      w.wr.ud.remote_qpn = qp->qp_num;  // nobody receives: the datagrams are dropped
+      w.wr.ud.remote_qkey = 0x11111111;
+      ASSERT_EQ(ibv_post_send(qp, &w, &bad), 0);
+    }
+    ASSERT_EQ(ibv_resize_cq(cq, 1), EINVAL) << "round " << round;
+    const std::vector<ibv_wc> wcs = poll_n(cq, static_cast<size_t>(sends));
+    ASSERT_EQ(wcs.size(), static_cast<size_t>(sends));
+    for (const ibv_wc& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    ASSERT_EQ(ibv_resize_cq(cq, 1), 0);  // empty again
+    EXPECT_EQ(ibv_destroy_qp(qp), 0);
+    EXPECT_EQ(ibv_destroy_ah(ah), 0);
+    EXPECT_EQ(ibv_dereg_mr(mr), 0);
+    EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  }
+}
+
+// cmd_fd is a descriptor a program can dup(2) (rdma-core's test_shared_pd does, then imports
+// the device from the copy); importing fails with EOPNOTSUPP, so that test skips as on rxe.
+TEST_F(Verbs, CmdFdIsADescriptorThatImportsNothing) {
+  ASSERT_GE(ctx_->cmd_fd, 0);
+  EXPECT_NE(fcntl(ctx_->cmd_fd, F_GETFD) & FD_CLOEXEC, 0);
+  const int copy = dup(ctx_->cmd_fd);
+  ASSERT_GE(copy, 0) << std::strerror(errno);
+  errno = 0;
+  EXPECT_EQ(ibv_import_device(copy), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(close(copy), 0);
 }
 
 // ---- events ----
