@@ -492,23 +492,37 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
     return -1;
   }
   verbs::Process& p = verbs::process();
-  provider::Result<provider::AsyncEvent> r = p.async->get_event();
+  *event = {};
+  // The object is read while it cannot be destroyed (AsyncEventFd::get_event); the event is
+  // counted on it, and its destroy waits for the acknowledgement.
+  auto report = [event](const provider::AsyncEvent& e) {
+    auto count = [](pthread_mutex_t* m, uint32_t* n) {
+      pthread_mutex_lock(m);
+      ++*n;
+      pthread_mutex_unlock(m);
+    };
+    if (e.qp) {
+      auto* w = verbs::Qp::from(static_cast<ibv_qp*>(e.qp->user_context));
+      count(&w->qp.mutex, &w->events_reported);
+      event->element.qp = &w->qp;
+    } else if (e.cq) {
+      auto* w = verbs::Cq::from(static_cast<ibv_cq*>(e.cq->user_context));
+      count(&w->cq.mutex, &w->events_reported);
+      event->element.cq = &w->cq;
+    } else if (e.srq) {
+      auto* w = verbs::Srq::from(static_cast<ibv_srq*>(e.srq->user_context));
+      count(&w->srq.mutex, &w->events_reported);
+      event->element.srq = &w->srq;
+    }
+  };
+  provider::Result<provider::AsyncEvent> r = p.async->get_event(report);
   if (!r.ok()) {
     errno = r.error();
     return -1;
   }
   const provider::AsyncEvent& e = r.value();
-  *event = {};
   event->event_type = e.type;
-  if (e.qp) {
-    event->element.qp = static_cast<ibv_qp*>(e.qp->user_context);
-  } else if (e.cq) {
-    event->element.cq = static_cast<ibv_cq*>(e.cq->user_context);
-  } else if (e.srq) {
-    event->element.srq = static_cast<ibv_srq*>(e.srq->user_context);
-  } else {
-    event->element.port_num = e.port_num;
-  }
+  if (!e.qp && !e.cq && !e.srq) event->element.port_num = e.port_num;
   return 0;
 }
 
