@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <fcntl.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -192,6 +193,20 @@ bool Daemon::setup(int* err, std::string* error) {
   }
   if (takeover_ == kTakeoverGrace) arm_takeover_timer(options_.takeover_grace_ms);
   update_idle_timer();
+  // The view is a convenience for programs that read sysfs: a daemon that cannot write it
+  // serves anyway (`urdma run` says the view is missing).
+  // Written from the whole table: the first dump is read here (it is quick: one recv per 32 KiB
+  // of addresses), so neither the view nor the first clients see a table half filled.
+  for (int i = 0; i < 20 && !addresses_.dumped(); ++i) {
+    pollfd p{addresses_.fd(), POLLIN, 0};
+    if (poll(&p, 1, 50) < 0 && errno != EINTR) break;
+    std::string why;
+    if (!addresses_.handle_readable(&gids_, &why)) break;
+  }
+  if (!options_.view_dir.empty()) {
+    std::string why;
+    if (!view_.open(options_.view_dir, gids_.entries(), &why)) log("no device view: " + why);
+  }
   log(std::string(options_.system ? "system daemon" : "daemon of " + owner_text(uid_)) +
       " serving " + options_.socket_path + ", UDP port " + std::to_string(group_.port) + " (" +
       (group_.family == AF_INET6 ? "IPv6 dual-stack" : "IPv4") + "), " +
@@ -338,7 +353,10 @@ bool Daemon::step(int timeout_ms) {
           exit_code_ = 1;
           stop_ = true;
         }
-        if (changed) publish_gids();
+        if (changed) {
+          publish_gids();
+          view_.update(gids_.entries());
+        }
         break;
       }
       case kSlotSocket:

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "daemon/cm_agent.h"
+#include "daemon/device_view.h"
 #include "daemon/gid_table.h"
 #include "daemon/mad_backlog.h"
 #include "daemon/mad_router.h"
@@ -62,6 +63,8 @@ struct DaemonOptions {
   uint32_t takeover_grace_ms = 500;
   // The socket clients connect to (for logs).
   std::string socket_path;
+  // Where the device view's GID files are kept (device_view.h); empty: none.
+  std::string view_dir;
 };
 
 // What the keeper hands the daemon it starts (supervisor.h).
@@ -204,6 +207,7 @@ class Daemon {
   UniqueFd hello_timer_fd_;
   AddressMonitor addresses_;
   GidTable gids_;
+  GidView view_;  // the GID files of the device view, equal to gids_
   SlotGroup group_;
   SlotTable slots_;
   std::map<uint64_t, Client> clients_;

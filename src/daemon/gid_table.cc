@@ -205,6 +205,7 @@ bool AddressMonitor::handle_readable(GidTable* table, std::string* error, bool* 
       return false;
     }
     const bool done = apply_netlink_addr_messages({buffer, static_cast<size_t>(n)}, table, &any);
+    dumped_ |= done;
     if (done && resync_) {
       const size_t before = table->size();
       table->sweep_stale();

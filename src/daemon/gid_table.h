@@ -65,6 +65,8 @@ class AddressMonitor {
   // changed. Returns false on a fatal socket error (reason in *error). A receive-buffer overflow
   // (ENOBUFS) starts a resync dump.
   bool handle_readable(GidTable* table, std::string* error, bool* changed = nullptr);
+  // The first dump has been read whole: the table holds every address.
+  bool dumped() const { return dumped_; }
 
  private:
   bool request_dump(std::string* error);
@@ -72,6 +74,7 @@ class AddressMonitor {
   UniqueFd fd_;
   uint32_t seq_ = 0;
   bool resync_ = false;
+  bool dumped_ = false;
 };
 
 }  // namespace urdma::daemon

@@ -160,6 +160,7 @@ int run_supervisor(SupervisorOptions o) {
   if (const int fd = systemd_listener(); fd >= 0) {
     handoff.listener.reset(fd);
     o.daemon.socket_path = systemd_endpoint().socket;
+    o.daemon.view_dir = gid_view_dir(systemd_endpoint().dir, netns_inode());
   } else {
     if (const int err = take_lock(o.endpoint.lock, &lock_fd)) {
       if (err == EADDRINUSE)
@@ -172,6 +173,7 @@ int run_supervisor(SupervisorOptions o) {
       return fail(err, error);
     }
     o.daemon.socket_path = o.endpoint.socket;
+    o.daemon.view_dir = gid_view_dir(o.endpoint.dir, netns_inode());
   }
   auto cleanup = [&] {
     handoff.group.sockets.clear();  // the UDP group first: a successor finds the port free

@@ -23,6 +23,12 @@
 
 namespace urdma::engine {
 
+namespace {
+constexpr uint8_t kRoceSlUdp = 0x8;
+constexpr uint8_t kRoceSlIpv4 = kRoceSlUdp | 0x2;
+constexpr uint8_t kRoceSlIpv6 = kRoceSlUdp | 0x1;
+}  // namespace
+
 enum class RespState : uint8_t {
   kCheckPsn,
   kCheckOpSeq,
@@ -745,7 +751,13 @@ void Engine::handle_ud_request(QpContext& ctx, const wire::PacketView& pkt,
   // convention, wire/grh.h). The IP ID, TTL and TOS are not visible to a UDP socket: 0 / 64.
   std::array<uint8_t, wire::Grh::kSize> grh{};
   const size_t udp_len = 8 + d.length;
-  if (d.src.address.is_v4() && d.dst.address.is_v4()) {
+  const bool ipv4 = d.src.address.is_v4() && d.dst.address.is_v4();
+  // RoCEv2 carries no SL. For a UD receive on a RoCE port, mlx5 reports the frame's headers in
+  // the SL instead (bit 3: a UDP, routable frame; bits 2:0: 1 IPv6, 2 IPv4), and UCX's
+  // ud_verbs reads it to find the destination GID in the GRH area (rxe's 0 reads as IPv6, so
+  // UCX drops every IPv4 datagram as addressed to another GID).
+  wc.sl = ipv4 ? kRoceSlIpv4 : kRoceSlIpv6;
+  if (ipv4) {
     std::array<uint8_t, wire::Ipv4Header::kSize> ip4{};
     wire::Ipv4Header h(ip4.data());
     h.set_version(4);

@@ -69,7 +69,6 @@ Result<AddressVector> make_address_vector(const ibv_ah_attr& attr, SgidPresent s
   if (!attr.is_global) return Status(EINVAL);
   if (attr.port_num != 1) return Status(EINVAL);
   if (!sgid_present(attr.grh.sgid_index)) return Status(EINVAL);
-  if (attr.grh.flow_label & ~kFlowLabelMask) return Status(EINVAL);
   AddressVector av;
   av.dgid = attr.grh.dgid;
   if (gid_is_ipv4_mapped(attr.grh.dgid)) {
@@ -79,7 +78,9 @@ Result<AddressVector> make_address_vector(const ibv_ah_attr& attr, SgidPresent s
     av.family = AddressVector::Family::kIpv6;
     for (int i = 0; i < 16; ++i) av.dest_ip[i] = attr.grh.dgid.raw[i];
   }
-  av.flow_label = attr.grh.flow_label;
+  // The field is 20 bits wide; neither uverbs nor rxe refuses more, and callers rely on it (UCX
+  // passes ~(path factor * path index), ~0 for its first path): the bits above are ignored.
+  av.flow_label = attr.grh.flow_label & kFlowLabelMask;
   av.hop_limit = attr.grh.hop_limit;
   av.traffic_class = attr.grh.traffic_class;
   av.sgid_index = attr.grh.sgid_index;

@@ -22,12 +22,25 @@ void AsyncEventQueue::push(const AsyncEvent& event) {
   if (notify) notify();
 }
 
-std::optional<AsyncEvent> AsyncEventQueue::try_pop() {
+std::optional<AsyncEvent> AsyncEventQueue::try_pop(
+    const std::function<void(const AsyncEvent&)>& under_lock) {
   std::lock_guard lock(mutex_);
   if (events_.empty()) return std::nullopt;
   AsyncEvent event = events_.front();
   events_.pop_front();
+  if (under_lock && !event.discarded) under_lock(event);
   return event;
+}
+
+void AsyncEventQueue::discard(const void* object) {
+  std::lock_guard lock(mutex_);
+  for (AsyncEvent& e : events_) {
+    if (e.cq != object && e.qp != object && e.srq != object) continue;
+    e.discarded = true;
+    e.cq = nullptr;
+    e.qp = nullptr;
+    e.srq = nullptr;
+  }
 }
 
 size_t AsyncEventQueue::size() const {

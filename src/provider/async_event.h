@@ -5,6 +5,7 @@
 // them for ibv_get_async_event and translates object pointers to its ibv_* structs through
 // each object's `user_context`. A notify hook (e.g. an eventfd write) tells the verbs layer
 // that the queue went from empty to non-empty, so the async fd can become readable.
+// Destroying an object discards its queued events.
 // Overflowing the bounded queue drops the newest event and counts it (a real device's event
 // queue is bounded too); nothing blocks the engine thread.
 #pragma once
@@ -30,6 +31,9 @@ struct AsyncEvent {
   Qp* qp = nullptr;
   Srq* srq = nullptr;
   uint8_t port_num = 0;
+  // The object was destroyed while the event waited: it is delivered to no one (the kernel
+  // drops a destroyed object's unread events, ib_uverbs_release_uevent).
+  bool discarded = false;
 };
 
 class AsyncEventQueue {
@@ -41,7 +45,12 @@ class AsyncEventQueue {
 
   // Thread-safe; any thread (engine or application) may push.
   void push(const AsyncEvent& event);
-  std::optional<AsyncEvent> try_pop();
+  // `under_lock` sees the event before the queue's lock is released, so it may read the object
+  // the event names: discard() of that object waits for it.
+  std::optional<AsyncEvent> try_pop(const std::function<void(const AsyncEvent&)>& under_lock = {});
+  // Marks the queued events of a CQ, QP or SRQ about to be destroyed `discarded`; each still
+  // counts as one queued event (the async fd counts them), but names no object.
+  void discard(const void* object);
   size_t size() const;
   uint64_t dropped() const;
 

@@ -146,6 +146,7 @@ Result<Cq*> Device::create_cq(int cqe) {
 Status Device::destroy_cq(Cq* cq) {
   if (cq == nullptr) return Status(EINVAL);
   if (cq->users() != 0) return Status(EBUSY);
+  events_.discard(cq);
   cqs_.destroy(cq);
   return kOk;
 }
@@ -162,6 +163,7 @@ Status Device::destroy_srq(Srq* srq) {
   if (srq == nullptr) return Status(EINVAL);
   if (srq->users() != 0) return Status(EBUSY);
   Pd* pd = srq->pd();
+  events_.discard(srq);
   srqs_.destroy(srq);
   pd->remove_user();
   return kOk;
@@ -187,6 +189,7 @@ Status Device::destroy_qp(Qp* qp) {
   Cq* send_cq = qp->send_cq();
   Cq* recv_cq = qp->recv_cq();
   Srq* srq = qp->srq();
+  events_.discard(qp);  // after qp_destroyed: the engine raises no more of its events
   qps_.destroy(qp);
   pd->remove_user();
   send_cq->remove_user();

@@ -192,11 +192,14 @@ AsyncEventFd::~AsyncEventFd() {
   close(fd_);
 }
 
-provider::Result<provider::AsyncEvent> AsyncEventFd::get_event() {
-  if (int err = take_one(fd_)) return provider::Status(err);
-  std::optional<provider::AsyncEvent> e = queue_.try_pop();
-  base::check(e.has_value(), "async event fd counter ahead of its events");
-  return *e;
+provider::Result<provider::AsyncEvent> AsyncEventFd::get_event(
+    const std::function<void(const provider::AsyncEvent&)>& under_lock) {
+  for (;;) {
+    if (int err = take_one(fd_)) return provider::Status(err);
+    std::optional<provider::AsyncEvent> e = queue_.try_pop(under_lock);
+    base::check(e.has_value(), "async event fd counter ahead of its events");
+    if (!e->discarded) return *e;
+  }
 }
 
 }  // namespace urdma::runtime

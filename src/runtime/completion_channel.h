@@ -104,8 +104,11 @@ class AsyncEventFd {
   AsyncEventFd& operator=(const AsyncEventFd&) = delete;
 
   int fd() const { return fd_; }
-  // Blocks until an event (EAGAIN if the fd is non-blocking and none waits).
-  provider::Result<provider::AsyncEvent> get_event();
+  // Blocks until an event (EAGAIN if the fd is non-blocking and none waits). Events of
+  // destroyed objects are skipped; `under_lock` sees the event while its object cannot be
+  // destroyed (AsyncEventQueue::try_pop).
+  provider::Result<provider::AsyncEvent> get_event(
+      const std::function<void(const provider::AsyncEvent&)>& under_lock = {});
 
  private:
   provider::AsyncEventQueue& queue_;

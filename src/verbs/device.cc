@@ -23,6 +23,7 @@
 
 #include "base/env.h"
 #include "daemon/client.h"
+#include "daemon/device_view.h"
 #include "net/packet_io_env.h"
 #include "provider/limits.h"
 #include "verbs/internal.h"
@@ -36,55 +37,22 @@ namespace {
 
 // ---- the device ----
 
-// EUI-64 from a MAC (RFC 4291 appendix A), as rxe derives its node GUID from the netdev's MAC.
-uint64_t eui64_be(const uint8_t mac[6]) {
-  const uint8_t b[8] = {static_cast<uint8_t>(mac[0] ^ 2), mac[1], mac[2], 0xff, 0xfe,
-                        mac[3], mac[4], mac[5]};
-  uint64_t v;
-  std::memcpy(&v, b, sizeof v);
-  return v;  // already in network order in memory
-}
-
-// The node GUID "from the host": the EUI-64 of the namespace's first interface with a MAC
-// (lowest ifindex, loopback excluded); without one, a hash of the machine id and the network
-// namespace, so two namespaces of one host still differ.
-uint64_t host_node_guid_be() {
-  ifaddrs* list = nullptr;
-  uint64_t guid = 0;
-  unsigned best_index = ~0u;
-  if (getifaddrs(&list) == 0) {
-    for (ifaddrs* a = list; a; a = a->ifa_next) {
-      if (!a->ifa_addr || a->ifa_addr->sa_family != AF_PACKET || (a->ifa_flags & IFF_LOOPBACK))
-        continue;
-      const auto* ll = reinterpret_cast<const sockaddr_ll*>(a->ifa_addr);
-      if (ll->sll_halen != 6) continue;
-      static constexpr uint8_t kZero[6] = {};
-      if (std::memcmp(ll->sll_addr, kZero, 6) == 0) continue;
-      const unsigned index = static_cast<unsigned>(ll->sll_ifindex);
-      if (index < best_index) {
-        best_index = index;
-        guid = eui64_be(ll->sll_addr);
-      }
-    }
-    freeifaddrs(list);
+// The view `urdma run` gives a program (docs/ARCHITECTURE.md, "The device view"): the
+// uverbs entry of /sys/class/infiniband_verbs whose ibdev names urdma0. Empty when there is none
+// (a program started without `urdma run`, or where the view cannot be made).
+std::string view_uverbs_name() {
+  const std::string cls = "/sys/class/infiniband_verbs";
+  for (int i = 0; i < 64; ++i) {
+    const std::string name = "uverbs" + std::to_string(i);
+    const int fd = open((cls + "/" + name + "/ibdev").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char ibdev[IBV_SYSFS_NAME_MAX] = {};
+    const ssize_t n = read(fd, ibdev, sizeof ibdev - 1);
+    close(fd);
+    if (n > 0 && std::string(ibdev, static_cast<size_t>(n)) == std::string(kDeviceName) + "\n")
+      return name;
   }
-  if (guid != 0) return guid;
-  std::string seed;
-  if (FILE* f = std::fopen("/etc/machine-id", "r")) {
-    char buf[64] = {};
-    if (std::fgets(buf, sizeof buf, f)) seed = buf;
-    std::fclose(f);
-  }
-  struct stat st{};
-  if (stat("/proc/self/ns/net", &st) == 0) seed += std::to_string(st.st_ino);
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
-  for (unsigned char c : seed) h = (h ^ c) * 0x100000001b3ull;
-  // A locally administered EUI-64 (U/L bit set in the first byte, RFC 4291 2.5.1).
-  uint8_t b[8];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(h >> (56 - 8 * i));
-  b[0] = static_cast<uint8_t>((b[0] & ~1u) | 2u);
-  std::memcpy(&guid, b, sizeof guid);
-  return guid;
+  return "";
 }
 
 Device& the_device() {
@@ -93,10 +61,20 @@ Device& the_device() {
     d->device.node_type = IBV_NODE_CA;
     d->device.transport_type = IBV_TRANSPORT_IB;
     std::snprintf(d->device.name, sizeof d->device.name, "%s", kDeviceName);
-    std::snprintf(d->device.dev_name, sizeof d->device.dev_name, "uverbs0");
-    // No sysfs directory backs urdma0 (docs/COMPATIBILITY.md): the paths name none.
-    d->device.dev_path[0] = '\0';
-    d->device.ibdev_path[0] = '\0';
+    // Under `urdma run` the paths name the view's directories (UCX looks for
+    // /dev/infiniband/<dev_name> and reads <ibdev_path>); without a view they name none.
+    const std::string uverbs = view_uverbs_name();
+    std::snprintf(d->device.dev_name, sizeof d->device.dev_name, "%s",
+                  uverbs.empty() ? "uverbs0" : uverbs.c_str());
+    if (uverbs.empty()) {
+      d->device.dev_path[0] = '\0';
+      d->device.ibdev_path[0] = '\0';
+    } else {
+      std::snprintf(d->device.dev_path, sizeof d->device.dev_path,
+                    "/sys/class/infiniband_verbs/%s", uverbs.c_str());
+      std::snprintf(d->device.ibdev_path, sizeof d->device.ibdev_path, "/sys/class/infiniband/%s",
+                    kDeviceName);
+    }
     d->verbs_device_ops = nullptr;
     return d;
   }();
@@ -342,7 +320,7 @@ ibv_device** ibv_get_device_list(int* num_devices) {
   verbs::Device& dev = verbs::the_device();
   {
     std::lock_guard lock(verbs::process().mutex);
-    if (dev.node_guid_be == 0) dev.node_guid_be = verbs::host_node_guid_be();
+    if (dev.node_guid_be == 0) dev.node_guid_be = daemon::host_node_guid_be();
   }
   auto** list = static_cast<ibv_device**>(std::calloc(2, sizeof(ibv_device*)));
   if (!list) return fail<ibv_device*>(ENOMEM);
@@ -359,7 +337,7 @@ __be64 ibv_get_device_guid(ibv_device* device) {
   if (!device || !verbs::is_ours(device)) return 0;
   verbs::Device& dev = verbs::the_device();
   std::lock_guard lock(verbs::process().mutex);
-  if (dev.node_guid_be == 0) dev.node_guid_be = verbs::host_node_guid_be();
+  if (dev.node_guid_be == 0) dev.node_guid_be = daemon::host_node_guid_be();
   return dev.node_guid_be;
 }
 
@@ -372,7 +350,7 @@ ibv_context* ibv_open_device(ibv_device* device) {
   verbs::Process& p = verbs::process();
   std::lock_guard lock(p.mutex);
   verbs::Device& dev = verbs::the_device();
-  if (dev.node_guid_be == 0) dev.node_guid_be = verbs::host_node_guid_be();
+  if (dev.node_guid_be == 0) dev.node_guid_be = daemon::host_node_guid_be();
   if (!p.runtime) {
     std::string why;
     if (int err = verbs::open_runtime(p, &why)) {
@@ -515,23 +493,37 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
     return -1;
   }
   verbs::Process& p = verbs::process();
-  provider::Result<provider::AsyncEvent> r = p.async->get_event();
+  *event = {};
+  // The object is read while it cannot be destroyed (AsyncEventFd::get_event); the event is
+  // counted on it, and its destroy waits for the acknowledgement.
+  auto report = [event](const provider::AsyncEvent& e) {
+    auto count = [](pthread_mutex_t* m, uint32_t* n) {
+      pthread_mutex_lock(m);
+      ++*n;
+      pthread_mutex_unlock(m);
+    };
+    if (e.qp) {
+      auto* w = verbs::Qp::from(static_cast<ibv_qp*>(e.qp->user_context));
+      count(&w->qp.mutex, &w->events_reported);
+      event->element.qp = &w->qp;
+    } else if (e.cq) {
+      auto* w = verbs::Cq::from(static_cast<ibv_cq*>(e.cq->user_context));
+      count(&w->cq.mutex, &w->events_reported);
+      event->element.cq = &w->cq;
+    } else if (e.srq) {
+      auto* w = verbs::Srq::from(static_cast<ibv_srq*>(e.srq->user_context));
+      count(&w->srq.mutex, &w->events_reported);
+      event->element.srq = &w->srq;
+    }
+  };
+  provider::Result<provider::AsyncEvent> r = p.async->get_event(report);
   if (!r.ok()) {
     errno = r.error();
     return -1;
   }
   const provider::AsyncEvent& e = r.value();
-  *event = {};
   event->event_type = e.type;
-  if (e.qp) {
-    event->element.qp = static_cast<ibv_qp*>(e.qp->user_context);
-  } else if (e.cq) {
-    event->element.cq = static_cast<ibv_cq*>(e.cq->user_context);
-  } else if (e.srq) {
-    event->element.srq = static_cast<ibv_srq*>(e.srq->user_context);
-  } else {
-    event->element.port_num = e.port_num;
-  }
+  if (!e.qp && !e.cq && !e.srq) event->element.port_num = e.port_num;
   return 0;
 }
 
@@ -708,15 +700,18 @@ ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
 int ibv_dontfork_range(void*, size_t) { return 0; }
 int ibv_dofork_range(void*, size_t) { return 0; }
 
-// ---- sysfs (rdma-core 1.0 helpers; nothing of urdma lives in sysfs) ----
+// ---- sysfs (rdma-core's helpers, driver.h; urdma0 lives there under `urdma run`) ----
 
-int ibv_get_sysfs_path(char* buf, size_t size) {
-  const char* env = std::getenv("SYSFS_PATH");
-  std::string path = env && *env ? env : "/sys";
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  if (path.size() + 1 > size) return -1;
-  std::memcpy(buf, path.c_str(), path.size() + 1);
-  return 0;
+// rdma-core's signature: the sysfs root, $SYSFS_PATH (not in setuid programs) without trailing
+// slashes, else "/sys"; computed once and kept.
+const char* ibv_get_sysfs_path(void) {
+  static const std::string path = [] {
+    const char* env = secure_getenv("SYSFS_PATH");
+    std::string p = env && *env ? std::string(env).substr(0, IBV_SYSFS_PATH_MAX) : "/sys";
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return p;
+  }();
+  return path.c_str();
 }
 
 int ibv_read_sysfs_file(const char* dir, const char* file, char* buf, size_t size) {

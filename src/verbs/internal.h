@@ -102,6 +102,9 @@ struct Cq {
   CompChannel* channel;  // null without a completion channel
   CqExState* ex;         // cq_ex.cc's, null for ibv_create_cq
   void (*destroy_ex)(Cq*);
+  // Async events handed out for this object (under cq.mutex); destroy waits until as many were
+  // acknowledged (async_events_completed), as rdma-core's destroy does with the kernel's count.
+  uint32_t events_reported;
   static Cq* from(ibv_cq* x) { return reinterpret_cast<Cq*>(x); }
   static Cq* from(ibv_cq_ex* x) { return reinterpret_cast<Cq*>(x); }
 };
@@ -110,6 +113,7 @@ struct Srq {
   ibv_srq srq;  // first
   provider::Srq* p;
   Context* ctx;
+  uint32_t events_reported;  // as Cq's (under srq.mutex)
   static Srq* from(ibv_srq* x) { return reinterpret_cast<Srq*>(x); }
 };
 
@@ -126,6 +130,7 @@ struct Qp {
   Context* ctx;
   QpExState* ex;  // qp_ex.cc's, null for ibv_create_qp
   void (*destroy_ex)(Qp*);
+  uint32_t events_reported;  // as Cq's (under qp.mutex)
   static Qp* from(ibv_qp* x) { return reinterpret_cast<Qp*>(x); }
   static Qp* from(ibv_qp_ex* x) { return reinterpret_cast<Qp*>(x); }
 };

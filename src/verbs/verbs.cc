@@ -40,6 +40,15 @@ void init_sync(pthread_mutex_t* m, pthread_cond_t* cv) {
   pthread_mutex_init(m, nullptr);
   pthread_cond_init(cv, nullptr);
 }
+// Waits until every async event reported for an object was acknowledged (ibv_destroy_qp(3): an
+// event must be acknowledged before its object is destroyed; destroy waits for it).
+void wait_for_acks(pthread_mutex_t* m, pthread_cond_t* cv, const uint32_t* completed,
+                   const uint32_t* reported) {
+  pthread_mutex_lock(m);
+  while (*completed != *reported) pthread_cond_wait(cv, m);
+  pthread_mutex_unlock(m);
+}
+
 void destroy_sync(pthread_mutex_t* m, pthread_cond_t* cv) {
   pthread_cond_destroy(cv);
   pthread_mutex_destroy(m);
@@ -520,6 +529,7 @@ int ibv_destroy_cq(ibv_cq* cq) {
     return s.error();
   }
   if (w->channel) __atomic_sub_fetch(&w->channel->channel.refcnt, 1, __ATOMIC_SEQ_CST);
+  verbs::wait_for_acks(&cq->mutex, &cq->cond, &cq->async_events_completed, &w->events_reported);
   verbs::forget(w->ctx, w);
   if (w->destroy_ex) w->destroy_ex(w);
   verbs::destroy_sync(&cq->mutex, &cq->cond);
@@ -567,6 +577,7 @@ int ibv_destroy_srq(ibv_srq* srq) {
   verbs::Srq* w = verbs::Srq::from(srq);
   provider::Status s = w->ctx->rt->destroy_srq(w->p);
   if (!s.ok()) return s.error();
+  verbs::wait_for_acks(&srq->mutex, &srq->cond, &srq->events_completed, &w->events_reported);
   verbs::forget(w->ctx, w);
   verbs::destroy_sync(&srq->mutex, &srq->cond);
   delete w;
@@ -629,7 +640,9 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   if (!qp || !attr) return EINVAL;
   provider::Status s = verbs::Qp::from(qp)->p->modify(*attr, mask);
-  if (!s.ok()) return s.error();
+  // rdma-core returns the errno of the failed command, which also left it in errno; callers
+  // print either (UCX: "%m").
+  if (!s.ok()) return errno = s.error();
   if (mask & IBV_QP_STATE) qp->state = attr->qp_state;
   return 0;
 }
@@ -652,6 +665,7 @@ int ibv_destroy_qp(ibv_qp* qp) {
   verbs::Qp* w = verbs::Qp::from(qp);
   provider::Status s = w->ctx->rt->destroy_qp(w->p);
   if (!s.ok()) return s.error();
+  verbs::wait_for_acks(&qp->mutex, &qp->cond, &qp->events_completed, &w->events_reported);
   verbs::forget(w->ctx, w);
   if (w->destroy_ex) w->destroy_ex(w);
   verbs::destroy_sync(&qp->mutex, &qp->cond);

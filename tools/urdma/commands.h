@@ -9,6 +9,7 @@ namespace urdma::tools {
 struct RunOptions {
   std::vector<std::string> command;  // the program and its arguments
   bool start_daemon = true;
+  bool view = true;  // give the program the device view (view.h)
 };
 // Execs the command on urdma (our libibverbs first, urdmad up); returns only on failure, with
 // the exit status to use (127: not found, 126: not executable, 1: urdmad could not start).
@@ -28,6 +29,7 @@ int print_status(const StatusOptions& options);
 struct DevicesOptions {
   bool json = false;
   bool start_daemon = true;
+  bool view = true;  // give the program the device view (view.h)
 };
 // `urdma devices`: urdma0 (this namespace's urdmad) and its GID table.
 int print_devices(const DevicesOptions& options);

@@ -24,7 +24,11 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--no-daemon", no_daemon,
                     "do not start urdmad first (the library starts it when the program opens the "
                     "device)");
-  run_cmd->footer("Usage: urdma run [--no-daemon] [--] PROGRAM [ARGS...]");
+  bool no_view = false;
+  run_cmd->add_flag("--no-view", no_view,
+                    "do not give the program the device view (/sys/class/infiniband/urdma0, "
+                    "/dev/infiniband/uverbsN) that UCX, libfabric and sysfs readers need");
+  run_cmd->footer("Usage: urdma run [--no-daemon] [--no-view] [--] PROGRAM [ARGS...]");
 
   urdma::tools::StatusOptions status;
   CLI::App* status_cmd = app.add_subcommand(
@@ -77,6 +81,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     run.start_daemon = !no_daemon;
+    run.view = !no_view;
     return urdma::tools::run_command(run);
   }
   if (status_cmd->parsed()) return urdma::tools::print_status(status);

@@ -1,4 +1,5 @@
-// `urdma run CMD ARGS...`: our libibverbs.so.1 first on LD_LIBRARY_PATH, urdmad up, then exec.
+// `urdma run CMD ARGS...`: our libibverbs.so.1 first on LD_LIBRARY_PATH, urdmad up, the device
+// view (view.h) made, then exec.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,7 +10,10 @@
 #include <iostream>
 
 #include "daemon/client.h"
+#include "daemon/device_view.h"
+#include "daemon/paths.h"
 #include "tools/urdma/commands.h"
+#include "tools/urdma/view.h"
 
 namespace urdma::tools {
 namespace {
@@ -31,6 +35,24 @@ std::string self_dir() {
 std::string canonical(const std::string& path) {
   char resolved[PATH_MAX];
   return realpath(path.c_str(), resolved) ? std::string(resolved) : path;
+}
+
+std::string dir_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// urdma run --no-daemon: the GID directory of the daemon the library will start for this user
+// and namespace, made now (empty) so the view can bind it; that daemon fills it.
+std::string prepare_user_gid_dir() {
+  daemon::Endpoint ep;
+  std::string why;
+  if (daemon::user_endpoint(geteuid(), daemon::netns_inode(), &ep, &why) != 0) return "";
+  const std::string dir = daemon::gid_view_dir(ep.dir, daemon::netns_inode());
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return "";
+  for (const char* sub : {"/gids", "/types", "/ndevs"})
+    if (mkdir((dir + sub).c_str(), 0755) != 0 && errno != EEXIST) return "";
+  return dir;
 }
 
 }  // namespace
@@ -78,6 +100,7 @@ int run_command(const RunOptions& options) {
   const std::string daemon_path = daemon::find_daemon_binary(o);
   if (!daemon_path.empty() && !secure_getenv("URDMA_DAEMON"))
     setenv("URDMA_DAEMON", canonical(daemon_path).c_str(), 1);
+  ViewSource view;
   if (options.start_daemon) {
     // Up before the program starts, so it does not pay for it; our connection closes at exec.
     daemon::Client client;
@@ -86,6 +109,24 @@ int run_command(const RunOptions& options) {
       std::cerr << "urdma run: " << detail << " (" << std::strerror(err) << ")\n";
       return 1;
     }
+    view.gid_dir = daemon::gid_view_dir(dir_of(client.socket_path()), daemon::netns_inode());
+    view.daemon_uid = client.daemon_info().uid;
+  } else if (options.view) {
+    // The daemon the library will start: its directory, made ready for the view now.
+    view.gid_dir = prepare_user_gid_dir();
+    view.daemon_uid = geteuid();
+  }
+  if (options.view) {
+    std::string why;
+    const int err = view.gid_dir.empty() ? ENOENT : enter_device_view(view, &why);
+    // Said once, here: the program runs anyway (plain verbs programs need no view).
+    if (err != 0 && err != EEXIST)
+      std::cerr << "urdma run: " << options.command.front()
+                << " runs without the device view (/sys/class/infiniband/urdma0, "
+                   "/dev/infiniband): "
+                << (why.empty() ? std::strerror(err) : why)
+                << ". Verbs programs run; UCX and libfabric do not find urdma0 "
+                   "(docs/COMPATIBILITY.md, urdma run --no-view to silence this)\n";
   }
   std::vector<char*> argv;
   for (const auto& a : options.command) argv.push_back(const_cast<char*>(a.c_str()));

@@ -262,6 +262,8 @@ TEST_F(EngineE2eTest, UdSendRecvWithGrh) {
   EXPECT_EQ(wire::grh_ip_version(std::span<const uint8_t, 40>(dst.data(), 40)), 4);
   wire::Ipv4HeaderView ip(dst.data() + wire::kGrhIpv4Offset);
   EXPECT_EQ(ip.saddr(), a_->addr.v4());
+  // The SL says which form (mlx5's convention, which UCX's ud_verbs reads): UDP + IPv4.
+  EXPECT_EQ(rb[0].sl, 0xa);
   auto ra = wait_cqes(*a_, 1);
   EXPECT_EQ(ra[0].status, IBV_WC_SUCCESS);
 }

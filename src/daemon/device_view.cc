@@ -1,0 +1,182 @@
+#include "daemon/device_view.h"
+
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netpacket/packet.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace urdma::daemon {
+
+namespace {
+
+constexpr const char* kStaging = ".staging";
+constexpr const char* kSubdirs[] = {"gids", "types", "ndevs"};
+
+// EUI-64 from a MAC (RFC 4291 appendix A).
+uint64_t eui64_be(const uint8_t mac[6]) {
+  const uint8_t b[8] = {static_cast<uint8_t>(mac[0] ^ 2), mac[1], mac[2], 0xff, 0xfe,
+                        mac[3], mac[4], mac[5]};
+  uint64_t v;
+  std::memcpy(&v, b, sizeof v);
+  return v;  // already in network order in memory
+}
+
+}  // namespace
+
+std::string sysfs_gid_text(const uint8_t gid[16]) {
+  char buf[40];
+  for (int i = 0; i < 8; ++i)
+    std::snprintf(buf + 5 * i, 6, "%02x%02x%s", gid[2 * i], gid[2 * i + 1], i < 7 ? ":" : "");
+  return buf;
+}
+
+std::string sysfs_guid_text(uint64_t guid_be) {
+  uint8_t b[8];
+  std::memcpy(b, &guid_be, sizeof b);
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%02x%02x:%02x%02x:%02x%02x:%02x%02x", b[0], b[1], b[2], b[3],
+                b[4], b[5], b[6], b[7]);
+  return buf;
+}
+
+uint64_t host_node_guid_be() {
+  ifaddrs* list = nullptr;
+  uint64_t guid = 0;
+  unsigned best_index = ~0u;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* a = list; a; a = a->ifa_next) {
+      if (!a->ifa_addr || a->ifa_addr->sa_family != AF_PACKET || (a->ifa_flags & IFF_LOOPBACK))
+        continue;
+      const auto* ll = reinterpret_cast<const sockaddr_ll*>(a->ifa_addr);
+      if (ll->sll_halen != 6) continue;
+      static constexpr uint8_t kZero[6] = {};
+      if (std::memcmp(ll->sll_addr, kZero, 6) == 0) continue;
+      const unsigned index = static_cast<unsigned>(ll->sll_ifindex);
+      if (index < best_index) {
+        best_index = index;
+        guid = eui64_be(ll->sll_addr);
+      }
+    }
+    freeifaddrs(list);
+  }
+  if (guid != 0) return guid;
+  std::string seed;
+  if (FILE* f = std::fopen("/etc/machine-id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) seed = buf;
+    std::fclose(f);
+  }
+  struct stat st{};
+  if (stat("/proc/self/ns/net", &st) == 0) seed += std::to_string(st.st_ino);
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char c : seed) h = (h ^ c) * 0x100000001b3ull;
+  // A locally administered EUI-64 (U/L bit set in the first byte, RFC 4291 2.5.1).
+  uint8_t b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(h >> (56 - 8 * i));
+  b[0] = static_cast<uint8_t>((b[0] & ~1u) | 2u);
+  std::memcpy(&guid, b, sizeof guid);
+  return guid;
+}
+
+std::string gid_view_dir(const std::string& daemon_dir, uint64_t netns) {
+  return daemon_dir + "/view-" + std::to_string(netns);
+}
+
+GidView::Files GidView::files_for(const GidEntry* entry) {
+  Files f;
+  if (!entry) {
+    static constexpr uint8_t kZero[16] = {};
+    f.gid = sysfs_gid_text(kZero) + "\n";
+    return f;
+  }
+  f.gid = sysfs_gid_text(entry->gid.bytes().data()) + "\n";
+  f.type = "RoCE v2\n";
+  char name[IF_NAMESIZE] = {};
+  // An interface that went away between the netlink message and now: its entry goes soon too.
+  f.ndev = if_indextoname(entry->ifindex, name) ? std::string(name) + "\n" : "";
+  return f;
+}
+
+bool GidView::open(const std::string& dir, const std::vector<GidEntry>& entries,
+                   std::string* error) {
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    *error = errno_text(("mkdir " + dir).c_str());
+    return false;
+  }
+  UniqueFd root(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st;
+  if (!root.valid() || fstat(root.get(), &st) != 0) {
+    *error = errno_text(dir.c_str());
+    return false;
+  }
+  if (st.st_uid != geteuid()) {
+    *error = dir + " is not ours";
+    return false;
+  }
+  for (const char* sub : kSubdirs) {
+    if (mkdirat(root.get(), sub, 0755) != 0 && errno != EEXIST) {
+      *error = errno_text(("mkdir " + dir + "/" + sub).c_str());
+      return false;
+    }
+  }
+  if (mkdirat(root.get(), kStaging, 0700) != 0 && errno != EEXIST) {
+    *error = errno_text(("mkdir " + dir + "/" + kStaging).c_str());
+    return false;
+  }
+  root_ = std::move(root);
+  // Whatever an earlier daemon left is rewritten: the table may have changed meanwhile.
+  current_.assign(kMaxGids, Files{"?", "?", "?"});
+  update(entries);
+  return true;
+}
+
+void GidView::write(const char* subdir, uint32_t index, const std::string& text) {
+  const std::string name = std::to_string(index);
+  const std::string staged = std::string(kStaging) + "/" + subdir + "-" + name;
+  const int fd = openat(root_.get(), staged.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0444);
+  if (fd < 0) return;
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  const std::string target = std::string(subdir) + "/" + name;
+  if (!ok || renameat(root_.get(), staged.c_str(), root_.get(), target.c_str()) != 0)
+    unlinkat(root_.get(), staged.c_str(), 0);
+}
+
+void GidView::remove(const char* subdir, uint32_t index) {
+  const std::string target = std::string(subdir) + "/" + std::to_string(index);
+  unlinkat(root_.get(), target.c_str(), 0);
+}
+
+void GidView::update(const std::vector<GidEntry>& entries) {
+  if (!root_.valid()) return;
+  std::vector<const GidEntry*> by_index(current_.size(), nullptr);
+  for (const GidEntry& e : entries)
+    if (e.index < by_index.size()) by_index[e.index] = &e;
+  for (uint32_t i = 0; i < current_.size(); ++i) {
+    Files want = files_for(by_index[i]);
+    Files& have = current_[i];
+    auto apply = [&](const char* sub, const std::string& w, const std::string& h) {
+      if (w == h) return;
+      if (w.empty()) {
+        remove(sub, i);
+      } else {
+        write(sub, i, w);
+      }
+    };
+    // A GID's attributes appear after it and go before it is cleared.
+    const bool clearing = by_index[i] == nullptr;
+    if (!clearing && want.gid != have.gid) write("gids", i, want.gid);
+    apply("types", want.type, have.type);
+    apply("ndevs", want.ndev, have.ndev);
+    if (clearing && want.gid != have.gid) write("gids", i, want.gid);
+    have = std::move(want);
+  }
+}
+
+}  // namespace urdma::daemon
