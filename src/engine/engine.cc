@@ -108,6 +108,7 @@ thread_local const Engine* tls_turn_engine = nullptr;
 
 void Engine::poll(bool hold_acks, bool receive) {
   std::lock_guard lock(mutex_);
+  const provider::EngineTurnMark turn;
   hold_acks_ = hold_acks;
   // Odd: a turn runs. seq_cst against memory_released's load (a Dekker pair with the MR
   // table's lock in between: a lookup in this turn precedes any table change that could have
@@ -225,6 +226,7 @@ bool Engine::needs_service(const QpContext& ctx) const {
 uint64_t Engine::next_deadline_ns() const {
   if (doorbell_rung_.load(std::memory_order_acquire)) return 0;
   std::lock_guard lock(mutex_);
+  const provider::EngineTurnMark turn;
   uint64_t t = net::kNever;
   for (const QpContext* ctx : acks_pending_)
     if (ctx->resp.ack_pending) t = std::min(t, ack_due_ns(*ctx));
@@ -278,6 +280,7 @@ void Engine::ring_srq(provider::Srq&) {
 void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
   if (to == IBV_QPS_RESET) {
     std::lock_guard lock(mutex_);  // waits for the running turn
+    const provider::EngineTurnMark turn;
     run_commands();
     forget(qp.qp_num());
     return;
@@ -289,7 +292,10 @@ void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
   commands_pending_.store(true, std::memory_order_release);
   doorbell_rung_.store(true, std::memory_order_release);  // next_deadline_ns(): poll now
   std::unique_lock lock(mutex_, std::try_to_lock);
-  if (lock.owns_lock()) run_commands();
+  if (lock.owns_lock()) {
+    const provider::EngineTurnMark turn;
+    run_commands();
+  }
 }
 
 void Engine::run_commands() {
@@ -342,6 +348,7 @@ void Engine::apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) 
 
 void Engine::qp_destroyed(provider::Qp& qp) {
   std::lock_guard lock(mutex_);  // waits for the running turn
+  const provider::EngineTurnMark turn;
   run_commands();                // none may name the QP after it is gone
   forget(qp.qp_num());
 }

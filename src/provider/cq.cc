@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "provider/limits.h"
+#include "provider/engine_turn.h"
 
 namespace urdma::provider {
 
@@ -77,6 +78,7 @@ uint32_t Cq::discard_qp(uint32_t qp_num) {
 }
 
 bool Cq::push_st(const ibv_wc& wc, bool solicited) {
+  URDMA_ASSERT_ENGINE_TURN();
   {
     std::lock_guard lock(producer_mutex_);
     if (!ring_->push(wc)) {

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "provider/engine_turn.h"
 
 namespace urdma::provider {
 namespace {
@@ -422,6 +423,7 @@ MemRef MrTable::lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int 
 }
 
 Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op) {
+  URDMA_ASSERT_ENGINE_TURN();
   std::unique_lock lock(mutex_);
   Mw* mw = mw_slot(op.mw_handle);
   if (mw == nullptr || !mw->live_) return Status(EINVAL);
@@ -472,6 +474,7 @@ Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op)
 }
 
 Status MrTable::invalidate_st(uint32_t rkey, const Pd* qp_pd, uint32_t qp_num, bool remote) {
+  URDMA_ASSERT_ENGINE_TURN();
   std::unique_lock lock(mutex_);
   const KeyEntry* entry = find_tag(rkey >> kKeyBits);
   Mw* mw = entry != nullptr ? mw_slot(entry->handle) : nullptr;

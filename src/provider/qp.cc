@@ -10,6 +10,7 @@
 #include "provider/limits.h"
 #include "wire/headers.h"
 #include "wire/psn.h"
+#include "provider/engine_turn.h"
 
 namespace urdma::provider {
 namespace {
@@ -475,15 +476,18 @@ Status Qp::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 
 std::span<const ibv_sge> Qp::sq_sges_st(const SendWqe& wqe) const {
+  URDMA_ASSERT_ENGINE_TURN();
   return {reinterpret_cast<const ibv_sge*>(side_area(wqe.slot)), wqe.num_sge};
 }
 
 std::span<const uint8_t> Qp::sq_inline_st(const SendWqe& wqe) const {
+  URDMA_ASSERT_ENGINE_TURN();
   if (!(wqe.send_flags & IBV_SEND_INLINE)) return {};
   return {side_area(wqe.slot), static_cast<size_t>(wqe.length)};
 }
 
 bool Qp::take_recv_st(RecvWork& out) {
+  URDMA_ASSERT_ENGINE_TURN();
   assert(device_.on_engine_thread());
   if (init_.srq != nullptr) return init_.srq->take_st(out);
   return rq_->take(out);
@@ -494,6 +498,7 @@ uint32_t Qp::rq_size() const {
 }
 
 uint32_t Qp::flush_st() {
+  URDMA_ASSERT_ENGINE_TURN();
   assert(device_.on_engine_thread());
   uint32_t flushed = 0;
   ibv_wc wc = {};
@@ -518,6 +523,7 @@ uint32_t Qp::flush_st() {
 }
 
 bool Qp::enter_error_st(ibv_qp_state to) {
+  URDMA_ASSERT_ENGINE_TURN();
   assert(to == IBV_QPS_SQE || to == IBV_QPS_ERR);
   assert(device_.on_engine_thread());
   std::lock_guard lock(attr_mutex_);
@@ -532,6 +538,7 @@ bool Qp::enter_error_st(ibv_qp_state to) {
 }
 
 void Qp::sq_drained_st() {
+  URDMA_ASSERT_ENGINE_TURN();
   bool notify = false;
   {
     std::lock_guard lock(attr_mutex_);

@@ -28,10 +28,12 @@
 
 #include "provider/ah.h"
 #include "provider/cq.h"
+#include "provider/engine_turn.h"
 #include "provider/pd.h"
 #include "provider/srq.h"
 #include "provider/status.h"
 #include "provider/work_queue.h"
+#include "provider/engine_turn.h"
 
 namespace urdma::provider {
 
@@ -116,10 +118,16 @@ class Qp {
 
   // ---- engine thread ----
   // Send queue: `offset` WQEs after the oldest unretired one, or nullptr.
-  const SendWqe* sq_peek_st(uint32_t offset) const { return sq_ring_.peek_at(offset); }
+  const SendWqe* sq_peek_st(uint32_t offset) const {
+    URDMA_ASSERT_ENGINE_TURN();
+    return sq_ring_.peek_at(offset);
+  }
   std::span<const ibv_sge> sq_sges_st(const SendWqe& wqe) const;
   std::span<const uint8_t> sq_inline_st(const SendWqe& wqe) const;
-  void sq_pop_st() { sq_ring_.pop(); }
+  void sq_pop_st() {
+    URDMA_ASSERT_ENGINE_TURN();
+    sq_ring_.pop();
+  }
   uint32_t sq_size() const { return sq_ring_.size(); }
   // Receive queue (the SRQ's when attached).
   bool take_recv_st(RecvWork& out);
@@ -127,7 +135,10 @@ class Qp {
   // change against post_recv, whose doorbell wakes the engine only for a QP it sees in ERR
   // (engine::DoorbellRelay::ring_rq). A post that held the queue's lock before this call is
   // visible to the flush; one that takes it after reads ERR.
-  void sync_with_recv_posters_st() { std::lock_guard lock(rq_mutex_); }
+  void sync_with_recv_posters_st() {
+    URDMA_ASSERT_ENGINE_TURN();
+    std::lock_guard lock(rq_mutex_);
+  }
   uint32_t rq_size() const;
   // Flushing (IBA 10.3.1.7 Error state: every outstanding and newly posted WR completes with
   // "flushed in error"; rxe completes unsignaled WRs too when flushing): pops every WQE still

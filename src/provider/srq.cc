@@ -3,6 +3,7 @@
 
 #include "provider/doorbell.h"
 #include "provider/limits.h"
+#include "provider/engine_turn.h"
 
 namespace urdma::provider {
 
@@ -74,6 +75,7 @@ ibv_srq_attr Srq::query() const {
 }
 
 bool Srq::take_st(RecvWork& out) {
+  URDMA_ASSERT_ENGINE_TURN();
   bool fire = false;
   {
     std::lock_guard lock(take_mutex_);

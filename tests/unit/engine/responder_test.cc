@@ -607,7 +607,10 @@ TEST_F(ResponderTest, SendWithInvalidateInvalidatesWindow) {
                           .addr = mem_va(),
                           .length = 64,
                           .access = IBV_ACCESS_REMOTE_WRITE};
-  ASSERT_EQ(dev_.mr_table().bind_mw_st(pd_, qp_->qp_num(), bind).error(), 0);
+  {
+    const provider::EngineTurnMark turn;  // the bind a requester's turn would make
+    ASSERT_EQ(dev_.mr_table().bind_mw_st(pd_, qp_->qp_num(), bind).error(), 0);
+  }
   const uint32_t rkey = mw->rkey();
   post_recv_buf(5);
   inject(op::kRcSendOnlyInv, kRqPsn, std::vector<uint8_t>{1},
@@ -699,7 +702,10 @@ TEST_F(UcResponderTest, EveryKindOfRkeyRefusalIsAnAccessError) {
                                 .addr = mem_va(),
                                 .length = 64,
                                 .access = IBV_ACCESS_REMOTE_WRITE};
-  ASSERT_EQ(dev_.mr_table().bind_mw_st(pd_, qp_->qp_num() + 1, bind).error(), 0);
+  {
+    const provider::EngineTurnMark turn;  // the bind a requester's turn would make
+    ASSERT_EQ(dev_.mr_table().bind_mw_st(pd_, qp_->qp_num() + 1, bind).error(), 0);
+  }
   write_only(mem_va(), elsewhere->rkey());  // a 2B window of another QP
   EXPECT_EQ(engine_.counters().drop_uc_access, 5u);
   EXPECT_TRUE(untouched());

@@ -99,6 +99,7 @@ TEST_F(ZeroCopyTest, InlinePayloadPointsAtTheProviderInlineArea) {
   ibv_sge s{reinterpret_cast<uint64_t>(msg), sizeof(msg), 0};
   post(send_wr(1, IBV_WR_SEND, &s, 1, IBV_SEND_SIGNALED | IBV_SEND_INLINE));
   ASSERT_EQ(sent_count(), 1u);
+  const provider::EngineTurnMark turn;  // looking into the SQ as the engine does
   const provider::SendWqe* wqe = qp_->sq_peek_st(0);  // unacknowledged: still in the SQ
   ASSERT_NE(wqe, nullptr);
   const auto& d = raw(0);

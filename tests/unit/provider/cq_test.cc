@@ -198,6 +198,7 @@ TEST_F(CqTest, EngineProducesWhileAPollerConsumes) {
   Cq* cq = make(15);
   constexpr uint64_t kCount = 50000;
   std::thread engine([&] {
+    const EngineTurnMark turn;
     for (uint64_t i = 0; i < kCount; ++i) {
       while (cq->size() == cq->cqe()) std::this_thread::yield();  // only the poller frees
       ASSERT_TRUE(cq->push_st(make_wc(i), false));

@@ -357,6 +357,7 @@ TEST_F(PostTest, PostingThreadAndEngineThreadShareTheSendQueue) {
   Qp* qp = rts(IBV_QPT_RC, {7, 1, 2, 1, 0});
   constexpr uint64_t kCount = 20000;
   std::thread engine([&] {
+    const EngineTurnMark turn;
     for (uint64_t expected = 0; expected < kCount;) {
       const SendWqe* wqe = qp->sq_peek_st(0);
       if (wqe == nullptr) {

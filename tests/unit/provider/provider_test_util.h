@@ -10,8 +10,14 @@
 #include <vector>
 
 #include "provider/device.h"
+#include "provider/engine_turn.h"
 
 namespace urdma::provider::testing {
+
+// The provider tests play the engine: the `_st` methods they call assert that their thread holds
+// the engine's turn (provider/engine_turn.h). The main thread holds one for the whole run; a
+// test's own engine thread takes its own.
+inline const EngineTurnMark kMainThreadIsTheEngine;
 
 // ::ffff:192.0.2.1 (TEST-NET-1).
 inline ibv_gid ipv4_gid(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {

@@ -275,6 +275,7 @@ class TurnOnTheWaitingThread final : public EventWaiter {
     ibv_wc wc{};
     wc.status = IBV_WC_SUCCESS;
     wc.opcode = IBV_WC_RECV;
+    const provider::EngineTurnMark turn;  // this stands in for a turn of the engine
     EXPECT_TRUE(first_.push_st(wc, false));
     EXPECT_TRUE(second_.push_st(wc, false));
     EXPECT_TRUE(delivered) << "the turn's event was not handed to the waiting thread";
