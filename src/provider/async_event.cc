@@ -33,14 +33,24 @@ std::optional<AsyncEvent> AsyncEventQueue::try_pop(
 }
 
 void AsyncEventQueue::discard(const void* object) {
-  std::lock_guard lock(mutex_);
-  for (AsyncEvent& e : events_) {
-    if (e.cq != object && e.qp != object && e.srq != object) continue;
-    e.discarded = true;
-    e.cq = nullptr;
-    e.qp = nullptr;
-    e.srq = nullptr;
+  std::function<void(const void*)> hook;
+  {
+    std::lock_guard lock(mutex_);
+    for (AsyncEvent& e : events_) {
+      if (e.cq != object && e.qp != object && e.srq != object) continue;
+      e.discarded = true;
+      e.cq = nullptr;
+      e.qp = nullptr;
+      e.srq = nullptr;
+    }
+    hook = discard_hook_;
   }
+  if (hook) hook(object);
+}
+
+void AsyncEventQueue::set_discard_hook(std::function<void(const void*)> hook) {
+  std::lock_guard lock(mutex_);
+  discard_hook_ = std::move(hook);
 }
 
 size_t AsyncEventQueue::size() const {

@@ -49,8 +49,10 @@ class AsyncEventQueue {
   // the event names: discard() of that object waits for it.
   std::optional<AsyncEvent> try_pop(const std::function<void(const AsyncEvent&)>& under_lock = {});
   // Marks the queued events of a CQ, QP or SRQ about to be destroyed `discarded`; each still
-  // counts as one queued event (the async fd counts them), but names no object.
+  // counts as one queued event (the async fd counts them), but names no object. Then calls the
+  // discard hook (outside the lock), so queues the events were copied into discard them too.
   void discard(const void* object);
+  void set_discard_hook(std::function<void(const void*)> hook);
   size_t size() const;
   uint64_t dropped() const;
 
@@ -59,6 +61,7 @@ class AsyncEventQueue {
   std::deque<AsyncEvent> events_;
   uint64_t dropped_ = 0;
   std::function<void()> notify_;
+  std::function<void(const void*)> discard_hook_;
 };
 
 }  // namespace urdma::provider

@@ -168,6 +168,37 @@ std::vector<ibv_gid> port_gids(const std::vector<daemon::GidEntry>& entries) {
   return gids;
 }
 
+// The context that made the object an event concerns (nullptr for a port event).
+Context* owner_of(const provider::AsyncEvent& e) {
+  ibv_context* c = nullptr;
+  if (e.qp) c = Qp::from(static_cast<ibv_qp*>(e.qp->user_context))->qp.context;
+  if (e.cq) c = Cq::from(static_cast<ibv_cq*>(e.cq->user_context))->cq.context;
+  if (e.srq) c = Srq::from(static_cast<ibv_srq*>(e.srq->user_context))->srq.context;
+  return c ? Context::from(c) : nullptr;
+}
+
+// The device queue's notify hook (any thread that pushed an event): moves every queued event
+// into its context's queue, a port event into each open context's. The owner is read while the
+// object cannot be destroyed (AsyncEventQueue::try_pop's under_lock).
+void route_async_events() {
+  Process& p = process();
+  provider::AsyncEventQueue& device_queue = p.runtime->device().async_events();
+  while (device_queue.try_pop([&p](const provider::AsyncEvent& e) {
+    Context* owner = owner_of(e);
+    std::lock_guard lock(p.async_mutex);
+    for (Context* c : p.open_contexts)
+      if (!owner || c == owner) c->async_queue->push(e);
+  })) {
+  }
+}
+
+// The device queue's discard hook: an object about to be destroyed has no events anywhere.
+void discard_async_events(const void* object) {
+  Process& p = process();
+  std::lock_guard lock(p.async_mutex);
+  for (Context* c : p.open_contexts) c->async_queue->discard(object);
+}
+
 // Opens the process's runtime: the GID table from urdmad (which it starts if absent, and which
 // keeps it current through the watcher), the active MTU from the interfaces carrying those GIDs,
 // then a slot. 0 or an errno (+ a sentence).
@@ -196,7 +227,9 @@ int open_runtime(Process& p, std::string* why) {
   cfg.device.active_mtu = ib_mtu_for(if_mtu);
   p.runtime = runtime::Runtime::open({}, cfg, &p.open_errno, why);
   if (!p.runtime) return p.open_errno ? p.open_errno : EIO;
-  p.async = std::make_unique<runtime::AsyncEventFd>(p.runtime->device().async_events());
+  provider::AsyncEventQueue& events = p.runtime->device().async_events();
+  events.set_notify(route_async_events);
+  events.set_discard_hook(discard_async_events);
   watcher->set_ifindexes(entries);
   watcher->run_for(&p.runtime->device());
   p.gids = std::move(watcher);
@@ -363,7 +396,13 @@ ibv_context* ibv_open_device(ibv_device* device) {
   auto* c = new verbs::Context{};
   c->rt = new runtime::Context(*p.runtime);
   verbs::init_live_objects(*c);
-  verbs::fill_context(*c, &dev.device, p.async->fd());
+  c->async_queue = new provider::AsyncEventQueue;
+  c->async = new runtime::AsyncEventFd(*c->async_queue);
+  verbs::fill_context(*c, &dev.device, c->async->fd());
+  {
+    std::lock_guard async_lock(p.async_mutex);
+    p.open_contexts.push_back(c);
+  }
   ++p.contexts;
   return &c->vctx.context;
 }
@@ -374,13 +413,21 @@ int ibv_close_device(ibv_context* context) {
   verbs::release_channels(*c);
   delete c->rt;  // destroys the objects the application left, dependents first
   verbs::free_live_objects(*c);  // and their wrappers
+  {
+    std::lock_guard async_lock(p.async_mutex);  // no event is routed to it from now on
+    std::erase(p.open_contexts, c);
+  }
+  delete c->async;
+  delete c->async_queue;
   pthread_mutex_destroy(&context->mutex);
   if (context->cmd_fd >= 0) close(context->cmd_fd);
   delete c;
   std::lock_guard lock(p.mutex);
   if (--p.contexts == 0) {
     p.gids.reset();  // the watcher thread stops before the device it updates goes
-    p.async.reset();
+    provider::AsyncEventQueue& events = p.runtime->device().async_events();
+    events.set_notify(nullptr);
+    events.set_discard_hook(nullptr);
     p.runtime.reset();  // the engine thread stops; the slot goes back to urdmad
   }
   return 0;
@@ -492,7 +539,6 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
     errno = EINVAL;
     return -1;
   }
-  verbs::Process& p = verbs::process();
   *event = {};
   // The object is read while it cannot be destroyed (AsyncEventFd::get_event); the event is
   // counted on it, and its destroy waits for the acknowledgement.
@@ -516,7 +562,7 @@ int ibv_get_async_event(ibv_context* context, ibv_async_event* event) {
       event->element.srq = &w->srq;
     }
   };
-  provider::Result<provider::AsyncEvent> r = p.async->get_event(report);
+  provider::Result<provider::AsyncEvent> r = verbs::Context::from(context)->async->get_event(report);
   if (!r.ok()) {
     errno = r.error();
     return -1;

@@ -151,6 +151,8 @@ struct Context {
   verbs_context vctx;  // first; its last member is the ibv_context
   runtime::Context* rt;
   LiveObjects* live;
+  provider::AsyncEventQueue* async_queue;  // this context's events (Process::open_contexts)
+  runtime::AsyncEventFd* async;            // its async_fd
   static Context* from(ibv_context* c) {
     return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) -
                                       offsetof(verbs_context, context));

@@ -46,13 +46,16 @@ class GidWatcher {
 };
 
 struct Process {
-  std::mutex mutex;  // runtime, async, gids, contexts
+  std::mutex mutex;  // runtime, gids, contexts
   std::unique_ptr<runtime::Runtime> runtime;
-  // The async fd: one per process, because the process has one Device and one event queue.
-  // Every context's async_fd is this fd (docs/COMPATIBILITY.md).
-  std::unique_ptr<runtime::AsyncEventFd> async;
   std::unique_ptr<GidWatcher> gids;
   int contexts = 0;
+  // Async events: the device has one queue (the engine and the provider push into it); each
+  // event is moved at once into the queue of the context it concerns — the one that made the
+  // QP, CQ or SRQ — or, for a port event, into every context's queue (route_async_events).
+  // Each context has an async fd of its own, as each open of a uverbs device has.
+  std::mutex async_mutex;             // open_contexts; taken inside the device queue's lock
+  std::vector<Context*> open_contexts;
   int open_errno = 0;
 };
 

@@ -1235,6 +1235,67 @@ TEST_F(Verbs, AsyncFdReportsCqOverrun) {
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
 }
 
+// Each context has an async fd of its own, as each open of a uverbs device has (UCX registers
+// every context's fd with its event loop): an object's event reaches the context that made the
+// object, a port event reaches every context.
+TEST_F(Verbs, EachContextHasItsOwnAsyncFdAndItsOwnObjectsEvents) {
+  ibv_context* other = ibv_open_device(list_[0]);
+  ASSERT_NE(other, nullptr);
+  ASSERT_GE(other->async_fd, 0);
+  EXPECT_NE(other->async_fd, ctx_->async_fd);
+  // A CQ overrun of this context's CQ (as in AsyncFdReportsCqOverrun).
+  ibv_cq* cq = ibv_create_cq(ctx_, 1, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* qp = make_qp(IBV_QPT_RC, cq, cq);
+  ASSERT_NE(qp, nullptr);
+  connect(qp, qp->qp_num);
+  std::vector<uint8_t> buf(64);
+  ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(),
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(mr, nullptr);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 8, mr->lkey};
+  for (int i = 0; i < cq->cqe + 1; ++i) {
+    ibv_send_wr w{}, *bad = nullptr;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.sg_list = &sge;
+    w.num_sge = 1;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf.data()) + 32;
+    w.wr.rdma.rkey = mr->rkey;
+    ASSERT_EQ(ibv_post_send(qp, &w, &bad), 0);
+  }
+  pollfd mine{ctx_->async_fd, POLLIN, 0};
+  ASSERT_EQ(poll(&mine, 1, 5000), 1);
+  ibv_async_event ev{};
+  ASSERT_EQ(ibv_get_async_event(ctx_, &ev), 0);
+  EXPECT_EQ(ev.event_type, IBV_EVENT_CQ_ERR);
+  EXPECT_EQ(ev.element.cq, cq);
+  ibv_ack_async_event(&ev);
+  pollfd theirs{other->async_fd, POLLIN, 0};
+  EXPECT_EQ(poll(&theirs, 1, 200), 0) << "the other context got this context's CQ event";
+  // A port event: both contexts see it.
+  ASSERT_EQ(std::system("ip addr add 10.56.0.1/32 dev lo"), 0);
+  auto gid_change_on = [](ibv_context* c) {
+    pollfd pfd{c->async_fd, POLLIN, 0};
+    for (int i = 0; i < 50; ++i) {
+      if (poll(&pfd, 1, 100) != 1) continue;
+      ibv_async_event e{};
+      if (ibv_get_async_event(c, &e) != 0) return false;
+      const bool match = e.event_type == IBV_EVENT_GID_CHANGE;
+      ibv_ack_async_event(&e);
+      if (match) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(gid_change_on(other));
+  EXPECT_TRUE(gid_change_on(ctx_));
+  ASSERT_EQ(std::system("ip addr del 10.56.0.1/32 dev lo"), 0);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_close_device(other), 0);
+}
+
 // The GID table follows the namespace's addresses while the device is open (urdmad watches
 // rtnetlink; the library applies its updates) and says so with IBV_EVENT_GID_CHANGE.
 TEST_F(Verbs, GidTableFollowsAddressChangesWithAGidChangeEvent) {
