@@ -216,7 +216,8 @@ uint32_t MrTable::take_free(std::vector<uint32_t>& free_list) {
   return index;
 }
 
-Result<Mr*> MrTable::reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access) {
+Result<Mr*> MrTable::reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access,
+                         std::optional<uint32_t> dm_handle) {
   if (pd == nullptr) return Status(EINVAL);
   if (Status s = check_mr_access(access); !s.ok()) return s;
   if (length > kLimits.max_mr_size_bytes) return Status(EINVAL);
@@ -241,6 +242,8 @@ Result<Mr*> MrTable::reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int
   mr.length_ = length;
   mr.access_ = access & ~kAccessOptional;
   mr.bound_mws_ = 0;
+  mr.on_dm_ = dm_handle.has_value();
+  mr.dm_handle_ = dm_handle.value_or(0);
   mr.user_context = nullptr;
   pd->add_user();
   return &mr;
@@ -257,7 +260,7 @@ Status MrTable::rereg(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, ui
   if (new_pd && pd == nullptr) return Status(EINVAL);
 
   std::unique_lock lock(mutex_);
-  if (!mr->live_) return Status(EINVAL);
+  if (!mr->live_ || mr->on_dm_) return Status(EINVAL);
   const int next_access = new_access ? (access & ~kAccessOptional) : mr->access_;
   if (new_access) {
     if (Status s = check_mr_access(access); !s.ok()) return s;

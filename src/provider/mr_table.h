@@ -104,6 +104,10 @@ class alignas(64) Mr {
   uint64_t length() const { return length_; }
   int access() const { return access_; }
   uint32_t bound_mw_count() const { return bound_mws_; }
+  // An MR over device memory (ibv_reg_dm_mr) names its DM's handle.
+  std::optional<uint32_t> dm_handle() const {
+    return on_dm_ ? std::optional<uint32_t>(dm_handle_) : std::nullopt;
+  }
 
   void* user_context = nullptr;  // the verbs layer's ibv_mr
 
@@ -113,6 +117,8 @@ class alignas(64) Mr {
   uint32_t key_ = 0;
   bool live_ = false;
   uint8_t last_key_byte_ = 0;
+  bool on_dm_ = false;
+  uint32_t dm_handle_ = 0;
   Pd* pd_ = nullptr;
   uint8_t* addr_ = nullptr;
   uint64_t iova_ = 0;
@@ -205,9 +211,12 @@ class MrTable {
 
   // ibv_reg_mr / ibv_reg_mr_iova2 (ibv_reg_mr passes iova == addr). EINVAL for bad access
   // combinations or wrapping ranges, EOPNOTSUPP for FLUSH access, ENOMEM when full.
-  Result<Mr*> reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access);
+  // `dm_handle`: the region lies in that device memory (ibv_reg_dm_mr; Device checks it).
+  Result<Mr*> reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access,
+                  std::optional<uint32_t> dm_handle = std::nullopt);
   // ibv_rereg_mr: `flags` are IBV_REREG_MR_CHANGE_*; fields not selected are kept. The keys
-  // are kept. EBUSY when translation or PD would change under bound MWs.
+  // are kept. EBUSY when translation or PD would change under bound MWs; EINVAL for an MR
+  // over device memory (the kernel's rule: its translation is the DM's).
   Status rereg(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, uint64_t iova, int access);
   // ibv_dereg_mr: EINVAL while memory windows are bound to it (IBA 10.6.7.2.6, as rxe).
   Status dereg(Mr* mr);

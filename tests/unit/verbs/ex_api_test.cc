@@ -691,7 +691,7 @@ TEST_F(VerbsEx, QueryDeviceExClaimsOnlyWhatIsThere) {
   EXPECT_EQ(ax.rss_caps.max_rwq_indirection_tables, 0u);
   EXPECT_EQ(ax.max_wq_type_rq, 0u);
   EXPECT_EQ(ax.tm_caps.max_num_tags, 0u);
-  EXPECT_EQ(ax.max_dm_size, 0u);
+  EXPECT_EQ(ax.max_dm_size, 256u * 1024);  // device memory: host memory the device owns
   ibv_values_ex v{};
   v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
   EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), EOPNOTSUPP);
