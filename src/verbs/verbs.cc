@@ -221,11 +221,13 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   full.device_cap_flags_ex = static_cast<uint64_t>(full.orig_attr.device_cap_flags);
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   // On-demand paging: every MR is (the engine touches registered memory from inside the
-  // process, where the CPU faults pages in), on every transport and operation. Not implicit
-  // ODP: a peer's access through an implicit MR (address 0, SIZE_MAX bytes) to an address the
-  // process has not mapped would end the process (SIGSEGV in the engine), not in a remote
-  // access error. No TSO, RSS, packet pacing, tag matching or CQ moderation: zeros.
+  // process, where the CPU faults pages in), on every transport and operation; and implicit
+  // ODP (address 0, SIZE_MAX bytes) where the kernel can fault a range in on request: every
+  // access through such an MR is checked page by page first, so an address the process has
+  // not mapped is a remote access error, not a crash (provider/mr_table.h). No TSO, RSS,
+  // packet pacing, tag matching or CQ moderation: zeros.
   full.odp_caps.general_caps = IBV_ODP_SUPPORT;
+  if (provider::implicit_odp_supported()) full.odp_caps.general_caps |= IBV_ODP_SUPPORT_IMPLICIT;
   full.max_dm_size = provider::kMaxDmBytes;
   full.odp_caps.per_transport_caps.rc_odp_caps =
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |

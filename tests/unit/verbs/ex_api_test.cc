@@ -680,7 +680,8 @@ TEST_F(VerbsEx, QueryDeviceExClaimsOnlyWhatIsThere) {
   EXPECT_EQ(ax.orig_attr.max_qp, plain.max_qp);
   EXPECT_EQ(ax.orig_attr.max_qp_wr, plain.max_qp_wr);
   // ODP is real (every MR's pages are faulted in by the CPU when the engine touches them).
-  EXPECT_EQ(ax.odp_caps.general_caps, uint64_t{IBV_ODP_SUPPORT});  // not implicit
+  EXPECT_EQ(ax.odp_caps.general_caps,
+            uint64_t{IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT});  // Linux >= 5.14
   EXPECT_EQ(ax.odp_caps.per_transport_caps.rc_odp_caps,
             uint32_t{IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
                      IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV});
