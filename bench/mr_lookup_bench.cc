@@ -107,6 +107,41 @@ void BM_LookupRemoteMiss(benchmark::State& state) {
   });
 }
 
+// A peer's WRITE of state.range(0) bytes into resident memory, checked through an implicit ODP
+// MR (every lookup asks the kernel whether the pages are mapped and writable: one madvise) and
+// through an ordinary MR over the same bytes.
+void BM_LookupRemoteWriteImplicit(benchmark::State& state) {
+  const uint64_t bytes = static_cast<uint64_t>(state.range(0));
+  std::vector<uint8_t> buf(bytes, 1);
+  Pd pd{1};
+  MrTable table(kLimits.max_mr, kLimits.max_mw, kKeySeed);
+  Result<Mr*> mr = table.reg(&pd, nullptr, ~uint64_t{0}, 0,
+                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_ON_DEMAND);
+  if (!mr.ok()) return state.SkipWithError("no implicit ODP here");
+  const std::vector<uint32_t> keys(kOrderLength, mr.value()->rkey());
+  const uint64_t va = reinterpret_cast<uintptr_t>(buf.data());
+  run(state, keys, true, [&](uint32_t rkey) {
+    return table.lookup_remote(rkey, &pd, 0, IBV_ACCESS_REMOTE_WRITE, va, bytes);
+  });
+}
+
+void BM_LookupRemoteWriteExplicit(benchmark::State& state) {
+  const uint64_t bytes = static_cast<uint64_t>(state.range(0));
+  std::vector<uint8_t> buf(bytes, 1);
+  Pd pd{1};
+  MrTable table(kLimits.max_mr, kLimits.max_mw, kKeySeed);
+  const uint64_t va = reinterpret_cast<uintptr_t>(buf.data());
+  Result<Mr*> mr = table.reg(&pd, buf.data(), bytes, va,
+                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_ON_DEMAND);
+  if (!mr.ok()) return state.SkipWithError("registration failed");
+  const std::vector<uint32_t> keys(kOrderLength, mr.value()->rkey());
+  run(state, keys, true, [&](uint32_t rkey) {
+    return table.lookup_remote(rkey, &pd, 0, IBV_ACCESS_REMOTE_WRITE, va, bytes);
+  });
+}
+
+BENCHMARK(BM_LookupRemoteWriteImplicit)->Arg(64)->Arg(4096)->Arg(65536);
+BENCHMARK(BM_LookupRemoteWriteExplicit)->Arg(64)->Arg(4096)->Arg(65536);
 BENCHMARK(BM_LookupRemoteHit)->Arg(1)->Arg(64)->Arg(4096)->Arg(65536);
 BENCHMARK(BM_LookupLocalHit)->Arg(1)->Arg(64)->Arg(4096)->Arg(65536);
 BENCHMARK(BM_LookupRemoteMiss)->Arg(64)->Arg(65536);

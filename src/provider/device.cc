@@ -1,6 +1,7 @@
 // The device; see device.h.
 #include "provider/device.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -84,7 +85,8 @@ Device::Device(DeviceConfig config)
       cqs_(kLimits.max_cq),
       srqs_(kLimits.max_srq),
       qps_(kLimits.max_qp),
-      ahs_(kLimits.max_ah) {
+      ahs_(kLimits.max_ah),
+      dms_(kLimits.max_dm) {
   assert(config_.qpn_base >= 2 && config_.qpn_base + kLimits.max_qp <= (1u << 24));
   assert(config_.gids.size() <= kLimits.gid_table_len);
   for (size_t i = 0; i < config_.gids.size(); ++i) gids_[i] = config_.gids[i];
@@ -135,6 +137,59 @@ Status Device::dealloc_pd(Pd* pd) {
   if (pd->users() != 0) return Status(EBUSY);
   pds_.destroy(pd);
   return kOk;
+}
+
+Status Device::dereg_mr(Mr* mr) {
+  if (mr == nullptr) return Status(EINVAL);
+  const std::optional<uint32_t> dm = mr->dm_handle();
+  Status s = released(mr_table_.dereg(mr));
+  if (s.ok() && dm) dms_.get(*dm)->remove_user();
+  return s;
+}
+
+Result<Dm*> Device::alloc_dm(uint64_t length, uint32_t log_align) {
+  if (length == 0 || length > kMaxDmBytes || log_align > kDmMaxLogAlign) return Status(EINVAL);
+  std::lock_guard lock(dm_mutex_);
+  if (length > kMaxDmBytes - dm_bytes_) return Status(ENOMEM);
+  uint8_t* host = allocate_dm_memory(length, log_align);
+  if (host == nullptr) return Status(ENOMEM);
+  Result<Dm*> dm = dms_.create(host, length);
+  if (!dm.ok()) {
+    std::free(host);
+    return dm;
+  }
+  dm_bytes_ += length;
+  return dm;
+}
+
+Status Device::free_dm(Dm* dm) {
+  if (dm == nullptr) return Status(EINVAL);
+  // The kernel's uverbs_free_dm: not while MRs use it.
+  if (dm->users() != 0) return Status(EBUSY);
+  std::lock_guard lock(dm_mutex_);
+  dm_bytes_ -= dm->length();
+  dms_.destroy(dm);
+  return kOk;
+}
+
+uint64_t Device::dm_bytes_in_use() const {
+  std::lock_guard lock(dm_mutex_);
+  return dm_bytes_;
+}
+
+Result<Mr*> Device::reg_dm_mr(Pd* pd, Dm* dm, uint64_t offset, uint64_t length, int access) {
+  if (pd == nullptr || dm == nullptr) return Status(EINVAL);
+  // libibverbs' ibv_cmd_reg_dm_mr and the kernel: DM MRs are zero based.
+  if ((access & IBV_ACCESS_ZERO_BASED) == 0) return Status(EINVAL);
+  constexpr int kDmMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                              IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                              IBV_ACCESS_ZERO_BASED;
+  if ((access & ~kDmMrAccess) != 0) return Status(EINVAL);
+  // UVERBS_METHOD_DM_MR_REG: the range inside the DM.
+  if (!range_inside(offset, length, 0, dm->length())) return Status(EINVAL);
+  Result<Mr*> mr = mr_table_.reg(pd, dm->host() + offset, length, 0, access, dm->handle());
+  if (mr.ok()) dm->add_user();
+  return mr;
 }
 
 Result<Cq*> Device::create_cq(int cqe) {

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <thread>
@@ -24,6 +25,7 @@
 #include "provider/ah.h"
 #include "provider/async_event.h"
 #include "provider/cq.h"
+#include "provider/device_memory.h"
 #include "provider/doorbell.h"
 #include "provider/limits.h"
 #include "provider/mr_table.h"
@@ -84,9 +86,23 @@ class Device {
                   int access) {
     return released(mr_table_.rereg(mr, flags, pd, addr, length, iova, access));
   }
-  Status dereg_mr(Mr* mr) { return released(mr_table_.dereg(mr)); }
+  // An MR over device memory lets go of its DM once deregistered.
+  Status dereg_mr(Mr* mr);
   Result<Mw*> alloc_mw(Pd* pd, ibv_mw_type type) { return mr_table_.alloc_mw(pd, type); }
   Status dealloc_mw(Mw* mw) { return released(mr_table_.dealloc_mw(mw)); }
+
+  // ---- device memory (ibv_alloc_dm(3); device_memory.h) ----
+  // EINVAL: length 0 or above kMaxDmBytes, log_align above kDmMaxLogAlign; ENOMEM: the rest of
+  // the device's DM budget is too small, or no memory.
+  Result<Dm*> alloc_dm(uint64_t length, uint32_t log_align);
+  // EBUSY while MRs are registered over it.
+  Status free_dm(Dm* dm);
+  Dm* dm_by_handle(uint32_t handle) const { return dms_.get(handle); }
+  // ibv_reg_dm_mr: a zero-based MR over [offset, offset + length) of the DM. EINVAL: access
+  // without IBV_ACCESS_ZERO_BASED or with rights a DM MR cannot have (MW_BIND, ON_DEMAND,
+  // HUGETLB: mlx5's MLX5_DM_ALLOWED_ACCESS), the range outside the DM (the kernel's check).
+  Result<Mr*> reg_dm_mr(Pd* pd, Dm* dm, uint64_t offset, uint64_t length, int access);
+  uint64_t dm_bytes_in_use() const;
 
   // ---- CQ ----
   // EINVAL for cqe < 1 or above max_cqe (ibv_create_cq(3)), ENOMEM when the table is full.
@@ -143,6 +159,9 @@ class Device {
   ObjectTable<Srq> srqs_;
   ObjectTable<Qp> qps_;
   ObjectTable<Ah> ahs_;
+  ObjectTable<Dm> dms_;
+  mutable std::mutex dm_mutex_;
+  uint64_t dm_bytes_ = 0;  // allocated of kMaxDmBytes, under dm_mutex_
   std::atomic<std::thread::id> engine_thread_{};
 };
 

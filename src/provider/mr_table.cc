@@ -1,6 +1,7 @@
 // MR/MW table and the access check; see mr_table.h for the design.
 #include "provider/mr_table.h"
 
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -41,11 +42,52 @@ bool wraps(uint64_t start, uint64_t length) {
   return length != 0 && start > ~uint64_t{0} - (length - 1);
 }
 
+#ifndef MADV_POPULATE_READ
+constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14 (uapi asm-generic/mman-common.h)
+constexpr int MADV_POPULATE_WRITE = 23;
+#endif
+
+uintptr_t page_bytes() {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// An implicit ODP MR: the whole address space (ibv_reg_mr(3): address 0, SIZE_MAX bytes).
+bool whole_address_space(const void* addr, uint64_t length) {
+  return addr == nullptr && length == ~uint64_t{0};
+}
+
 }  // namespace
+
+bool pages_accessible(const uint8_t* addr, uint64_t length, bool write) {
+  if (length == 0) return true;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(addr) & ~(page_bytes() - 1);
+  // The range never ends past 2^64 - 1 (range_inside); madvise rounds the length up to pages
+  // and refuses (EINVAL) a range whose rounded end wraps, as no page there can be mapped.
+  const uint64_t span = reinterpret_cast<uintptr_t>(addr) - first + length;
+  for (;;) {
+    // ENOMEM: a page is not mapped; EFAULT/EINVAL: not with that right (PROT_NONE, read-only
+    // for a write, a mapping that cannot fault) or not at all; EINTR: asked again.
+    if (madvise(reinterpret_cast<void*>(first), span,
+                write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) == 0)
+      return true;
+    if (errno != EINTR) return false;
+  }
+}
+
+bool implicit_odp_supported() {
+  static const bool supported = [] {
+    // A byte of our own data is mapped and writable: only an unknown advice fails here.
+    static uint8_t probe[1];
+    return pages_accessible(probe, 1, true);
+  }();
+  return supported;
+}
 
 const char* mem_error_name(MemError e) {
   static constexpr const char* kNames[] = {
-      "ok", "bad key", "wrong PD", "access denied", "out of bounds", "invalidated", "wrong QP"};
+      "ok",          "bad key",  "wrong PD", "access denied", "out of bounds",
+      "invalidated", "wrong QP", "unmapped"};
   return kNames[static_cast<size_t>(e)];
 }
 
@@ -217,10 +259,18 @@ uint32_t MrTable::take_free(std::vector<uint32_t>& free_list) {
   return index;
 }
 
-Result<Mr*> MrTable::reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access) {
+Result<Mr*> MrTable::reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access,
+                         std::optional<uint32_t> dm_handle) {
   if (pd == nullptr) return Status(EINVAL);
   if (Status s = check_mr_access(access); !s.ok()) return s;
   if (length > kLimits.max_mr_size_bytes) return Status(EINVAL);
+  // The whole address space: implicit ODP only, at IOVA 0 (mlx5's create_user_odp_mr); without
+  // ON_DEMAND ib_umem_get refuses it (its page-aligned end wraps).
+  const bool implicit = whole_address_space(addr, length);
+  if (implicit && ((access & IBV_ACCESS_ON_DEMAND) == 0 ||
+                   (iova != 0 && (access & IBV_ACCESS_ZERO_BASED) == 0) || dm_handle.has_value() ||
+                   !implicit_odp_supported()))
+    return Status(EINVAL);
   // The host range and the IOVA range must not wrap (ib_umem_get's overflow check).
   if (wraps(reinterpret_cast<uintptr_t>(addr), length)) return Status(EINVAL);
   if (access & IBV_ACCESS_ZERO_BASED) iova = 0;
@@ -242,6 +292,9 @@ Result<Mr*> MrTable::reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int
   mr.length_ = length;
   mr.access_ = access & ~kAccessOptional;
   mr.bound_mws_ = 0;
+  mr.on_dm_ = dm_handle.has_value();
+  mr.implicit_ = implicit;
+  mr.dm_handle_ = dm_handle.value_or(0);
   mr.user_context = nullptr;
   pd->add_user();
   return &mr;
@@ -258,7 +311,7 @@ Status MrTable::rereg(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, ui
   if (new_pd && pd == nullptr) return Status(EINVAL);
 
   std::unique_lock lock(mutex_);
-  if (!mr->live_) return Status(EINVAL);
+  if (!mr->live_ || mr->on_dm_) return Status(EINVAL);
   const int next_access = new_access ? (access & ~kAccessOptional) : mr->access_;
   if (new_access) {
     if (Status s = check_mr_access(access); !s.ok()) return s;
@@ -278,6 +331,11 @@ Status MrTable::rereg(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, ui
     pd->add_user();
     mr->pd_ = pd;
   }
+  const bool next_implicit = whole_address_space(next_addr, next_length);
+  if (next_implicit && ((next_access & IBV_ACCESS_ON_DEMAND) == 0 || next_iova != 0 ||
+                        !implicit_odp_supported()))
+    return Status(EINVAL);
+  mr->implicit_ = next_implicit;
   mr->addr_ = next_addr;
   mr->length_ = next_length;
   mr->iova_ = next_iova;
@@ -351,6 +409,7 @@ void MrTable::unbind_locked(Mw& mw) {
   --mr->bound_mws_;
   mw.bound_ = false;
   mw.host_ = nullptr;
+  mw.implicit_ = false;
   mw.iova_ = 0;
   mw.length_ = 0;
   mw.access_ = 0;
@@ -394,7 +453,10 @@ MemRef MrTable::lookup_local(uint32_t lkey, const Pd* pd, int access, uint64_t a
   if (mr->pd_ != pd) return {nullptr, MemError::kWrongPd};
   if ((mr->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
   if (!range_inside(addr, length, mr->iova_, mr->length_)) return {nullptr, MemError::kOutOfBounds};
-  return {mr->addr_ + (addr - mr->iova_), MemError::kGranted};
+  uint8_t* host = mr->addr_ + (addr - mr->iova_);
+  if (mr->implicit_ && !pages_accessible(host, length, (access & IBV_ACCESS_LOCAL_WRITE) != 0))
+    return {nullptr, MemError::kUnmapped};
+  return {host, MemError::kGranted};
 }
 
 MemRef MrTable::lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int access, uint64_t va,
@@ -408,7 +470,11 @@ MemRef MrTable::lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int 
     if (mr->pd_ != pd) return {nullptr, MemError::kWrongPd};
     if ((mr->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
     if (!range_inside(va, length, mr->iova_, mr->length_)) return {nullptr, MemError::kOutOfBounds};
-    return {mr->addr_ + (va - mr->iova_), MemError::kGranted};
+    uint8_t* host = mr->addr_ + (va - mr->iova_);
+    // A peer's READ only reads; WRITE and ATOMIC write.
+    if (mr->implicit_ && !pages_accessible(host, length, access != IBV_ACCESS_REMOTE_READ))
+      return {nullptr, MemError::kUnmapped};
+    return {host, MemError::kGranted};
   }
   const Mw* mw = mw_slot(entry->handle);
   assert(mw != nullptr && mw->live_);
@@ -419,7 +485,10 @@ MemRef MrTable::lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int 
   if (mw->type_ == IBV_MW_TYPE_2 && mw->qp_num_ != qp_num) return {nullptr, MemError::kWrongQp};
   if ((mw->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
   if (!range_inside(va, length, mw->iova_, mw->length_)) return {nullptr, MemError::kOutOfBounds};
-  return {mw->host_ + (va - mw->iova_), MemError::kGranted};
+  uint8_t* host = mw->host_ + (va - mw->iova_);
+  if (mw->implicit_ && !pages_accessible(host, length, access != IBV_ACCESS_REMOTE_READ))
+    return {nullptr, MemError::kUnmapped};
+  return {host, MemError::kGranted};
 }
 
 Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op) {
@@ -466,6 +535,7 @@ Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op)
   mw->bound_ = true;
   mw->mr_index_ = mr->index_;
   mw->host_ = mr->addr_ + (op.addr - mr->iova_);
+  mw->implicit_ = mr->implicit_;
   mw->iova_ = (op.access & IBV_ACCESS_ZERO_BASED) ? 0 : op.addr;
   mw->length_ = op.length;
   mw->access_ = op.access & kRemoteAccess;

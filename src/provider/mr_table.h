@@ -25,6 +25,17 @@
 //   only when DeviceConfig::key_seed asks for a replayable simulation.
 // * Memory is the application's own (the engine runs in its process), so registration pins
 //   nothing; ON_DEMAND is accepted as is, and an MR is (host address, IOVA, length, access).
+// * Implicit ODP (ibv_reg_mr(3): address 0, length SIZE_MAX, IBV_ACCESS_ON_DEMAND) registers
+//   the whole address space, so a peer may name an address the process has not mapped. Every
+//   access granted through such an MR is first faulted in by the kernel as the access needs it
+//   (madvise MADV_POPULATE_READ / MADV_POPULATE_WRITE over its pages, what the engine's access
+//   would do next anyway): a page that is not mapped, or not with that right, refuses it
+//   (MemError::kUnmapped: a remote access error or a local protection error, as a device's
+//   failed page fault), where the engine's own access would have been SIGSEGV. Other MRs never
+//   pay for it. Without ON_DEMAND the whole address space is EINVAL (ib_umem_get: its
+//   page-aligned end wraps; mlx5 and rxe refuse it the same way). A kernel without
+//   MADV_POPULATE_* (before 5.14) gets no implicit MRs (EINVAL) and the device does not offer
+//   them (implicit_odp_supported).
 // * lookup_local / lookup_remote are what the engine calls on every access. They return the
 //   host pointer or the precise reason for refusal (MemError), which the engine maps to a
 //   completion status or NAK (IBA 9.7.5.2.8 / 10.6.7). Bounds arithmetic never overflows.
@@ -81,6 +92,7 @@ enum class MemError : uint8_t {
   kOutOfBounds,   // [iova, iova+length) not inside the region
   kInvalidated,   // MW not bound (invalidated or never bound)
   kWrongQp,       // type 2B MW bound to another QP (IBA 10.6.7.2.2)
+  kUnmapped,      // implicit ODP: the pages are not mapped with the right (a failed page fault)
 };
 const char* mem_error_name(MemError e);
 
@@ -104,6 +116,11 @@ class alignas(64) Mr {
   uint64_t length() const { return length_; }
   int access() const { return access_; }
   uint32_t bound_mw_count() const { return bound_mws_; }
+  bool implicit() const { return implicit_; }
+  // An MR over device memory (ibv_reg_dm_mr) names its DM's handle.
+  std::optional<uint32_t> dm_handle() const {
+    return on_dm_ ? std::optional<uint32_t>(dm_handle_) : std::nullopt;
+  }
 
   void* user_context = nullptr;  // the verbs layer's ibv_mr
 
@@ -113,6 +130,9 @@ class alignas(64) Mr {
   uint32_t key_ = 0;
   bool live_ = false;
   uint8_t last_key_byte_ = 0;
+  bool on_dm_ = false;
+  bool implicit_ = false;  // the whole address space: every access probed (above)
+  uint32_t dm_handle_ = 0;
   Pd* pd_ = nullptr;
   uint8_t* addr_ = nullptr;
   uint64_t iova_ = 0;
@@ -148,6 +168,7 @@ class Mw {
   bool bound_ = false;
   uint32_t mr_index_ = 0;
   uint8_t* host_ = nullptr;  // host address of the window's first byte
+  bool implicit_ = false;    // bound to an implicit ODP MR: accesses are probed
   uint64_t iova_ = 0;        // address of the first byte as the peer names it (0 if zero based)
   uint64_t length_ = 0;
   int access_ = 0;
@@ -205,9 +226,12 @@ class MrTable {
 
   // ibv_reg_mr / ibv_reg_mr_iova2 (ibv_reg_mr passes iova == addr). EINVAL for bad access
   // combinations or wrapping ranges, EOPNOTSUPP for FLUSH access, ENOMEM when full.
-  Result<Mr*> reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access);
+  // `dm_handle`: the region lies in that device memory (ibv_reg_dm_mr; Device checks it).
+  Result<Mr*> reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int access,
+                  std::optional<uint32_t> dm_handle = std::nullopt);
   // ibv_rereg_mr: `flags` are IBV_REREG_MR_CHANGE_*; fields not selected are kept. The keys
-  // are kept. EBUSY when translation or PD would change under bound MWs.
+  // are kept. EBUSY when translation or PD would change under bound MWs; EINVAL for an MR
+  // over device memory (the kernel's rule: its translation is the DM's).
   Status rereg(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, uint64_t iova, int access);
   // ibv_dereg_mr: EINVAL while memory windows are bound to it (IBA 10.6.7.2.6, as rxe).
   Status dereg(Mr* mr);
@@ -286,6 +310,13 @@ class MrTable {
   uint32_t live_keys_ = 0;
   KeySource random_;
 };
+
+// Can this kernel fault a range in and say whether it is mapped (MADV_POPULATE_READ/WRITE,
+// Linux 5.14)? Asked once. Implicit ODP needs it.
+bool implicit_odp_supported();
+// Are the pages of [addr, addr + length) mapped, readable and (if `write`) writable? Faults
+// them in. True for length 0.
+bool pages_accessible(const uint8_t* addr, uint64_t length, bool write);
 
 // Overflow-safe: does [iova, iova + length) lie inside [base, base + size)?
 inline constexpr bool range_inside(uint64_t iova, uint64_t length, uint64_t base, uint64_t size) {

@@ -17,6 +17,8 @@ Context::~Context() {
   for (provider::Mw* mw : mws) (void)dealloc_mw(mw);
   std::vector<provider::Mr*> mrs(mrs_.begin(), mrs_.end());
   for (provider::Mr* mr : mrs) (void)dereg_mr(mr);
+  std::vector<provider::Dm*> dms(dms_.begin(), dms_.end());
+  for (provider::Dm* dm : dms) (void)free_dm(dm);
   std::vector<provider::Srq*> srqs(srqs_.begin(), srqs_.end());
   for (provider::Srq* srq : srqs) (void)destroy_srq(srq);
   std::vector<provider::Ah*> ahs(ahs_.begin(), ahs_.end());
@@ -30,7 +32,7 @@ Context::~Context() {
 size_t Context::objects() const {
   std::lock_guard lock(mutex_);
   return pds_.size() + cqs_.size() + qps_.size() + mrs_.size() + mws_.size() + srqs_.size() +
-         ahs_.size();
+         ahs_.size() + dms_.size();
 }
 
 provider::Result<provider::Pd*> Context::alloc_pd() {
@@ -101,6 +103,32 @@ Status Context::dereg_mr(provider::Mr* mr) {
   Status s = dev().dereg_mr(mr);
   if (s.ok()) mrs_.erase(mr);
   return s;
+}
+
+provider::Result<provider::Dm*> Context::alloc_dm(uint64_t length, uint32_t log_align) {
+  provider::Result<provider::Dm*> dm = dev().alloc_dm(length, log_align);
+  if (dm.ok()) {
+    std::lock_guard lock(mutex_);
+    dms_.insert(dm.value());
+  }
+  return dm;
+}
+
+Status Context::free_dm(provider::Dm* dm) {
+  std::lock_guard lock(mutex_);
+  if (!dms_.contains(dm)) return Status(EINVAL);
+  Status s = dev().free_dm(dm);
+  if (s.ok()) dms_.erase(dm);
+  return s;
+}
+
+provider::Result<provider::Mr*> Context::reg_dm_mr(provider::Pd* pd, provider::Dm* dm,
+                                                   uint64_t offset, uint64_t length, int access) {
+  std::lock_guard lock(mutex_);
+  if (!pds_.contains(pd) || !dms_.contains(dm)) return Status(EINVAL);
+  provider::Result<provider::Mr*> mr = dev().reg_dm_mr(pd, dm, offset, length, access);
+  if (mr.ok()) mrs_.insert(mr.value());
+  return mr;
 }
 
 provider::Result<provider::Mw*> Context::alloc_mw(provider::Pd* pd, ibv_mw_type type) {

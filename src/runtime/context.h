@@ -36,6 +36,10 @@ class Context {
   provider::Result<provider::Mr*> reg_mr(provider::Pd* pd, void* addr, uint64_t length,
                                          uint64_t iova, int access);
   provider::Status dereg_mr(provider::Mr* mr);
+  provider::Result<provider::Dm*> alloc_dm(uint64_t length, uint32_t log_align);
+  provider::Status free_dm(provider::Dm* dm);
+  provider::Result<provider::Mr*> reg_dm_mr(provider::Pd* pd, provider::Dm* dm, uint64_t offset,
+                                            uint64_t length, int access);
   provider::Result<provider::Mw*> alloc_mw(provider::Pd* pd, ibv_mw_type type);
   provider::Status dealloc_mw(provider::Mw* mw);
   provider::Result<provider::Srq*> create_srq(provider::Pd* pd, const ibv_srq_attr& attr);
@@ -57,6 +61,7 @@ class Context {
   std::set<provider::Mw*> mws_;
   std::set<provider::Srq*> srqs_;
   std::set<provider::Ah*> ahs_;
+  std::set<provider::Dm*> dms_;
 };
 
 }  // namespace urdma::runtime

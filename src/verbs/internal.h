@@ -85,6 +85,15 @@ struct Mw {
   static Mw* from(ibv_mw* x) { return reinterpret_cast<Mw*>(x); }
 };
 
+// ibv_alloc_dm(3): rdma-core's struct verbs_dm is the ibv_dm and the handle; ours points at
+// the provider's DM instead.
+struct Dm {
+  ibv_dm dm;  // first
+  provider::Dm* p;
+  Context* ctx;
+  static Dm* from(ibv_dm* x) { return reinterpret_cast<Dm*>(x); }
+};
+
 struct CompChannel {
   ibv_comp_channel channel;  // first; channel.fd is impl->fd()
   runtime::CompletionChannel* impl;
@@ -162,6 +171,7 @@ struct Context {
 
 static_assert(std::is_standard_layout_v<Pd> && std::is_standard_layout_v<Mr> &&
               std::is_standard_layout_v<Mw> && std::is_standard_layout_v<Cq> &&
+              std::is_standard_layout_v<Dm> &&
               std::is_standard_layout_v<Srq> && std::is_standard_layout_v<Qp> &&
               std::is_standard_layout_v<Ah> && std::is_standard_layout_v<Context> &&
               std::is_standard_layout_v<CompChannel> && std::is_standard_layout_v<Device>);

@@ -155,6 +155,70 @@ int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) {
   return 0;
 }
 
+// ---- device memory (ibv_alloc_dm(3); provider/device_memory.h) ----
+
+int dm_memcpy_to(ibv_dm* dm, uint64_t dm_offset, const void* host_addr, size_t length) {
+  return Dm::from(dm)->p->copy_to(dm_offset, host_addr, length).error();
+}
+
+int dm_memcpy_from(void* host_addr, ibv_dm* dm, uint64_t dm_offset, size_t length) {
+  return Dm::from(dm)->p->copy_from(host_addr, dm_offset, length).error();
+}
+
+ibv_dm* op_alloc_dm(ibv_context* context, ibv_alloc_dm_attr* attr) {
+  if (!context || !attr) return fail<ibv_dm>(EINVAL);
+  // mlx5_alloc_dm: no comp_mask bit is defined for the request.
+  if (attr->comp_mask != 0) return fail<ibv_dm>(EINVAL);
+  Context* c = Context::from(context);
+  provider::Result<provider::Dm*> r = c->rt->alloc_dm(attr->length, attr->log_align_req);
+  if (!r.ok()) return fail<ibv_dm>(r.error());
+  auto* w = new Dm{};
+  w->p = r.value();
+  w->ctx = c;
+  w->dm.context = context;
+  w->dm.memcpy_to_dm = dm_memcpy_to;
+  w->dm.memcpy_from_dm = dm_memcpy_from;
+  w->dm.comp_mask = IBV_DM_MASK_HANDLE;
+  w->dm.handle = w->p->handle();
+  w->p->user_context = &w->dm;
+  remember(c, w);
+  return &w->dm;
+}
+
+int op_free_dm(ibv_dm* dm) {
+  if (!dm) return EINVAL;
+  Dm* w = Dm::from(dm);
+  provider::Status s = w->ctx->rt->free_dm(w->p);
+  if (!s.ok()) return s.error();
+  forget(w->ctx, w);
+  delete w;
+  return 0;
+}
+
+ibv_mr* op_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t dm_offset, size_t length,
+                     unsigned int access) {
+  if (!pd || !dm) return fail<ibv_mr>(EINVAL);
+  Pd* p = Pd::from(pd);
+  Dm* d = Dm::from(dm);
+  if (d->ctx != p->ctx) return fail<ibv_mr>(EINVAL);
+  const int acc = static_cast<int>(access) & ~IBV_ACCESS_OPTIONAL_RANGE;
+  provider::Result<provider::Mr*> r = p->ctx->rt->reg_dm_mr(p->p, d->p, dm_offset, length, acc);
+  if (!r.ok()) return fail<ibv_mr>(r.error());
+  auto* w = new Mr{};
+  w->p = r.value();
+  w->ctx = p->ctx;
+  w->mr.context = pd->context;
+  w->mr.pd = pd;
+  w->mr.addr = nullptr;  // zero based: the DM's address is the device's (ibv_cmd_reg_dm_mr)
+  w->mr.length = length;
+  w->mr.handle = w->p->handle();
+  w->mr.lkey = w->p->lkey();
+  w->mr.rkey = w->p->rkey();
+  w->p->user_context = &w->mr;
+  remember(w->ctx, w);
+  return &w->mr;
+}
+
 // ---- the extended context ops ----
 
 int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* input,
@@ -166,11 +230,14 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   full.device_cap_flags_ex = static_cast<uint64_t>(full.orig_attr.device_cap_flags);
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   // On-demand paging: every MR is (the engine touches registered memory from inside the
-  // process, where the CPU faults pages in), on every transport and operation. Not implicit
-  // ODP: a peer's access through an implicit MR (address 0, SIZE_MAX bytes) to an address the
-  // process has not mapped would end the process (SIGSEGV in the engine), not in a remote
-  // access error. No TSO, RSS, packet pacing, tag matching, DM or CQ moderation: zeros.
+  // process, where the CPU faults pages in), on every transport and operation; and implicit
+  // ODP (address 0, SIZE_MAX bytes) where the kernel can fault a range in on request: every
+  // access through such an MR is checked page by page first, so an address the process has
+  // not mapped is a remote access error, not a crash (provider/mr_table.h). No TSO, RSS,
+  // packet pacing, tag matching or CQ moderation: zeros.
   full.odp_caps.general_caps = IBV_ODP_SUPPORT;
+  if (provider::implicit_odp_supported()) full.odp_caps.general_caps |= IBV_ODP_SUPPORT_IMPLICIT;
+  full.max_dm_size = provider::kMaxDmBytes;
   full.odp_caps.per_transport_caps.rc_odp_caps =
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
       IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
@@ -260,11 +327,14 @@ void fill_context(Context& c, ibv_device* device, int async_fd) {
   pthread_mutex_init(&ctx.mutex, nullptr);
   ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
   // Extended ops; those left null make verbs.h's inlines fail with EOPNOTSUPP (XRC, WQ/RSS,
-  // flows, counters, DM, TD/parent domains, SRQ_ex beyond the basic SRQ, open_qp).
+  // flows, counters, TD/parent domains, SRQ_ex beyond the basic SRQ, open_qp).
   c.vctx.sz = sizeof(verbs_context);
   c.vctx.query_port = op_query_port;
   c.vctx.query_device_ex = op_query_device_ex;
   c.vctx.advise_mr = op_advise_mr;
+  c.vctx.alloc_dm = op_alloc_dm;
+  c.vctx.free_dm = op_free_dm;
+  c.vctx.reg_dm_mr = op_reg_dm_mr;
   c.vctx.create_cq_ex = create_cq_ex;
   c.vctx.create_qp_ex = create_qp_ex;
 }

@@ -1,5 +1,6 @@
 // MR table: registration rules, THE access check (bounds, PD, access), key unpredictability.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -381,6 +382,68 @@ TEST_F(MrTest, TheTableIsBounded) {
   EXPECT_EQ(dev_.reg_mr(pd(), buf_.data(), 8, addr(), kLw).error(), ENOMEM);
   ASSERT_EQ(dev_.dereg_mr(mrs.back()), kOk);
   EXPECT_TRUE(dev_.reg_mr(pd(), buf_.data(), 8, addr(), kLw).ok());
+}
+
+// Implicit ODP: the whole address space registers only with ON_DEMAND, and every access
+// through it is checked against the process's mappings (a failed page fault), so a peer's
+// address the process has not mapped, or mapped without the right, is refused instead of
+// crashing the engine. An ordinary MR is never probed.
+TEST_F(MrTest, ImplicitOdpRefusesPagesTheProcessHasNotMapped) {
+  ASSERT_TRUE(implicit_odp_supported()) << "Linux >= 5.14 has MADV_POPULATE_READ/WRITE";
+  EXPECT_EQ(dev_.reg_mr(pd(), nullptr, kMax, 0, kLw | kRw).error(), EINVAL);  // not ON_DEMAND
+  EXPECT_EQ(dev_.reg_mr(pd(), nullptr, kMax, 4096, kLw | IBV_ACCESS_ON_DEMAND).error(), EINVAL);
+  Result<Mr*> r = dev_.reg_mr(pd(), nullptr, kMax, 0,
+                              kLw | kRw | kRr | kRa | IBV_ACCESS_ON_DEMAND | IBV_ACCESS_MW_BIND);
+  ASSERT_TRUE(r.ok()) << r.error();
+  Mr* all = r.value();
+  EXPECT_TRUE(all->implicit());
+  const long page = sysconf(_SC_PAGESIZE);
+  auto* rw = static_cast<uint8_t*>(
+      mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(rw, MAP_FAILED);
+  uint8_t* ro = rw + page;
+  uint8_t* none = rw + 2 * page;
+  uint8_t* gone = rw + 3 * page;
+  ASSERT_EQ(mprotect(ro, page, PROT_READ), 0);
+  ASSERT_EQ(mprotect(none, page, PROT_NONE), 0);
+  ASSERT_EQ(munmap(gone, page), 0);
+  auto va = [](const uint8_t* p) { return reinterpret_cast<uintptr_t>(p); };
+  const MrTable& t = table();
+  const uint32_t key = all->rkey();
+  // Mapped with the right: granted, at the address named.
+  MemRef ok = t.lookup_remote(key, pd(), 0, kRw, va(rw) + 8, 100);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok.addr, rw + 8);
+  EXPECT_TRUE(t.lookup_remote(key, pd(), 0, kRa, va(rw), 8).ok());
+  EXPECT_TRUE(t.lookup_remote(key, pd(), 0, kRr, va(ro), 64).ok());
+  EXPECT_TRUE(t.lookup_local(key, pd(), 0, va(ro), 64).ok());
+  // A read-only page is not written, a PROT_NONE page not read, an unmapped one not touched;
+  // a range that runs from a good page into a bad one is refused whole.
+  EXPECT_EQ(t.lookup_remote(key, pd(), 0, kRw, va(ro), 8).error, MemError::kUnmapped);
+  EXPECT_EQ(t.lookup_remote(key, pd(), 0, kRa, va(ro), 8).error, MemError::kUnmapped);
+  EXPECT_EQ(t.lookup_local(key, pd(), kLw, va(ro), 8).error, MemError::kUnmapped);
+  EXPECT_EQ(t.lookup_remote(key, pd(), 0, kRr, va(none), 8).error, MemError::kUnmapped);
+  EXPECT_EQ(t.lookup_remote(key, pd(), 0, kRr, va(gone), 8).error, MemError::kUnmapped);
+  EXPECT_EQ(t.lookup_remote(key, pd(), 0, kRw, va(rw) + page - 4, 8).error, MemError::kUnmapped);
+  EXPECT_EQ(t.lookup_remote(key, pd(), 0, kRr, 0, 8).error, MemError::kUnmapped);
+  EXPECT_EQ(t.lookup_remote(key, pd(), 0, kRr, kMax - 8, 8).error, MemError::kUnmapped);
+  // A window bound over the implicit MR is checked the same way.
+  Result<Mw*> w = dev_.alloc_mw(pd(), IBV_MW_TYPE_1);
+  ASSERT_TRUE(w.ok());
+  MwBindOp bind{w.value()->handle(), 0x11, all->handle(), va(rw), 3 * uint64_t(page), kRr | kRw};
+  ASSERT_TRUE(table().bind_mw_st(pd(), 0, bind).ok());
+  const uint32_t wkey = w.value()->rkey();
+  EXPECT_TRUE(t.lookup_remote(wkey, pd(), 0, kRw, va(rw), 8).ok());
+  EXPECT_EQ(t.lookup_remote(wkey, pd(), 0, kRw, va(ro), 8).error, MemError::kUnmapped);
+  EXPECT_EQ(t.lookup_remote(wkey, pd(), 0, kRr, va(none), 8).error, MemError::kUnmapped);
+  ASSERT_TRUE(dev_.dealloc_mw(w.value()).ok());
+  // An ordinary MR over the same pages is not probed: its pages are the application's word.
+  Mr* plain = dev_.reg_mr(pd(), ro, page, va(ro), kLw | kRw).value();
+  EXPECT_FALSE(plain->implicit());
+  EXPECT_TRUE(t.lookup_remote(plain->rkey(), pd(), 0, kRw, va(ro), 8).ok());
+  EXPECT_TRUE(dev_.dereg_mr(plain).ok());
+  EXPECT_TRUE(dev_.dereg_mr(all).ok());
+  ASSERT_EQ(munmap(rw, 3 * page), 0);
 }
 
 TEST_F(MrTest, Rereg) {

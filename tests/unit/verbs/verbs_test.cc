@@ -8,6 +8,7 @@
 // Oracles are the test's own: expected bytes from a seeded generator, an FNV-1a checksum written
 // here, the GID bytes of 127.0.0.1 built by hand, the errnos of the rdma-core man pages.
 #include <arpa/inet.h>
+#include <sys/mman.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
 #include <net/if.h>
@@ -512,10 +513,6 @@ TEST_F(Verbs, VerbsNotOfferedFailWithEopnotsupp) {
   pda.pd = pd_;
   EXPECT_TRUE(null_with(ibv_alloc_parent_domain(ctx_, &pda), EOPNOTSUPP));
   errno = 0;
-  ibv_alloc_dm_attr dm{};
-  dm.length = 64;
-  EXPECT_TRUE(null_with(ibv_alloc_dm(ctx_, &dm), EOPNOTSUPP));
-  errno = 0;
   ibv_counters_init_attr ca{};
   EXPECT_TRUE(null_with(ibv_create_counters(ctx_, &ca), EOPNOTSUPP));
   errno = 0;
@@ -709,6 +706,177 @@ TEST_F(Verbs, RcLoopbackWriteSendReadWithCqeChecks) {
   for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
   for (ibv_mr* m : {ms, md, mb, mr}) EXPECT_EQ(ibv_dereg_mr(m), 0);
   for (ibv_cq* cq : {cqa, cqb}) EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// Device memory (ibv_alloc_dm(3)): max_dm_size reported, the copies' errnos, a DM MR as the
+// local SGE of a SEND and as the target of a peer's WRITE and READ (zero based: offsets into
+// the MR), and a DM its MR holds.
+TEST_F(Verbs, DeviceMemoryIsALocalSgeAndARemoteTarget) {
+  ibv_device_attr_ex ax{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &ax), 0);
+  ASSERT_GT(ax.max_dm_size, 4096u);
+  ibv_alloc_dm_attr da{};
+  da.length = ax.max_dm_size + 1;
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_dm(ctx_, &da), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  da.length = 4096;
+  da.comp_mask = 1;
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_dm(ctx_, &da), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  da.comp_mask = 0;
+  da.log_align_req = 6;
+  ibv_dm* dm = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(dm, nullptr) << std::strerror(errno);
+  EXPECT_EQ(dm->context, ctx_);
+  EXPECT_EQ(dm->comp_mask, uint32_t{IBV_DM_MASK_HANDLE});
+
+  const std::vector<uint8_t> src = random_bytes(4096, 7);
+  ASSERT_EQ(ibv_memcpy_to_dm(dm, 0, src.data(), 4096), 0);
+  uint8_t word[8] = {};
+  EXPECT_EQ(ibv_memcpy_from_dm(word, dm, 2, 4), EINVAL);     // offset not in 4-byte words
+  EXPECT_EQ(ibv_memcpy_from_dm(word, dm, 4096, 4), EFAULT);  // past the end
+  EXPECT_EQ(ibv_memcpy_to_dm(dm, 0, word, 3), EINVAL);
+
+  const int acc = IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                  IBV_ACCESS_REMOTE_READ;
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dm_mr(pd_, dm, 0, 4096, acc & ~IBV_ACCESS_ZERO_BASED), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dm_mr(pd_, dm, 8, 4096, acc), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_mr* dmr = ibv_reg_dm_mr(pd_, dm, 0, 4096, acc);
+  ASSERT_NE(dmr, nullptr) << std::strerror(errno);
+  EXPECT_EQ(dmr->addr, nullptr);
+  EXPECT_EQ(dmr->length, 4096u);
+  EXPECT_EQ(ibv_free_dm(dm), EBUSY);
+
+  ibv_cq* cqa = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ibv_cq* cqb = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ASSERT_TRUE(cqa && cqb);
+  ibv_qp* a = make_qp(IBV_QPT_RC, cqa, cqa);
+  ibv_qp* b = make_qp(IBV_QPT_RC, cqb, cqb);
+  ASSERT_TRUE(a && b);
+  connect(a, b->qp_num);
+  connect(b, a->qp_num);
+  std::vector<uint8_t> host(4096);
+  ibv_mr* hmr = ibv_reg_mr(pd_, host.data(), host.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(hmr, nullptr);
+
+  // SEND from DM bytes [1024, 3072) (SGE address 1024 of the zero-based MR) into host memory.
+  ASSERT_EQ(post_recv(b, 1, sge_of(host.data(), host.size(), hmr->lkey)), 0);
+  ASSERT_EQ(post_send(a, 2, ibv_sge{1024, 2048, dmr->lkey}), 0);
+  std::vector<ibv_wc> wcs = poll_n(cqb, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(wcs[0].byte_len, 2048u);
+  EXPECT_TRUE(std::equal(host.begin(), host.begin() + 2048, src.begin() + 1024));
+  wcs = poll_n(cqa, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+
+  // A peer WRITEs host bytes into the DM at MR offset 512 (remote address 512).
+  const std::vector<uint8_t> payload = random_bytes(1000, 8);
+  std::copy(payload.begin(), payload.end(), host.begin());
+  ASSERT_EQ(post_write(b, 3, sge_of(host.data(), 1000, hmr->lkey), 512, dmr->rkey), 0);
+  wcs = poll_n(cqb, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  std::vector<uint8_t> in_dm(4096);
+  ASSERT_EQ(ibv_memcpy_from_dm(in_dm.data(), dm, 0, 4096), 0);
+  EXPECT_TRUE(std::equal(payload.begin(), payload.end(), in_dm.begin() + 512));
+  EXPECT_TRUE(std::equal(src.begin(), src.begin() + 512, in_dm.begin()));
+  EXPECT_TRUE(std::equal(src.begin() + 1512, src.end(), in_dm.begin() + 1512));
+  // A WRITE past the DM MR's end is a remote access error, as for any MR.
+  ASSERT_EQ(post_write(b, 4, sge_of(host.data(), 8, hmr->lkey), 4092, dmr->rkey), 0);
+  wcs = poll_n(cqb, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wcs[0].status);
+
+  for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  for (ibv_mr* m : {hmr, dmr}) EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_free_dm(dm), 0);
+  for (ibv_cq* cq : {cqa, cqb}) EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// Implicit ODP: an MR over the whole address space carries a peer's WRITE and READ to memory
+// the process has mapped; a WRITE to an unmapped page or a READ of a PROT_NONE page ends in a
+// remote access error at the requester (the responder's QP in ERR) and the process lives on.
+// Without ON_DEMAND the whole address space is EINVAL.
+TEST_F(Verbs, ImplicitOdpMrTurnsAnUnmappedAddressIntoARemoteAccessError) {
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd_, nullptr, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  const int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                  IBV_ACCESS_ON_DEMAND;
+  ibv_mr* all = ibv_reg_mr(pd_, nullptr, SIZE_MAX, acc);
+  ASSERT_NE(all, nullptr) << std::strerror(errno);
+  const long page = sysconf(_SC_PAGESIZE);
+  auto* mem = static_cast<uint8_t*>(
+      mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(mem, MAP_FAILED);
+  uint8_t* none = mem + page;
+  uint8_t* gone = mem + 2 * page;
+  ASSERT_EQ(mprotect(none, page, PROT_NONE), 0);
+  ASSERT_EQ(munmap(gone, page), 0);
+
+  ibv_cq* cqa = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ibv_cq* cqb = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ASSERT_TRUE(cqa && cqb);
+  ibv_qp* a = make_qp(IBV_QPT_RC, cqa, cqa);
+  ibv_qp* b = make_qp(IBV_QPT_RC, cqb, cqb);
+  ASSERT_TRUE(a && b);
+  connect(a, b->qp_num);
+  connect(b, a->qp_num);
+  std::vector<uint8_t> src = random_bytes(1000, 9), back(1000);
+  ibv_mr* ms = ibv_reg_mr(pd_, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* mb = ibv_reg_mr(pd_, back.data(), back.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_TRUE(ms && mb);
+  auto va = [](const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); };
+
+  // Mapped memory: the WRITE lands, and the local SGE may name the implicit MR too.
+  ASSERT_EQ(post_write(a, 1, sge_of(src.data(), 1000, ms->lkey), va(mem) + 100, all->rkey), 0);
+  std::vector<ibv_wc> wcs = poll_n(cqa, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), mem + 100));
+  ibv_sge rd_sge = sge_of(back.data(), 1000, all->lkey);
+  ibv_send_wr rd{}, *bad = nullptr;
+  rd.wr_id = 2;
+  rd.opcode = IBV_WR_RDMA_READ;
+  rd.sg_list = &rd_sge;
+  rd.num_sge = 1;
+  rd.send_flags = IBV_SEND_SIGNALED;
+  rd.wr.rdma.remote_addr = va(mem) + 100;
+  rd.wr.rdma.rkey = all->rkey;
+  ASSERT_EQ(ibv_post_send(a, &rd, &bad), 0);
+  wcs = poll_n(cqa, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wcs[0].status);
+  EXPECT_EQ(back, src);
+
+  // An unmapped page, then a PROT_NONE page: remote access errors, each after restating the
+  // pair (the first error put both QPs in ERR).
+  ASSERT_EQ(post_write(a, 3, sge_of(src.data(), 8, ms->lkey), va(gone) + 8, all->rkey), 0);
+  wcs = poll_n(cqa, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wcs[0].status);
+  restate(a, b->qp_num);
+  restate(b, a->qp_num);
+  rd.wr_id = 4;
+  rd.wr.rdma.remote_addr = va(none);
+  rd_sge = sge_of(back.data(), 8, mb->lkey);
+  ASSERT_EQ(ibv_post_send(a, &rd, &bad), 0);
+  wcs = poll_n(cqa, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wcs[0].status);
+
+  for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  for (ibv_mr* m : {all, ms, mb}) EXPECT_EQ(ibv_dereg_mr(m), 0);
+  for (ibv_cq* cq : {cqa, cqb}) EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  ASSERT_EQ(munmap(mem, 2 * page), 0);
 }
 
 // UD: an AH to 127.0.0.1, and the reply's AH built from the received completion and GRH.
