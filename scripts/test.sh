@@ -97,10 +97,15 @@ fi
 # Plain: what the process tests, the sweeps, the benchmark tests and the interop suite run.
 stage "plain build"
 build build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -- src/all tools/all examples/all tests/process/all tests/security/all bench/all urdma-sim
+  -- src/all tools/all examples/all tests/process/all tests/security/all tests/middleware/all \
+  bench/all urdma-sim
 plain_built=$?
 stage "plain tests: process, simulation sweeps, benchmarks"
 [ "$plain_built" -eq 0 ] && run_ctest build -L '^(process|sim|bench)$'
+
+# Middleware on urdma (tests/middleware, in the plain build): Open MPI and MPICH over UCX.
+stage "middleware: MPI over UCX on urdma"
+[ "$plain_built" -eq 0 ] && run_ctest build -L '^middleware$'
 
 # The sanitizer builds compile at -O1 with line tables only (-g1: what a report's stack needs),
 # in less than half the time of -O2 -g; assertions stay on.
