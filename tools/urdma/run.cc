@@ -118,7 +118,16 @@ int run_command(const RunOptions& options) {
   }
   if (options.view) {
     std::string why;
-    const int err = view.gid_dir.empty() ? ENOENT : enter_device_view(view, &why);
+    int err = view.gid_dir.empty() ? ENOENT : 0;
+    // Without root the view needs a user namespace, and in one that maps only the caller's ids
+    // another user's daemon (root's system daemon) shows as the overflow uid, which the library
+    // cannot tell from an impostor's and refuses. With such a daemon the program runs unviewed.
+    if (err == 0 && geteuid() != 0 && view.daemon_uid != geteuid()) {
+      err = EPERM;
+      why = "the daemon is another user's (uid " + std::to_string(view.daemon_uid) +
+            "), and without root the view's user namespace would hide who it is";
+    }
+    if (err == 0) err = enter_device_view(view, &why);
     // Said once, here: the program runs anyway (plain verbs programs need no view).
     if (err != 0 && err != EEXIST)
       std::cerr << "urdma run: " << options.command.front()
