@@ -331,11 +331,28 @@ void GidWatcher::loop(provider::Device* device) {
   }
 }
 
+namespace {
+
+Process* g_process = nullptr;
+
+// In a forked child: a device of its own. The parent's runtime, threads and slot lease stay the
+// parent's (none of its threads exist here); the child's first ibv_open_device leases a slot of
+// its own, as a child of an rdma-core program opens the uverbs device anew. What it inherited is
+// never destroyed.
+void forget_the_parents_device() { g_process = new Process; }
+
+}  // namespace
+
 Process& process() {
   // Never destroyed: a program may exit with contexts open (the daemon reclaims the slot when
   // the process's connection closes).
-  static Process* p = new Process;
-  return *p;
+  static const bool made = [] {
+    g_process = new Process;
+    pthread_atfork(nullptr, nullptr, forget_the_parents_device);
+    return true;
+  }();
+  (void)made;
+  return *g_process;
 }
 
 }  // namespace urdma::verbs
@@ -394,6 +411,7 @@ ibv_context* ibv_open_device(ibv_device* device) {
     }
   }
   auto* c = new verbs::Context{};
+  c->pid = getpid();
   c->rt = new runtime::Context(*p.runtime);
   verbs::init_live_objects(*c);
   c->async_queue = new provider::AsyncEventQueue;
@@ -410,6 +428,9 @@ ibv_context* ibv_open_device(ibv_device* device) {
 int ibv_close_device(ibv_context* context) {
   verbs::Process& p = verbs::process();
   verbs::Context* c = verbs::Context::from(context);
+  // A context a forked child inherited: its runtime is the parent's, whose threads do not run
+  // here. Nothing of it is touched; the memory stays the child's copy.
+  if (c->pid != getpid()) return 0;
   verbs::release_channels(*c);
   delete c->rt;  // destroys the objects the application left, dependents first
   verbs::free_live_objects(*c);  // and their wrappers

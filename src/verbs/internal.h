@@ -160,6 +160,7 @@ struct Context {
   verbs_context vctx;  // first; its last member is the ibv_context
   runtime::Context* rt;
   LiveObjects* live;
+  pid_t pid;                               // the process that opened it (fork: process())
   provider::AsyncEventQueue* async_queue;  // this context's events (Process::open_contexts)
   runtime::AsyncEventFd* async;            // its async_fd
   static Context* from(ibv_context* c) {

@@ -308,9 +308,22 @@ class Cma {
   pid_t opener_pid_ = 0;  // a forked child's exit closes only its copy of the fd: nothing to do
 };
 
+Cma* g_cma = nullptr;
+
+// In a forked child: a CM of its own, on the device the child opens (libibverbs' process()
+// forgets the parent's too). The parent's ids, CM thread and MAD channel stay the parent's;
+// what the child inherited is never destroyed (the thread does not exist here).
+void forget_the_parents_cm() { g_cma = new Cma; }
+
 Cma& cma() {
-  static Cma* c = new Cma;  // lives as long as the process (threads may still run at exit)
-  return *c;
+  // Lives as long as the process (threads may still run at exit).
+  static const bool made = [] {
+    g_cma = new Cma;
+    pthread_atfork(nullptr, nullptr, forget_the_parents_cm);
+    return true;
+  }();
+  (void)made;
+  return *g_cma;
 }
 
 int Cma::open_locked() {

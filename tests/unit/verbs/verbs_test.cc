@@ -8,6 +8,7 @@
 // Oracles are the test's own: expected bytes from a seeded generator, an FNV-1a checksum written
 // here, the GID bytes of 127.0.0.1 built by hand, the errnos of the rdma-core man pages.
 #include <arpa/inet.h>
+#include <sys/wait.h>
 #include <sys/mman.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
@@ -1354,6 +1355,57 @@ TEST_F(Verbs, CompletionChannelFdWakesPollAndHandsBackTheCq) {
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
   EXPECT_EQ(ibv_destroy_comp_channel(ch), 0);
+}
+
+// A forked child opens the device anew and gets a device of its own (a slot of its own from
+// urdmad), as a child of an rdma-core program opens the uverbs device anew; the parent's
+// context, still open, keeps working. (Python's multiprocessing forks rdma-core's rdmacm tests'
+// players from a process that has the device open.)
+TEST_F(Verbs, AForkedChildOpensADeviceOfItsOwn) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ibv_context* ctx = ibv_open_device(list_[0]);
+    if (!ctx) _exit(10);
+    ctx_ = ctx;  // the fixture's helpers work on the child's own context from here
+    pd_ = ibv_alloc_pd(ctx);
+    ibv_cq* cq = pd_ ? ibv_create_cq(ctx, 4, nullptr, nullptr, 0) : nullptr;
+    if (!cq) _exit(11);
+    ibv_qp* qp = make_qp(IBV_QPT_RC, cq, cq);
+    if (!qp) _exit(12);
+    connect(qp, qp->qp_num);
+    std::vector<uint8_t> buf(8192);
+    for (size_t i = 0; i < 4096; ++i) buf[i] = static_cast<uint8_t>(i * 13 + 5);
+    ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(),
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!mr) _exit(13);
+    ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 4096, mr->lkey};
+    ibv_send_wr w{}, *bad = nullptr;
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.sg_list = &sge;
+    w.num_sge = 1;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf.data()) + 4096;
+    w.wr.rdma.rkey = mr->rkey;
+    if (ibv_post_send(qp, &w, &bad) != 0) _exit(14);
+    ibv_wc wc{};
+    int n = 0;
+    for (int i = 0; i < 5000 && n == 0; ++i) {
+      n = ibv_poll_cq(cq, 1, &wc);
+      if (n == 0) usleep(1000);
+    }
+    if (n != 1 || wc.status != IBV_WC_SUCCESS) _exit(15);
+    if (fnv1a(buf.data(), 4096) != fnv1a(buf.data() + 4096, 4096)) _exit(16);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's step that failed (10 open ... 16 bytes)";
+  // The parent's context still works.
+  ibv_cq* cq = ibv_create_cq(ctx_, 4, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
 }
 
 // CQ overrun (IBA 11.4.2.1): the async fd becomes readable with IBV_EVENT_CQ_ERR for that CQ.
