@@ -14,9 +14,10 @@
 // addresses costs a few files, not a thousand.
 //
 // Each file is written whole into `.staging/` and renamed into place, so a reader sees the old
-// or the new content, never a mix. The directories are never replaced or removed: `urdma run`
+// or the new content, never a mix. The directories are never replaced while in use: `urdma run`
 // binds them into a program's mount namespace, and a bind names the directory itself, so a
-// daemon that starts again later writes into the same directories its predecessor made.
+// daemon that starts again later writes into the same directories its predecessor made. A
+// namespace's view goes only when nothing uses it any more (view_sweep.h).
 #pragma once
 
 #include <cstdint>
