@@ -154,6 +154,7 @@ bool scan_processes(bool shared, pid_t ignore, std::set<uint64_t>* candidates,
   std::vector<Unnamed> unnamed;  // threads that may use the directory, by proc net id
   std::set<std::string> mountinfos_seen;  // one read per mount namespace we can name
   for (const std::string& pid : list_dir(procfd.get())) {
+    if (candidates->empty()) return true;  // everything is in use: nothing left to judge
     if (pid[0] < '1' || pid[0] > '9' || std::to_string(ignore) == pid) continue;
     // Every thread: a thread may unshare a network namespace of its own.
     UniqueFd tasks(openat(procfd.get(), (pid + "/task").c_str(),
