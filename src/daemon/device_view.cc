@@ -1,5 +1,6 @@
 #include "daemon/device_view.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -7,7 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace urdma::daemon {
@@ -87,11 +90,11 @@ std::string gid_view_dir(const std::string& daemon_dir, uint64_t netns) {
   return daemon_dir + "/view-" + std::to_string(netns);
 }
 
-GidView::Files GidView::files_for(const GidEntry* entry) {
+GidView::Files GidView::files_for(const GidEntry* entry, bool below_top) {
   Files f;
   if (!entry) {
     static constexpr uint8_t kZero[16] = {};
-    f.gid = sysfs_gid_text(kZero) + "\n";
+    if (below_top) f.gid = sysfs_gid_text(kZero) + "\n";
     return f;
   }
   f.gid = sysfs_gid_text(entry->gid.bytes().data()) + "\n";
@@ -129,10 +132,33 @@ bool GidView::open(const std::string& dir, const std::vector<GidEntry>& entries,
     return false;
   }
   root_ = std::move(root);
-  // Whatever an earlier daemon left is rewritten: the table may have changed meanwhile.
-  current_.assign(kMaxGids, Files{"?", "?", "?"});
+  // Whatever an earlier daemon left is rewritten or removed: the table may have changed
+  // meanwhile.
+  current_.assign(kMaxGids, Files{});
+  mark_existing("gids", &Files::gid);
+  mark_existing("types", &Files::type);
+  mark_existing("ndevs", &Files::ndev);
   update(entries);
   return true;
+}
+
+void GidView::mark_existing(const char* subdir, std::string Files::*field) {
+  const int fd = openat(root_.get(), subdir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  DIR* list = fdopendir(fd);
+  if (!list) {
+    close(fd);
+    return;
+  }
+  while (const dirent* e = readdir(list)) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long i = std::strtoul(e->d_name, &end, 10);
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' || *end != '\0' || errno != 0 || i >= kMaxGids)
+      continue;
+    current_[i].*field = "?";  // unknown content: rewritten, or removed when not wanted
+  }
+  closedir(list);
 }
 
 void GidView::write(const char* subdir, uint32_t index, const std::string& text) {
@@ -156,10 +182,14 @@ void GidView::remove(const char* subdir, uint32_t index) {
 void GidView::update(const std::vector<GidEntry>& entries) {
   if (!root_.valid()) return;
   std::vector<const GidEntry*> by_index(current_.size(), nullptr);
-  for (const GidEntry& e : entries)
-    if (e.index < by_index.size()) by_index[e.index] = &e;
+  uint32_t top = 0;  // one past the highest valid index
+  for (const GidEntry& e : entries) {
+    if (e.index >= by_index.size()) continue;
+    by_index[e.index] = &e;
+    top = std::max(top, e.index + 1);
+  }
   for (uint32_t i = 0; i < current_.size(); ++i) {
-    Files want = files_for(by_index[i]);
+    Files want = files_for(by_index[i], i < top);
     Files& have = current_[i];
     auto apply = [&](const char* sub, const std::string& w, const std::string& h) {
       if (w == h) return;
@@ -171,10 +201,10 @@ void GidView::update(const std::vector<GidEntry>& entries) {
     };
     // A GID's attributes appear after it and go before it is cleared.
     const bool clearing = by_index[i] == nullptr;
-    if (!clearing && want.gid != have.gid) write("gids", i, want.gid);
+    if (!clearing) apply("gids", want.gid, have.gid);
     apply("types", want.type, have.type);
     apply("ndevs", want.ndev, have.ndev);
-    if (clearing && want.gid != have.gid) write("gids", i, want.gid);
+    if (clearing) apply("gids", want.gid, have.gid);
     have = std::move(want);
   }
 }

@@ -3,14 +3,21 @@
 //
 // urdmad owns the GID table, so it writes the port's GID files into its runtime directory:
 //
-//   <daemon dir>/view-<netns inode>/gids/<i>    every index, "0000:…" when empty (as the kernel)
+//   <daemon dir>/view-<netns inode>/gids/<i>    each index up to the highest valid one,
+//                                               "0000:…" for an empty one below it (as the kernel)
 //                                   types/<i>   "RoCE v2", valid entries only (the kernel's read
 //                                   ndevs/<i>   fails for an empty one; here the file is absent)
 //
+// The kernel shows a file for each of the 1024 indexes; the readers (UCX, libfabric, rdma-core's
+// tests, scripts) ask the verbs for the GIDs and read types/<i> and ndevs/<i> of the indexes they
+// consider, so the empty indexes above the highest valid one get no file: a namespace with a few
+// addresses costs a few files, not a thousand.
+//
 // Each file is written whole into `.staging/` and renamed into place, so a reader sees the old
-// or the new content, never a mix. The directories are never replaced or removed: `urdma run`
+// or the new content, never a mix. The directories are never replaced while in use: `urdma run`
 // binds them into a program's mount namespace, and a bind names the directory itself, so a
-// daemon that starts again later writes into the same directories its predecessor made.
+// daemon that starts again later writes into the same directories its predecessor made. A
+// namespace's view goes only when nothing uses it any more (view_sweep.h).
 #pragma once
 
 #include <cstdint>
@@ -49,9 +56,14 @@ class GidView {
 
  private:
   struct Files {
-    std::string gid, type, ndev;  // type and ndev empty: no file
+    std::string gid, type, ndev;  // empty: no file
   };
-  static Files files_for(const GidEntry* entry);
+  // An empty index below the highest valid one has a zero GID file, as the kernel's; above it,
+  // none.
+  static Files files_for(const GidEntry* entry, bool below_top);
+  // Marks the files an earlier daemon left in `subdir` as unknown, so update rewrites or
+  // removes them.
+  void mark_existing(const char* subdir, std::string Files::*field);
   void write(const char* subdir, uint32_t index, const std::string& text);
   void remove(const char* subdir, uint32_t index);
 

@@ -18,6 +18,7 @@
 #include <iostream>
 
 #include "daemon/paths.h"
+#include "daemon/view_sweep.h"
 
 namespace urdma::daemon {
 
@@ -175,9 +176,22 @@ int run_supervisor(SupervisorOptions o) {
     o.daemon.socket_path = o.endpoint.socket;
     o.daemon.view_dir = gid_view_dir(o.endpoint.dir, netns_inode());
   }
+  const std::string runtime_dir = lock_fd >= 0 ? o.endpoint.dir : systemd_endpoint().dir;
+  const bool shared_dir = lock_fd < 0 || o.endpoint.system;
+  auto sweep_log = [&](const char* what, const SweepResult& r) {
+    if (!r.skipped.empty()) log(std::string(what) + ": nothing removed (" + r.skipped + ")");
+    for (uint64_t ns : r.removed)
+      log(std::string(what) + ": removed the entries of network namespace " + std::to_string(ns));
+  };
+  bool served = false;  // a daemon served: the namespace's view is ours to judge at the end
   auto cleanup = [&] {
     handoff.group.sockets.clear();  // the UDP group first: a successor finds the port free
     handoff.listener.reset();
+    // Our own view, while we still hold the lock: when nothing in the namespace is left to use
+    // it. (systemd's socket outlives us: a daemon it starts later writes the same view.)
+    if (lock_fd >= 0 && served)
+      sweep_log("at exit",
+                remove_own_namespace_if_unused(runtime_dir, netns_inode(), shared_dir));
     if (lock_fd >= 0) {
       unlink(o.endpoint.socket.c_str());
       release_lock(o.endpoint.lock, lock_fd);
@@ -232,6 +246,9 @@ int run_supervisor(SupervisorOptions o) {
       close(o.status_fd);
       o.status_fd = -1;
     }
+    // What namespaces that no longer exist left here, while the daemon starts serving.
+    if (handoff.restarts == 0)
+      sweep_log("at start", remove_unused_namespaces(runtime_dir, netns_inode(), shared_dir));
     // Wait for the daemon's end: what it said (ready, idle) tells why it ended.
     bool ready = false, idle = false, stopping = false;
     int status = 0;
@@ -241,7 +258,7 @@ int run_supervisor(SupervisorOptions o) {
       if (p[1].revents) {
         char what = 0;
         const ssize_t n = recv(keeper_end.get(), &what, 1, MSG_DONTWAIT);
-        if (n == 1 && what == kKeeperReady) ready = true;
+        if (n == 1 && what == kKeeperReady) ready = served = true;
         if (n == 1 && what == kKeeperIdle) idle = true;
         if (n == 0) keeper_end.reset();  // the daemon is gone; its SIGCHLD follows
       }

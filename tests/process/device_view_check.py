@@ -63,9 +63,10 @@ check("rate", float(rate.group(1)) if rate else None,
       float(speed.group(1)) * int(width.group(1)) if speed and width else None)
 check("pkey 0", int(read(PORT + "/pkeys/0"), 16), 0xffff)
 
-# The GID table: every index has a file; the verbs' entries match, the rest are zero.
+# The GID table: a file for each index up to the highest valid one (urdmad writes none above
+# it: the readers ask the verbs for GIDs and read types/ndevs of the indexes they consider);
+# the verbs' entries match, the rest are zero.
 gid_tbl_len = int(field("gid_tbl_len") or 0)
-check("gid files", len(os.listdir(PORT + "/gids")), gid_tbl_len)
 verbs_gids = {}
 for m in re.finditer(r"GID\[\s*(\d+)\]:\s*([0-9a-fA-F:.]+), (RoCE v2|RoCE v1|IB)", devinfo):
     verbs_gids[int(m.group(1))] = (ipaddress.IPv6Address(m.group(2)), m.group(3))
@@ -77,7 +78,12 @@ for line in subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True)
         addr = ipaddress.IPv6Address("::ffff:" + str(addr))
     addr_dev[addr] = parts[1]
 check("some gids", len(verbs_gids) > 0, True)
-for i in range(gid_tbl_len):
+gid_files = max(verbs_gids) + 1 if verbs_gids else 0
+check("gid files", sorted(int(n) for n in os.listdir(PORT + "/gids")), list(range(gid_files)))
+check("gid files within the table", gid_files <= gid_tbl_len, True)
+check("type files", sorted(int(n) for n in os.listdir(PORT + "/gid_attrs/types")),
+      sorted(verbs_gids))
+for i in range(gid_files):
     text = read("%s/gids/%d" % (PORT, i))
     check("gid %d format" % i, bool(re.fullmatch(r"([0-9a-f]{4}:){7}[0-9a-f]{4}", text)), True)
     gid = ipaddress.IPv6Address(text)
@@ -94,7 +100,7 @@ if len(sys.argv) > 2 and sys.argv[1] == "--expect-gid":
     want = ipaddress.IPv6Address("::ffff:" + sys.argv[2])
     check("expected gid in verbs", want in [g for g, _ in verbs_gids.values()], True)
     check("expected gid in view", want in [ipaddress.IPv6Address(read("%s/gids/%d" % (PORT, i)))
-                                           for i in range(gid_tbl_len)], True)
+                                           for i in range(gid_files)], True)
 
 
 # ibv_device as the library fills it (rdma-core's struct layout: two op pointers, node and

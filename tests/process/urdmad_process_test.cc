@@ -9,12 +9,15 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "daemon/client.h"
+#include "daemon/paths.h"
 #include "daemon/mad_router.h"
 #include "daemon/steering.h"
 #include "net/udp_socket_io.h"
@@ -1120,6 +1124,102 @@ TEST_F(UrdmadProcess, TwoNamespacesOverAVethPair) {
         << "host B exit " << WEXITSTATUS(*status);
     EXPECT_TRUE(stop_daemon(c));
   });
+}
+
+
+// What dead network namespaces left in the runtime directory (daemon/view_sweep.h): the keeper
+// removes it when it starts, keeps a namespace a process still holds, leaves a planted link and
+// another user's directory alone, writes a few files for its own view, and removes its own
+// view when it ends with nothing else in its namespace.
+TEST_F(UrdmadProcess, TheKeeperRemovesWhatDeadNamespacesLeftAndKeepsTheRest) {
+  in_fresh_netns([] {
+    namespace fs = std::filesystem;
+    char tmpl[] = "/tmp/urdma_sweep_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    const fs::path dir = tmpl;
+    setenv("URDMA_RUNTIME_DIR", tmpl, 1);
+    auto view = [&](uint64_t ns) { return dir / ("view-" + std::to_string(ns)); };
+    auto plant = [&](uint64_t ns) {
+      for (const char* sub : {"gids", "types", "ndevs"}) fs::create_directories(view(ns) / sub);
+      for (int i = 0; i < 1024; ++i)
+        std::ofstream(view(ns) / "gids" / std::to_string(i)) << "0000:0000:0000:0000:0000:0000:0000:0000\n";
+      std::ofstream(dir / ("net-" + std::to_string(ns) + ".lock"));
+    };
+    // A namespace held by a process; two that no longer exist (nsfs numbers start at 2^32 - 2^28).
+    Pipe held, release;
+    const pid_t holder = fork_process([&] {
+      release.close_wr();
+      struct stat st;
+      if (unshare(CLONE_NEWNET) != 0 || stat("/proc/self/ns/net", &st) != 0) return 1;
+      held.put(uint64_t{st.st_ino});
+      char c;
+      release.get(&c, 20000);
+      return 0;
+    });
+    release.close_rd();
+    uint64_t live = 0;
+    ASSERT_TRUE(held.get(&live));
+    plant(live);
+    plant(12345);
+    plant(12346);
+    const fs::path precious = dir / "elsewhere";
+    fs::create_directories(precious / "gids");
+    std::ofstream(precious / "gids/0") << "precious\n";
+    fs::create_directory_symlink(precious, view(12347));
+    if (real_root()) {
+      fs::create_directories(view(12348) / "gids");
+      ASSERT_EQ(chown(view(12348).c_str(), 65534, 65534), 0);
+    }
+
+    Client c;
+    ASSERT_EQ(connect_client(&c), 0);
+    // The keeper sweeps while its daemon serves: the lock file goes last.
+    for (int i = 0; i < 100 && fs::exists(dir / "net-12346.lock"); ++i) usleep(50 * 1000);
+    for (uint64_t dead : {12345, 12346}) {
+      EXPECT_FALSE(fs::exists(view(dead))) << dead;
+      EXPECT_FALSE(fs::exists(dir / ("net-" + std::to_string(dead) + ".lock"))) << dead;
+    }
+    EXPECT_EQ(std::distance(fs::directory_iterator(view(live) / "gids"), {}), 1024)
+        << "a namespace a process is in keeps its view";
+    EXPECT_TRUE(fs::is_symlink(view(12347)));
+    EXPECT_TRUE(fs::exists(precious / "gids/0")) << "the link was followed";
+    if (real_root()) {
+      EXPECT_TRUE(fs::exists(view(12348) / "gids"));
+    }
+    // Our own view: a file per GID and its type and netdev, not one per index.
+    std::vector<daemon::GidEntry> gids;
+    ASSERT_EQ(c.query_gids(&gids), 0);
+    uint32_t top = 0;
+    for (const auto& g : gids) top = std::max(top, g.index + 1);
+    const fs::path own = view(daemon::netns_inode());
+    auto files = [](const fs::path& p) { return std::distance(fs::directory_iterator(p), {}); };
+    EXPECT_EQ(files(own / "gids"), static_cast<long>(top));
+    EXPECT_EQ(files(own / "types"), static_cast<long>(gids.size()));
+    EXPECT_EQ(files(own / "ndevs"), static_cast<long>(gids.size()));
+    EXPECT_TRUE(stop_daemon(c));
+    EXPECT_TRUE(fs::exists(own / "gids")) << "this namespace still has processes";
+
+    // A keeper that ends with nothing else in its namespace takes its view with it.
+    Pipe spawned;
+    const pid_t starter = fork_process([&] {
+      Client other;
+      if (unshare(CLONE_NEWNET) != 0 || !link_up("lo") || connect_client(&other) != 0) return 1;
+      spawned.put(std::pair<uint64_t, pid_t>(daemon::netns_inode(), keeper_pid(other)));
+      return 0;
+    });
+    std::pair<uint64_t, pid_t> other{};
+    ASSERT_TRUE(spawned.get(&other));
+    ASSERT_TRUE(wait_exit(starter, 5000));
+    EXPECT_TRUE(fs::exists(view(other.first) / "gids"));
+    EXPECT_TRUE(stop_keeper(other.second));
+    EXPECT_FALSE(fs::exists(view(other.first)));
+    EXPECT_FALSE(fs::exists(dir / ("net-" + std::to_string(other.first) + ".sock")));
+    EXPECT_FALSE(fs::exists(dir / ("net-" + std::to_string(other.first) + ".lock")));
+
+    release.close_wr();
+    wait_exit(holder, 5000);
+    fs::remove_all(dir);
+  }, 60);
 }
 
 }  // namespace

@@ -52,23 +52,60 @@ class GidViewTest : public ::testing::Test {
   fs::path root_;
 };
 
-TEST_F(GidViewTest, EveryIndexHasAGidAndValidOnesATypeAndANetdev) {
+size_t count_files(const fs::path& dir) {
+  size_t files = 0;
+  for (const auto& f : fs::directory_iterator(dir)) files += f.is_regular_file();
+  return files;
+}
+
+// gids/<i> up to the highest valid index (zero below it, as the kernel's), types and ndevs of
+// valid entries only: a few files per namespace, not one per index of 1024.
+TEST_F(GidViewTest, GidFilesGoUpToTheHighestValidIndexAndValidOnesHaveATypeAndANetdev) {
   const unsigned lo = if_nametoindex("lo");
   GidView view;
   std::string why;
-  ASSERT_TRUE(view.open((root_ / "view").string(), {entry(0, "127.0.0.1", lo)}, &why)) << why;
+  ASSERT_TRUE(view.open((root_ / "view").string(),
+                        {entry(0, "127.0.0.1", lo), entry(2, "::1", lo)}, &why))
+      << why;
   const fs::path v = root_ / "view";
-  size_t files = 0;
-  for (const auto& f : fs::directory_iterator(v / "gids")) files += f.is_regular_file();
-  EXPECT_EQ(files, kMaxGids);
+  EXPECT_EQ(count_files(v / "gids"), 3u);
+  EXPECT_EQ(count_files(v / "types"), 2u);
+  EXPECT_EQ(count_files(v / "ndevs"), 2u);
   EXPECT_EQ(slurp(v / "gids/0"), "0000:0000:0000:0000:0000:ffff:7f00:0001\n");
   EXPECT_EQ(slurp(v / "gids/1"), "0000:0000:0000:0000:0000:0000:0000:0000\n");
+  EXPECT_EQ(slurp(v / "gids/2"), "0000:0000:0000:0000:0000:0000:0000:0001\n");
+  EXPECT_FALSE(fs::exists(v / "gids/3"));
   EXPECT_EQ(slurp(v / "types/0"), "RoCE v2\n");
   EXPECT_EQ(slurp(v / "ndevs/0"), "lo\n");
   EXPECT_FALSE(fs::exists(v / "types/1"));
   EXPECT_FALSE(fs::exists(v / "ndevs/1"));
   // The staging directory holds nothing once an update is done.
   EXPECT_TRUE(fs::is_empty(v / ".staging"));
+  // The highest entry going takes the zero files below it too.
+  view.update({entry(0, "127.0.0.1", lo)});
+  EXPECT_EQ(count_files(v / "gids"), 1u);
+  EXPECT_EQ(count_files(v / "types"), 1u);
+  EXPECT_EQ(count_files(v / "ndevs"), 1u);
+}
+
+// A daemon that wrote a file for every index (or a larger table) before: its files beyond the
+// table go when the next one opens the view.
+TEST_F(GidViewTest, AnEarlierDaemonsFilesBeyondTheTableAreRemovedAtOpen) {
+  const fs::path v = root_ / "view";
+  for (const char* sub : {"gids", "types", "ndevs"}) fs::create_directories(v / sub);
+  for (unsigned i = 0; i < kMaxGids; ++i)
+    std::ofstream(v / "gids" / std::to_string(i)) << "0000:0000:0000:0000:0000:0000:0000:0000\n";
+  std::ofstream(v / "types/7") << "RoCE v2\n";
+  std::ofstream(v / "ndevs/7") << "lo\n";
+  std::ofstream(v / "gids/not-an-index") << "kept\n";
+  GidView view;
+  std::string why;
+  ASSERT_TRUE(view.open(v.string(), {entry(0, "127.0.0.1", if_nametoindex("lo"))}, &why)) << why;
+  EXPECT_EQ(count_files(v / "gids"), 2u);  // 0, and the name that is no index of ours
+  EXPECT_EQ(slurp(v / "gids/0"), "0000:0000:0000:0000:0000:ffff:7f00:0001\n");
+  EXPECT_FALSE(fs::exists(v / "gids/1"));
+  EXPECT_FALSE(fs::exists(v / "types/7"));
+  EXPECT_FALSE(fs::exists(v / "ndevs/7"));
 }
 
 TEST_F(GidViewTest, UpdatesChangeFilesInPlaceAndKeepTheDirectories) {
