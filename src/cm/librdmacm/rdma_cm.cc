@@ -45,6 +45,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -54,9 +55,11 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "base/env.h"
 #include "base/secure_random.h"
 #include "cm/manager.h"
 #include "daemon/client.h"
@@ -218,18 +221,6 @@ urdma::wire::RdmaPortSpace port_space(rdma_port_space ps) {
   }
 }
 
-// The service ID a REQ or SIDR_REQ asks for; nullopt for any other MAD.
-std::optional<uint64_t> request_service_id(std::span<const uint8_t> payload) {
-  if (payload.size() < urdma::wire::kMadSize) return std::nullopt;
-  const urdma::wire::CmParse cm = urdma::wire::parse_cm(payload.first(urdma::wire::kMadSize));
-  if (!cm.ok()) return std::nullopt;
-  if (const auto* req = std::get_if<urdma::wire::CmReqView>(&cm.message.view))
-    return req->service_id();
-  if (const auto* sidr = std::get_if<urdma::wire::CmSidrReqView>(&cm.message.view))
-    return sidr->service_id();
-  return std::nullopt;
-}
-
 class Cma {
  public:
   std::mutex mu;
@@ -254,15 +245,14 @@ class Cma {
   // from the process only (daemon/cm_agent.h): up when established, down when it ends.
   void report_up_locked(Id* id);
   void report_down_locked(Id* id);
-  // Under mu: the service ID of a bound id is registered with urdmad, so a REQ that comes before
-  // rdma_listen waits here for it (Linux answers it REJ 8; qperf 0.4.11 sends its port to the
-  // client before calling rdma_listen, and about one first connection in ten lost that race).
+  // Under mu: the service ID of a bound id is registered with urdmad and claimed in the
+  // Manager, so a REQ that comes before rdma_listen waits for it, a bounded time
+  // (cm::Manager::claim; Linux answers it REJ 8; qperf 0.4.11 sends its port to the client
+  // before calling rdma_listen, and about one first connection in ten lost that race).
   int claim_locked(Id* x, uint64_t sid);
   // Under mu: a bound id that will not listen gives its service ID back; what waited for it is
   // answered as Linux answers it (REJ 8, SIDR_REP status 1).
   void unclaim_locked(Id* x);
-  // Under mu: the requests that waited for this listener, to the Manager now.
-  void replay_parked_locked(uint64_t sid);
   // What the kernel does when an rdma_cm fd closes (ucma_close destroys every id of the file):
   // for the ids of one channel, or of the whole process at exit.
   void release_channel_locked(Channel* ch);
@@ -273,15 +263,6 @@ class Cma {
   std::unique_ptr<urdma::cm::Manager> manager;
   std::map<ConnId, Id*> by_conn;
   std::map<uint64_t, Id*> listeners;  // service ID -> listening id
-  std::set<uint64_t> claimed;         // service IDs of bound ids not listening yet
-  // A REQ / SIDR_REQ for a claimed service ID, as it came (the Manager takes it at rdma_listen).
-  struct Parked {
-    Gid src{};
-    uint32_t src_qpn = 0;
-    std::vector<uint8_t> mad;
-  };
-  static constexpr size_t kMaxParked = 64;  // per service ID; beyond, answered at once
-  std::map<uint64_t, std::vector<Parked>> parked;
   std::set<Id*> live;
   std::set<uint16_t> ports_in_use;
   urdma::daemon::Client* slot_client = nullptr;
@@ -352,6 +333,12 @@ int Cma::open_locked() {
   cfg.seed = rng_();
   cfg.tid_high = static_cast<uint32_t>(rng_());
   cfg.random = [r = urdma::base::SecureRandom()]() mutable { return r(); };
+  uint64_t wait_ms = urdma::cm::kListenWaitMs;
+  std::string env_why;
+  if (urdma::base::env_number("URDMA_LISTEN_WAIT_MS", 0, 60000, &wait_ms, &env_why) != 0)
+    std::fprintf(stderr, "librdmacm (urdma): %s; %llu ms used\n", env_why.c_str(),
+                 static_cast<unsigned long long>(wait_ms));
+  cfg.listen_wait_ns = wait_ms * 1'000'000;
   if (ibv_query_device(verbs, &dattr) == 0) {
     cfg.max_initiator_depth = static_cast<uint8_t>(std::min(dattr.max_qp_rd_atom, 255));
     cfg.max_responder_resources = static_cast<uint8_t>(std::min(dattr.max_qp_init_rd_atom, 255));
@@ -517,21 +504,18 @@ void Cma::receive_locked(const urdma::daemon::MadDelivery& info,
     ok = urdma::wire::verify_icrc_ipv6(h, dgram);
   }
   if (!ok) return;
-  if (const auto sid = request_service_id(parsed->payload()); sid && claimed.count(*sid)) {
-    auto& waiting = parked[*sid];
-    if (waiting.size() < kMaxParked) {
-      waiting.push_back(
-          {src, parsed->deth()->src_qp(), {parsed->payload().begin(), parsed->payload().end()}});
-      return;
-    }
-  }
   manager->receive(src, parsed->deth()->src_qp(), parsed->payload());
 }
 
 int Cma::claim_locked(Id* x, uint64_t sid) {
   if (!slot_client) return ENODEV;
-  if (int e = slot_client->listen(sid)) return e;
-  claimed.insert(sid);
+  // The Manager first: urdmad may hand over a REQ that waited for this ID at once.
+  if (!manager->claim(sid).ok()) return EADDRINUSE;
+  if (int e = slot_client->listen(sid)) {
+    (void)manager->unclaim(sid);
+    wake();  // the CM thread sends what the Manager queued
+    return e;
+  }
   x->listen_sid = sid;
   x->claimed = true;
   return 0;
@@ -540,18 +524,11 @@ int Cma::claim_locked(Id* x, uint64_t sid) {
 void Cma::unclaim_locked(Id* x) {
   if (!x->claimed || x->listening) return;
   x->claimed = false;
-  claimed.erase(x->listen_sid);
   if (slot_client) slot_client->unlisten(x->listen_sid);
-  replay_parked_locked(x->listen_sid);  // no listener: the Manager refuses them
-}
-
-void Cma::replay_parked_locked(uint64_t sid) {
-  const auto it = parked.find(sid);
-  if (it == parked.end()) return;
-  const std::vector<Parked> waiting = std::move(it->second);
-  parked.erase(it);
-  for (const Parked& p : waiting) manager->receive(p.src, p.src_qpn, p.mad);
-  pump_locked();
+  // What waited for it is refused; the CM thread sends the answers (a pump here could make ids
+  // while the caller walks them).
+  (void)manager->unclaim(x->listen_sid);
+  wake();
 }
 
 void Cma::send_mad_locked(const urdma::cm::OutgoingMad& m) {
@@ -1187,6 +1164,8 @@ URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
   const uint64_t sid = urdma::wire::rdma_service_id(port_space(x->id.ps), x->local_port);
   if (c.listeners.count(sid)) return fail(EADDRINUSE);
   if (int e = c.slot_client->listen(sid)) return fail(e);
+  // The requests that came between bind and listen are served now (their events are queued
+  // for this id by the pump below).
   if (auto s = c.manager->listen(sid); !s.ok()) {
     c.slot_client->unlisten(sid);
     return fail(EADDRINUSE);
@@ -1200,8 +1179,7 @@ URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
     x->id.verbs = c.verbs;
     x->id.port_num = 1;
   }
-  c.claimed.erase(sid);
-  c.replay_parked_locked(sid);  // the REQs that came between bind and listen
+  c.pump_locked();
   c.wake();
   return 0;
 }
