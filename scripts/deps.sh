@@ -15,6 +15,7 @@ packages=(
   gdb                                # a process test prints the stacks of a tool that hangs
   ibverbs-utils perftest qperf rdmacm-utils  # unmodified verbs/CM clients the process tests run on urdma
   python3-pyverbs                    # rdma-core's Python binding (for /usr/bin/python3), run on urdma
+  libfabric-bin                      # fi_pingpong, fi_info: libfabric's verbs provider on urdma
   systemd util-linux                 # systemd-socket-activate, systemd-analyze, setpriv: the system
                                      # daemon's tests (tests/security, the install test)
 )

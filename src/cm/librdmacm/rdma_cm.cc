@@ -148,6 +148,16 @@ struct Event {
   Id* owner = nullptr;
 };
 
+// The wildcard (0.0.0.0, ::) or a loopback address (127/8, ::1), as GIDs (IPv4-mapped for
+// IPv4): Linux cma.c's cma_any_addr.
+bool is_any_or_loopback(const Gid& g) {
+  static constexpr Gid kZero{};
+  static constexpr Gid kAnyV4{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0, 0, 0};
+  static constexpr Gid kLoopbackV6{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  const bool v4 = std::equal(kAnyV4.begin(), kAnyV4.begin() + 12, g.begin());
+  return g == kZero || g == kLoopbackV6 || (v4 && (g == kAnyV4 || g[12] == 127));
+}
+
 Gid gid_of(const sockaddr* sa) {
   Gid g{};
   if (sa->sa_family == AF_INET) {
@@ -1121,11 +1131,13 @@ URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
   Id* x = live_id(c, id);
   if (!x || x->state != IdState::kIdle) return fail(EINVAL);
   const Gid g = gid_of(addr);
-  static constexpr Gid kZero{};
-  static constexpr Gid kAnyV4{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0, 0, 0};
+  // Linux cma.c (rdma_bind_addr, cma_any_addr): the wildcard and every loopback address
+  // (127/8, ::1) bind no device — id->verbs stays NULL and a listen covers every device;
+  // any other address must be one of the device's (a GID here). libfabric's verbs provider
+  // relies on it: it binds "localhost" and, finding no device, takes its interfaces' addresses.
+  const bool any = is_any_or_loopback(g);
   uint8_t sgid_index = 0;
-  if (g != kZero && g != kAnyV4 && c.find_gid_index(g, &sgid_index) != 0)
-    return fail(EADDRNOTAVAIL);
+  if (!any && c.find_gid_index(g, &sgid_index) != 0) return fail(EADDRNOTAVAIL);
   // The port is the namespace's, as rdma_cm's ports are: urdmad refuses one another process
   // holds (EADDRINUSE; an ephemeral port is chosen again).
   uint16_t port = port_of(addr);
@@ -1137,7 +1149,7 @@ URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
     if (e == 0) break;
     if (!ephemeral || e != EADDRINUSE || attempt == 16) return fail(e);
   }
-  if (g != kZero && g != kAnyV4) {
+  if (!any) {
     x->sgid_index = sgid_index;
     x->sgid = g;
     x->id.verbs = c.verbs;
@@ -1910,59 +1922,81 @@ URDMA_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
     return 0;
   }
 }
-// rdma_getaddrinfo(3) for IP addresses: getaddrinfo's first answer becomes the destination (the
-// source with RAI_PASSIVE); the hints' source address is kept. No route or connect data (no SA:
-// the route is resolved locally). Returns getaddrinfo's error codes, as rdma-core does.
+// rdma_getaddrinfo(3) for IP addresses, as rdma-core 44 (librdmacm/addrinfo.c) answers:
+//  * with a node or a service, getaddrinfo's first answer becomes the destination (the source
+//    with RAI_PASSIVE; the result's flags are then RAI_PASSIVE, else none);
+//  * with neither, the answer is the hints themselves: their flags, family, QP type and port
+//    space and their destination address (libfabric's verbs provider asks this way for the
+//    peer a name exchange gave it);
+//  * the hints' source address is kept when the answer has none.
+// No route or connect data (no SA: the route is resolved locally). Errors as rdma-core's: -1
+// with errno EINVAL for no node, service or hints; getaddrinfo's own error codes otherwise.
 URDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
                                   rdma_addrinfo** res) {
-  if (!res || (!node && !service)) {
-    errno = EINVAL;
-    return EAI_FAIL;
-  }
+  if (!res || (!node && !service && !hints)) return fail(EINVAL);
   *res = nullptr;
-  addrinfo ai_hints{};
-  ai_hints.ai_socktype = SOCK_STREAM;
-  if (hints) {
-    if (hints->ai_flags & ~(RAI_PASSIVE | RAI_NUMERICHOST | RAI_NOROUTE | RAI_FAMILY)) {
-      errno = EINVAL;
-      return EAI_BADFLAGS;
-    }
-    if (hints->ai_flags & RAI_PASSIVE) ai_hints.ai_flags |= AI_PASSIVE;
-    if (hints->ai_flags & RAI_NUMERICHOST) ai_hints.ai_flags |= AI_NUMERICHOST;
-    if (hints->ai_family == AF_INET || hints->ai_family == AF_INET6)
-      ai_hints.ai_family = hints->ai_family;
-    else if (hints->ai_family != 0 && hints->ai_family != AF_UNSPEC)
-      return EAI_FAMILY;
-  }
-  addrinfo* found = nullptr;
-  if (int e = getaddrinfo(node, service, &ai_hints, &found)) return e;
-  auto* r = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
-  if (!r) {
-    freeaddrinfo(found);
-    return EAI_MEMORY;
-  }
-  const bool passive = hints && (hints->ai_flags & RAI_PASSIVE);
-  r->ai_flags = hints ? hints->ai_flags : 0;
-  r->ai_family = found->ai_family;
-  r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
-  r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+  if (hints && (hints->ai_flags & ~(RAI_PASSIVE | RAI_NUMERICHOST | RAI_NOROUTE | RAI_FAMILY)))
+    return EAI_BADFLAGS;
+  if (hints && hints->ai_family != 0 && hints->ai_family != AF_UNSPEC &&
+      hints->ai_family != AF_INET && hints->ai_family != AF_INET6)
+    return EAI_FAMILY;
   auto copy = [](const sockaddr* a, socklen_t len) {
     auto* out = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_storage)));
     if (out) std::memcpy(out, a, std::min<size_t>(len, sizeof(sockaddr_storage)));
     return out;
   };
-  if (passive) {
-    r->ai_src_addr = copy(found->ai_addr, found->ai_addrlen);
-    r->ai_src_len = found->ai_addrlen;
+  auto* r = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
+  if (!r) return EAI_MEMORY;
+  if (node || service) {
+    addrinfo ai_hints{};
+    ai_hints.ai_socktype = SOCK_STREAM;
+    if (hints) {
+      if (hints->ai_flags & RAI_PASSIVE) ai_hints.ai_flags |= AI_PASSIVE;
+      if (hints->ai_flags & RAI_NUMERICHOST) ai_hints.ai_flags |= AI_NUMERICHOST;
+      if (hints->ai_family == AF_INET || hints->ai_family == AF_INET6)
+        ai_hints.ai_family = hints->ai_family;
+    }
+    addrinfo* found = nullptr;
+    if (int e = getaddrinfo(node, service, &ai_hints, &found)) {
+      free(r);
+      return e;
+    }
+    const bool passive = hints && (hints->ai_flags & RAI_PASSIVE);
+    r->ai_flags = passive ? RAI_PASSIVE : 0;
+    r->ai_family = found->ai_family;
+    r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
+    r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+    sockaddr** to = passive ? &r->ai_src_addr : &r->ai_dst_addr;
+    socklen_t* to_len = passive ? &r->ai_src_len : &r->ai_dst_len;
+    *to = copy(found->ai_addr, found->ai_addrlen);
+    *to_len = found->ai_addrlen;
+    freeaddrinfo(found);
+    if (!*to) {
+      rdma_freeaddrinfo(r);
+      return EAI_MEMORY;
+    }
   } else {
-    r->ai_dst_addr = copy(found->ai_addr, found->ai_addrlen);
-    r->ai_dst_len = found->ai_addrlen;
-    if (hints && hints->ai_src_addr && hints->ai_src_len) {
-      r->ai_src_addr = copy(hints->ai_src_addr, hints->ai_src_len);
-      r->ai_src_len = hints->ai_src_len;
+    r->ai_flags = hints->ai_flags;
+    r->ai_family = hints->ai_family;
+    r->ai_qp_type = hints->ai_qp_type;
+    r->ai_port_space = hints->ai_port_space;
+    if (hints->ai_dst_addr && hints->ai_dst_len) {
+      r->ai_dst_addr = copy(hints->ai_dst_addr, hints->ai_dst_len);
+      r->ai_dst_len = hints->ai_dst_len;
+      if (!r->ai_dst_addr) {
+        rdma_freeaddrinfo(r);
+        return EAI_MEMORY;
+      }
     }
   }
-  freeaddrinfo(found);
+  if (!r->ai_src_len && hints && hints->ai_src_addr && hints->ai_src_len) {
+    r->ai_src_addr = copy(hints->ai_src_addr, hints->ai_src_len);
+    r->ai_src_len = hints->ai_src_len;
+    if (!r->ai_src_addr) {
+      rdma_freeaddrinfo(r);
+      return EAI_MEMORY;
+    }
+  }
   *res = r;
   return 0;
 }
