@@ -17,6 +17,7 @@ packages=(
   python3-pyverbs                    # rdma-core's Python binding (for /usr/bin/python3), run on urdma
   ucx-utils                          # ucx_info, ucx_perftest (UCX 1.13) on urdma's device view
   openmpi-bin libopenmpi-dev mpich libmpich-dev  # Open MPI 4.1 and MPICH 4.0 over UCX (tests/middleware)
+  libfabric-bin                      # fi_pingpong, fi_info: libfabric's verbs provider on urdma
   systemd util-linux                 # systemd-socket-activate, systemd-analyze, setpriv: the system
                                      # daemon's tests (tests/security, the install test)
 )

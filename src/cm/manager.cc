@@ -25,6 +25,14 @@ View start(Mad& mad, uint64_t tid) {
   return wire::init_cm_message<View>(std::span<uint8_t, wire::kMadSize>(mad), tid);
 }
 
+wire::MadHeaderView header_of(const Mad& mad) {
+  return wire::MadHeaderView(
+      std::span<const uint8_t, wire::kMadHeaderSize>(mad.data(), wire::kMadHeaderSize));
+}
+bool is_sidr_req(const Mad& mad) {
+  return static_cast<wire::CmAttr>(header_of(mad).attribute_id()) == wire::CmAttr::kSidrReq;
+}
+
 template <size_t N>
 std::vector<uint8_t> tail(std::span<const uint8_t, N> area, size_t skip = 0) {
   return std::vector<uint8_t>(area.begin() + static_cast<ptrdiff_t>(skip), area.end());
@@ -278,7 +286,105 @@ void Manager::send_rej_reply(const Gid& to, const Mad& request, uint32_t remote_
 
 Status Manager::listen(uint64_t service_id) {
   if (!listeners_.emplace(service_id, true).second) return Status(EADDRINUSE);
+  claimed_.erase(service_id);
+  // The requests that waited for this listen, in the order they came.
+  std::vector<Waiting> served;
+  std::erase_if(waiting_, [&](const Waiting& w) {
+    if (w.service_id != service_id) return false;
+    served.push_back(w);
+    return true;
+  });
+  for (const Waiting& w : served) {
+    if (is_sidr_req(w.mad))
+      on_sidr_req(w.src, w.mad);
+    else
+      on_req(w.src, w.mad);
+  }
   return provider::kOk;
+}
+
+Status Manager::claim(uint64_t service_id) {
+  if (listeners_.contains(service_id) || !claimed_.insert(service_id).second)
+    return Status(EADDRINUSE);
+  return provider::kOk;
+}
+
+Status Manager::unclaim(uint64_t service_id) {
+  if (!claimed_.erase(service_id)) return Status(EINVAL);
+  std::vector<Waiting> refused;
+  std::erase_if(waiting_, [&](const Waiting& w) {
+    if (w.service_id != service_id) return false;
+    refused.push_back(w);
+    return true;
+  });
+  for (const Waiting& w : refused) {
+    ++counters_.wait_expired;
+    refuse_unlistened(w.src, w.mad);
+  }
+  return provider::kOk;
+}
+
+bool Manager::wait_for_listen(uint64_t service_id, const Gid& src, const Mad& mad) {
+  if (!claimed_.contains(service_id) || config_.listen_wait_ns == 0) return false;
+  const bool sidr = is_sidr_req(mad);
+  const auto sender_id = [](const Mad& m, bool is_sidr) {
+    return is_sidr ? wire::CmSidrReqView(m).request_id() : wire::CmReqView(m).local_comm_id();
+  };
+  size_t for_service = 0;
+  for (const Waiting& w : waiting_) {
+    if (w.service_id != service_id) continue;
+    ++for_service;
+    if (is_sidr_req(w.mad) != sidr || w.src != src ||
+        sender_id(w.mad, sidr) != sender_id(mad, sidr))
+      continue;
+    if (!sidr && wire::CmReqView(w.mad).local_ca_guid() != wire::CmReqView(mad).local_ca_guid())
+      continue;
+    // The same request again: the requester's timer fired while it waits. A REQ is told to
+    // wait the rest (IBA 12.6.6 MRA; Local Comm ID 0: we have none yet, and Linux's
+    // cm_mra_handler finds the requester by the Remote Comm ID alone); a SIDR_REQ has no MRA.
+    ++counters_.duplicates;
+    if (!sidr) {
+      const uint64_t now = clock_.now_ns();
+      const uint64_t left_ms =
+          w.deadline_ns > now ? (w.deadline_ns - now + 999'999) / 1'000'000 : 1;
+      Mad out{};
+      auto mra = start<wire::CmMra>(out, header_of(mad).transaction_id());
+      mra.set_local_comm_id(0);
+      mra.set_remote_comm_id(sender_id(mad, false));
+      mra.set_message_mraed(static_cast<uint8_t>(wire::CmMraMessage::kReq));
+      mra.set_service_timeout(cm_timeout_covering_ms(left_ms));
+      send(src, out);
+    }
+    return true;
+  }
+  if (waiting_.size() >= config_.max_waiting || for_service >= config_.max_waiting_per_service) {
+    ++counters_.wait_full;
+    return false;
+  }
+  ++counters_.waited_for_listen;
+  waiting_.push_back(Waiting{.service_id = service_id,
+                             .src = src,
+                             .mad = mad,
+                             .deadline_ns = clock_.now_ns() + config_.listen_wait_ns});
+  return true;
+}
+
+void Manager::refuse_unlistened(const Gid& src, const Mad& mad) {
+  const uint64_t tid = header_of(mad).transaction_id();
+  if (is_sidr_req(mad)) {
+    // IBA 12.11.2 / Linux cm_sidr_req_handler: status 1, "service ID not supported".
+    const wire::CmSidrReqView req(mad);
+    Mad out{};
+    auto rep = start<wire::CmSidrRep>(out, tid);
+    rep.set_request_id(req.request_id());
+    rep.set_status(static_cast<uint8_t>(wire::CmSidrStatus::kUnsupported));
+    rep.set_service_id(req.service_id());
+    send(src, out);
+    return;
+  }
+  // IBA 12.6.7 reason 8; Linux cm_match_req → cm_issue_rej(IB_CM_REJ_INVALID_SERVICE_ID).
+  send_rej_reply(src, mad, wire::CmReqView(mad).local_comm_id(), 0,
+                 static_cast<uint16_t>(CmRejReason::kInvalidServiceId), CmRejMessage::kReq);
 }
 
 Status Manager::stop_listening(uint64_t service_id) {
@@ -743,10 +849,10 @@ void Manager::on_req(const Gid& src, const Mad& mad) {
   }
 
   // No listener: REJ "invalid service ID" (IBA 12.6.7 reason 8; Linux cm_match_req →
-  // cm_issue_rej(IB_CM_REJ_INVALID_SERVICE_ID), which nvme-rdma reports as "status 8").
+  // cm_issue_rej(IB_CM_REJ_INVALID_SERVICE_ID), which nvme-rdma reports as "status 8") — unless
+  // the ID is bound and its listen is still to come (claim).
   if (!listeners_.contains(req.service_id())) {
-    send_rej_reply(src, mad, their_id, 0, static_cast<uint16_t>(CmRejReason::kInvalidServiceId),
-                   CmRejMessage::kReq);
+    if (!wait_for_listen(req.service_id(), src, mad)) refuse_unlistened(src, mad);
     return;
   }
   const auto type = static_cast<wire::CmTransportType>(req.transport_service_type());
@@ -1069,6 +1175,7 @@ void Manager::on_sidr_req(const Gid& src, const Mad& mad) {
       return;
     }
   }
+  if (!listeners_.contains(req.service_id()) && wait_for_listen(req.service_id(), src, mad)) return;
   const IpHeader ip = read_ip_header(req.service_id(), req.private_data());
   if (!listeners_.contains(req.service_id()) || !ip.ok ||
       conns_.size() >= config_.max_connections) {
@@ -1136,13 +1243,19 @@ void Manager::on_lap(const Mad& mad) {
 // --- time -----------------------------------------------------------------------------------
 
 uint64_t Manager::next_deadline_ns() const {
-  uint64_t t = net::kNever;
+  uint64_t t = waiting_.empty() ? net::kNever : waiting_.front().deadline_ns;
   for (const auto& [id, c] : conns_) t = std::min({t, c.deadline_ns, c.timewait_end_ns});
   return t;
 }
 
 void Manager::run_timers() {
   const uint64_t now = clock_.now_ns();
+  while (!waiting_.empty() && waiting_.front().deadline_ns <= now) {
+    const Waiting w = waiting_.front();
+    waiting_.pop_front();
+    ++counters_.wait_expired;
+    refuse_unlistened(w.src, w.mad);
+  }
   std::vector<ConnId> due;
   for (const auto& [id, c] : conns_)
     if (c.deadline_ns <= now || c.timewait_end_ns <= now) due.push_back(id);

@@ -27,9 +27,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -102,6 +104,11 @@ struct ManagerConfig {
   uint8_t max_cm_retries = kCmaMaxCmRetries;
   uint8_t mra_service_timeout = kCmaMraServiceTimeout;
   size_t max_connections = 4096;  // connections + SIDR requests held at once
+  // A REQ / SIDR_REQ for a claimed service ID (bound, not listened on yet) waits this long for
+  // listen(); at most max_waiting of them at once, max_waiting_per_service for one ID.
+  uint64_t listen_wait_ns = kListenWaitMs * 1'000'000;
+  size_t max_waiting = 256;
+  size_t max_waiting_per_service = 64;
   // Where the REP Starting PSNs come from. Unset: a SplitMix64 stream of `seed` (replayable, for
   // tests); a process passes an unpredictable source (base::SecureRandom), as a peer sees them.
   std::function<uint64_t()> random;
@@ -253,6 +260,10 @@ struct Counters {
   uint64_t unmatched = 0;       // no connection in a state that takes it
   uint64_t unsupported = 0;     // LAP (answered with APR "unsupported"), APR, ClassPortInfo
   uint64_t stale_rejected = 0;  // REJ stale connection sent
+  // Requests for a claimed service ID (Manager::claim).
+  uint64_t waited_for_listen = 0;  // waited for listen()
+  uint64_t wait_expired = 0;       // of those, refused when the wait ended or the claim went
+  uint64_t wait_full = 0;          // refused at once: max_waiting / max_waiting_per_service
 };
 
 class Manager {
@@ -261,8 +272,19 @@ class Manager {
 
   // Listeners by service ID (rdma_cm: wire::rdma_service_id(port space, port)). EADDRINUSE
   // for a second listen on one ID; EINVAL to stop one that does not exist.
+  // listen() takes over a claim and serves the requests that waited for it.
   provider::Status listen(uint64_t service_id);
   provider::Status stop_listening(uint64_t service_id);
+  // A service ID bound but not listened on yet (rdma_bind_addr before rdma_listen). Linux
+  // refuses a REQ that comes in between (REJ 8); here it waits up to listen_wait_ns for
+  // listen(), so a client quicker than its server's rdma_listen is served. A retransmission of
+  // a waiting REQ is answered with an MRA for the rest of the wait (IBA 12.6.6), as Linux
+  // answers a duplicate REQ it is still deciding on. When the wait ends (run_timers) or the
+  // claim is given back, the request is refused as for a service nobody holds: REJ 8, SIDR_REP
+  // status 1. EADDRINUSE for an ID listened on or claimed already.
+  provider::Status claim(uint64_t service_id);
+  // The claim given back (the id will not listen); EINVAL if there is none.
+  provider::Status unclaim(uint64_t service_id);
 
   // Active side: sends a REQ. EINVAL for too much private data or resources beyond the device;
   // ENOMEM when max_connections are held.
@@ -313,6 +335,7 @@ class Manager {
   };
   std::optional<Peer> peer(ConnId id) const;
   size_t connection_count() const { return conns_.size(); }
+  size_t waiting_count() const { return waiting_.size(); }
   const Counters& counters() const { return counters_; }
 
  private:
@@ -392,12 +415,25 @@ class Manager {
   void on_sidr_rep(const Mad& mad);
   void on_lap(const Mad& mad);
   void on_send_timeout(Conn& c);
+  // A request for a claimed, unlistened service ID: waits (true), or is refused by the caller.
+  bool wait_for_listen(uint64_t service_id, const Gid& src, const Mad& mad);
+  // A request refused as for a service nobody holds (REJ 8 / SIDR_REP status 1).
+  void refuse_unlistened(const Gid& src, const Mad& mad);
 
   ManagerConfig config_;
   const net::Clock& clock_;
   uint32_t next_low_id_;
   std::function<uint64_t()> psn_random_;  // the REP Starting PSNs we pick (ManagerConfig::random)
   std::map<uint64_t, bool> listeners_;
+  std::set<uint64_t> claimed_;  // bound, not listened on yet
+  // Requests for claimed IDs, oldest first: every wait is listen_wait_ns, so by deadline too.
+  struct Waiting {
+    uint64_t service_id = 0;
+    Gid src{};
+    Mad mad{};
+    uint64_t deadline_ns = 0;
+  };
+  std::deque<Waiting> waiting_;
   std::map<ConnId, Conn> conns_;
   std::vector<OutgoingMad> outgoing_;
   std::vector<Event> events_;

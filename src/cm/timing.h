@@ -34,6 +34,16 @@ inline constexpr uint8_t kCmaIboePacketLifetime = 18;
 // The largest value the 5-bit timeout fields hold.
 inline constexpr uint8_t kCmMaxTimeoutValue = 31;
 
+// The smallest timeout value whose wait covers `ms` as Linux reckons it (cm_timeout_ms), for an
+// MRA's Service Timeout; at most kCmMaxTimeoutValue.
+constexpr uint8_t cm_timeout_covering_ms(uint64_t ms) {
+  uint8_t t = 8;
+  while (t < kCmMaxTimeoutValue && cm_timeout_ms(t) < ms) ++t;
+  return t;
+}
+static_assert(cm_timeout_covering_ms(1000) == 18 && cm_timeout_covering_ms(1024) == 18 &&
+              cm_timeout_covering_ms(1025) == 19 && cm_timeout_covering_ms(0) == 8);
+
 // Linux cm.c cm_ack_timeout: the QP's local ACK timeout from the CA's ACK delay and the path's
 // packet lifetime (IBA 12.7.34: 2 × packet lifetime + target ACK delay, in 2^t terms).
 constexpr uint8_t cm_ack_timeout(uint8_t ca_ack_delay, uint8_t packet_life_time) {
@@ -45,5 +55,10 @@ constexpr uint8_t cm_ack_timeout(uint8_t ca_ack_delay, uint8_t packet_life_time)
   return static_cast<uint8_t>(std::min(int{kCmMaxTimeoutValue}, ack_timeout));
 }
 static_assert(cm_ack_timeout(15, kCmaIboePacketLifetime) == 19);  // the captures' REQs
+
+// How long a request for a service ID that is bound but not listened on yet waits for the
+// listen (Manager::claim). A server's scheduler delay under load is tens of milliseconds; the
+// requester's own response timeout is seconds (rdma_cm: 2^(20-8) ms).
+inline constexpr uint64_t kListenWaitMs = 1000;
 
 }  // namespace urdma::cm

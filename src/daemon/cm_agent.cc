@@ -57,6 +57,25 @@ std::optional<CmMad> no_listener_reply(std::span<const uint8_t> mad) {
   return std::nullopt;
 }
 
+std::optional<CmMad> wait_mra(std::span<const uint8_t> mad, int64_t wait_ms) {
+  const auto m = parse(mad);
+  if (!m) return std::nullopt;
+  const auto* req = std::get_if<wire::CmReqView>(&m->view);
+  if (!req) return std::nullopt;
+  // Linux cm_convert_to_ms: 4.096 µs × 2^t is taken as 2^(t-8) ms; the 5-bit field's largest
+  // value (31: 2^23 ms) bounds it.
+  constexpr unsigned kMsBase = 8, kMaxTimeout = 31;
+  unsigned t = kMsBase;
+  while (t < kMaxTimeout && (int64_t{1} << (t - kMsBase)) < wait_ms) ++t;
+  CmMad out{};
+  auto mra = start<wire::CmMra>(out, m->header.transaction_id());
+  mra.set_local_comm_id(0);
+  mra.set_remote_comm_id(req->local_comm_id());
+  mra.set_message_mraed(static_cast<uint8_t>(wire::CmMraMessage::kReq));
+  mra.set_service_timeout(static_cast<uint8_t>(t));
+  return out;
+}
+
 std::optional<CmMad> orphan_drep(std::span<const uint8_t> mad) {
   const auto m = parse(mad);
   if (!m) return std::nullopt;
@@ -125,6 +144,82 @@ bool icrc_ok(std::span<const uint8_t> datagram, const net::Endpoint& src,
   h.udp_src_port = src.port;
   h.udp_dst_port = dst.port;
   return wire::verify_icrc_ipv6(h, datagram);
+}
+
+// --- ListenWaits ----------------------------------------------------------------------------
+
+ListenWaits::Added ListenWaits::add(uint64_t service_id, std::span<const uint8_t> datagram,
+                                    std::span<const uint8_t> mad, const net::Endpoint& src,
+                                    const net::Endpoint& dst, int64_t now_ms,
+                                    std::optional<CmMad>* mra) {
+  const auto m = parse(mad);
+  if (!m) return Added::kNotRequest;
+  Key key{.requester = src.address};
+  if (const auto* req = std::get_if<wire::CmReqView>(&m->view)) {
+    key.id = req->local_comm_id();
+  } else if (const auto* sidr = std::get_if<wire::CmSidrReqView>(&m->view)) {
+    key.sidr = true;
+    key.id = sidr->request_id();
+  } else {
+    return Added::kNotRequest;
+  }
+  if (const auto it = by_key_.find(key); it != by_key_.end()) {
+    // The requester's timer fired while its request waits: an MRA for the rest of the wait (a
+    // SIDR_REQ has none; its retransmission is simply the same request).
+    const int64_t left = entries_.at(it->second).request.deadline_ms - now_ms;
+    if (mra && !key.sidr) *mra = wait_mra(mad, std::max<int64_t>(left, 1));
+    return Added::kDuplicate;
+  }
+  size_t& from_requester = per_requester_[key.requester];
+  if (by_key_.size() >= kMax || from_requester >= kMaxPerRequester) {
+    if (from_requester == 0) per_requester_.erase(key.requester);
+    return Added::kFull;
+  }
+  ++from_requester;
+  const uint64_t seq = next_seq_++;
+  by_key_.emplace(key, seq);
+  entries_.emplace(seq, Entry{.key = key,
+                              .request = Request{.service_id = service_id,
+                                                 .src = src,
+                                                 .dst = dst,
+                                                 .datagram = {datagram.begin(), datagram.end()},
+                                                 .deadline_ms = now_ms + wait_ms_}});
+  return Added::kWaiting;
+}
+
+void ListenWaits::forget(const Key& k) {
+  by_key_.erase(k);
+  const auto it = per_requester_.find(k.requester);
+  if (it != per_requester_.end() && --it->second == 0) per_requester_.erase(it);
+}
+
+std::vector<ListenWaits::Request> ListenWaits::take(uint64_t service_id) {
+  std::vector<Request> out;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.request.service_id != service_id) {
+      ++it;
+      continue;
+    }
+    forget(it->second.key);
+    out.push_back(std::move(it->second.request));
+    it = entries_.erase(it);
+  }
+  return out;
+}
+
+std::vector<ListenWaits::Request> ListenWaits::expired(int64_t now_ms) {
+  std::vector<Request> out;
+  while (!entries_.empty() && entries_.begin()->second.request.deadline_ms <= now_ms) {
+    forget(entries_.begin()->second.key);
+    out.push_back(std::move(entries_.begin()->second.request));
+    entries_.erase(entries_.begin());
+  }
+  return out;
+}
+
+std::optional<int64_t> ListenWaits::next_deadline_ms() const {
+  if (entries_.empty()) return std::nullopt;
+  return entries_.begin()->second.request.deadline_ms;
 }
 
 // --- ConnTable ------------------------------------------------------------------------------

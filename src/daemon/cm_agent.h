@@ -7,6 +7,9 @@
 //    peer of a process that died finishes its disconnect;
 //  * when a process dies, every connection it had established gets a DREQ, so its peers see
 //    DISCONNECTED (the kernel sends DREQ for each connected cm_id of a dying process).
+// Unlike Linux, the REJ / SIDR_REP for a service ID nobody holds comes only after a short,
+// bounded wait for a listener (ListenWaits, below), so a client that is quicker than its
+// server's rdma_bind_addr is served instead of refused.
 //
 // The daemon learns a process's connections from the process itself (kConnUp when it becomes
 // established, kConnDown when it ends: protocol.h), never from the MADs it routes, which a peer
@@ -37,6 +40,13 @@ using CmMad = std::array<uint8_t, wire::kMadSize>;
 // that is not a CM message.
 std::optional<CmMad> no_listener_reply(std::span<const uint8_t> mad);
 
+// The MRA for a REQ that waits for a listener (ListenWaits): Message MRAed REQ, Local Comm ID 0
+// (the passive side has no ID yet; Linux's cm_mra_handler finds the requester by the Remote Comm
+// ID alone), the REQ's transaction ID, and the smallest Service Timeout 4.096 µs × 2^t that
+// covers `wait_ms` as Linux reckons it (cm_convert_to_ms: 2^(t-8) ms). nullopt for anything but
+// a REQ.
+std::optional<CmMad> wait_mra(std::span<const uint8_t> mad, int64_t wait_ms);
+
 // The DREP answering a DREQ for a connection nobody holds (comm IDs swapped, transaction ID
 // echoed); nullopt for anything but a DREQ.
 std::optional<CmMad> orphan_drep(std::span<const uint8_t> mad);
@@ -66,6 +76,75 @@ size_t build_gmp(std::span<uint8_t, kGmpDatagramSize> buf, std::span<const uint8
 // Whether a datagram's ICRC holds for the flow it came on (from `src` to `dst`): the daemon
 // answers only what a host's CM would have received (processes check their own MADs).
 bool icrc_ok(std::span<const uint8_t> datagram, const net::Endpoint& src, const net::Endpoint& dst);
+
+// REQs and SIDR_REQs for a service ID nobody holds, waiting a short, bounded time for a listener
+// before the daemon answers them (no_listener_reply). A server that binds after its client's REQ
+// left — perftest 4.5's -R tools bind and listen only after their out-of-band handshake, and a
+// prompt client's REQ comes first — is served instead of refused; perftest's retry after a REJ
+// crashes (tests/interop/NOTES-cm.md). The IBA lets the passive side take up to the requester's
+// response timeout before it answers (IBA 12.6.5, REQ "Remote CM Response Timeout"; rdma_cm
+// waits 4096 ms); a requester whose retransmission comes while its REQ still waits is told to
+// wait longer with an MRA (IBA 12.6.6; Linux answers a duplicate REQ it is still deciding on the
+// same way, cm_dup_req_handler), so the wait may be longer than a requester's timeout without
+// the requester giving up.
+// Bounded against a peer that floods REQs: kMax in all and kMaxPerRequester from one address
+// wait at once; beyond, a request is answered at once, as without the wait. A retransmission of
+// a waiting request (same address, same communication or request ID) does not wait twice.
+class ListenWaits {
+ public:
+  static constexpr size_t kMax = 1024;
+  static constexpr size_t kMaxPerRequester = 64;
+
+  struct Request {
+    uint64_t service_id = 0;
+    net::Endpoint src;              // the requester
+    net::Endpoint dst;              // the address it sent to (the host's)
+    std::vector<uint8_t> datagram;  // as received: BTH .. ICRC
+    int64_t deadline_ms = 0;
+  };
+  enum class Added : uint8_t {
+    kWaiting,     // until now + wait_ms
+    kDuplicate,   // the same request waits already (*mra: the MRA to answer it with)
+    kFull,        // a cap: answer it now
+    kNotRequest,  // not a REQ or SIDR_REQ
+  };
+
+  explicit ListenWaits(int64_t wait_ms) : wait_ms_(wait_ms) {}
+  int64_t wait_ms() const { return wait_ms_; }
+
+  // A request for `service_id`, which nobody holds; `mad` is the datagram's MAD.
+  Added add(uint64_t service_id, std::span<const uint8_t> datagram, std::span<const uint8_t> mad,
+            const net::Endpoint& src, const net::Endpoint& dst, int64_t now_ms,
+            std::optional<CmMad>* mra);
+  // A listener for `service_id` came: its waiting requests, oldest first, forgotten here.
+  std::vector<Request> take(uint64_t service_id);
+  // The requests whose wait ended by `now_ms`, oldest first, forgotten here.
+  std::vector<Request> expired(int64_t now_ms);
+  // When expired() next has something; nullopt when nothing waits.
+  std::optional<int64_t> next_deadline_ms() const;
+  size_t size() const { return by_key_.size(); }
+
+ private:
+  // A request names itself by its sender's address, its kind and its ID (a REQ's Local Comm ID,
+  // a SIDR_REQ's Request ID).
+  struct Key {
+    net::Address requester;
+    bool sidr = false;
+    uint32_t id = 0;
+    friend auto operator<=>(const Key&, const Key&) = default;
+  };
+  struct Entry {
+    Key key;
+    Request request;
+  };
+  void forget(const Key& k);  // by_key_ and per_requester_; the caller erases the entry
+
+  int64_t wait_ms_;
+  uint64_t next_seq_ = 0;
+  std::map<uint64_t, Entry> entries_;  // by arrival: every wait is wait_ms_, so by deadline too
+  std::map<Key, uint64_t> by_key_;     // -> entries_
+  std::map<net::Address, size_t> per_requester_;
+};
 
 // Per slot, the connections its process reported established.
 class ConnTable {

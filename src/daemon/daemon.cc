@@ -40,7 +40,8 @@ enum Kind : uint64_t {
   kClient,
   kTakeoverTimer,
   kReleaseTimer,
-  kHelloTimer
+  kHelloTimer,
+  kListenWaitTimer
 };
 constexpr uint64_t tag(Kind k, uint64_t id = 0) {
   return uint64_t{k} << 56 | id;
@@ -103,6 +104,7 @@ Daemon::Daemon(const DaemonOptions& options, DaemonHandoff handoff)
       restarts_(handoff.restarts),
       group_(std::move(handoff.group)),
       slots_(static_cast<unsigned>(group_.sockets.size())),
+      listen_waits_(options.listen_wait_ms),
       start_ms_(now_ms()) {}
 
 Daemon::~Daemon() {
@@ -175,6 +177,8 @@ bool Daemon::setup(int* err, std::string* error) {
   if (!takeover_timer_fd_.valid()) return fail("timerfd");
   release_timer_fd_.reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   if (!release_timer_fd_.valid()) return fail("timerfd");
+  listen_wait_timer_fd_.reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!listen_wait_timer_fd_.valid()) return fail("timerfd");
   hello_timer_fd_.reset(timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
   if (!hello_timer_fd_.valid()) return fail("timerfd");
   epoll_.reset(epoll_create1(EPOLL_CLOEXEC));
@@ -184,6 +188,7 @@ bool Daemon::setup(int* err, std::string* error) {
       !watch(timer_fd_.get(), tag(kTimer), EPOLLIN) ||
       !watch(takeover_timer_fd_.get(), tag(kTakeoverTimer), EPOLLIN) ||
       !watch(release_timer_fd_.get(), tag(kReleaseTimer), EPOLLIN) ||
+      !watch(listen_wait_timer_fd_.get(), tag(kListenWaitTimer), EPOLLIN) ||
       !watch(hello_timer_fd_.get(), tag(kHelloTimer), EPOLLIN) ||
       !watch(addresses_.fd(), tag(kNetlink), EPOLLIN))
     return fail("epoll_ctl");
@@ -345,6 +350,12 @@ bool Daemon::step(int timeout_ms) {
           release_timer_fired();
         break;
       }
+      case kListenWaitTimer: {
+        uint64_t expirations;
+        if (read(listen_wait_timer_fd_.get(), &expirations, sizeof expirations) > 0)
+          listen_wait_timer_fired();
+        break;
+      }
       case kNetlink: {
         std::string error;
         bool changed = false;
@@ -418,6 +429,7 @@ void Daemon::route_mads() {
       if (route.by == MadRoute::By::kServiceId) {
         const auto l = listeners_.find(route.service_id);
         if (l == listeners_.end()) {
+          if (wait_for_listener(route, datagram, rx[i])) continue;
           drop = MadDrop::kNoListener;
         } else {
           slot = l->second;
@@ -434,30 +446,90 @@ void Daemon::route_mads() {
           (slot == 0 || slot >= slots_.slot_count() || !slots_.leased(slot))) {
         drop = MadDrop::kNoSlot;
       }
-      if (drop == MadDrop::kNone) {
-        const auto ch = channels_.find(slot);
-        if (ch == channels_.end()) {
-          drop = MadDrop::kNoChannel;
-        } else {
-          MadDelivery d{};
-          std::memcpy(d.src_address, rx[i].src.address.bytes().data(), 16);
-          std::memcpy(d.dst_address, rx[i].dst.address.bytes().data(), 16);
-          d.src_port = rx[i].src.port;
-          d.dst_port = rx[i].dst.port;
-          if (!deliver_mad(ch->second, clients_.at(ch->second), encode_mad(d, datagram)))
-            drop = MadDrop::kChannelFull;
-        }
-      }
+      if (drop == MadDrop::kNone) drop = forward(slot, datagram, rx[i].src, rx[i].dst);
       if (drop == MadDrop::kNone) {
         ++counters_.mads_forwarded;
         if (route.by == MadRoute::By::kServiceId && route.sender_comm_id != 0)
           requesters_.remember(rx[i].src.address, route.sender_comm_id, slot);
       } else {
         ++counters_.mads_dropped[static_cast<size_t>(drop)];
-        answer_for_host(drop, datagram, rx[i]);
+        answer_for_host(drop, datagram, rx[i].src, rx[i].dst);
       }
     }
   }
+}
+
+MadDrop Daemon::forward(unsigned slot, std::span<const uint8_t> datagram, const net::Endpoint& src,
+                        const net::Endpoint& dst) {
+  const auto ch = channels_.find(slot);
+  if (ch == channels_.end()) return MadDrop::kNoChannel;
+  MadDelivery d{};
+  std::memcpy(d.src_address, src.address.bytes().data(), 16);
+  std::memcpy(d.dst_address, dst.address.bytes().data(), 16);
+  d.src_port = src.port;
+  d.dst_port = dst.port;
+  if (!deliver_mad(ch->second, clients_.at(ch->second), encode_mad(d, datagram)))
+    return MadDrop::kChannelFull;
+  return MadDrop::kNone;
+}
+
+bool Daemon::wait_for_listener(const MadRoute& route, std::span<const uint8_t> datagram,
+                               const net::RxDatagram& rx) {
+  if (options_.listen_wait_ms == 0) return false;
+  std::optional<CmMad> mra;
+  switch (listen_waits_.add(route.service_id, datagram, mad_of(datagram), rx.src, rx.dst, now_ms(),
+                            &mra)) {
+    case ListenWaits::Added::kWaiting:
+      ++counters_.cm_requests_waited;
+      arm_listen_wait_timer();
+      return true;
+    case ListenWaits::Added::kDuplicate:
+      if (mra) {
+        send_gmp(*mra, rx.dst.address, rx.src.address);
+        ++counters_.cm_mras_sent;
+      }
+      return true;
+    case ListenWaits::Added::kFull:
+      ++counters_.cm_requests_unwaited;
+      return false;
+    case ListenWaits::Added::kNotRequest:
+      return false;
+  }
+  return false;
+}
+
+void Daemon::serve_waiting(uint64_t service_id, unsigned slot) {
+  for (const ListenWaits::Request& r : listen_waits_.take(service_id)) {
+    const MadDrop drop = forward(slot, r.datagram, r.src, r.dst);
+    if (drop != MadDrop::kNone) {
+      ++counters_.mads_dropped[static_cast<size_t>(drop)];
+      continue;  // as a request to a listener without a channel: the requester retries
+    }
+    ++counters_.mads_forwarded;
+    ++counters_.cm_requests_served;
+    if (const MadRoute route = route_mad(r.datagram); route.sender_comm_id != 0)
+      requesters_.remember(r.src.address, route.sender_comm_id, slot);
+  }
+  arm_listen_wait_timer();
+}
+
+void Daemon::listen_wait_timer_fired() {
+  for (const ListenWaits::Request& r : listen_waits_.expired(now_ms())) {
+    ++counters_.mads_dropped[static_cast<size_t>(MadDrop::kNoListener)];
+    answer_for_host(MadDrop::kNoListener, r.datagram, r.src, r.dst);
+  }
+  arm_listen_wait_timer();
+}
+
+void Daemon::arm_listen_wait_timer() {
+  itimerspec its{};  // zero disarms
+  if (const auto next = listen_waits_.next_deadline_ms()) {
+    const int64_t ms = std::max<int64_t>(*next - now_ms(), 1);
+    its.it_value.tv_sec = ms / 1000;
+    its.it_value.tv_nsec = static_cast<long>(ms % 1000) * 1000000;
+  }
+  base::check(timerfd_settime(listen_wait_timer_fd_.get(), 0, &its, nullptr) == 0,
+              "timerfd_settime");
 }
 
 bool Daemon::deliver_mad(uint64_t id, Client& c, std::vector<uint8_t> record) {
@@ -492,7 +564,7 @@ bool Daemon::take_release_drep(std::span<const uint8_t> datagram, const net::RxD
 }
 
 void Daemon::answer_for_host(MadDrop drop, std::span<const uint8_t> datagram,
-                             const net::RxDatagram& rx) {
+                             const net::Endpoint& src, const net::Endpoint& dst) {
   // What no process will answer (cm_agent.h); the ICRC was checked first.
   const bool answerable =
       drop == MadDrop::kNoListener || drop == MadDrop::kNoSlot || drop == MadDrop::kNoChannel;
@@ -500,11 +572,11 @@ void Daemon::answer_for_host(MadDrop drop, std::span<const uint8_t> datagram,
   const auto mad = mad_of(datagram);
   if (drop == MadDrop::kNoListener) {
     if (const auto reply = no_listener_reply(mad)) {
-      send_gmp(*reply, rx.dst.address, rx.src.address);
+      send_gmp(*reply, dst.address, src.address);
       ++counters_.cm_rejects_sent;
     }
   } else if (const auto reply = orphan_drep(mad)) {
-    send_gmp(*reply, rx.dst.address, rx.src.address);
+    send_gmp(*reply, dst.address, src.address);
     ++counters_.cm_dreps_sent;
   }
 }
@@ -567,6 +639,7 @@ int Daemon::listen_request(Client& c, MsgType type, std::span<const uint8_t> rec
   if (type == MsgType::kListen) {
     if (it != listeners_.end()) return it->second == *c.slot ? 0 : EADDRINUSE;
     listeners_[body.service_id] = *c.slot;
+    serve_waiting(body.service_id, *c.slot);
     return 0;
   }
   if (it == listeners_.end() || it->second != *c.slot) return ENOENT;
@@ -957,7 +1030,11 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
                    .cm_rejects_sent = counters_.cm_rejects_sent,
                    .cm_dreqs_sent = counters_.cm_dreqs_sent,
                    .cm_dreps_sent = counters_.cm_dreps_sent,
-                   .cm_dreq_retries = counters_.cm_dreq_retries});
+                   .cm_dreq_retries = counters_.cm_dreq_retries,
+                   .cm_requests_waited = counters_.cm_requests_waited,
+                   .cm_requests_served = counters_.cm_requests_served,
+                   .cm_requests_unwaited = counters_.cm_requests_unwaited,
+                   .cm_mras_sent = counters_.cm_mras_sent});
   } else {
     err = EPROTO;
   }

@@ -40,6 +40,10 @@
 
 namespace urdma::daemon {
 
+// The default of DaemonOptions::listen_wait_ms. A scheduler delay of a server under load is
+// tens of milliseconds; a requester's own response timeout is seconds (rdma_cm: 4096 ms).
+inline constexpr uint32_t kDefaultListenWaitMs = 1000;
+
 struct DaemonOptions {
   uint16_t udp_port = wire::kRoceV2UdpPort;
   unsigned slot_count = kDefaultSlots;
@@ -61,6 +65,9 @@ struct DaemonOptions {
   bool verbose = false;
   // After a restart, how long new leases wait for the survivors to reattach (protocol.h).
   uint32_t takeover_grace_ms = 500;
+  // How long a REQ / SIDR_REQ for a service ID nobody holds waits for a listener before the
+  // daemon refuses it (ListenWaits, cm_agent.h); 0: refused at once, as Linux does.
+  uint32_t listen_wait_ms = kDefaultListenWaitMs;
   // The socket clients connect to (for logs).
   std::string socket_path;
   // Where the device view's GID files are kept (device_view.h); empty: none.
@@ -93,6 +100,12 @@ struct DaemonCounters {
   uint64_t cm_dreps_sent = 0;     // to DREQs for connections nobody holds
   uint64_t cm_dreq_retries = 0;   // DREQs of cm_dreqs_sent sent again (no DREP yet)
   uint64_t cm_dreqs_dropped = 0;  // beyond Releases::kMax: never sent
+  // Requests for a service ID nobody held (ListenWaits).
+  uint64_t cm_requests_waited = 0;    // waited for a listener
+  uint64_t cm_requests_served = 0;    // of those, delivered to the listener that came (the others:
+                                      // refused when the wait ended, in cm_rejects_sent)
+  uint64_t cm_requests_unwaited = 0;  // refused at once: ListenWaits' caps were reached
+  uint64_t cm_mras_sent = 0;          // to the retransmission of a waiting REQ
 };
 
 class Daemon {
@@ -174,8 +187,20 @@ class Daemon {
   void route_mads();
   // A DREP for one of releases_' DREQs: taken (true), not routed.
   bool take_release_drep(std::span<const uint8_t> datagram, const net::RxDatagram& rx);
+  // Forwards a datagram to `slot`'s process on its MAD channel: kNone, or why not.
+  MadDrop forward(unsigned slot, std::span<const uint8_t> datagram, const net::Endpoint& src,
+                  const net::Endpoint& dst);
+  // A REQ / SIDR_REQ nobody holds the service ID of: waits for a listener (true), or not.
+  bool wait_for_listener(const MadRoute& route, std::span<const uint8_t> datagram,
+                         const net::RxDatagram& rx);
+  // `slot` now holds `service_id`: the requests that waited for it go to its process.
+  void serve_waiting(uint64_t service_id, unsigned slot);
+  // Refuses the requests whose wait ended; arms the timer for the next.
+  void listen_wait_timer_fired();
+  void arm_listen_wait_timer();
   // A MAD dropped for `drop` that the host's CM answers (REJ, SIDR_REP, DREP).
-  void answer_for_host(MadDrop drop, std::span<const uint8_t> datagram, const net::RxDatagram& rx);
+  void answer_for_host(MadDrop drop, std::span<const uint8_t> datagram, const net::Endpoint& src,
+                       const net::Endpoint& dst);
   // Answers on slot 0 for the host: `mad` to `to` (QP1), from `from`.
   void send_gmp(const CmMad& mad, const net::Address& from, const net::Address& to);
   // The dead process of `slot`: a DREQ to each peer of its established connections.
@@ -203,7 +228,8 @@ class Daemon {
   UniqueFd signal_fd_;
   UniqueFd timer_fd_;
   UniqueFd takeover_timer_fd_;
-  UniqueFd release_timer_fd_;  // DREQ pacing and retransmission (releases_)
+  UniqueFd release_timer_fd_;      // DREQ pacing and retransmission (releases_)
+  UniqueFd listen_wait_timer_fd_;  // the end of a request's wait (listen_waits_)
   UniqueFd hello_timer_fd_;
   AddressMonitor addresses_;
   GidTable gids_;
@@ -230,6 +256,7 @@ class Daemon {
   ConnTable conns_;                         // each slot's connections, as its process reports
   RequesterTable requesters_;               // where a REJ with RemoteCommID 0 goes
   Releases releases_;                       // DREQs of dead processes awaiting their DREP
+  ListenWaits listen_waits_;                // requests waiting for a listener
   uint32_t gmp_psn_ = 0;
   uint64_t next_dreq_tid_ = 1;
   uint64_t next_client_id_ = 1;

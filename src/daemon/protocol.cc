@@ -181,8 +181,11 @@ std::vector<uint8_t> encode_status(const StatusInfo& info) {
 int decode_status(std::span<const uint8_t> rec, StatusInfo* info) {
   MsgHeader h;
   if (const int err = check_reply(rec, MsgType::kStatus, &h)) return err;
-  if (rec.size() != sizeof h + sizeof *info) return EPROTO;
-  std::memcpy(info, rec.data() + sizeof h, sizeof *info);
+  // Grown by appending: an older daemon's shorter record leaves the new fields zero.
+  const size_t body = rec.size() - sizeof h;
+  if (body != sizeof *info && body != kStatusInfoFirstSize) return EPROTO;
+  *info = StatusInfo{};
+  std::memcpy(info, rec.data() + sizeof h, body);
   return 0;
 }
 

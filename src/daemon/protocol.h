@@ -191,8 +191,15 @@ struct StatusInfo {
   uint64_t cm_dreqs_sent;
   uint64_t cm_dreps_sent;
   uint64_t cm_dreq_retries;
+  // Requests for a service ID nobody held, waiting for a listener (cm_agent.h ListenWaits).
+  // A daemon of the first layout sends none of these (decode_status: zero).
+  uint64_t cm_requests_waited;
+  uint64_t cm_requests_served;
+  uint64_t cm_requests_unwaited;
+  uint64_t cm_mras_sent;
 };
-static_assert(sizeof(StatusInfo) == 120);
+static_assert(sizeof(StatusInfo) == 152);
+inline constexpr size_t kStatusInfoFirstSize = 120;  // up to cm_dreq_retries
 
 // ---- `urdma status`: the connections and what their processes report ----
 

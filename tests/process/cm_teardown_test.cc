@@ -1,8 +1,9 @@
 // What urdmad answers on QP1 for the host (src/daemon/cm_agent.h), seen from unmodified Debian
 // rping run on our libraries (tool_run.h) in a fresh namespace (netns_harness.h):
-//  * a connect to a port nobody listens on is REJECTED with status 8 (invalid service ID) at
-//    once, as on Linux — not after the client's REQ retries run out (~100 s); a SIDR_REQ
-//    (udaddy) is UNREACHABLE with status 1;
+//  * a connect to a port nobody listens on is REJECTED with status 8 (invalid service ID) once
+//    urdmad's wait for a listener (1 s, daemon::ListenWaits) is over, as on Linux but for the
+//    wait — not after the client's REQ retries run out (~100 s); a SIDR_REQ (udaddy) is
+//    UNREACHABLE with status 1; a server that binds within the wait is served instead;
 //  * a server killed with SIGKILL while connected: urdmad sends its peer a DREQ, and the client
 //    sees DISCONNECTED while its RC retries (seconds each) are still running;
 //  * the same at the daemon's own level, byte for byte: two processes talking to urdmad through
@@ -23,6 +24,7 @@
 
 #include "daemon/client.h"
 #include "daemon/cm_agent.h"
+#include "daemon/daemon.h"
 #include "daemon/mad_router.h"
 #include "netns_harness.h"
 #include "support/daemon_view.h"
@@ -48,25 +50,71 @@ long daemon_counter(const std::string& name) {
   return digits == std::string::npos ? -1 : std::strtol(st.output.c_str() + digits, nullptr, 10);
 }
 
-TEST(CmTeardown, ConnectToAClosedPortIsRejectedAtOnce) {
+TEST(CmTeardown, ConnectToAClosedPortIsRejectedAfterTheListenWait) {
   if (!have_rping()) GTEST_SKIP() << "no rping";
   in_fresh_netns(
       [] {
         const auto t0 = std::chrono::steady_clock::now();
         const ToolRun r = run("rping -c -a 127.0.0.1 -p 7190 -C 1", 20000);
         const auto took = std::chrono::steady_clock::now() - t0;
-        // Within the deadline at all: without the REJ, rping waits out its REQ retries (~100 s).
+        // The REJ comes when urdmad's wait for a listener ends (daemon::kDefaultListenWaitMs);
+        // without it, rping would wait out its REQ retries (~100 s).
+        EXPECT_GE(took, std::chrono::milliseconds(daemon::kDefaultListenWaitMs)) << r.output;
         EXPECT_LT(took, std::chrono::seconds(20)) << r.output;
         EXPECT_NE(r.exit_code, 0) << r.output;
         EXPECT_NE(r.output.find("RDMA_CM_EVENT_REJECTED, error 8"), std::string::npos) << r.output;
         EXPECT_EQ(daemon_counter("cm_rejects_sent"), 1);
+        EXPECT_EQ(daemon_counter("cm_requests_waited"), 1);
+        EXPECT_EQ(daemon_counter("cm_requests_served"), 0);
+      },
+      60);
+}
+
+// URDMA_LISTEN_WAIT_MS=0 for urdmad: refused at once, exactly as Linux refuses it.
+TEST(CmTeardown, ConnectToAClosedPortIsRejectedAtOnceWithoutTheWait) {
+  if (!have_rping()) GTEST_SKIP() << "no rping";
+  in_fresh_netns(
+      [] {
+        setenv("URDMA_LISTEN_WAIT_MS", "0", 1);
+        const auto t0 = std::chrono::steady_clock::now();
+        const ToolRun r = run("rping -c -a 127.0.0.1 -p 7190 -C 1", 20000);
+        const auto took = std::chrono::steady_clock::now() - t0;
+        EXPECT_LT(took, std::chrono::milliseconds(daemon::kDefaultListenWaitMs)) << r.output;
+        EXPECT_NE(r.output.find("RDMA_CM_EVENT_REJECTED, error 8"), std::string::npos) << r.output;
+        EXPECT_EQ(daemon_counter("cm_rejects_sent"), 1);
+        EXPECT_EQ(daemon_counter("cm_requests_waited"), 0);
+      },
+      60);
+}
+
+// A client quicker than its server: its REQ reaches urdmad before the server has even bound the
+// port (perftest -R's data connection, whose server binds and listens only after its
+// out-of-band handshake). urdmad holds the REQ until the bind, hands it to the server's process,
+// where it waits again for rdma_listen (the server below listens 200 ms after binding). Before,
+// urdmad refused it at once (REJ 8) and perftest 4.5 crashed in its retry path.
+TEST(CmTeardown, ARequestBeforeTheBindWaitsForTheBindAndTheListen) {
+  in_fresh_netns(
+      [] {
+        const Started client = start(std::string(URDMA_RDMACM_PEER) + " client 127.0.0.1 7194");
+        usleep(300 * 1000);
+        const Started server =
+            start(std::string(URDMA_RDMACM_PEER) + " late-listen-server 7194 200");
+        const ToolRun cl = finish(client, 30000);
+        const ToolRun srv = finish(server, 10000);
+        EXPECT_EQ(cl.exit_code, 0) << cl.output << srv.output;
+        EXPECT_NE(cl.output.find("event RDMA_CM_EVENT_ESTABLISHED status 0"), std::string::npos)
+            << cl.output << srv.output;
+        EXPECT_EQ(srv.exit_code, 0) << srv.output;
+        EXPECT_EQ(daemon_counter("cm_rejects_sent"), 0);
+        EXPECT_EQ(daemon_counter("cm_requests_waited"), 1);
+        EXPECT_EQ(daemon_counter("cm_requests_served"), 1);
       },
       60);
 }
 
 // RDMA_PS_UDP: the SIDR_REQ gets SIDR_REP status 1 (service ID not supported), which rdma_cm
 // reports as UNREACHABLE with that status (Linux cma_sidr_rep_handler).
-TEST(CmTeardown, SidrToAClosedPortIsUnreachableAtOnce) {
+TEST(CmTeardown, SidrToAClosedPortIsUnreachableAfterTheListenWait) {
   if (std::system("command -v udaddy >/dev/null 2>&1") != 0) GTEST_SKIP() << "no udaddy";
   in_fresh_netns(
       [] {
@@ -85,8 +133,9 @@ TEST(CmTeardown, KilledServersPeerSeesDisconnected) {
   in_fresh_netns(
       [] {
         const Started server = start("rping -s -a 127.0.0.1 -p 7191 -C 100000000");
-        // rping -s says nothing when it listens: a client that came too early is REJECTED at once
-        // (the test above) and tries again. -v prints every ping: then the connection is up.
+        // rping -s says nothing when it listens: a client that came more than urdmad's listen
+        // wait too early is REJECTED (the test above) and tries again. -v prints every ping: then
+        // the connection is up.
         Started client;
         bool up = false;
         for (int attempt = 0; attempt < 20 && !up; ++attempt) {
@@ -473,7 +522,7 @@ TEST(CmTeardown, UrdmadReleasesADeadProcesssConnectionAndAnswersForIt) {
         EXPECT_EQ(drep->local_comm_id(), daemon::comm_id_for_slot(a_slot, 6));
         EXPECT_EQ(drep->remote_comm_id(), b.comm_id(8));
 
-        // B's REQ to a service nobody listens on: REJ reason 8 at once.
+        // B's REQ to a service nobody listens on: REJ reason 8 when the listen wait ends.
         ASSERT_TRUE(b.send(cm<wire::CmReq>(
             [&](wire::CmReq r) {
               r.set_local_comm_id(b.comm_id(9));

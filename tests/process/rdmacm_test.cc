@@ -396,6 +396,7 @@ struct TwoHostStep {
   std::vector<std::string> server_says;   // each must appear in the server's output
   std::vector<std::string> client_says;   // each must appear in the client's output
   std::pair<const char*, int> client_count{nullptr, 0};  // a line the client prints N times
+  unsigned tcp_port = 0;  // with no `ready` text: the server listens on this TCP port first
 };
 
 void run_between_two_namespaces(const std::vector<TwoHostStep>& steps) {
@@ -408,6 +409,8 @@ void run_between_two_namespaces(const std::vector<TwoHostStep>& steps) {
       bool listening = true;
       if (st.ready) {
         listening = wait_output(server, st.ready, 10000);
+      } else if (st.tcp_port) {
+        listening = wait_listening(st.tcp_port, 10000);
       } else {
         usleep(500000);  // these tools say nothing when they listen
       }
@@ -472,6 +475,36 @@ TEST(Rdmacm, RdmacmUtilsBetweenTwoNamespaces) {
         {"rdma_server -p 7472", nullptr, "rdma_client -s 10.90.0.2 -p 7472",
          {"rdma_server: end 0"}, {"rdma_client: end 0"}},
     });
+  }, 110);
+}
+
+// libfabric 1.17's verbs provider (Debian's libfabric1, built on rdma-core) on our libraries:
+// fi_pingpong's msg endpoint (verbs over rdma_cm) and rdm endpoint (verbs;ofi_rxm) between two
+// namespaces — libfabric passes over loopback interfaces, so it needs the veth. Two librdmacm
+// behaviours it depends on: rdma_getaddrinfo with neither node nor service answers from the
+// hints (the peer's address a name exchange gave), and rdma_bind_addr to "localhost" binds no
+// device (Linux's cma_any_addr), so the server's endpoint takes the interface's address.
+// ofi_rxm asks for a CQ of (rx + tx size) × FI_UNIVERSE_SIZE entries, 262144 by default, beyond
+// urdma0's max_cqe (32767, rxe's): with FI_UNIVERSE_SIZE=16 it asks for 16384.
+TEST(Rdmacm, LibfabricVerbsPingpongBetweenTwoNamespaces) {
+  if (!have_tool("fi_pingpong")) GTEST_SKIP() << "no fi_pingpong (scripts/deps.sh: libfabric-bin)";
+  in_fresh_netns([] {
+    run_between_two_namespaces({
+        // fi_pingpong's out-of-band exchange: a TCP connection to port 47592.
+        {"fi_pingpong -p verbs -e msg", nullptr, "fi_pingpong -p verbs -e msg 10.90.0.2",
+         {"=10"}, {}, {"=10 ", 6}, 47592},
+        {"FI_UNIVERSE_SIZE=16 fi_pingpong -p verbs -e rdm", nullptr,
+         "FI_UNIVERSE_SIZE=16 fi_pingpong -p verbs -e rdm 10.90.0.2", {"=10"}, {}, {"=10 ", 6},
+         47592},
+    });
+    // fi_info lists urdma0 for both endpoint types.
+    const ToolRun info = run("fi_info -p verbs", 20000);
+    EXPECT_EQ(info.exit_code, 0) << info.output;
+    EXPECT_NE(info.output.find("domain: urdma0\n    version: 117.0\n    type: FI_EP_MSG"),
+              std::string::npos)
+        << info.output;
+    EXPECT_NE(info.output.find("provider: verbs;ofi_rxm\n"), std::string::npos) << info.output;
+    EXPECT_NE(info.output.find("type: FI_EP_RDM"), std::string::npos) << info.output;
   }, 110);
 }
 

@@ -227,6 +227,10 @@ int print_status(const StatusOptions& options) {
     j.value("cm_dreqs_sent", st.cm_dreqs_sent);
     j.value("cm_dreps_sent", st.cm_dreps_sent);
     j.value("cm_dreq_retries", st.cm_dreq_retries);
+    j.value("cm_requests_waited", st.cm_requests_waited);
+    j.value("cm_requests_served", st.cm_requests_served);
+    j.value("cm_requests_unwaited", st.cm_requests_unwaited);
+    j.value("cm_mras_sent", st.cm_mras_sent);
     j.end_object();
     j.begin_object("device");
     j.value("name", kDeviceName);
@@ -309,7 +313,10 @@ int print_status(const StatusOptions& options) {
             << " CM MADs forwarded, " << st.mads_dropped << " dropped\n"
             << "CM answered by urdmad: " << st.cm_rejects_sent << " REJ/SIDR_REP (no listener), "
             << st.cm_dreqs_sent << " DREQ (process died; " << st.cm_dreq_retries << " repeated), "
-            << st.cm_dreps_sent << " DREP (no holder)\n\n"
+            << st.cm_dreps_sent << " DREP (no holder)\n"
+            << "requests for a port nobody held: " << st.cm_requests_waited
+            << " waited for a listener (" << st.cm_requests_served << " served, " << st.cm_mras_sent
+            << " MRA), " << st.cm_requests_unwaited << " refused at once\n\n"
             << "slots: " << st.slots_leased << " of " << st.slot_count - 1 << " leased ("
             << st.slot_count << " sockets)\n"
             << "  SLOT  STATE   PID      UID    QPNs\n"

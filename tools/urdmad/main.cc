@@ -81,6 +81,7 @@ int main(int argc, char** argv) {
   options.takeover_grace_ms =
       env_or<uint32_t>("URDMA_TAKEOVER_GRACE_MS", options.takeover_grace_ms);
   options.hello_timeout_ms = env_or<uint32_t>("URDMA_HELLO_TIMEOUT_MS", options.hello_timeout_ms);
+  options.listen_wait_ms = env_or<uint32_t>("URDMA_LISTEN_WAIT_MS", options.listen_wait_ms);
   uint32_t idle_timeout_ms = env_or<uint32_t>("URDMA_IDLE_TIMEOUT_MS", 30000);
   bool foreground = false;
   bool ipv4_only = false;
@@ -106,6 +107,11 @@ int main(int argc, char** argv) {
                  "after a restart, hold new leases this long for the survivors to reattach "
                  "(default 500 or $URDMA_TAKEOVER_GRACE_MS)")
       ->default_val(options.takeover_grace_ms);
+  app.add_option("--listen-wait-ms", options.listen_wait_ms,
+                 "how long a connection request for a port nobody holds waits for a listener "
+                 "before it is refused (0: at once; default 1000 or $URDMA_LISTEN_WAIT_MS)")
+      ->default_val(options.listen_wait_ms)
+      ->check(CLI::Range(0u, 60000u));
   app.add_option("--hello-timeout-ms", options.hello_timeout_ms,
                  "close a connection that has not greeted within this (default 2000)")
       ->default_val(options.hello_timeout_ms);

@@ -45,6 +45,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -54,9 +55,11 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "base/env.h"
 #include "base/secure_random.h"
 #include "cm/manager.h"
 #include "daemon/client.h"
@@ -145,6 +148,16 @@ struct Event {
   Id* owner = nullptr;
 };
 
+// The wildcard (0.0.0.0, ::) or a loopback address (127/8, ::1), as GIDs (IPv4-mapped for
+// IPv4): Linux cma.c's cma_any_addr.
+bool is_any_or_loopback(const Gid& g) {
+  static constexpr Gid kZero{};
+  static constexpr Gid kAnyV4{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0, 0, 0};
+  static constexpr Gid kLoopbackV6{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  const bool v4 = std::equal(kAnyV4.begin(), kAnyV4.begin() + 12, g.begin());
+  return g == kZero || g == kLoopbackV6 || (v4 && (g == kAnyV4 || g[12] == 127));
+}
+
 Gid gid_of(const sockaddr* sa) {
   Gid g{};
   if (sa->sa_family == AF_INET) {
@@ -218,18 +231,6 @@ urdma::wire::RdmaPortSpace port_space(rdma_port_space ps) {
   }
 }
 
-// The service ID a REQ or SIDR_REQ asks for; nullopt for any other MAD.
-std::optional<uint64_t> request_service_id(std::span<const uint8_t> payload) {
-  if (payload.size() < urdma::wire::kMadSize) return std::nullopt;
-  const urdma::wire::CmParse cm = urdma::wire::parse_cm(payload.first(urdma::wire::kMadSize));
-  if (!cm.ok()) return std::nullopt;
-  if (const auto* req = std::get_if<urdma::wire::CmReqView>(&cm.message.view))
-    return req->service_id();
-  if (const auto* sidr = std::get_if<urdma::wire::CmSidrReqView>(&cm.message.view))
-    return sidr->service_id();
-  return std::nullopt;
-}
-
 class Cma {
  public:
   std::mutex mu;
@@ -254,15 +255,14 @@ class Cma {
   // from the process only (daemon/cm_agent.h): up when established, down when it ends.
   void report_up_locked(Id* id);
   void report_down_locked(Id* id);
-  // Under mu: the service ID of a bound id is registered with urdmad, so a REQ that comes before
-  // rdma_listen waits here for it (Linux answers it REJ 8; qperf 0.4.11 sends its port to the
-  // client before calling rdma_listen, and about one first connection in ten lost that race).
+  // Under mu: the service ID of a bound id is registered with urdmad and claimed in the
+  // Manager, so a REQ that comes before rdma_listen waits for it, a bounded time
+  // (cm::Manager::claim; Linux answers it REJ 8; qperf 0.4.11 sends its port to the client
+  // before calling rdma_listen, and about one first connection in ten lost that race).
   int claim_locked(Id* x, uint64_t sid);
   // Under mu: a bound id that will not listen gives its service ID back; what waited for it is
   // answered as Linux answers it (REJ 8, SIDR_REP status 1).
   void unclaim_locked(Id* x);
-  // Under mu: the requests that waited for this listener, to the Manager now.
-  void replay_parked_locked(uint64_t sid);
   // What the kernel does when an rdma_cm fd closes (ucma_close destroys every id of the file):
   // for the ids of one channel, or of the whole process at exit.
   void release_channel_locked(Channel* ch);
@@ -273,15 +273,6 @@ class Cma {
   std::unique_ptr<urdma::cm::Manager> manager;
   std::map<ConnId, Id*> by_conn;
   std::map<uint64_t, Id*> listeners;  // service ID -> listening id
-  std::set<uint64_t> claimed;         // service IDs of bound ids not listening yet
-  // A REQ / SIDR_REQ for a claimed service ID, as it came (the Manager takes it at rdma_listen).
-  struct Parked {
-    Gid src{};
-    uint32_t src_qpn = 0;
-    std::vector<uint8_t> mad;
-  };
-  static constexpr size_t kMaxParked = 64;  // per service ID; beyond, answered at once
-  std::map<uint64_t, std::vector<Parked>> parked;
   std::set<Id*> live;
   std::set<uint16_t> ports_in_use;
   urdma::daemon::Client* slot_client = nullptr;
@@ -365,6 +356,12 @@ int Cma::open_locked() {
   cfg.seed = rng_();
   cfg.tid_high = static_cast<uint32_t>(rng_());
   cfg.random = [r = urdma::base::SecureRandom()]() mutable { return r(); };
+  uint64_t wait_ms = urdma::cm::kListenWaitMs;
+  std::string env_why;
+  if (urdma::base::env_number("URDMA_LISTEN_WAIT_MS", 0, 60000, &wait_ms, &env_why) != 0)
+    std::fprintf(stderr, "librdmacm (urdma): %s; %llu ms used\n", env_why.c_str(),
+                 static_cast<unsigned long long>(wait_ms));
+  cfg.listen_wait_ns = wait_ms * 1'000'000;
   if (ibv_query_device(verbs, &dattr) == 0) {
     cfg.max_initiator_depth = static_cast<uint8_t>(std::min(dattr.max_qp_rd_atom, 255));
     cfg.max_responder_resources = static_cast<uint8_t>(std::min(dattr.max_qp_init_rd_atom, 255));
@@ -530,21 +527,18 @@ void Cma::receive_locked(const urdma::daemon::MadDelivery& info,
     ok = urdma::wire::verify_icrc_ipv6(h, dgram);
   }
   if (!ok) return;
-  if (const auto sid = request_service_id(parsed->payload()); sid && claimed.count(*sid)) {
-    auto& waiting = parked[*sid];
-    if (waiting.size() < kMaxParked) {
-      waiting.push_back(
-          {src, parsed->deth()->src_qp(), {parsed->payload().begin(), parsed->payload().end()}});
-      return;
-    }
-  }
   manager->receive(src, parsed->deth()->src_qp(), parsed->payload());
 }
 
 int Cma::claim_locked(Id* x, uint64_t sid) {
   if (!slot_client) return ENODEV;
-  if (int e = slot_client->listen(sid)) return e;
-  claimed.insert(sid);
+  // The Manager first: urdmad may hand over a REQ that waited for this ID at once.
+  if (!manager->claim(sid).ok()) return EADDRINUSE;
+  if (int e = slot_client->listen(sid)) {
+    (void)manager->unclaim(sid);
+    wake();  // the CM thread sends what the Manager queued
+    return e;
+  }
   x->listen_sid = sid;
   x->claimed = true;
   return 0;
@@ -553,18 +547,11 @@ int Cma::claim_locked(Id* x, uint64_t sid) {
 void Cma::unclaim_locked(Id* x) {
   if (!x->claimed || x->listening) return;
   x->claimed = false;
-  claimed.erase(x->listen_sid);
   if (slot_client) slot_client->unlisten(x->listen_sid);
-  replay_parked_locked(x->listen_sid);  // no listener: the Manager refuses them
-}
-
-void Cma::replay_parked_locked(uint64_t sid) {
-  const auto it = parked.find(sid);
-  if (it == parked.end()) return;
-  const std::vector<Parked> waiting = std::move(it->second);
-  parked.erase(it);
-  for (const Parked& p : waiting) manager->receive(p.src, p.src_qpn, p.mad);
-  pump_locked();
+  // What waited for it is refused; the CM thread sends the answers (a pump here could make ids
+  // while the caller walks them).
+  (void)manager->unclaim(x->listen_sid);
+  wake();
 }
 
 void Cma::send_mad_locked(const urdma::cm::OutgoingMad& m) {
@@ -1157,11 +1144,13 @@ URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
   Id* x = live_id(c, id);
   if (!x || x->state != IdState::kIdle) return fail(EINVAL);
   const Gid g = gid_of(addr);
-  static constexpr Gid kZero{};
-  static constexpr Gid kAnyV4{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 0, 0, 0, 0};
+  // Linux cma.c (rdma_bind_addr, cma_any_addr): the wildcard and every loopback address
+  // (127/8, ::1) bind no device — id->verbs stays NULL and a listen covers every device;
+  // any other address must be one of the device's (a GID here). libfabric's verbs provider
+  // relies on it: it binds "localhost" and, finding no device, takes its interfaces' addresses.
+  const bool any = is_any_or_loopback(g);
   uint8_t sgid_index = 0;
-  if (g != kZero && g != kAnyV4 && c.find_gid_index(g, &sgid_index) != 0)
-    return fail(EADDRNOTAVAIL);
+  if (!any && c.find_gid_index(g, &sgid_index) != 0) return fail(EADDRNOTAVAIL);
   // The port is the namespace's, as rdma_cm's ports are: urdmad refuses one another process
   // holds (EADDRINUSE; an ephemeral port is chosen again).
   uint16_t port = port_of(addr);
@@ -1173,7 +1162,7 @@ URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
     if (e == 0) break;
     if (!ephemeral || e != EADDRINUSE || attempt == 16) return fail(e);
   }
-  if (g != kZero && g != kAnyV4) {
+  if (!any) {
     x->sgid_index = sgid_index;
     x->sgid = g;
     x->id.verbs = c.verbs;
@@ -1200,6 +1189,8 @@ URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
   const uint64_t sid = urdma::wire::rdma_service_id(port_space(x->id.ps), x->local_port);
   if (c.listeners.count(sid)) return fail(EADDRINUSE);
   if (int e = c.slot_client->listen(sid)) return fail(e);
+  // The requests that came between bind and listen are served now (their events are queued
+  // for this id by the pump below).
   if (auto s = c.manager->listen(sid); !s.ok()) {
     c.slot_client->unlisten(sid);
     return fail(EADDRINUSE);
@@ -1213,8 +1204,7 @@ URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
     x->id.verbs = c.verbs;
     x->id.port_num = 1;
   }
-  c.claimed.erase(sid);
-  c.replay_parked_locked(sid);  // the REQs that came between bind and listen
+  c.pump_locked();
   c.wake();
   return 0;
 }
@@ -1945,59 +1935,81 @@ URDMA_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
     return 0;
   }
 }
-// rdma_getaddrinfo(3) for IP addresses: getaddrinfo's first answer becomes the destination (the
-// source with RAI_PASSIVE); the hints' source address is kept. No route or connect data (no SA:
-// the route is resolved locally). Returns getaddrinfo's error codes, as rdma-core does.
+// rdma_getaddrinfo(3) for IP addresses, as rdma-core 44 (librdmacm/addrinfo.c) answers:
+//  * with a node or a service, getaddrinfo's first answer becomes the destination (the source
+//    with RAI_PASSIVE; the result's flags are then RAI_PASSIVE, else none);
+//  * with neither, the answer is the hints themselves: their flags, family, QP type and port
+//    space and their destination address (libfabric's verbs provider asks this way for the
+//    peer a name exchange gave it);
+//  * the hints' source address is kept when the answer has none.
+// No route or connect data (no SA: the route is resolved locally). Errors as rdma-core's: -1
+// with errno EINVAL for no node, service or hints; getaddrinfo's own error codes otherwise.
 URDMA_EXPORT int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
                                   rdma_addrinfo** res) {
-  if (!res || (!node && !service)) {
-    errno = EINVAL;
-    return EAI_FAIL;
-  }
+  if (!res || (!node && !service && !hints)) return fail(EINVAL);
   *res = nullptr;
-  addrinfo ai_hints{};
-  ai_hints.ai_socktype = SOCK_STREAM;
-  if (hints) {
-    if (hints->ai_flags & ~(RAI_PASSIVE | RAI_NUMERICHOST | RAI_NOROUTE | RAI_FAMILY)) {
-      errno = EINVAL;
-      return EAI_BADFLAGS;
-    }
-    if (hints->ai_flags & RAI_PASSIVE) ai_hints.ai_flags |= AI_PASSIVE;
-    if (hints->ai_flags & RAI_NUMERICHOST) ai_hints.ai_flags |= AI_NUMERICHOST;
-    if (hints->ai_family == AF_INET || hints->ai_family == AF_INET6)
-      ai_hints.ai_family = hints->ai_family;
-    else if (hints->ai_family != 0 && hints->ai_family != AF_UNSPEC)
-      return EAI_FAMILY;
-  }
-  addrinfo* found = nullptr;
-  if (int e = getaddrinfo(node, service, &ai_hints, &found)) return e;
-  auto* r = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
-  if (!r) {
-    freeaddrinfo(found);
-    return EAI_MEMORY;
-  }
-  const bool passive = hints && (hints->ai_flags & RAI_PASSIVE);
-  r->ai_flags = hints ? hints->ai_flags : 0;
-  r->ai_family = found->ai_family;
-  r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
-  r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+  if (hints && (hints->ai_flags & ~(RAI_PASSIVE | RAI_NUMERICHOST | RAI_NOROUTE | RAI_FAMILY)))
+    return EAI_BADFLAGS;
+  if (hints && hints->ai_family != 0 && hints->ai_family != AF_UNSPEC &&
+      hints->ai_family != AF_INET && hints->ai_family != AF_INET6)
+    return EAI_FAMILY;
   auto copy = [](const sockaddr* a, socklen_t len) {
     auto* out = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_storage)));
     if (out) std::memcpy(out, a, std::min<size_t>(len, sizeof(sockaddr_storage)));
     return out;
   };
-  if (passive) {
-    r->ai_src_addr = copy(found->ai_addr, found->ai_addrlen);
-    r->ai_src_len = found->ai_addrlen;
+  auto* r = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
+  if (!r) return EAI_MEMORY;
+  if (node || service) {
+    addrinfo ai_hints{};
+    ai_hints.ai_socktype = SOCK_STREAM;
+    if (hints) {
+      if (hints->ai_flags & RAI_PASSIVE) ai_hints.ai_flags |= AI_PASSIVE;
+      if (hints->ai_flags & RAI_NUMERICHOST) ai_hints.ai_flags |= AI_NUMERICHOST;
+      if (hints->ai_family == AF_INET || hints->ai_family == AF_INET6)
+        ai_hints.ai_family = hints->ai_family;
+    }
+    addrinfo* found = nullptr;
+    if (int e = getaddrinfo(node, service, &ai_hints, &found)) {
+      free(r);
+      return e;
+    }
+    const bool passive = hints && (hints->ai_flags & RAI_PASSIVE);
+    r->ai_flags = passive ? RAI_PASSIVE : 0;
+    r->ai_family = found->ai_family;
+    r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type : IBV_QPT_RC;
+    r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+    sockaddr** to = passive ? &r->ai_src_addr : &r->ai_dst_addr;
+    socklen_t* to_len = passive ? &r->ai_src_len : &r->ai_dst_len;
+    *to = copy(found->ai_addr, found->ai_addrlen);
+    *to_len = found->ai_addrlen;
+    freeaddrinfo(found);
+    if (!*to) {
+      rdma_freeaddrinfo(r);
+      return EAI_MEMORY;
+    }
   } else {
-    r->ai_dst_addr = copy(found->ai_addr, found->ai_addrlen);
-    r->ai_dst_len = found->ai_addrlen;
-    if (hints && hints->ai_src_addr && hints->ai_src_len) {
-      r->ai_src_addr = copy(hints->ai_src_addr, hints->ai_src_len);
-      r->ai_src_len = hints->ai_src_len;
+    r->ai_flags = hints->ai_flags;
+    r->ai_family = hints->ai_family;
+    r->ai_qp_type = hints->ai_qp_type;
+    r->ai_port_space = hints->ai_port_space;
+    if (hints->ai_dst_addr && hints->ai_dst_len) {
+      r->ai_dst_addr = copy(hints->ai_dst_addr, hints->ai_dst_len);
+      r->ai_dst_len = hints->ai_dst_len;
+      if (!r->ai_dst_addr) {
+        rdma_freeaddrinfo(r);
+        return EAI_MEMORY;
+      }
     }
   }
-  freeaddrinfo(found);
+  if (!r->ai_src_len && hints && hints->ai_src_addr && hints->ai_src_len) {
+    r->ai_src_addr = copy(hints->ai_src_addr, hints->ai_src_len);
+    r->ai_src_len = hints->ai_src_len;
+    if (!r->ai_src_addr) {
+      rdma_freeaddrinfo(r);
+      return EAI_MEMORY;
+    }
+  }
   *res = r;
   return 0;
 }

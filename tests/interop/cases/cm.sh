@@ -105,9 +105,10 @@ cm_write_bw_R_once() {
     cm_expect "$(cm_log "$CASE_DIR" client)" '^ *4096 +200 '
 }
 
-# A known perftest 4.5-0.17 race (NOTES-cm.md), whichever side is the client: its second REQ
-# can arrive before the server listens again (REJ 8, which is right), and perftest's retry then
-# crashes (abort under urdma, SIGSEGV under Debian's librdmacm). It loses about half the runs
+# A known perftest 4.5-0.17 race (NOTES-cm.md): its second REQ can arrive before the server
+# listens again; an rxe server answers REJ 8 (which is right), and perftest's retry then crashes
+# (abort under urdma, SIGSEGV under Debian's librdmacm). A urdma server holds such a REQ until it
+# listens (urdmad's and the CM's wait for a listener), so the retry below is for urdma->rxe. It loses about half the runs
 # against the TCG-slowed guest, so that one failure is run again, up to 6 attempts in all, each
 # said on stdout. Any other failure fails the case at once; if every attempt ends in that race,
 # the case reports KNOWN_THIRD_PARTY (lib.sh): shown as such in the table, not counted as a pass.

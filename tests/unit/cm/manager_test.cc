@@ -243,6 +243,199 @@ TEST(CmManager, NoListenerRejectsWithInvalidServiceId) {
   EXPECT_EQ(p.link.m(p.a).connection_count(), 0u);
 }
 
+// A REQ for an ID that is bound but not listened on yet (rdma_bind_addr, then rdma_listen a
+// moment later: perftest -R, qperf) waits for the listen and is served by it.
+TEST(CmManager, ARequestForAClaimedIdWaitsForTheListenAndIsServed) {
+  Pair p;
+  ASSERT_TRUE(p.link.m(p.b).claim(kSid).ok());
+  auto id = p.link.m(p.a).connect(connect_params(kGidA, kGidB));
+  ASSERT_TRUE(id.ok());
+  p.link.run_for(300 * kMs);
+  EXPECT_TRUE(p.link.sent_of(p.b, CmAttr::kRej).empty());
+  EXPECT_TRUE(p.link.events(p.b).empty());
+  EXPECT_EQ(p.link.m(p.b).waiting_count(), 1u);
+  EXPECT_EQ(p.link.m(p.a).state(*id), State::kReqSent);
+  ASSERT_TRUE(p.link.m(p.b).listen(kSid).ok());
+  EXPECT_EQ(p.link.m(p.b).waiting_count(), 0u);
+  p.link.run_for(1 * kMs);
+  auto req = p.link.find(p.b, EventType::kConnectRequest);
+  ASSERT_TRUE(req.has_value());
+  EXPECT_EQ(req->service_id, kSid);
+  AcceptParams ap;
+  ap.qpn = 0x55;
+  ASSERT_TRUE(p.link.m(p.b).accept(req->id, ap).ok());
+  p.link.run_for(1 * kMs);
+  EXPECT_EQ(p.link.sent_of(p.b, CmAttr::kRep).size(), 1u);
+  EXPECT_TRUE(p.link.find(p.a, EventType::kEstablished, *id).has_value());
+  EXPECT_TRUE(p.link.find(p.b, EventType::kEstablished, req->id).has_value());
+  EXPECT_EQ(p.link.m(p.b).counters().waited_for_listen, 1u);
+  EXPECT_EQ(p.link.m(p.b).counters().wait_expired, 0u);
+}
+
+// No listen within the bound: the REQ is refused as for nobody (REJ 8), at the bound.
+TEST(CmManager, ARequestForAClaimedIdThatNeverListensIsRefusedWhenTheWaitEnds) {
+  Pair p;
+  ASSERT_TRUE(p.link.m(p.b).claim(kSid).ok());
+  EXPECT_EQ(p.link.m(p.b).claim(kSid).error(), EADDRINUSE);
+  auto id = p.link.m(p.a).connect(connect_params(kGidA, kGidB));
+  ASSERT_TRUE(id.ok());
+  const uint64_t arrived = p.link.clock().now_ns() + 100'000;  // the link's one-way delay
+  p.link.run_until(arrived + kListenWaitMs * kMs - 1);
+  EXPECT_TRUE(p.link.sent_of(p.b, CmAttr::kRej).empty());
+  p.link.run_until(arrived + kListenWaitMs * kMs);
+  const auto rejs = p.link.sent_of(p.b, CmAttr::kRej);
+  ASSERT_EQ(rejs.size(), 1u);
+  EXPECT_EQ(rejs[0].at_ns, arrived + kListenWaitMs * kMs);
+  const wire::CmRejView rej(rejs[0].out.mad);
+  EXPECT_EQ(rej.reason(), static_cast<uint16_t>(wire::CmRejReason::kInvalidServiceId));
+  EXPECT_EQ(rej.local_comm_id(), 0u);
+  EXPECT_EQ(rej.remote_comm_id(), *id);
+  p.link.run_for(1 * kMs);
+  auto r = p.link.find(p.a, EventType::kRejected, *id);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->reason, static_cast<uint16_t>(wire::CmRejReason::kInvalidServiceId));
+  EXPECT_EQ(p.link.m(p.b).waiting_count(), 0u);
+  EXPECT_EQ(p.link.m(p.b).counters().wait_expired, 1u);
+  EXPECT_EQ(p.link.m(p.b).next_deadline_ns(), net::kNever);
+  // A listen after the wait serves nothing old.
+  ASSERT_TRUE(p.link.m(p.b).listen(kSid).ok());
+  p.link.run_for(1 * kMs);
+  EXPECT_FALSE(p.link.find(p.b, EventType::kConnectRequest).has_value());
+}
+
+// The id gives its claim back (destroyed, or it connects instead): refused at once.
+TEST(CmManager, AGivenBackClaimRefusesWhatWaitedAtOnce) {
+  Pair p;
+  ASSERT_TRUE(p.link.m(p.b).claim(kSid).ok());
+  auto id = p.link.m(p.a).connect(connect_params(kGidA, kGidB));
+  ASSERT_TRUE(id.ok());
+  p.link.run_for(10 * kMs);
+  EXPECT_EQ(p.link.m(p.b).waiting_count(), 1u);
+  ASSERT_TRUE(p.link.m(p.b).unclaim(kSid).ok());
+  EXPECT_EQ(p.link.m(p.b).unclaim(kSid).error(), EINVAL);
+  p.link.run_for(1 * kMs);
+  auto r = p.link.find(p.a, EventType::kRejected, *id);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->reason, static_cast<uint16_t>(wire::CmRejReason::kInvalidServiceId));
+  // Unclaimed, a REQ is refused at once as before.
+  auto id2 = p.link.m(p.a).connect(connect_params(kGidA, kGidB));
+  ASSERT_TRUE(id2.ok());
+  p.link.run_for(1 * kMs);
+  EXPECT_TRUE(p.link.find(p.a, EventType::kRejected, *id2).has_value());
+}
+
+// A wait longer than the requester's response timeout: its retransmission is answered with an
+// MRA for the rest of the wait (IBA 12.6.6), which keeps it waiting instead of giving up; the
+// listen then serves the REQ.
+TEST(CmManager, ARetransmittedWaitingReqIsAnsweredWithAnMraForTheRestOfTheWait) {
+  test::Link link;
+  ManagerConfig cb = config(7, 0x0200'00ff'fe00'0002ULL, 2);
+  cb.listen_wait_ns = 10'000 * kMs;  // beyond A's 6144 ms
+  const size_t a = link.add_host(kGidA, config(3, 0x0200'00ff'fe00'0001ULL, 1));
+  const size_t b = link.add_host(kGidB, cb);
+  ASSERT_TRUE(link.m(b).claim(kSid).ok());
+  auto id = link.m(a).connect(connect_params(kGidA, kGidB));
+  ASSERT_TRUE(id.ok());
+  const uint64_t t0 = link.clock().now_ns();
+  link.run_until(t0 + 6144 * kMs + 1 * kMs);
+  ASSERT_EQ(link.sent_of(a, CmAttr::kReq).size(), 2u);
+  const auto mras = link.sent_of(b, CmAttr::kMra);
+  ASSERT_EQ(mras.size(), 1u);
+  const wire::CmMraView mra(mras[0].out.mad);
+  EXPECT_EQ(mra.message_mraed(), static_cast<uint8_t>(wire::CmMraMessage::kReq));
+  EXPECT_EQ(mra.remote_comm_id(), *id);
+  EXPECT_EQ(mra.local_comm_id(), 0u);
+  // 10000 - 6144 ms left, rounded up to 2^(20-8) ms.
+  EXPECT_EQ(mra.service_timeout(), 20);
+  EXPECT_EQ(link.m(a).state(*id), State::kMraReqRcvd);
+  EXPECT_EQ(link.m(b).waiting_count(), 1u) << "the retransmission does not wait twice";
+  link.run_until(t0 + 9000 * kMs);
+  ASSERT_TRUE(link.m(b).listen(kSid).ok());
+  link.run_for(1 * kMs);
+  auto req = link.find(b, EventType::kConnectRequest);
+  ASSERT_TRUE(req.has_value());
+  ASSERT_TRUE(link.m(b).accept(req->id, AcceptParams{.qpn = 0x55}).ok());
+  link.run_for(1 * kMs);
+  EXPECT_TRUE(link.find(a, EventType::kEstablished, *id).has_value());
+  EXPECT_EQ(link.events(b).size(), 2u) << "one request, then established";
+}
+
+// Bounded: max_waiting_per_service for one ID, max_waiting in all; beyond, refused at once.
+TEST(CmManager, WaitingRequestsAreBounded) {
+  test::Link link;
+  ManagerConfig cb = config(7, 0x0200'00ff'fe00'0002ULL, 2);
+  cb.max_waiting = 3;
+  cb.max_waiting_per_service = 2;
+  const size_t a = link.add_host(kGidA, config(3, 0x0200'00ff'fe00'0001ULL, 1));
+  const size_t b = link.add_host(kGidB, cb);
+  const uint64_t other = kSid + 1;
+  ASSERT_TRUE(link.m(b).claim(kSid).ok());
+  ASSERT_TRUE(link.m(b).claim(other).ok());
+  std::vector<ConnId> ids;
+  for (uint32_t i = 0; i < 3; ++i) {
+    ConnectParams cp = connect_params(kGidA, kGidB);
+    cp.qpn += i;  // one QP each: the same QP twice is a stale connection (IBA 12.9.8.3.1)
+    auto id = link.m(a).connect(cp);
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  link.run_for(1 * kMs);
+  EXPECT_EQ(link.m(b).waiting_count(), 2u);
+  EXPECT_TRUE(link.find(a, EventType::kRejected, ids[2]).has_value()) << "the third, at once";
+  EXPECT_FALSE(link.find(a, EventType::kRejected, ids[0]).has_value());
+  ConnectParams po = connect_params(kGidA, kGidB);
+  po.service_id = other;
+  po.qpn += 3;
+  auto o1 = link.m(a).connect(po);
+  po.qpn += 1;
+  auto o2 = link.m(a).connect(po);
+  ASSERT_TRUE(o1.ok() && o2.ok());
+  link.run_for(1 * kMs);
+  EXPECT_EQ(link.m(b).waiting_count(), 3u);
+  EXPECT_FALSE(link.find(a, EventType::kRejected, *o1).has_value());
+  EXPECT_TRUE(link.find(a, EventType::kRejected, *o2).has_value()) << "max_waiting in all";
+  EXPECT_EQ(link.m(b).counters().wait_full, 2u);
+  ASSERT_TRUE(link.m(b).listen(kSid).ok());
+  link.run_for(1 * kMs);
+  size_t requests = 0;
+  for (const Event& e : link.events(b)) requests += e.type == EventType::kConnectRequest;
+  EXPECT_EQ(requests, 2u);
+}
+
+// SIDR too: a SIDR_REQ waits for the listen; unanswered, it gets SIDR_REP status 1.
+TEST(CmManager, ASidrRequestForAClaimedIdWaitsThenIsServedOrRefused) {
+  Pair p;
+  const uint64_t udp_sid = wire::rdma_service_id(wire::RdmaPortSpace::kUdp, kPort);
+  ASSERT_TRUE(p.link.m(p.b).claim(udp_sid).ok());
+  ASSERT_TRUE(p.link.m(p.b).claim(udp_sid + 1).ok());
+  SidrQueryParams q;
+  q.path.local_gid = kGidA;
+  q.path.remote_gid = kGidB;
+  q.service_id = udp_sid;
+  q.ip = ip_of(kGidA, kGidB, 5555);
+  auto served = p.link.m(p.a).sidr_query(q);
+  q.service_id = udp_sid + 1;
+  auto refused = p.link.m(p.a).sidr_query(q);
+  ASSERT_TRUE(served.ok() && refused.ok());
+  p.link.run_for(500 * kMs);
+  EXPECT_EQ(p.link.m(p.b).waiting_count(), 2u);
+  ASSERT_TRUE(p.link.m(p.b).listen(udp_sid).ok());
+  p.link.run_for(1 * kMs);
+  auto r = p.link.find(p.b, EventType::kSidrRequest);
+  ASSERT_TRUE(r.has_value());
+  ASSERT_TRUE(p.link.m(p.b).sidr_answer(r->id, SidrAnswerParams{.qpn = 0x1234, .qkey = 7}).ok());
+  p.link.run_for(1 * kMs);
+  auto s = p.link.find(p.a, EventType::kSidrResponse, *served);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->sidr_status, 0);
+  EXPECT_EQ(s->remote_qpn, 0x1234u);
+  p.link.run_for(kListenWaitMs * kMs);
+  auto s2 = p.link.find(p.a, EventType::kSidrResponse, *refused);
+  ASSERT_TRUE(s2.has_value());
+  EXPECT_EQ(s2->sidr_status, static_cast<uint8_t>(wire::CmSidrStatus::kUnsupported));
+  EXPECT_EQ(p.link.m(p.b).connection_count(), 0u);
+}
+
 TEST(CmManager, UnansweredReqRetransmitsOnScheduleThenRejTimeoutAndUnreachable) {
   Pair p;
   auto id = p.link.m(p.a).connect(connect_params(kGidA, kGidNobody));

@@ -294,3 +294,136 @@ TEST(Releases, ItsDrepEndsIt) {
 
 }  // namespace
 }  // namespace urdma::daemon
+
+namespace urdma::daemon {
+namespace {
+
+// ---- ListenWaits: requests for a service ID nobody holds, waiting for a listener ----
+
+constexpr uint64_t kSid = 0x0000000001064e20;  // req()'s: RDMA_PS_TCP port 20000
+constexpr int64_t kWaitMs = 1000;
+const net::Endpoint kFrom{kPeer, 4791};
+const net::Endpoint kTo{kLocal, 4791};
+
+// A datagram carrying `m` (what the daemon keeps and forwards: its bytes, unchanged).
+std::vector<uint8_t> datagram_of(const CmMad& m, uint8_t tag = 0) {
+  std::array<uint8_t, kGmpDatagramSize> buf{};
+  const size_t n = build_gmp(buf, m, tag, kPeer, 4791, kLocal, 4791);
+  return {buf.begin(), buf.begin() + static_cast<ptrdiff_t>(n)};
+}
+
+ListenWaits::Added add(ListenWaits& w, const CmMad& m, int64_t now_ms,
+                       const net::Endpoint& from = kFrom, std::optional<CmMad>* mra = nullptr,
+                       uint64_t sid = kSid) {
+  const auto d = datagram_of(m);
+  return w.add(sid, d, m, from, kTo, now_ms, mra);
+}
+
+TEST(ListenWaits, ARequestWaitsUntilItsListenerComesAndGoesToItUnchanged) {
+  ListenWaits w(kWaitMs);
+  const CmMad first = req(kPeerId), second = req(kPeerId + 1), other = req(kPeerId + 2);
+  EXPECT_EQ(add(w, first, 100), ListenWaits::Added::kWaiting);
+  EXPECT_EQ(add(w, other, 150, kFrom, nullptr, kSid + 1), ListenWaits::Added::kWaiting);
+  EXPECT_EQ(add(w, second, 200), ListenWaits::Added::kWaiting);
+  EXPECT_EQ(w.size(), 3u);
+  EXPECT_EQ(w.next_deadline_ms(), 100 + kWaitMs);
+  const auto served = w.take(kSid);
+  ASSERT_EQ(served.size(), 2u);
+  EXPECT_EQ(served[0].datagram, datagram_of(first)) << "oldest first, bytes as they came";
+  EXPECT_EQ(served[1].datagram, datagram_of(second));
+  EXPECT_EQ(served[0].src, kFrom);
+  EXPECT_EQ(served[0].dst, kTo);
+  EXPECT_EQ(served[0].service_id, kSid);
+  EXPECT_EQ(w.size(), 1u) << "another service's request still waits";
+  EXPECT_TRUE(w.take(kSid).empty());
+  EXPECT_EQ(w.next_deadline_ms(), 150 + kWaitMs);
+}
+
+TEST(ListenWaits, WithoutAListenerTheRequestIsRefusedWhenTheWaitEnds) {
+  ListenWaits w(kWaitMs);
+  EXPECT_FALSE(w.next_deadline_ms());
+  ASSERT_EQ(add(w, req(kPeerId), 100), ListenWaits::Added::kWaiting);
+  ASSERT_EQ(add(w, req(kPeerId + 1), 300), ListenWaits::Added::kWaiting);
+  EXPECT_TRUE(w.expired(100 + kWaitMs - 1).empty());
+  const auto done = w.expired(100 + kWaitMs);
+  ASSERT_EQ(done.size(), 1u);
+  // What the daemon then sends: REJ 8 for that REQ.
+  const auto p = wire::parse_packet(done[0].datagram);
+  ASSERT_TRUE(p);
+  const auto rej = no_listener_reply(p->payload());
+  ASSERT_TRUE(rej);
+  EXPECT_EQ(std::get<wire::CmRejView>(parsed(*rej).view).remote_comm_id(), kPeerId);
+  EXPECT_EQ(w.next_deadline_ms(), 300 + kWaitMs);
+  EXPECT_EQ(w.expired(300 + kWaitMs).size(), 1u);
+  EXPECT_EQ(w.size(), 0u);
+  EXPECT_FALSE(w.next_deadline_ms());
+}
+
+TEST(ListenWaits, ARetransmissionDoesNotWaitTwiceAndAReqOneGetsAnMraForTheRest) {
+  ListenWaits w(kWaitMs);
+  ASSERT_EQ(add(w, req(kPeerId), 0), ListenWaits::Added::kWaiting);
+  std::optional<CmMad> mra;
+  EXPECT_EQ(add(w, req(kPeerId), 400, kFrom, &mra), ListenWaits::Added::kDuplicate);
+  EXPECT_EQ(w.size(), 1u);
+  ASSERT_TRUE(mra);
+  const auto m = parsed(*mra);
+  ASSERT_EQ(m.attr, wire::CmAttr::kMra);
+  EXPECT_EQ(m.header.transaction_id(), kTid);
+  const auto v = std::get<wire::CmMraView>(m.view);
+  EXPECT_EQ(v.local_comm_id(), 0u);
+  EXPECT_EQ(v.remote_comm_id(), kPeerId);
+  EXPECT_EQ(v.message_mraed(), static_cast<uint8_t>(wire::CmMraMessage::kReq));
+  EXPECT_EQ(v.service_timeout(), 18) << "600 ms left: 2^(18-8) ms covers it";
+  // The same ID from another address is another request.
+  EXPECT_EQ(add(w, req(kPeerId), 400, {kLocal, 4791}), ListenWaits::Added::kWaiting);
+  // A SIDR_REQ's retransmission: no MRA exists for it.
+  const auto sidr = mad<wire::CmSidrReq>([](wire::CmSidrReq r) {
+    r.set_request_id(kPeerId);
+    r.set_service_id(kSid);
+  });
+  ASSERT_EQ(add(w, sidr, 500), ListenWaits::Added::kWaiting) << "a SIDR_REQ is not a REQ";
+  mra.reset();
+  EXPECT_EQ(add(w, sidr, 600, kFrom, &mra), ListenWaits::Added::kDuplicate);
+  EXPECT_FALSE(mra);
+  // Anything but a request does not wait.
+  EXPECT_EQ(add(w, mad<wire::CmRtu>([](wire::CmRtu r) { r.set_local_comm_id(1); }), 600),
+            ListenWaits::Added::kNotRequest);
+  EXPECT_EQ(w.size(), 3u);
+}
+
+TEST(ListenWaits, AFloodWaitsOnlyUpToTheCaps) {
+  ListenWaits w(kWaitMs);
+  // One requester: kMaxPerRequester.
+  for (uint32_t i = 0; i < ListenWaits::kMaxPerRequester; ++i)
+    ASSERT_EQ(add(w, req(i + 1), 0), ListenWaits::Added::kWaiting) << i;
+  EXPECT_EQ(add(w, req(0xFFFF), 0), ListenWaits::Added::kFull);
+  // In all: kMax, whatever the addresses.
+  uint32_t host = 0;
+  while (w.size() < ListenWaits::kMax) {
+    const net::Endpoint from{
+        net::Address::from_v4(10, 1, static_cast<uint8_t>(host >> 8), static_cast<uint8_t>(host)),
+        4791};
+    ++host;
+    for (uint32_t i = 0; i < ListenWaits::kMaxPerRequester && w.size() < ListenWaits::kMax; ++i)
+      ASSERT_EQ(add(w, req(i + 1), 10, from), ListenWaits::Added::kWaiting);
+  }
+  EXPECT_EQ(add(w, req(1), 10, {net::Address::from_v4(10, 2, 0, 1), 4791}),
+            ListenWaits::Added::kFull);
+  // Room again once the first requester's wait ended.
+  EXPECT_EQ(w.expired(kWaitMs).size(), ListenWaits::kMaxPerRequester);
+  EXPECT_EQ(add(w, req(0xFFFF), kWaitMs), ListenWaits::Added::kWaiting);
+}
+
+TEST(ListenWaits, TheMraCoversTheWaitAsLinuxReckonsIt) {
+  const auto timeout_of = [](int64_t ms) {
+    return std::get<wire::CmMraView>(parsed(*wait_mra(req(), ms)).view).service_timeout();
+  };
+  EXPECT_EQ(timeout_of(1), 8);
+  EXPECT_EQ(timeout_of(1024), 18);
+  EXPECT_EQ(timeout_of(1025), 19);
+  EXPECT_EQ(timeout_of(int64_t{1} << 40), 31) << "the 5-bit field's largest";
+  EXPECT_FALSE(wait_mra(dreq(1, 2), 10)) << "only a REQ is MRAed";
+}
+
+}  // namespace
+}  // namespace urdma::daemon

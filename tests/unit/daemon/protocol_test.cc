@@ -59,6 +59,30 @@ TEST(Protocol, StatusRoundTrips) {
   EXPECT_EQ(decode_status(encode_slot(SlotInfo{}), &out), EPROTO);
 }
 
+// StatusInfo grows by appending: the record of a daemon from before the wait counters decodes
+// with them zero; any other length is refused.
+TEST(Protocol, StatusOfTheFirstLayoutDecodesWithTheNewFieldsZero) {
+  StatusInfo in{.pid = 7, .cm_dreq_retries = 5};
+  in.cm_mras_sent = 9;
+  std::vector<uint8_t> rec = encode_status(in);
+  rec.resize(rec.size() - (sizeof(StatusInfo) - kStatusInfoFirstSize));
+  MsgHeader h;
+  std::memcpy(&h, rec.data(), sizeof h);
+  h.size = static_cast<uint32_t>(rec.size());
+  std::memcpy(rec.data(), &h, sizeof h);
+  StatusInfo out{};
+  out.cm_requests_waited = 3;
+  ASSERT_EQ(decode_status(rec, &out), 0);
+  EXPECT_EQ(out.pid, 7u);
+  EXPECT_EQ(out.cm_dreq_retries, 5u);
+  EXPECT_EQ(out.cm_requests_waited, 0u);
+  EXPECT_EQ(out.cm_mras_sent, 0u);
+  rec.pop_back();
+  h.size = static_cast<uint32_t>(rec.size());
+  std::memcpy(rec.data(), &h, sizeof h);
+  EXPECT_EQ(decode_status(rec, &out), EPROTO);
+}
+
 TEST(Protocol, MadPushAndServiceRequestsRoundTrip) {
   MadDelivery in{};
   in.src_port = 4791;
