@@ -645,8 +645,8 @@ TEST(Security, ForgedRepsMakeUrdmadSendNoDreq) {
     const pid_t b = start_second_host("rsa", "rsb", "10.89.41", [&] {
       char go;
       if (!server_up.get(&go, 20000)) return 31;
-      // rping -s says nothing when it listens: a client that came too early is REJECTED at once
-      // and tries again. -v prints every ping: then the connection is up.
+      // rping -s says nothing when it listens: a client that came too early waits for the
+      // listener (urdmad holds its REQ up to the listen wait) or is rejected and tries again. -v prints every ping: then the connection is up.
       for (int attempt = 0; attempt < 20; ++attempt) {
         Started c = launch(run + "rping -c -v -a 10.89.41.1 -p 7300 -C 100000000");
         // Up (its output is a file: stdio flushes it 4 KiB at a time), or rejected and gone.
