@@ -3,7 +3,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
 #include <infiniband/verbs.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -11,7 +10,6 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -221,27 +219,6 @@ int write_static_tree(int root, const std::vector<ViewFile>& files, std::string*
   return 0;
 }
 
-// The names of the interfaces that hold an IPv4 or IPv6 address, sorted, without duplicates.
-std::vector<std::string> addressed_interfaces() {
-  std::vector<std::string> names;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return names;
-  for (const ifaddrs* a = list; a; a = a->ifa_next) {
-    if (!a->ifa_addr || !a->ifa_name) continue;
-    const int family = a->ifa_addr->sa_family;
-    if (family != AF_INET && family != AF_INET6) continue;
-    const std::string name = a->ifa_name;
-    // A name that could step out of the directory is never made into a path.
-    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
-      continue;
-    names.push_back(name);
-  }
-  freeifaddrs(list);
-  std::sort(names.begin(), names.end());
-  names.erase(std::unique(names.begin(), names.end()), names.end());
-  return names;
-}
-
 }  // namespace
 
 std::vector<ViewFile> static_view_files(const std::string& uverbs, const std::string& dev) {
@@ -265,7 +242,6 @@ std::vector<ViewFile> static_view_files(const std::string& uverbs, const std::st
       {d + "/device", ""},
       // No bus device: like a virtual device, no NUMA node.
       {d + "/device/numa_node", line("-1")},
-      {d + "/device/net", ""},
       {d + "/ports", ""},
       {port, ""},
       {port + "/state", line(port_state_text(pa.state))},
@@ -292,10 +268,6 @@ std::vector<ViewFile> static_view_files(const std::string& uverbs, const std::st
       {"infiniband_verbs/" + uverbs + "/abi_version", line("1")},
       {"infiniband_verbs/" + uverbs + "/dev", line(dev)},
   };
-  // The device's network interfaces, as a NIC's `device/net/` lists its netdevs: here every
-  // interface of the namespace with an IP address (the GID table's interfaces), as of now.
-  for (const std::string& ifname : addressed_interfaces())
-    files.push_back({d + "/device/net/" + ifname, ""});
   return files;
 }
 
