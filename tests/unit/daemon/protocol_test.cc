@@ -65,7 +65,9 @@ TEST(Protocol, StatusOfTheFirstLayoutDecodesWithTheNewFieldsZero) {
   StatusInfo in{.pid = 7, .cm_dreq_retries = 5};
   in.cm_mras_sent = 9;
   std::vector<uint8_t> rec = encode_status(in);
-  rec.resize(rec.size() - (sizeof(StatusInfo) - kStatusInfoFirstSize));
+  ASSERT_GT(rec.size(), sizeof(StatusInfo) - kStatusInfoFirstSize);
+  rec.erase(rec.end() - static_cast<std::ptrdiff_t>(sizeof(StatusInfo) - kStatusInfoFirstSize),
+            rec.end());
   MsgHeader h;
   std::memcpy(&h, rec.data(), sizeof h);
   h.size = static_cast<uint32_t>(rec.size());
