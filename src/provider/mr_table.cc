@@ -17,6 +17,13 @@
 namespace urdma::provider {
 namespace {
 
+// The host address `offset` bytes into a region starting at `base`. An implicit ODP MR starts at
+// address 0 (base nullptr): the sum is taken on integers, where pointer arithmetic on a null
+// pointer would be undefined.
+uint8_t* at_offset(uint8_t* base, uint64_t offset) {
+  return reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(base) + offset);
+}
+
 // IB_UVERBS_ACCESS_FLUSH_GLOBAL / _PERSISTENT: the device implements no FLUSH operation.
 constexpr int kAccessFlush = (1 << 8) | (1 << 9);
 // IBV_ACCESS_OPTIONAL_RANGE: hints a device may ignore (ibv_reg_mr(3)).
@@ -375,7 +382,7 @@ Status MrTable::advise_ranges(const Pd* pd, bool write, std::span<const ibv_sge>
     if (mr->pd_ != pd) return Status(EPERM);
     if (write && (mr->access_ & IBV_ACCESS_LOCAL_WRITE) == 0) return Status(EPERM);
     if (!range_inside(sge.addr, sge.length, mr->iova_, mr->length_)) return Status(EFAULT);
-    out->emplace_back(mr->addr_ + (sge.addr - mr->iova_), sge.length);
+    out->emplace_back(at_offset(mr->addr_, sge.addr - mr->iova_), sge.length);
   }
   return kOk;
 }
@@ -453,7 +460,7 @@ MemRef MrTable::lookup_local(uint32_t lkey, const Pd* pd, int access, uint64_t a
   if (mr->pd_ != pd) return {nullptr, MemError::kWrongPd};
   if ((mr->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
   if (!range_inside(addr, length, mr->iova_, mr->length_)) return {nullptr, MemError::kOutOfBounds};
-  uint8_t* host = mr->addr_ + (addr - mr->iova_);
+  uint8_t* host = at_offset(mr->addr_, addr - mr->iova_);
   if (mr->implicit_ && !pages_accessible(host, length, (access & IBV_ACCESS_LOCAL_WRITE) != 0))
     return {nullptr, MemError::kUnmapped};
   return {host, MemError::kGranted};
@@ -470,7 +477,7 @@ MemRef MrTable::lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int 
     if (mr->pd_ != pd) return {nullptr, MemError::kWrongPd};
     if ((mr->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
     if (!range_inside(va, length, mr->iova_, mr->length_)) return {nullptr, MemError::kOutOfBounds};
-    uint8_t* host = mr->addr_ + (va - mr->iova_);
+    uint8_t* host = at_offset(mr->addr_, va - mr->iova_);
     // A peer's READ only reads; WRITE and ATOMIC write.
     if (mr->implicit_ && !pages_accessible(host, length, access != IBV_ACCESS_REMOTE_READ))
       return {nullptr, MemError::kUnmapped};
@@ -485,7 +492,7 @@ MemRef MrTable::lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int 
   if (mw->type_ == IBV_MW_TYPE_2 && mw->qp_num_ != qp_num) return {nullptr, MemError::kWrongQp};
   if ((mw->access_ & access) != access) return {nullptr, MemError::kAccessDenied};
   if (!range_inside(va, length, mw->iova_, mw->length_)) return {nullptr, MemError::kOutOfBounds};
-  uint8_t* host = mw->host_ + (va - mw->iova_);
+  uint8_t* host = at_offset(mw->host_, va - mw->iova_);
   if (mw->implicit_ && !pages_accessible(host, length, access != IBV_ACCESS_REMOTE_READ))
     return {nullptr, MemError::kUnmapped};
   return {host, MemError::kGranted};
@@ -534,7 +541,7 @@ Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op)
   ++mr->bound_mws_;
   mw->bound_ = true;
   mw->mr_index_ = mr->index_;
-  mw->host_ = mr->addr_ + (op.addr - mr->iova_);
+  mw->host_ = at_offset(mr->addr_, op.addr - mr->iova_);
   mw->implicit_ = mr->implicit_;
   mw->iova_ = (op.access & IBV_ACCESS_ZERO_BASED) ? 0 : op.addr;
   mw->length_ = op.length;
