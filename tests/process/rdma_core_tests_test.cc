@@ -148,7 +148,10 @@ TEST(RdmaCoreTests, RunTestsPyPassesWithoutFailuresOrErrors) {
     std::optional<HugePageReservation> huge_pages;
     huge_pages.emplace();
     const bool with_huge_pages = huge_pages->available();
-    const ToolRun r = run(kPython + " " + tests + "/run_tests.py --dev urdma0 -v", 300000);
+    // As docs/COMPATIBILITY.md gives the command: under `urdma run`, with the device view.
+    const ToolRun r = run(std::string(URDMA_TOOL_PATH) + " run " + kPython + " " + tests +
+                              "/run_tests.py --dev urdma0 -v",
+                          300000);
     huge_pages.reset();
     sh(std::string("rm -rf ") + dir);
     const Summary s = summary_of(r.output);
