@@ -106,6 +106,23 @@ class Verbs : public ::testing::Test {
   }
 
   // RESET -> INIT -> RTR -> RTS towards `remote_qpn` at GID index 0 (127.0.0.1).
+  // Overruns `cq` (IBA 11.4.2.1): one more signaled RDMA WRITE on `qp` (connected to itself)
+  // than the CQ holds, within `buf`, and nobody polls.
+  void overrun(ibv_qp* qp, ibv_cq* cq, ibv_mr* mr, std::vector<uint8_t>& buf) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 8, mr->lkey};
+    for (int i = 0; i < cq->cqe + 1; ++i) {
+      ibv_send_wr w{}, *bad = nullptr;
+      w.wr_id = static_cast<uint64_t>(i);
+      w.opcode = IBV_WR_RDMA_WRITE;
+      w.sg_list = &sge;
+      w.num_sge = 1;
+      w.send_flags = IBV_SEND_SIGNALED;
+      w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf.data()) + 32;
+      w.wr.rdma.rkey = mr->rkey;
+      ASSERT_EQ(ibv_post_send(qp, &w, &bad), 0);
+    }
+  }
+
   void connect(ibv_qp* qp, uint32_t remote_qpn) {
     ibv_port_attr port{};
     ASSERT_EQ(ibv_query_port(ctx_, kPort, &port), 0);
@@ -1422,20 +1439,7 @@ TEST_F(Verbs, AsyncFdReportsCqOverrun) {
   ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(),
                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   ASSERT_NE(mr, nullptr);
-  ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 8, mr->lkey};
-  // One more signaled WRITE than the CQ holds, and nobody polls.
-  const int n = cq->cqe + 1;
-  for (int i = 0; i < n; ++i) {
-    ibv_send_wr w{}, *bad = nullptr;
-    w.wr_id = static_cast<uint64_t>(i);
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.sg_list = &sge;
-    w.num_sge = 1;
-    w.send_flags = IBV_SEND_SIGNALED;
-    w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf.data()) + 32;
-    w.wr.rdma.rkey = mr->rkey;
-    ASSERT_EQ(ibv_post_send(qp, &w, &bad), 0);
-  }
+  overrun(qp, cq, mr, buf);
   ASSERT_EQ(poll(&pfd, 1, 5000), 1);
   ibv_async_event ev{};
   ASSERT_EQ(ibv_get_async_event(ctx_, &ev), 0);
@@ -1474,17 +1478,7 @@ TEST_F(Verbs, EachContextHasItsOwnAsyncFdAndItsOwnObjectsEvents) {
   ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(),
                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   ASSERT_NE(mr, nullptr);
-  ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 8, mr->lkey};
-  for (int i = 0; i < cq->cqe + 1; ++i) {
-    ibv_send_wr w{}, *bad = nullptr;
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.sg_list = &sge;
-    w.num_sge = 1;
-    w.send_flags = IBV_SEND_SIGNALED;
-    w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf.data()) + 32;
-    w.wr.rdma.rkey = mr->rkey;
-    ASSERT_EQ(ibv_post_send(qp, &w, &bad), 0);
-  }
+  overrun(qp, cq, mr, buf);
   pollfd mine{ctx_->async_fd, POLLIN, 0};
   ASSERT_EQ(poll(&mine, 1, 5000), 1);
   ibv_async_event ev{};
