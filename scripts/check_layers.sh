@@ -14,13 +14,14 @@ declare -A may_use=(
   [wire]="base"
   [capture]="base"
   [net]="base wire"
+  [gsi]="base wire net"
   [provider]="base wire"
   [engine]="base wire net provider"
-  [daemon]="base wire net"
+  [daemon]="base wire net gsi"
   [runtime]="base wire net provider engine daemon"
   [cm]="base wire net provider daemon"
   [verbs]="base net provider daemon runtime"
-  [cm/librdmacm]="base wire net provider daemon runtime verbs cm"
+  [cm/librdmacm]="base wire net gsi provider daemon runtime verbs cm"
 )
 
 layer_of() {  # src/<layer>/... -> layer

@@ -65,6 +65,23 @@ void copy_tail(std::span<const iovec> iov, uint8_t* out, size_t n) {
 
 }  // namespace
 
+std::optional<Address> route_source(const Address& dst) {
+  const int family = dst.is_v4() ? AF_INET : AF_INET6;
+  sockaddr_storage to{};
+  const socklen_t to_len = Endpoint{dst, kRoceV2UdpPort}.to_sockaddr(family, to);
+  const int probe = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (probe < 0) return std::nullopt;
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  const bool routed = connect(probe, reinterpret_cast<const sockaddr*>(&to), to_len) == 0 &&
+                      getsockname(probe, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  close(probe);
+  if (!routed) return std::nullopt;
+  const auto ep = Endpoint::from_sockaddr(reinterpret_cast<const sockaddr*>(&local), len);
+  if (!ep) return std::nullopt;
+  return ep->address;
+}
+
 int UdpSocketIo::bind_udp(const Endpoint& local, std::string* error) {
   const int family = local.address.is_v4() ? AF_INET : AF_INET6;
   const int fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, IPPROTO_UDP);

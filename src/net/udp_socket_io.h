@@ -59,6 +59,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -85,6 +86,10 @@ inline constexpr size_t kLargeSocketBufferBytes = size_t{4} << 20;
 
 // Most datagrams in one UDP_SEGMENT send (the kernel's UDP_MAX_SEGMENTS on Linux 6.1).
 inline constexpr size_t kMaxGsoSegments = 64;
+
+// The local address the kernel sends from toward `dst` (a UDP socket connected to it is asked its
+// name; nothing is sent); nullopt when no route leads there.
+std::optional<Address> route_source(const Address& dst);
 
 struct UdpSocketIoOptions {
   // Send-only sockets on ports in 0xC000..0xFFFF (above): 0 = send only from the bound port, or a
