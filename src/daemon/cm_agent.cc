@@ -7,10 +7,6 @@
 
 #include "daemon/mad_router.h"
 #include "wire/cm.h"
-#include "wire/headers.h"
-#include "wire/icrc.h"
-#include "wire/opcode.h"
-#include "wire/packet.h"
 
 namespace urdma::daemon {
 
@@ -95,55 +91,6 @@ CmMad build_dreq(const PeerConn& c, uint64_t transaction_id) {
   dreq.set_remote_comm_id(c.remote_comm_id);
   dreq.set_remote_qpn_eecn(c.remote_qpn);
   return out;
-}
-
-size_t build_gmp(std::span<uint8_t, kGmpDatagramSize> buf, std::span<const uint8_t> mad,
-                 uint32_t psn, const net::Address& src, uint16_t src_port, const net::Address& dst,
-                 uint16_t dst_port) {
-  auto built = wire::build_packet(buf, wire::op::kUdSendOnly, mad.first(wire::kMadSize));
-  if (!built) return 0;
-  auto bth = built->headers.bth();
-  bth.set_pkey(wire::kDefaultPkey);
-  bth.set_dest_qp(wire::kMadGsiQpn);
-  bth.set_ack_req(1);  // as Linux (rxe) sends its MADs
-  bth.set_psn(psn & wire::kQpnMask);
-  auto deth = *built->headers.deth();
-  deth.set_qkey(wire::kMadGsiQKey);
-  deth.set_src_qp(wire::kMadGsiQpn);
-  if (src.is_v4() && dst.is_v4()) {
-    wire::IcrcIpv4 h;
-    std::copy_n(src.bytes().begin() + 12, 4, h.flow.src_addr.begin());
-    std::copy_n(dst.bytes().begin() + 12, 4, h.flow.dst_addr.begin());
-    h.flow.udp_src_port = src_port;
-    h.flow.udp_dst_port = dst_port;
-    wire::seal_icrc(h, built->datagram);
-  } else {
-    wire::IcrcIpv6 h;
-    h.src_addr = src.bytes();
-    h.dst_addr = dst.bytes();
-    h.udp_src_port = src_port;
-    h.udp_dst_port = dst_port;
-    wire::seal_icrc(h, built->datagram);
-  }
-  return built->datagram.size();
-}
-
-bool icrc_ok(std::span<const uint8_t> datagram, const net::Endpoint& src,
-             const net::Endpoint& dst) {
-  if (src.address.is_v4() && dst.address.is_v4()) {
-    wire::IcrcIpv4Flow flow;
-    std::copy_n(src.address.bytes().begin() + 12, 4, flow.src_addr.begin());
-    std::copy_n(dst.address.bytes().begin() + 12, 4, flow.dst_addr.begin());
-    flow.udp_src_port = src.port;
-    flow.udp_dst_port = dst.port;
-    return wire::verify_icrc_ipv4(flow, datagram, wire::Ipv4DfSearch::kSetOnly).ok;
-  }
-  wire::IcrcIpv6 h;
-  h.src_addr = src.address.bytes();
-  h.dst_addr = dst.address.bytes();
-  h.udp_src_port = src.port;
-  h.udp_dst_port = dst.port;
-  return wire::verify_icrc_ipv6(h, datagram);
 }
 
 // --- ListenWaits ----------------------------------------------------------------------------

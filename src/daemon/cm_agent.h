@@ -64,19 +64,6 @@ struct PeerConn {
 // The DREQ that releases `c` on behalf of its dead process.
 CmMad build_dreq(const PeerConn& c, uint64_t transaction_id);
 
-// A GMP as a UD SEND Only to QP1: BTH (P_Key 0xFFFF, DestQP 1, `psn`), DETH (Q_Key 0x80010000,
-// SrcQP 1), the MAD, the ICRC sealed for the UDP flow from `src` to `dst` (DF set, IP ID 0: what
-// the kernel sends from an unconnected socket). Returns the datagram's length; `buf` holds
-// kGmpDatagramSize bytes.
-inline constexpr size_t kGmpDatagramSize = 12 + 8 + wire::kMadSize + 4;
-size_t build_gmp(std::span<uint8_t, kGmpDatagramSize> buf, std::span<const uint8_t> mad,
-                 uint32_t psn, const net::Address& src, uint16_t src_port, const net::Address& dst,
-                 uint16_t dst_port);
-
-// Whether a datagram's ICRC holds for the flow it came on (from `src` to `dst`): the daemon
-// answers only what a host's CM would have received (processes check their own MADs).
-bool icrc_ok(std::span<const uint8_t> datagram, const net::Endpoint& src, const net::Endpoint& dst);
-
 // REQs and SIDR_REQs for a service ID nobody holds, waiting a short, bounded time for a listener
 // before the daemon answers them (no_listener_reply). A server that binds after its client's REQ
 // left — perftest 4.5's -R tools bind and listen only after their out-of-band handshake, and a

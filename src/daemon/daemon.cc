@@ -24,7 +24,6 @@
 #include <numeric>
 
 #include "base/check.h"
-#include "wire/packet.h"
 
 namespace urdma::daemon {
 
@@ -53,11 +52,9 @@ constexpr uint64_t id_of(uint64_t t) {
   return t & ((uint64_t{1} << 56) - 1);
 }
 
-// The MAD a UD SEND to QP1 carries (empty when it is not one: route_mad said so).
+// The MAD a GMP carries (empty when it is not one: route_mad said so).
 std::span<const uint8_t> mad_of(std::span<const uint8_t> datagram) {
-  const auto parsed = wire::parse_packet(datagram);
-  if (!parsed || parsed->payload().size() < wire::kMadSize) return {};
-  return parsed->payload().first(wire::kMadSize);
+  return gsi::parse_gmp(datagram).mad;
 }
 
 // Most datagrams read from one slot socket per wakeup, so a flood cannot starve the loop.
@@ -109,6 +106,7 @@ Daemon::Daemon(const DaemonOptions& options, DaemonHandoff handoff)
 
 Daemon::~Daemon() {
   // The keeper holds the group and the listener; these are the daemon's copies.
+  gmp_sender_.reset();
   gsi_io_.reset();
   group_.sockets.clear();
   clients_.clear();
@@ -233,6 +231,7 @@ bool Daemon::start_group(std::string* error) {
   gsi_io_ = net::UdpSocketIo::adopt(
       gsi_fd, error, net::UdpSocketIoOptions{.socket_buffer_bytes = net::kLargeSocketBufferBytes});
   if (!gsi_io_) return false;
+  gmp_sender_.emplace(*gsi_io_, /*first_psn=*/0);
   // Slot 0 is routed; every free slot is drained until it is leased — after a restart only once
   // the grace period is over (a survivor's socket is not ours to drain).
   for (unsigned s = 0; s < group_.sockets.size(); ++s) {
@@ -420,7 +419,7 @@ void Daemon::route_mads() {
       const std::span<const uint8_t> datagram(buffers[i].data(), rx[i].length);
       // Nothing a peer sends has an effect before its ICRC holds (IBA annex A17.4.3.1).
       const MadRoute route = rx[i].truncated ? MadRoute{.drop = MadDrop::kTruncated}
-                             : !icrc_ok(datagram, rx[i].src, rx[i].dst)
+                             : !gsi::icrc_ok(datagram, rx[i].src, rx[i].dst)
                                  ? MadRoute{.drop = MadDrop::kBadIcrc}
                                  : route_mad(datagram);
       MadDrop drop = route.drop;
@@ -582,17 +581,11 @@ void Daemon::answer_for_host(MadDrop drop, std::span<const uint8_t> datagram,
 }
 
 void Daemon::send_gmp(const CmMad& mad, const net::Address& from, const net::Address& to) {
-  std::array<uint8_t, kGmpDatagramSize> buf{};
+  if (!gmp_sender_) return;
   // A Linux CM sends to port 4791 whatever port the request came from; ours listen on the
-  // group's port (4791 but in tests).
-  const size_t n = build_gmp(buf, mad, gmp_psn_++, from, group_.port, to, group_.port);
-  if (n == 0 || !gsi_io_) return;
-  const iovec iov{buf.data(), n};
-  // Lost (a full socket buffer): the peer's CM retransmits its request.
-  (void)gsi_io_->send(net::TxDatagram{.iov = {&iov, 1},
-                                      .dst = net::Endpoint{to, group_.port},
-                                      .src_port = group_.port,
-                                      .src = from});
+  // group's port (4791 but in tests). Lost (a full socket buffer): the peer's CM retransmits
+  // its request.
+  (void)gmp_sender_->send(mad, from, net::Endpoint{to, group_.port});
 }
 
 void Daemon::release_connections(unsigned slot) {

@@ -36,6 +36,7 @@
 #include "daemon/slot_table.h"
 #include "daemon/steering.h"
 #include "daemon/unique_fd.h"
+#include "gsi/gmp.h"
 #include "net/udp_socket_io.h"
 
 namespace urdma::daemon {
@@ -257,7 +258,7 @@ class Daemon {
   RequesterTable requesters_;               // where a REJ with RemoteCommID 0 goes
   Releases releases_;                       // DREQs of dead processes awaiting their DREP
   ListenWaits listen_waits_;                // requests waiting for a listener
-  uint32_t gmp_psn_ = 0;
+  std::optional<gsi::Sender> gmp_sender_;  // on gsi_io_, once it is open
   uint64_t next_dreq_tid_ = 1;
   uint64_t next_client_id_ = 1;
   int64_t start_ms_ = 0;

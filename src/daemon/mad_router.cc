@@ -2,10 +2,8 @@
 
 #include <variant>
 
+#include "gsi/gmp.h"
 #include "wire/cm.h"
-#include "wire/mad.h"
-#include "wire/opcode.h"
-#include "wire/packet.h"
 
 namespace urdma::daemon {
 
@@ -43,14 +41,20 @@ const char* mad_drop_name(MadDrop d) {
 
 MadRoute route_mad(std::span<const uint8_t> udp_payload) {
   const auto drop = [](MadDrop why) { return MadRoute{.by = MadRoute::By::kDrop, .drop = why}; };
-  const auto parsed = wire::parse_packet(udp_payload);
-  if (!parsed) return drop(MadDrop::kNotRoce);
-  if (parsed->bth().dest_qp() != wire::kMadGsiQpn) return drop(MadDrop::kNotQp1);
-  // IBA 13.5.1: MADs travel as UD SENDs to QP1.
-  if (parsed->opcode() != wire::op::kUdSendOnly) return drop(MadDrop::kNotUdSend);
-  const auto payload = parsed->payload();
-  if (payload.size() < wire::kMadSize) return drop(MadDrop::kNotCm);
-  const wire::CmParse cm = wire::parse_cm(payload.first(wire::kMadSize));
+  const gsi::GmpView gmp = gsi::parse_gmp(udp_payload);
+  switch (gmp.error) {
+    case gsi::GmpError::kNone:
+      break;
+    case gsi::GmpError::kNotRoce:
+      return drop(MadDrop::kNotRoce);
+    case gsi::GmpError::kNotQp1:
+      return drop(MadDrop::kNotQp1);
+    case gsi::GmpError::kNotUdSend:
+      return drop(MadDrop::kNotUdSend);
+    case gsi::GmpError::kShort:
+      return drop(MadDrop::kNotCm);
+  }
+  const wire::CmParse cm = wire::parse_cm(gmp.mad);
   if (!cm.ok()) return drop(MadDrop::kNotCm);
   const auto by_service = [](uint64_t id) {
     return MadRoute{.by = MadRoute::By::kServiceId, .service_id = id};

@@ -55,6 +55,7 @@
 
 #include <sys/un.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -65,6 +66,7 @@
 #include "daemon/gid_table.h"
 #include "daemon/steering.h"
 #include "daemon/unique_fd.h"
+#include "net/address.h"
 
 namespace urdma::daemon {
 
@@ -145,6 +147,14 @@ struct MadDelivery {
   uint32_t length;
 };
 static_assert(sizeof(MadDelivery) == 40);
+// The flow a delivered MAD came on, which its ICRC covers: its sender, and the local address and
+// port it was sent to.
+inline net::Endpoint mad_source(const MadDelivery& d) {
+  return {net::Address(std::to_array(d.src_address)), d.src_port};
+}
+inline net::Endpoint mad_destination(const MadDelivery& d) {
+  return {net::Address(std::to_array(d.dst_address)), d.dst_port};
+}
 inline constexpr size_t kMaxMadDatagramBytes = 1024;
 
 struct MsgHeader {

@@ -69,7 +69,8 @@
 #include "daemon/protocol.h"
 #include "daemon/steering.h"
 #include "daemon/unique_fd.h"
-#include "wire/icrc.h"
+#include "gsi/gmp.h"
+#include "net/icrc_flow.h"
 
 namespace {
 
@@ -388,20 +389,13 @@ class Run {
     if (r.ctl & 0x10) {
       CmMad mad{};
       std::copy_n(r.bytes.begin(), std::min(r.bytes.size(), mad.size()), mad.begin());
-      d.resize(kGmpDatagramSize);
-      const size_t n = build_gmp(std::span<uint8_t, kGmpDatagramSize>(d.data(), d.size()), mad,
-                                 gmp_psn_++, lo, w_.udp_port, lo, w_.port);
+      d.resize(gsi::kGmpBytes);
+      const size_t n = gsi::build_gmp(std::span<uint8_t, gsi::kGmpBytes>(d.data(), d.size()), mad,
+                                      gmp_psn_++, {lo, w_.udp_port}, {lo, w_.port});
       REQUIRE(n == d.size(), "harness: build_gmp");
     } else {
       d = r.bytes;
-      if ((r.ctl & 1) && d.size() >= wire::kIcrcMinUdpPayloadBytes) {
-        wire::IcrcIpv4 h;
-        h.flow.src_addr = {127, 0, 0, 1};
-        h.flow.dst_addr = {127, 0, 0, 1};
-        h.flow.udp_src_port = w_.udp_port;
-        h.flow.udp_dst_port = w_.port;
-        wire::seal_icrc(h, d);
-      }
+      if (r.ctl & 1) (void)net::seal_icrc(d, {lo, w_.udp_port}, {lo, w_.port});
     }
     sockaddr_in to{};
     to.sin_family = AF_INET;

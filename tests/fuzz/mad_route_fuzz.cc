@@ -58,6 +58,7 @@
 #include "daemon/cm_agent.h"
 #include "daemon/mad_router.h"
 #include "daemon/protocol.h"
+#include "gsi/gmp.h"
 #include "net/address.h"
 #include "wire/byte_order.h"
 #include "wire/cm.h"
@@ -155,9 +156,7 @@ uint32_t comm_id(Input& in) {
 }
 
 std::span<const uint8_t> mad_of(std::span<const uint8_t> datagram) {
-  const auto parsed = wire::parse_packet(datagram);
-  if (!parsed || parsed->payload().size() < wire::kMadSize) return {};
-  return parsed->payload().first(wire::kMadSize);
+  return gsi::parse_gmp(datagram).mad;
 }
 
 // ---- a CM message from input fields ---------------------------------------------------------
@@ -264,7 +263,7 @@ CmMad built_message(Input& in) {
 // and routed back by its own IDs.
 void check_gmp(std::span<const uint8_t> datagram, const CmMad& mad, uint32_t psn,
                const net::Endpoint& src, const net::Endpoint& dst) {
-  REQUIRE(datagram.size() == daemon::kGmpDatagramSize, "GMP size");
+  REQUIRE(datagram.size() == gsi::kGmpBytes, "GMP size");
   const auto p = wire::parse_packet(datagram);
   REQUIRE(p.ok(), "the agent's GMP does not parse");
   REQUIRE(p->opcode() == wire::op::kUdSendOnly, "GMP opcode");
@@ -277,7 +276,7 @@ void check_gmp(std::span<const uint8_t> datagram, const CmMad& mad, uint32_t psn
   REQUIRE(p->payload().size() == wire::kMadSize &&
               std::equal(mad.begin(), mad.end(), p->payload().begin()),
           "GMP payload is not the MAD");
-  REQUIRE(daemon::icrc_ok(datagram, src, dst), "GMP ICRC wrong for its flow");
+  REQUIRE(gsi::icrc_ok(datagram, src, dst), "GMP ICRC wrong for its flow");
   const MadRoute r = daemon::route_mad(datagram);
   REQUIRE(r.by != MadRoute::By::kDrop, "the agent's GMP is dropped by the router");
 }
@@ -354,10 +353,15 @@ class World {
     const net::Endpoint src = endpoint(in), dst = endpoint(in);
     const CmMad mad = built_message(in);
     const uint32_t psn = in.u32();
-    std::array<uint8_t, daemon::kGmpDatagramSize> buf{};
-    const size_t n = daemon::build_gmp(buf, mad, psn, src.address, src.port, dst.address, dst.port);
+    std::array<uint8_t, gsi::kGmpBytes> buf{};
+    const size_t n = gsi::build_gmp(buf, mad, psn, src, dst);
+    if (src.address.is_v4() != dst.address.is_v4()) {
+      // Two families name no flow: no socket receives such a datagram.
+      REQUIRE(n == 0, "build_gmp sealed a GMP for two families");
+      return;
+    }
     REQUIRE(n == buf.size(), "build_gmp failed on a MAD");
-    REQUIRE(daemon::icrc_ok(buf, src, dst), "build_gmp's ICRC");
+    REQUIRE(gsi::icrc_ok(buf, src, dst), "build_gmp's ICRC");
     const uint8_t flip = in.u8();
     if (flip >= 0xC0) buf[in.u16() % buf.size()] ^= static_cast<uint8_t>(1u << (flip & 7));
     const std::vector<uint8_t> datagram(buf.begin(), buf.end());
@@ -373,7 +377,7 @@ class World {
     check_route(route, datagram, mad);
     check_answers(mad);
     // urdmad: nothing has an effect before the ICRC holds.
-    if (!daemon::icrc_ok(datagram, src, dst)) return;
+    if (!gsi::icrc_ok(datagram, src, dst)) return;
     switch (route.by) {
       case MadRoute::By::kDrop:
         return;
@@ -513,10 +517,9 @@ class World {
   void send_gmp(const CmMad& mad, const net::Endpoint& from, const net::Endpoint& to) {
     if (gmp_checks_ == 0) return;
     --gmp_checks_;
-    std::array<uint8_t, daemon::kGmpDatagramSize> buf{};
+    std::array<uint8_t, gsi::kGmpBytes> buf{};
     const uint32_t psn = gmp_psn_++;
-    const size_t n =
-        daemon::build_gmp(buf, mad, psn, from.address, kGroupPort, to.address, kGroupPort);
+    const size_t n = gsi::build_gmp(buf, mad, psn, {from.address, kGroupPort}, {to.address, kGroupPort});
     REQUIRE(n == buf.size(), "build_gmp refused the agent's MAD");
     check_gmp(buf, mad, psn, {from.address, kGroupPort}, {to.address, kGroupPort});
   }

@@ -26,6 +26,7 @@
 #include "daemon/cm_agent.h"
 #include "daemon/daemon.h"
 #include "daemon/mad_router.h"
+#include "gsi/gmp.h"
 #include "netns_harness.h"
 #include "support/daemon_view.h"
 #include "tool_run.h"
@@ -394,8 +395,8 @@ struct Process {
   uint32_t comm_id(uint32_t low) const { return daemon::comm_id_for_slot(slot.info.slot, low); }
   // Sends `mad` to QP1 at 127.0.0.1 from the slot's socket, as librdmacm does.
   bool send(const Mad& mad) const {
-    std::array<uint8_t, daemon::kGmpDatagramSize> buf{};
-    const size_t n = daemon::build_gmp(buf, mad, 0, kLoopback, kPort, kLoopback, kPort);
+    std::array<uint8_t, gsi::kGmpBytes> buf{};
+    const size_t n = gsi::build_gmp(buf, mad, 0, {kLoopback, kPort}, {kLoopback, kPort});
     sockaddr_storage to{};
     const socklen_t len = net::Endpoint{kLoopback, kPort}.to_sockaddr(slot.info.family, to);
     return n && sendto(slot.fd.get(), buf.data(), n, 0, reinterpret_cast<sockaddr*>(&to), len) ==
@@ -410,7 +411,7 @@ struct Process {
     if (channel.next_mad(&info, &d) != 0) return std::nullopt;
     const net::Endpoint src{net::Address(std::to_array(info.src_address)), info.src_port};
     const net::Endpoint dst{net::Address(std::to_array(info.dst_address)), info.dst_port};
-    EXPECT_TRUE(daemon::icrc_ok(d, src, dst)) << "sealed for the flow it came on";
+    EXPECT_TRUE(gsi::icrc_ok(d, src, dst)) << "sealed for the flow it came on";
     return d;
   }
 };

@@ -34,6 +34,7 @@
 #include "daemon/paths.h"
 #include "daemon/mad_router.h"
 #include "daemon/steering.h"
+#include "gsi/gmp.h"
 #include "net/udp_socket_io.h"
 #include "netns_harness.h"
 #include "support/datagram.h"
@@ -853,20 +854,14 @@ TEST_F(UrdmadProcess, ClientsArrivingAsTheDaemonIdlesOutAlwaysGetOne) {
   });
 }
 
-// A UD SEND Only to QP1 with one CM MAD (send_datagram seals its ICRC).
+// A GMP with one CM MAD (send_datagram seals its ICRC again for the flow it leaves on).
 template <class View, class Fill>
 std::vector<uint8_t> cm_datagram(Fill fill) {
-  std::vector<uint8_t> d(wire::Bth::kSize + wire::Deth::kSize + wire::kMadSize + 4);
-  wire::Bth bth(d.data());
-  bth.set_opcode(wire::op::kUdSendOnly);
-  bth.set_pkey(wire::kDefaultPkey);
-  bth.set_dest_qp(wire::kMadGsiQpn);
-  wire::Deth deth(d.data() + wire::Bth::kSize);
-  deth.set_qkey(wire::kMadGsiQKey);
-  deth.set_src_qp(wire::kMadGsiQpn);
-  std::span<uint8_t, wire::kMadSize> mad(d.data() + wire::Bth::kSize + wire::Deth::kSize,
-                                         wire::kMadSize);
+  std::array<uint8_t, wire::kMadSize> mad{};
   fill(wire::init_cm_message<View>(mad, 0x77));
+  std::vector<uint8_t> d(gsi::kGmpBytes);
+  const net::Endpoint lo{net::Address::from_v4(127, 0, 0, 1), kPort};
+  gsi::build_gmp(std::span<uint8_t, gsi::kGmpBytes>(d), mad, 0, lo, lo);
   return d;
 }
 

@@ -47,6 +47,7 @@
 #include "daemon/cm_agent.h"
 #include "daemon/mad_router.h"
 #include "daemon/steering.h"
+#include "gsi/gmp.h"
 #include "netns_harness.h"
 #include "support/datagram.h"
 #include "tool_run.h"
@@ -604,9 +605,8 @@ int forge_reps(Pipe& go, Pipe& stop, Pipe& result, uint32_t count) {
     rep.set_local_qpn(next() & wire::kQpnMask);
     rep.set_starting_psn(next() & wire::kQpnMask);
     const net::Endpoint& from = sources[i % kForgedSources];
-    std::array<uint8_t, daemon::kGmpDatagramSize> d;
-    const size_t n = daemon::build_gmp(d, mad, next() & wire::kQpnMask, from.address, from.port,
-                                       victim, kRocePort);
+    std::array<uint8_t, gsi::kGmpBytes> d;
+    const size_t n = gsi::build_gmp(d, mad, next() & wire::kQpnMask, from, {victim, kRocePort});
     if (sendto(senders[i % kForgedSources], d.data(), n, 0, reinterpret_cast<sockaddr*>(&to),
                sizeof to) == static_cast<ssize_t>(n))
       ++r.reps_sent;

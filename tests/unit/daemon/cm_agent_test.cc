@@ -6,11 +6,9 @@
 #include <vector>
 
 #include "daemon/mad_router.h"
+#include "gsi/gmp.h"
 #include "wire/cm.h"
-#include "wire/headers.h"
-#include "wire/icrc.h"
 #include "wire/mad.h"
-#include "wire/opcode.h"
 #include "wire/packet.h"
 
 namespace urdma::daemon {
@@ -102,58 +100,6 @@ TEST(CmAgent, DreqForNobodyGetsADrep) {
   EXPECT_EQ(drep.local_comm_id(), kOwnId);
   EXPECT_EQ(drep.remote_comm_id(), kPeerId);
   EXPECT_FALSE(orphan_drep(req()));
-}
-
-// The datagram around a MAD, laid out as the rxe capture's REJ (frame 29): UD SEND Only,
-// P_Key 0xFFFF, DestQP 1, AckReq, Q_Key 0x80010000, SrcQP 1; the ICRC sealed with IP ID 0, DF.
-TEST(CmAgent, GmpDatagramIsAUdSendToQp1) {
-  const auto reply = no_listener_reply(req());
-  ASSERT_TRUE(reply);
-  std::array<uint8_t, kGmpDatagramSize> buf{};
-  const size_t n = build_gmp(buf, *reply, 7, kLocal, 4791, kPeer, 4791);
-  ASSERT_EQ(n, kGmpDatagramSize);
-  const auto p = wire::parse_packet(std::span<const uint8_t>(buf.data(), n));
-  ASSERT_TRUE(p);
-  EXPECT_EQ(p->opcode(), wire::op::kUdSendOnly);
-  EXPECT_EQ(p->bth().pkey(), 0xFFFF);
-  EXPECT_EQ(p->bth().dest_qp(), 1u);
-  EXPECT_EQ(p->bth().ack_req(), 1);
-  EXPECT_EQ(p->bth().psn(), 7u);
-  ASSERT_TRUE(p->deth());
-  EXPECT_EQ(p->deth()->qkey(), 0x80010000u);
-  EXPECT_EQ(p->deth()->src_qp(), 1u);
-  ASSERT_EQ(p->payload().size(), wire::kMadSize);
-  EXPECT_TRUE(std::equal(reply->begin(), reply->end(), p->payload().begin()));
-
-  wire::IcrcIpv4Flow flow;
-  flow.src_addr = {10, 99, 0, 2};
-  flow.dst_addr = {10, 99, 0, 3};
-  flow.udp_src_port = 4791;
-  flow.udp_dst_port = 4791;
-  const auto match = wire::verify_icrc_ipv4(flow, std::span<const uint8_t>(buf.data(), n),
-                                            wire::Ipv4DfSearch::kSetOnly);
-  EXPECT_TRUE(match.ok);
-  EXPECT_EQ(match.ip_id, 0);
-  flow.udp_src_port = 4792;
-  EXPECT_FALSE(wire::verify_icrc_ipv4(flow, std::span<const uint8_t>(buf.data(), n),
-                                      wire::Ipv4DfSearch::kSetOnly)
-                   .ok)
-      << "the ICRC covers the ports it was sealed for";
-}
-
-TEST(CmAgent, IcrcOkChecksTheFlowAndTheBytes) {
-  const auto reply = no_listener_reply(req());
-  ASSERT_TRUE(reply);
-  for (const auto& [from, to] :
-       {std::pair{kLocal, kPeer},
-        std::pair{*net::Address::parse("fd00::2"), *net::Address::parse("fd00::3")}}) {
-    std::array<uint8_t, kGmpDatagramSize> buf{};
-    ASSERT_EQ(build_gmp(buf, *reply, 1, from, 4791, to, 4791), buf.size());
-    EXPECT_TRUE(icrc_ok(buf, {from, 4791}, {to, 4791}));
-    EXPECT_FALSE(icrc_ok(buf, {to, 4791}, {from, 4791})) << "another flow";
-    buf[40] ^= 1;
-    EXPECT_FALSE(icrc_ok(buf, {from, 4791}, {to, 4791})) << "a flipped bit";
-  }
 }
 
 CmMad dreq(uint32_t from, uint32_t to) {
@@ -307,8 +253,8 @@ const net::Endpoint kTo{kLocal, 4791};
 
 // A datagram carrying `m` (what the daemon keeps and forwards: its bytes, unchanged).
 std::vector<uint8_t> datagram_of(const CmMad& m, uint8_t tag = 0) {
-  std::array<uint8_t, kGmpDatagramSize> buf{};
-  const size_t n = build_gmp(buf, m, tag, kPeer, 4791, kLocal, 4791);
+  std::array<uint8_t, gsi::kGmpBytes> buf{};
+  const size_t n = gsi::build_gmp(buf, m, tag, {kPeer, 4791}, {kLocal, 4791});
   return {buf.begin(), buf.begin() + static_cast<ptrdiff_t>(n)};
 }
 

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <vector>
 
+#include "gsi/gmp.h"
 #include "wire/cm.h"
 #include "wire/headers.h"
 #include "wire/mad.h"
@@ -12,21 +14,15 @@
 namespace urdma::daemon {
 namespace {
 
-// A UD SEND Only to QP1 carrying one CM MAD, as a peer's CM sends it (ICRC left zero: the
-// router does not check it, the receiving process does).
+// A GMP carrying one CM MAD, as a peer's CM sends it (the router does not look at the ICRC).
 template <class View, class Fill>
 std::vector<uint8_t> cm_datagram(Fill fill, uint32_t dest_qp = wire::kMadGsiQpn) {
-  std::vector<uint8_t> d(wire::Bth::kSize + wire::Deth::kSize + wire::kMadSize + 4);
-  wire::Bth bth(d.data());
-  bth.set_opcode(wire::op::kUdSendOnly);
-  bth.set_pkey(wire::kDefaultPkey);
-  bth.set_dest_qp(dest_qp);
-  wire::Deth deth(d.data() + wire::Bth::kSize);
-  deth.set_qkey(wire::kMadGsiQKey);
-  deth.set_src_qp(wire::kMadGsiQpn);
-  std::span<uint8_t, wire::kMadSize> mad(d.data() + wire::Bth::kSize + wire::Deth::kSize,
-                                         wire::kMadSize);
+  std::array<uint8_t, wire::kMadSize> mad{};
   fill(wire::init_cm_message<View>(mad, /*transaction_id=*/0x1234));
+  std::vector<uint8_t> d(gsi::kGmpBytes);
+  const net::Endpoint peer{net::Address::from_v4(10, 0, 0, 2), 4791};
+  const net::Endpoint host{net::Address::from_v4(10, 0, 0, 1), 4791};
+  gsi::build_gmp(std::span<uint8_t, gsi::kGmpBytes>(d), mad, 0, peer, host, dest_qp);
   return d;
 }
 
