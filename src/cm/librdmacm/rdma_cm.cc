@@ -7,11 +7,11 @@
 // (runtime::Runtime::daemon_client) takes the slot number and a dup of the slot's UDP socket.
 //  * Receiving: a second urdmad connection is the slot's MAD channel (daemon::Client::
 //    open_mad_channel): REQ/SIDR_REQ for our listened service IDs and every MAD whose
-//    communication ID carries our slot arrive there as datagrams (BTH..ICRC).
-//  * Sending: a sendmsg on the dup of the slot socket, from any thread holding the lock. One UDP
-//    datagram per sendmsg is atomic in the kernel, so it needs nothing from the engine thread
-//    (which owns the PacketIo and sends on the same socket); IP_PKTINFO picks the source address
-//    of the GID the Manager chose, and the ICRC is computed for the socket's own source port.
+//    communication ID carries our slot arrive there as GMPs, which gsi::check_gmp checks.
+//  * Sending: gsi::Sender on a UdpSocketIo of its own over a dup of the slot socket, from any
+//    thread holding the lock. One UDP datagram per sendmsg is atomic in the kernel, so it needs
+//    nothing from the engine thread (which owns its PacketIo and sends on the same socket); the
+//    source address is the one the kernel routes from toward the peer.
 //  * The CM thread: polls the MAD channel and a wake-up eventfd, with the Manager's next timer
 //    as timeout; feeds MADs and time to the Manager, applies QP attributes, queues events.
 // Everything the Manager and the ids hold is under one mutex (`Cma::mu`).
@@ -64,14 +64,12 @@
 #include "cm/manager.h"
 #include "daemon/client.h"
 #include "daemon/protocol.h"
+#include "gsi/gmp.h"
 #include "net/clock.h"
+#include "net/udp_socket_io.h"
 #include "runtime/runtime.h"
 #include "verbs/internal.h"
 #include "wire/cm.h"
-#include "wire/headers.h"
-#include "wire/icrc.h"
-#include "wire/opcode.h"
-#include "wire/packet.h"
 #include "wire/rdma_cm_ip.h"
 
 #define URDMA_EXPORT extern "C" __attribute__((visibility("default")))
@@ -290,10 +288,9 @@ class Cma {
   urdma::base::SecureRandom rng_;
   urdma::daemon::Client mad_channel_;  // the CM thread's alone once it runs
   unsigned slot_ = 0;
-  int send_fd_ = -1;
-  int send_family_ = AF_INET6;
-  uint16_t send_port_ = 0;
-  uint32_t mad_psn_ = 0;
+  // The CM's GMPs, under mu: the slot socket's through an I/O of their own.
+  std::unique_ptr<urdma::net::UdpSocketIo> gmp_io_;
+  std::optional<urdma::gsi::Sender> gmp_sender_;
   int wake_fd_ = -1;
   std::thread thread_;
   pid_t opener_pid_ = 0;  // a forked child's exit closes only its copy of the fd: nothing to do
@@ -334,14 +331,14 @@ int Cma::open_locked() {
   slot_client = rt.daemon_client();
   const urdma::daemon::Slot* slot = slot_client ? slot_client->kept_slot() : nullptr;
   if (!slot) return open_errno = ENODEV;
-  send_fd_ = fcntl(slot->fd.get(), F_DUPFD_CLOEXEC, 0);
-  if (send_fd_ < 0) return open_errno = errno;
-  sockaddr_storage local{};
-  socklen_t len = sizeof local;
-  if (getsockname(send_fd_, reinterpret_cast<sockaddr*>(&local), &len) != 0)
-    return open_errno = errno;
-  send_family_ = local.ss_family;
-  send_port_ = port_of(reinterpret_cast<sockaddr*>(&local));
+  // GMPs leave from the slot's own socket through an I/O of their own: the engine's is its
+  // thread's alone. The engine's I/O configured the socket already (the options this one sets
+  // are the same; no offload, no port pool).
+  const int gmp_fd = fcntl(slot->fd.get(), F_DUPFD_CLOEXEC, 0);
+  if (gmp_fd < 0) return open_errno = errno;
+  std::string io_why;
+  gmp_io_ = urdma::net::UdpSocketIo::adopt(gmp_fd, &io_why, {.gso = false});
+  if (!gmp_io_) return open_errno = errno ? errno : EIO;
 
   std::string why;
   slot_ = slot->info.slot;
@@ -367,7 +364,7 @@ int Cma::open_locked() {
     cfg.max_responder_resources = static_cast<uint8_t>(std::min(dattr.max_qp_init_rd_atom, 255));
   }
   manager = std::make_unique<urdma::cm::Manager>(cfg, clock_);
-  mad_psn_ = random_psn();
+  gmp_sender_.emplace(*gmp_io_, random_psn());
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) return open_errno = errno;
   thread_ = std::thread([this] { loop(); });
@@ -502,32 +499,11 @@ void Cma::loop() {
 
 void Cma::receive_locked(const urdma::daemon::MadDelivery& info,
                          const std::vector<uint8_t>& dgram) {
-  auto parsed = urdma::wire::parse_packet(dgram);
-  if (!parsed || parsed->opcode() != urdma::wire::op::kUdSendOnly || !parsed->deth()) return;
-  if (parsed->bth().dest_qp() != urdma::wire::kMadGsiQpn) return;
-  if (parsed->deth()->qkey() != urdma::wire::kMadGsiQKey) return;
-  // The ICRC: the source and destination addresses and ports it covers came with the MAD.
-  Gid src{}, dst{};
-  std::memcpy(src.data(), info.src_address, 16);
-  std::memcpy(dst.data(), info.dst_address, 16);
-  bool ok;
-  if (gid_is_v4(src)) {
-    urdma::wire::IcrcIpv4Flow flow;
-    std::memcpy(flow.src_addr.data(), &src[12], 4);
-    std::memcpy(flow.dst_addr.data(), &dst[12], 4);
-    flow.udp_src_port = info.src_port;
-    flow.udp_dst_port = info.dst_port;
-    ok = urdma::wire::verify_icrc_ipv4(flow, dgram, urdma::wire::Ipv4DfSearch::kSetOnly).ok;
-  } else {
-    urdma::wire::IcrcIpv6 h;
-    std::memcpy(h.src_addr.data(), src.data(), 16);
-    std::memcpy(h.dst_addr.data(), dst.data(), 16);
-    h.udp_src_port = info.src_port;
-    h.udp_dst_port = info.dst_port;
-    ok = urdma::wire::verify_icrc_ipv6(h, dgram);
-  }
-  if (!ok) return;
-  manager->receive(src, parsed->deth()->src_qp(), parsed->payload());
+  // The ICRC covers the addresses and ports that came with the MAD.
+  const urdma::net::Endpoint src = urdma::daemon::mad_source(info);
+  const auto gmp = urdma::gsi::check_gmp(dgram, src, urdma::daemon::mad_destination(info));
+  if (!gmp) return;
+  manager->receive(src.address.bytes(), gmp->src_qp, gmp->mad);
 }
 
 int Cma::claim_locked(Id* x, uint64_t sid) {
@@ -555,89 +531,12 @@ void Cma::unclaim_locked(Id* x) {
 }
 
 void Cma::send_mad_locked(const urdma::cm::OutgoingMad& m) {
-  std::array<uint8_t, 12 + 8 + urdma::wire::kMadSize + 4> buf{};
-  auto built = urdma::wire::build_packet(buf, urdma::wire::op::kUdSendOnly, m.mad);
-  if (!built) return;
-  auto bth = built->headers.bth();
-  bth.set_pkey(urdma::wire::kDefaultPkey);
-  bth.set_dest_qp(m.dest_qpn);
-  bth.set_psn(mad_psn_);
-  mad_psn_ = (mad_psn_ + 1) & urdma::wire::kQpnMask;
-  auto deth = *built->headers.deth();
-  deth.set_qkey(urdma::wire::kMadGsiQKey);
-  deth.set_src_qp(urdma::wire::kMadGsiQpn);
-  // The source GID: the one the Manager put in the message's path (REQ: the local GID).
-  // Received requests are answered from the address they came to; we keep it per connection
-  // in the ids, but the Manager's OutgoingMad names only the destination, so use the local
-  // address the kernel routes from.
-  Gid src{};
-  {
-    sockaddr_storage dst{};
-    set_sockaddr(&dst, m.dest_gid, urdma::wire::kRoceV2UdpPort);
-    const int probe = socket(dst.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (probe < 0) return;
-    sockaddr_storage local{};
-    socklen_t len = sizeof local;
-    const bool routed = connect(probe, reinterpret_cast<sockaddr*>(&dst),
-                                sockaddr_size(reinterpret_cast<sockaddr*>(&dst))) == 0 &&
-                        getsockname(probe, reinterpret_cast<sockaddr*>(&local), &len) == 0;
-    close(probe);
-    if (!routed) return;
-    src = gid_of(reinterpret_cast<sockaddr*>(&local));
-  }
-  if (gid_is_v4(m.dest_gid)) {
-    urdma::wire::IcrcIpv4 h;
-    std::memcpy(h.flow.src_addr.data(), &src[12], 4);
-    std::memcpy(h.flow.dst_addr.data(), &m.dest_gid[12], 4);
-    h.flow.udp_src_port = send_port_;
-    urdma::wire::seal_icrc(h, built->datagram);
-  } else {
-    urdma::wire::IcrcIpv6 h;
-    std::memcpy(h.src_addr.data(), src.data(), 16);
-    std::memcpy(h.dst_addr.data(), m.dest_gid.data(), 16);
-    h.udp_src_port = send_port_;
-    urdma::wire::seal_icrc(h, built->datagram);
-  }
-  sockaddr_storage to{};
-  socklen_t tolen;
-  if (send_family_ == AF_INET) {
-    if (!gid_is_v4(m.dest_gid)) return;
-    set_sockaddr(&to, m.dest_gid, urdma::wire::kRoceV2UdpPort);
-    tolen = sizeof(sockaddr_in);
-  } else {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&to);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(urdma::wire::kRoceV2UdpPort);
-    std::memcpy(&in6->sin6_addr, m.dest_gid.data(), 16);
-    tolen = sizeof(sockaddr_in6);
-  }
-  iovec iov{built->datagram.data(), built->datagram.size()};
-  msghdr msg{};
-  msg.msg_name = &to;
-  msg.msg_namelen = tolen;
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(in6_pktinfo))] = {};
-  msg.msg_control = control;
-  cmsghdr* c = reinterpret_cast<cmsghdr*>(control);
-  if (gid_is_v4(m.dest_gid)) {
-    in_pktinfo pi{};
-    std::memcpy(&pi.ipi_spec_dst, &src[12], 4);
-    c->cmsg_level = IPPROTO_IP;
-    c->cmsg_type = IP_PKTINFO;
-    c->cmsg_len = CMSG_LEN(sizeof pi);
-    std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
-    msg.msg_controllen = CMSG_SPACE(sizeof pi);
-  } else {
-    in6_pktinfo pi{};
-    std::memcpy(&pi.ipi6_addr, src.data(), 16);
-    c->cmsg_level = IPPROTO_IPV6;
-    c->cmsg_type = IPV6_PKTINFO;
-    c->cmsg_len = CMSG_LEN(sizeof pi);
-    std::memcpy(CMSG_DATA(c), &pi, sizeof pi);
-    msg.msg_controllen = CMSG_SPACE(sizeof pi);
-  }
-  (void)sendmsg(send_fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);  // lost: the CM retransmits
+  // From the address the kernel routes from toward the peer: the Manager's OutgoingMad names
+  // only the destination. Lost (a full socket buffer, no route): the CM retransmits.
+  (void)gmp_sender_->send(m.mad, urdma::net::Address(),
+                          urdma::net::Endpoint{urdma::net::Address(m.dest_gid),
+                                               urdma::net::kRoceV2UdpPort},
+                          m.dest_qpn);
 }
 
 int Cma::apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q) {
@@ -1263,7 +1162,7 @@ static int rdma_resolve_addr_async(rdma_cm_id* id, sockaddr* src_addr, sockaddr*
     const int probe = socket(dst_addr->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     sockaddr_storage dst{};
     std::memcpy(&dst, dst_addr, sockaddr_size(dst_addr));
-    reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(urdma::wire::kRoceV2UdpPort);
+    reinterpret_cast<sockaddr_in*>(&dst)->sin_port = htons(urdma::net::kRoceV2UdpPort);
     sockaddr_storage local{};
     socklen_t len = sizeof local;
     if (probe < 0 ||
