@@ -97,6 +97,12 @@ TxDatagram to(const UdpSocketIo& self, const UdpSocketIo& peer, std::span<const 
   return d;
 }
 
+TEST(RouteSource, NamesTheAddressTheKernelSendsFrom) {
+  const Address lo = Address::from_v4(127, 0, 0, 1);
+  EXPECT_EQ(route_source(lo), lo);
+  EXPECT_EQ(route_source(Address::from_v4(127, 0, 0, 9)), lo) << "127/8 is routed from 127.0.0.1";
+}
+
 TEST(UdpSocketIoTest, SendsGatheredDatagramAcrossLoopback) {
   auto a = open_io("127.0.0.1:0");
   auto b = open_io("127.0.0.1:0");
