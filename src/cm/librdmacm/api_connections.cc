@@ -41,10 +41,8 @@ URDMA_EXPORT int rdma_accept(rdma_cm_id* id, rdma_conn_param* p) {
 }
 
 static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
-  if (!x || x->state != IdState::kRouteResolved) return fail(EINVAL);
+  auto [c, lock, x] = lock_id(id, {IdState::kRouteResolved});
+  if (!x) return fail(EINVAL);
   if (is_ud_ps(x->id.ps)) {
     // SIDR: ask the listener for its QPN and Q_Key (ESTABLISHED carries them).
     if (p && p->private_data_len > urdma::cm::kRdmaSidrReqPrivateDataMax) return fail(EINVAL);
@@ -106,10 +104,8 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
 }
 
 static int rdma_accept_async(rdma_cm_id* id, rdma_conn_param* p) {
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
-  if (!x || x->state != IdState::kRequest || !x->has_conn) return fail(EINVAL);
+  auto [c, lock, x] = lock_id(id, {IdState::kRequest});
+  if (!x || !x->has_conn) return fail(EINVAL);
   if (is_ud_ps(x->id.ps)) {
     if (p && p->private_data_len > urdma::cm::kSidrRepPrivateDataMax) return fail(EINVAL);
     if (!x->id.qp && !p) return fail(EINVAL);
@@ -165,9 +161,7 @@ static int rdma_accept_async(rdma_cm_id* id, rdma_conn_param* p) {
 
 URDMA_EXPORT int rdma_reject(rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
   ack_request_event(id);
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x || !x->has_conn) return fail(EINVAL);
   if (private_data_len > urdma::cm::kRejPrivateDataMax) return fail(EINVAL);
   urdma::cm::RejectParams rp;
@@ -185,9 +179,7 @@ URDMA_EXPORT int rdma_reject_ece(rdma_cm_id* id, const void* private_data,
 }
 
 URDMA_EXPORT int rdma_establish(rdma_cm_id* id) {
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x || !x->has_conn || x->id.qp) return fail(EINVAL);
   if (auto s = c.manager->establish(x->conn); !s.ok()) return fail(s.error());
   x->state = IdState::kConnected;
@@ -197,9 +189,7 @@ URDMA_EXPORT int rdma_establish(rdma_cm_id* id) {
 }
 
 URDMA_EXPORT int rdma_disconnect(rdma_cm_id* id) {
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x || !x->has_conn) return fail(EINVAL);
   if (x->id.qp) {
     ibv_qp_attr attr{};
@@ -215,9 +205,7 @@ URDMA_EXPORT int rdma_disconnect(rdma_cm_id* id) {
 
 URDMA_EXPORT int rdma_init_qp_attr(rdma_cm_id* id, ibv_qp_attr* qp_attr, int* qp_attr_mask) {
   if (!qp_attr || !qp_attr_mask) return fail(EINVAL);
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x) return fail(EINVAL);
   if (qp_attr->qp_state == IBV_QPS_INIT && !x->has_conn) {
     *qp_attr = {};
@@ -242,9 +230,7 @@ URDMA_EXPORT int rdma_init_qp_attr(rdma_cm_id* id, ibv_qp_attr* qp_attr, int* qp
 }
 
 URDMA_EXPORT int rdma_notify(rdma_cm_id* id, ibv_event_type event) {
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x) return fail(EINVAL);
   if (event != IBV_EVENT_COMM_EST || !x->has_conn) return 0;
   (void)c.manager->notify_established(x->conn);

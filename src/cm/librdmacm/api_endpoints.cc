@@ -71,8 +71,7 @@ URDMA_EXPORT int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
   ibv_qp_init_attr attr;
   ibv_pd* pd;
   {
-    std::lock_guard lock(cma().mu);
-    Id* l = live_id(cma(), listen);
+    auto [c, lock, l] = lock_id(listen);
     if (!l || !l->sync || !l->listening) return fail(EINVAL);
     has_attr = l->has_ep_attr;
     attr = l->ep_attr;

@@ -39,8 +39,7 @@ int sync_wait(rdma_cm_id* id, rdma_cm_event_type want) {
 }
 
 bool is_sync(rdma_cm_id* id) {
-  std::lock_guard lock(cma().mu);
-  Id* x = live_id(cma(), id);
+  const Id* x = lock_id(id).x;
   return x && x->sync;
 }
 
@@ -48,8 +47,7 @@ bool is_sync(rdma_cm_id* id) {
 void ack_request_event(rdma_cm_id* id) {
   rdma_cm_event* e;
   {
-    std::lock_guard lock(cma().mu);
-    Id* x = live_id(cma(), id);
+    auto [c, lock, x] = lock_id(id);
     if (!x || !x->id.event) return;
     e = x->id.event;
     x->id.event = nullptr;

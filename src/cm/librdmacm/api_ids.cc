@@ -51,9 +51,7 @@ URDMA_EXPORT int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, vo
 }
 
 URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
-  Cma& c = cma();
-  std::unique_lock lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x) return fail(EINVAL);
   if (x->owns_port && !x->has_conn) c.ports_in_use.erase(x->local_port);
   c.release_locked(x);
@@ -102,10 +100,8 @@ URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
 
 URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
   if (!addr || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6)) return fail(EINVAL);
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
-  if (!x || x->state != IdState::kIdle) return fail(EINVAL);
+  auto [c, lock, x] = lock_id(id, {IdState::kIdle});
+  if (!x) return fail(EINVAL);
   const Gid g = gid_of(addr);
   // Linux cma.c (rdma_bind_addr, cma_any_addr): the wildcard and every loopback address
   // (127/8, ::1) bind no device — id->verbs stays NULL and a listen covers every device;
@@ -145,10 +141,8 @@ URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
 }
 
 URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
-  if (!x || x->state != IdState::kBound) return fail(EINVAL);
+  auto [c, lock, x] = lock_id(id, {IdState::kBound});
+  if (!x) return fail(EINVAL);
   const uint64_t sid = urdma::wire::rdma_service_id(port_space(x->id.ps), x->local_port);
   if (c.listeners.count(sid)) return fail(EADDRINUSE);
   if (int e = c.slot_client->listen(sid)) return fail(e);
@@ -176,17 +170,14 @@ static int rdma_resolve_addr_async(rdma_cm_id* id, sockaddr* src_addr, sockaddr*
                                    int /*timeout_ms*/) {
   if (!dst_addr || (dst_addr->sa_family != AF_INET && dst_addr->sa_family != AF_INET6))
     return fail(EINVAL);
-  Cma& c = cma();
   {
-    std::lock_guard lock(c.mu);
-    Id* x = live_id(c, id);
-    if (!x || (x->state != IdState::kIdle && x->state != IdState::kBound)) return fail(EINVAL);
+    auto [c, lock, x] = lock_id(id, {IdState::kIdle, IdState::kBound});
+    if (!x) return fail(EINVAL);
   }
   if (src_addr && Id::from(id)->state == IdState::kIdle) {
     if (rdma_bind_addr(id, src_addr) != 0) return -1;
   }
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x) return fail(EINVAL);
   c.unclaim_locked(x);  // an active side: it will not listen on its port
   if (x->state == IdState::kIdle) {
@@ -228,10 +219,8 @@ static int rdma_resolve_addr_async(rdma_cm_id* id, sockaddr* src_addr, sockaddr*
 }
 
 static int rdma_resolve_route_async(rdma_cm_id* id, int /*timeout_ms*/) {
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
-  if (!x || x->state != IdState::kAddrResolved) return fail(EINVAL);
+  auto [c, lock, x] = lock_id(id, {IdState::kAddrResolved});
+  if (!x) return fail(EINVAL);
   x->state = IdState::kRouteResolved;
   c.set_route_path(x, active_flow_label(*x));
   c.queue_event(x, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
@@ -265,9 +254,7 @@ URDMA_EXPORT int rdma_set_option(rdma_cm_id* id, int level, int optname, void* o
                                  size_t optlen) {
   if (!id || !optval) return fail(EINVAL);
   if (level != RDMA_OPTION_ID) return fail(ENOSYS);
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x) return fail(EINVAL);
   switch (optname) {
     case RDMA_OPTION_ID_TOS:  // the next rdma_resolve_route's traffic class
@@ -305,15 +292,10 @@ URDMA_EXPORT int rdma_set_option(rdma_cm_id* id, int level, int optname, void* o
 // events of this id it took from the old channel and has not acknowledged (as rdma-core's
 // waits for events_completed to reach events_reported).
 URDMA_EXPORT int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
-  Cma& c = cma();
-  {
-    std::lock_guard lock(c.mu);
-    if (!live_id(c, id)) return fail(EINVAL);
-  }
+  if (!lock_id(id).x) return fail(EINVAL);
   const bool sync = channel == nullptr;
   if (sync && !(channel = rdma_create_event_channel())) return -1;
-  std::unique_lock lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x) {
     if (sync) rdma_destroy_event_channel(channel);
     return fail(EINVAL);

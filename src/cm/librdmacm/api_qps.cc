@@ -29,9 +29,7 @@ using namespace urdma::rdmacm;
 // the CQ rdma-core creates for an XRC SRQ is never needed.
 URDMA_EXPORT int rdma_create_srq_ex(rdma_cm_id* id, ibv_srq_init_attr_ex* attr) {
   if (!attr || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE)) return fail(EINVAL);
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x || !x->id.verbs || x->id.srq) return fail(EINVAL);
   if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
     if (!x->id.pd && !c.default_pd) c.default_pd = ibv_alloc_pd(c.verbs);
@@ -62,18 +60,14 @@ URDMA_EXPORT int rdma_create_srq(rdma_cm_id* id, ibv_pd* pd, ibv_srq_init_attr* 
 
 // The QP on the SRQ goes first (rdma_destroy_srq(3)); ibv_destroy_srq's EBUSY otherwise keeps it.
 URDMA_EXPORT void rdma_destroy_srq(rdma_cm_id* id) {
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x || !x->id.srq) return;
   if (ibv_destroy_srq(x->id.srq) == 0) x->id.srq = nullptr;
 }
 
 URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
   if (!qp_init_attr) return fail(EINVAL);
-  Cma& c = cma();
-  std::lock_guard lock(c.mu);
-  Id* x = live_id(c, id);
+  auto [c, lock, x] = lock_id(id);
   if (!x || !x->id.verbs || x->id.qp) return fail(EINVAL);
   const bool ud = is_ud_ps(x->id.ps);
   if (qp_init_attr->qp_type != (ud ? IBV_QPT_UD : IBV_QPT_RC)) return fail(ENOSYS);
@@ -178,12 +172,10 @@ URDMA_EXPORT int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
 }
 
 URDMA_EXPORT void rdma_destroy_qp(rdma_cm_id* id) {
-  Cma& c = cma();
   ibv_qp* qp;
   bool own_cqs;
   {
-    std::lock_guard lock(c.mu);
-    Id* x = live_id(c, id);
+    auto [c, lock, x] = lock_id(id);
     if (!x || !x->id.qp) return;
     qp = x->id.qp;
     x->id.qp = nullptr;

@@ -407,6 +407,15 @@ Id* live_id(Cma& c, rdma_cm_id* x) {
   return x && c.live.count(id) ? id : nullptr;
 }
 
+LockedId lock_id(rdma_cm_id* id, std::initializer_list<IdState> states) {
+  Cma& c = cma();
+  std::unique_lock lock(c.mu);
+  Id* x = live_id(c, id);
+  if (x && states.size() != 0 && std::find(states.begin(), states.end(), x->state) == states.end())
+    x = nullptr;
+  return {c, std::move(lock), x};
+}
+
 // The rdma_cm IP header an active side puts at the start of its REQ / SIDR_REQ private data.
 urdma::wire::CmaAddress cma_address(const Id& x) {
   urdma::wire::CmaAddress ip;

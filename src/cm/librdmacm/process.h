@@ -211,6 +211,16 @@ class Cma {
   pid_t opener_pid_ = 0;  // a forked child's exit closes only its copy of the fd: nothing to do
 };
 
+// The preamble of every call on an id: Cma::mu, held until the call returns, and the id's Id
+// when it is live and — if the call names any — in one of `states`; null otherwise, which the
+// call answers with EINVAL. `auto [c, lock, x] = lock_id(id, {IdState::kBound});`
+struct LockedId {
+  Cma& c;
+  std::unique_lock<std::mutex> lock;
+  Id* x;
+};
+LockedId lock_id(rdma_cm_id* id, std::initializer_list<IdState> states = {});
+
 // The process's one Cma, made at the first call that needs it (a forked child makes its own).
 Cma& cma();
 // Whole-library entry: the device and the CM thread; 0 or an errno.
