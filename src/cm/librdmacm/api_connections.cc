@@ -40,6 +40,21 @@ URDMA_EXPORT int rdma_accept(rdma_cm_id* id, rdma_conn_param* p) {
   return is_sync(id) ? sync_wait(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
 }
 
+namespace {
+
+// The id waits for the answer to the REQ or SIDR_REQ of the Manager's new connection `conn`.
+int connecting(Cma& c, Id* x, ConnId conn) {
+  x->conn = conn;
+  x->has_conn = true;
+  c.by_conn[x->conn] = x;
+  x->state = IdState::kConnecting;
+  c.pump_locked();
+  c.wake();  // the CM thread arms the request's retransmission timer
+  return 0;
+}
+
+}  // namespace
+
 static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
   auto [c, lock, x] = lock_id(id, {IdState::kRouteResolved});
   if (!x) return fail(EINVAL);
@@ -56,13 +71,7 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
       sp.private_data = {static_cast<const uint8_t*>(p->private_data), p->private_data_len};
     auto r = c.manager->sidr_query(sp);
     if (!r.ok()) return fail(r.error());
-    x->conn = *r;
-    x->has_conn = true;
-    c.by_conn[x->conn] = x;
-    x->state = IdState::kConnecting;
-    c.pump_locked();
-    c.wake();
-    return 0;
+    return connecting(c, x, *r);
   }
   if (p && p->private_data_len > urdma::cm::kRdmaReqPrivateDataMax) return fail(EINVAL);
   if (!x->id.qp && !p) return fail(EINVAL);
@@ -94,13 +103,7 @@ static int rdma_connect_async(rdma_cm_id* id, rdma_conn_param* p) {
   cp.manual_rtu = true;
   auto r = c.manager->connect(cp);
   if (!r.ok()) return fail(r.error());
-  x->conn = *r;
-  x->has_conn = true;
-  c.by_conn[x->conn] = x;
-  x->state = IdState::kConnecting;
-  c.pump_locked();
-  c.wake();  // the CM thread arms the REQ's retransmission timer
-  return 0;
+  return connecting(c, x, *r);
 }
 
 static int rdma_accept_async(rdma_cm_id* id, rdma_conn_param* p) {
@@ -135,17 +138,7 @@ static int rdma_accept_async(rdma_cm_id* id, rdma_conn_param* p) {
   auto r = c.manager->accept(x->conn, ap);
   if (!r.ok()) return fail(r.error());
   if (x->id.qp) {
-    auto apply = [&](const urdma::cm::QpAttrs& q) {
-      ibv_qp_attr attr = q.attr;
-      if (q.mask & IBV_QP_AV) {
-        uint8_t index = x->sgid_index;
-        if (c.find_gid_index(q.sgid, &index) == 0) x->sgid_index = index;
-        attr.ah_attr.grh.sgid_index = index;
-      }
-      apply_ack_timeout(*x, &attr, q.mask);
-      return ibv_modify_qp(x->id.qp, &attr, q.mask);
-    };
-    if (apply(r->rtr) != 0 || apply(r->rts) != 0) {
+    if (c.apply_qp_locked(x, r->rtr) != 0 || c.apply_qp_locked(x, r->rts) != 0) {
       const int e = errno ? errno : EINVAL;
       urdma::cm::RejectParams rp;
       (void)c.manager->reject(x->conn, rp);

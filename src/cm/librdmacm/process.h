@@ -182,6 +182,9 @@ class Cma {
   void release_all();
   void queue_event(Id* id, rdma_cm_event_type type, int status,
                    const urdma::cm::Event* src = nullptr, Id* listen = nullptr);
+  // Under mu: moves the id's QP (if it has one) as the Manager says, from the id's source GID
+  // and with its ACK timeout option; ibv_modify_qp's result.
+  int apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q);
 
   std::unique_ptr<urdma::cm::Manager> manager;
   std::map<ConnId, Id*> by_conn;
@@ -195,7 +198,6 @@ class Cma {
   bool reopen_mad_channel();
   void receive_locked(const urdma::daemon::MadDelivery& info, const std::vector<uint8_t>& dgram);
   void send_mad_locked(const urdma::cm::OutgoingMad& m);
-  int apply_qp_locked(Id* id, const urdma::cm::QpAttrs& q);  // ibv_modify_qp's result
   void to_error_locked(Id* id);
 
   urdma::net::MonotonicClock clock_;
