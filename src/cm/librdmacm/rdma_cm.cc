@@ -241,6 +241,13 @@ class Cma {
   bool opened = false;
 
   int open_locked();
+  // Under mu: the device's PD, made on first use, which every id with a device names as its
+  // pd (rdma-core's ucma_get_device): rdma_create_qp and rdma_create_srq default to it, and
+  // applications build their own QPs and AHs on id->pd.
+  ibv_pd* device_pd() {
+    if (!default_pd && verbs) default_pd = ibv_alloc_pd(verbs);
+    return default_pd;
+  }
   void wake();
   uint32_t random_psn() { return static_cast<uint32_t>(rng_()) & 0xFFFFFF; }
   uint16_t ephemeral_port();
@@ -740,6 +747,7 @@ void Cma::pump_locked() {
       Id* l = lit->second;
       auto* child = new Id();
       child->id.verbs = verbs;
+      child->id.pd = device_pd();
       child->id.channel = l->id.channel;
       child->id.context = l->id.context;
       child->id.ps = l->id.ps;
@@ -1166,6 +1174,7 @@ URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
     x->sgid_index = sgid_index;
     x->sgid = g;
     x->id.verbs = c.verbs;
+    x->id.pd = c.device_pd();
     x->id.port_num = 1;
   }
   c.ports_in_use.insert(port);
@@ -1202,6 +1211,7 @@ URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
   x->state = IdState::kListening;
   if (!x->id.verbs) {
     x->id.verbs = c.verbs;
+    x->id.pd = c.device_pd();
     x->id.port_num = 1;
   }
   c.pump_locked();
@@ -1277,6 +1287,7 @@ static int rdma_resolve_addr_async(rdma_cm_id* id, sockaddr* src_addr, sockaddr*
   if (status == 0) {
     set_sockaddr(&x->id.route.addr.src_storage, x->sgid, x->local_port);
     x->id.verbs = c.verbs;
+    x->id.pd = c.device_pd();
     x->id.port_num = 1;
     x->state = IdState::kAddrResolved;
     c.queue_event(x, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
@@ -1310,8 +1321,7 @@ URDMA_EXPORT int rdma_create_srq_ex(rdma_cm_id* id, ibv_srq_init_attr_ex* attr) 
   Id* x = live_id(c, id);
   if (!x || !x->id.verbs || x->id.srq) return fail(EINVAL);
   if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
-    if (!x->id.pd && !c.default_pd) c.default_pd = ibv_alloc_pd(c.verbs);
-    attr->pd = x->id.pd ? x->id.pd : c.default_pd;
+    attr->pd = x->id.pd ? x->id.pd : c.device_pd();
     if (!attr->pd) return -1;
     attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
   }
@@ -1354,11 +1364,7 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
   const bool ud = is_ud_ps(x->id.ps);
   if (qp_init_attr->qp_type != (ud ? IBV_QPT_UD : IBV_QPT_RC)) return fail(ENOSYS);
   if (!pd) pd = x->id.pd;  // rdma_create_srq's
-  if (!pd) {
-    if (!c.default_pd) c.default_pd = ibv_alloc_pd(c.verbs);
-    if (!c.default_pd) return -1;
-    pd = c.default_pd;
-  }
+  if (!pd && !(pd = c.device_pd())) return -1;
   if (pd->context != x->id.verbs) return fail(EINVAL);
   if (!qp_init_attr->srq) qp_init_attr->srq = x->id.srq;
   // No CQs given: one per direction with a completion channel each (rdma_verbs.h's
