@@ -251,14 +251,6 @@ struct CompleterSteps {
     r.rewind_to = from;
   }
 
-  // A READ response or ATOMIC ACK past the response `w` waits for: the responder answers in PSN
-  // order, so w's response (the rest of a READ, or an ATOMIC's ACK) was lost. rxe does the same
-  // (rxe_comp.c check_psn: a response past an unanswered READ or ATOMIC → COMPST_ERROR_RETRY);
-  // without it each lost ATOMIC ACK in a pipeline waited a whole ACK timeout.
-  void ask_again_if_past(const WqeState& w) {
-    if (wire::psn_gt(psn, w.resp_psn)) request_again(w.resp_psn);
-  }
-
   void progress(uint32_t next_unacked_psn) {
     if (!wire::psn_gt(next_unacked_psn, comp.psn)) return;
     comp.psn = next_unacked_psn;
@@ -274,37 +266,45 @@ struct CompleterSteps {
             : net::kNever;
   }
 
-  // The outstanding READ or ATOMIC the response answers. SEND/WRITEs before it are implicitly
-  // acknowledged on the way (IBA 9.7.5.1.2: a response acknowledges every earlier request).
-  // nullopt when the response matches nothing outstanding.
-  std::optional<uint32_t> find_rd_atomic_answered() {
+  // The outstanding READ or ATOMIC the response answers: its SQ offset in wqe_at, and its WQE.
+  // SEND/WRITEs before it are implicitly acknowledged on the way (IBA 9.7.5.1.2: a response
+  // acknowledges every earlier request). nullptr when the response matches nothing outstanding.
+  const provider::SendWqe* find_rd_atomic_answered() {
     for (uint32_t i = 0; i < req.started; ++i) {
       WqeState& w = req.at(i);
       if (w.stage == WqeStage::kDone || w.npkts == 0) continue;
       if (w.stage == WqeStage::kNew) break;  // never sent: nothing can answer it
-      if (w.rd_atomic) return i;
+      if (w.rd_atomic) {
+        wqe_at = i;
+        const provider::SendWqe* wqe = ctx.qp->sq_peek_st(i);
+        base::check(wqe != nullptr, "started WQE missing from the send queue");
+        return wqe;
+      }
       if (!wire::psn_gt(psn, w.last_psn())) break;
       w.stage = WqeStage::kDone;  // implied ACK
     }
-    return std::nullopt;
+    return nullptr;
+  }
+
+  // A READ response or ATOMIC ACK that is not the one `w` waits for (an ATOMIC ACK is owed
+  // first, or a duplicate, or a gap): what w waits for is all that is acknowledged. If it is past
+  // that, w's response (the rest of a READ, or an ATOMIC's ACK) was lost — the responder answers
+  // in PSN order — so ask again for it at once rather than after the ACK timeout. rxe does the
+  // same (rxe_comp.c check_psn: a response past an unanswered READ or ATOMIC →
+  // COMPST_ERROR_RETRY); without it each lost ATOMIC ACK in a pipeline waited a whole ACK
+  // timeout.
+  CompState not_awaited(const WqeState& w) {
+    progress(w.resp_psn);
+    if (wire::psn_gt(psn, w.resp_psn)) request_again(w.resp_psn);
+    return CompState::kDone;
   }
 
   // ---- READ: a READ response, placed into the WQE's SGEs in order.
   CompState read() {
-    const std::optional<uint32_t> found = find_rd_atomic_answered();
-    if (!found) return CompState::kDropBadResponse;
-    wqe_at = *found;
+    const provider::SendWqe* wqe = find_rd_atomic_answered();
+    if (wqe == nullptr) return CompState::kDropBadResponse;
     WqeState& w = req.at(wqe_at);
-    const provider::SendWqe* wqe = ctx.qp->sq_peek_st(wqe_at);
-    base::check(wqe != nullptr, "started WQE missing from the send queue");
-    if (wqe->opcode != IBV_WR_RDMA_READ || psn != w.resp_psn) {
-      // Not the response we wait for: an ATOMIC ACK is owed first, or a duplicate / a gap.
-      progress(w.resp_psn);
-      // A response past the one we wait for: that one was lost (the responder answers in PSN
-      // order), ask again for it at once instead of waiting for the ACK timeout.
-      ask_again_if_past(w);
-      return CompState::kDone;
-    }
+    if (wqe->opcode != IBV_WR_RDMA_READ || psn != w.resp_psn) return not_awaited(w);
     // IBA 9.5 / 9.7.5.1.x: First and Middle responses carry exactly one PMTU, Last/Only at most
     // one and exactly what is left.
     const std::span<const uint8_t> data = pkt->payload();
@@ -330,19 +330,12 @@ struct CompleterSteps {
 
   // ---- ATOMIC: an ATOMIC ACK, its original value into the WQE's 8-byte SGE.
   CompState atomic() {
-    const std::optional<uint32_t> found = find_rd_atomic_answered();
-    if (!found) return CompState::kDropBadResponse;
-    wqe_at = *found;
+    const provider::SendWqe* wqe = find_rd_atomic_answered();
+    if (wqe == nullptr) return CompState::kDropBadResponse;
     WqeState& w = req.at(wqe_at);
-    const provider::SendWqe* wqe = ctx.qp->sq_peek_st(wqe_at);
-    base::check(wqe != nullptr, "started WQE missing from the send queue");
     const bool is_atomic =
         wqe->opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe->opcode == IBV_WR_ATOMIC_FETCH_AND_ADD;
-    if (!is_atomic || psn != w.first_psn) {
-      progress(w.resp_psn);
-      ask_again_if_past(w);
-      return CompState::kDone;
-    }
+    if (!is_atomic || psn != w.first_psn) return not_awaited(w);
     // The original value, in host order, into the 8-byte local SGE (IBA 9.4.5).
     uint8_t orig[sizeof(uint64_t)];
     const uint64_t value = pkt->atomic_ack_eth()->orig_data();
