@@ -1,5 +1,6 @@
-// The one fault model of urdma's two fault injectors: FaultyPacketIo (URDMA_FAULTS on real
-// sockets, faulty_packet_io.h) and the simulation's network (tests/support/sim_network.h).
+// The one fault model of urdma's fault injectors: FaultyPacketIo (URDMA_FAULTS on real sockets,
+// faulty_packet_io.h), the simulation's network (tests/support/sim_network.h) and the CM tests'
+// MAD link (tests/unit/cm/cm_link.h).
 //
 // A plain set of rates with a seed, probabilities in parts per million (the idea of TigerBeetle's
 // src/testing/packet_simulator.zig). FaultModel decides what happens to each datagram, drawing
@@ -10,8 +11,8 @@
 //   random bit of the UDP payload, flipped after the sender sealed its ICRC, so the receiver's
 //   ICRC check must catch it; never for an empty payload).
 // What a reorder draw counts is the injector's: FaultyPacketIo holds the copy back until that
-// many later datagrams have been sent, the simulated network delays it by that many more
-// nanoseconds. The injector carries the decisions out; FaultModel touches no datagram.
+// many later datagrams have been sent, the simulated network and the CM link delay it by that
+// many more nanoseconds. The injector carries the decisions out; FaultModel touches no datagram.
 #pragma once
 
 #include <array>
