@@ -387,6 +387,23 @@ TEST(Rdmacm, GetDevicesListsOpenedDevices) {
   });
 }
 
+// Both libraries loaded with dlopen and unloaded again while the process goes on, as Open MPI
+// unloads its OFI MTL (and libfabric, and with it ours) at MPI_Finalize: they stay mapped (linked
+// with -z nodelete), because the threads the device started (engine, GID watcher, daemon keeper,
+// rdma_cm's MAD thread) live until exit. Unmapped, the process died of SIGSEGV in the keeper's
+// next wake-up (Open MPI's ranks did, in about one run in three).
+TEST(Rdmacm, LibrariesStayMappedAfterDlcloseWhileTheirThreadsRun) {
+  in_fresh_netns([] {
+    const ToolRun r = run(URDMA_DLCLOSE_PEER, 20000);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("opened urdma0\nbound 0\n"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("after dlclose: libibverbs mapped, librdmacm mapped\n"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("alive after 3 s\n"), std::string::npos) << r.output;
+  });
+}
+
 // Two hosts: each server in a namespace of its own (B, with its own urdmad), its client in the
 // test's namespace (A), a veth pair between them (10.90.0.1 - 10.90.0.2).
 struct TwoHostStep {
