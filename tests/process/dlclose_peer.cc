@@ -53,13 +53,12 @@ int run() {
   auto dealloc_pd = sym<int (*)(ibv_pd*)>(verbs, "ibv_dealloc_pd");
   auto create_channel = sym<rdma_event_channel* (*)()>(cm, "rdma_create_event_channel");
   auto destroy_channel = sym<void (*)(rdma_event_channel*)>(cm, "rdma_destroy_event_channel");
-  auto create_id = sym<int (*)(rdma_event_channel*, rdma_cm_id**, void*, rdma_port_space)>(
-      cm, "rdma_create_id");
+  auto create_id =
+      sym<int (*)(rdma_event_channel*, rdma_cm_id**, void*, rdma_port_space)>(cm, "rdma_create_id");
   auto destroy_id = sym<int (*)(rdma_cm_id*)>(cm, "rdma_destroy_id");
   auto bind_addr = sym<int (*)(rdma_cm_id*, sockaddr*)>(cm, "rdma_bind_addr");
-  if (!get_list || !free_list || !name_of || !open_dev || !close_dev || !alloc_pd ||
-      !dealloc_pd || !create_channel || !destroy_channel || !create_id || !destroy_id ||
-      !bind_addr)
+  if (!get_list || !free_list || !name_of || !open_dev || !close_dev || !alloc_pd || !dealloc_pd ||
+      !create_channel || !destroy_channel || !create_id || !destroy_id || !bind_addr)
     return 1;
 
   int n = 0;
@@ -103,4 +102,6 @@ int run() {
 
 }  // namespace
 
-int main() { return run(); }
+int main() {
+  return run();
+}
