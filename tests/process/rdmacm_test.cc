@@ -391,7 +391,7 @@ TEST(Rdmacm, GetDevicesListsOpenedDevices) {
 // unloads its OFI MTL (and libfabric, and with it ours) at MPI_Finalize: they stay mapped (linked
 // with -z nodelete), because the threads the device started (engine, GID watcher, daemon keeper,
 // rdma_cm's MAD thread) live until exit. Unmapped, the process died of SIGSEGV in the keeper's
-// next wake-up (Open MPI's ranks did, in about one run in three).
+// next wake-up (Open MPI's ranks did, in 4 runs of 7).
 TEST(Rdmacm, LibrariesStayMappedAfterDlcloseWhileTheirThreadsRun) {
   in_fresh_netns([] {
     const ToolRun r = run(URDMA_DLCLOSE_PEER, 20000);
