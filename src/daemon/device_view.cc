@@ -5,6 +5,8 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netpacket/packet.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,7 +20,14 @@ namespace urdma::daemon {
 namespace {
 
 constexpr const char* kStaging = ".staging";
-constexpr const char* kSubdirs[] = {"gids", "types", "ndevs"};
+
+bool is_loopback(const char* ifname) {
+  UniqueFd sock(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  ifreq req{};
+  std::memcpy(req.ifr_name, ifname, strnlen(ifname, IF_NAMESIZE - 1));
+  return sock.valid() && ioctl(sock.get(), SIOCGIFFLAGS, &req) == 0 &&
+         (req.ifr_flags & IFF_LOOPBACK) != 0;
+}
 
 // EUI-64 from a MAC (RFC 4291 appendix A).
 uint64_t eui64_be(const uint8_t mac[6]) {
@@ -121,7 +130,7 @@ bool GidView::open(const std::string& dir, const std::vector<GidEntry>& entries,
     *error = dir + " is not ours";
     return false;
   }
-  for (const char* sub : kSubdirs) {
+  for (const char* sub : kGidViewSubdirs) {
     if (mkdirat(root.get(), sub, 0755) != 0 && errno != EEXIST) {
       *error = errno_text(("mkdir " + dir + "/" + sub).c_str());
       return false;
@@ -138,6 +147,15 @@ bool GidView::open(const std::string& dir, const std::vector<GidEntry>& entries,
   mark_existing("gids", &Files::gid);
   mark_existing("types", &Files::type);
   mark_existing("ndevs", &Files::ndev);
+  nets_.clear();
+  if (DIR* list = fdopendir(openat(root_.get(), "device/net",
+                                   O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC))) {
+    while (const dirent* e = readdir(list))
+      if (e->d_name[0] != '.') nets_.emplace_back(e->d_name);
+    closedir(list);
+    std::sort(nets_.begin(), nets_.end());
+  }
+  write("device", "numa_node", "-1\n");
   update(entries);
   return true;
 }
@@ -162,7 +180,10 @@ void GidView::mark_existing(const char* subdir, std::string Files::*field) {
 }
 
 void GidView::write(const char* subdir, uint32_t index, const std::string& text) {
-  const std::string name = std::to_string(index);
+  write(subdir, std::to_string(index), text);
+}
+
+void GidView::write(const char* subdir, const std::string& name, const std::string& text) {
   const std::string staged = std::string(kStaging) + "/" + subdir + "-" + name;
   const int fd = openat(root_.get(), staged.c_str(),
                         O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0444);
@@ -207,6 +228,30 @@ void GidView::update(const std::vector<GidEntry>& entries) {
     if (clearing) apply("gids", want.gid, have.gid);
     have = std::move(want);
   }
+  std::vector<std::string> nets;
+  for (const GidEntry& e : entries) {
+    char name[IF_NAMESIZE] = {};
+    if (!if_indextoname(e.ifindex, name) || is_loopback(name)) continue;
+    if (name[0] != '.' && std::strchr(name, '/') == nullptr) nets.emplace_back(name);
+  }
+  std::sort(nets.begin(), nets.end());
+  nets.erase(std::unique(nets.begin(), nets.end()), nets.end());
+  update_nets(nets);
+}
+
+void GidView::update_nets(const std::vector<std::string>& want) {
+  for (const std::string& name : nets_)
+    if (!std::binary_search(want.begin(), want.end(), name))
+      unlinkat(root_.get(), ("device/net/" + name).c_str(), AT_REMOVEDIR);
+  if (want.empty()) {
+    unlinkat(root_.get(), "device/net", AT_REMOVEDIR);
+  } else {
+    mkdirat(root_.get(), "device/net", 0755);
+    for (const std::string& name : want)
+      if (!std::binary_search(nets_.begin(), nets_.end(), name))
+        mkdirat(root_.get(), ("device/net/" + name).c_str(), 0755);
+  }
+  nets_ = want;
 }
 
 }  // namespace urdma::daemon

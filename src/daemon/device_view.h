@@ -7,6 +7,12 @@
 //                                               "0000:…" for an empty one below it (as the kernel)
 //                                   types/<i>   "RoCE v2", valid entries only (the kernel's read
 //                                   ndevs/<i>   fails for an empty one; here the file is absent)
+//                                   device/numa_node  "-1": no bus device, no NUMA node
+//                                   device/net/<ifname>/  one empty directory per interface
+//                                               other than loopback that holds a valid GID
+//                                               (rxe's device/net names its netdev, never lo);
+//                                               net/ itself only while there is one, since
+//                                               readers take an existing net/ to name a netdev
 //
 // The kernel shows a file for each of the 1024 indexes; the readers (UCX, libfabric, rdma-core's
 // tests, scripts) ask the verbs for the GIDs and read types/<i> and ndevs/<i> of the indexes they
@@ -41,6 +47,9 @@ std::string sysfs_guid_text(uint64_t guid_be);
 // two namespaces of one host still differ. The library and `urdma run` both report it.
 uint64_t host_node_guid_be();
 
+// The subdirectories of a view directory, as `urdma run` binds them.
+inline constexpr const char* kGidViewSubdirs[] = {"gids", "types", "ndevs", "device"};
+
 // The live part's directory for a daemon whose socket lives in `daemon_dir`.
 std::string gid_view_dir(const std::string& daemon_dir, uint64_t netns);
 
@@ -65,10 +74,15 @@ class GidView {
   // removes them.
   void mark_existing(const char* subdir, std::string Files::*field);
   void write(const char* subdir, uint32_t index, const std::string& text);
+  void write(const char* subdir, const std::string& name, const std::string& text);
   void remove(const char* subdir, uint32_t index);
+  // Makes device/net/ hold one directory per name in `want` and nothing else, and exist only
+  // when `want` is not empty.
+  void update_nets(const std::vector<std::string>& want);
 
   UniqueFd root_;
   std::vector<Files> current_;
+  std::vector<std::string> nets_;  // device/net/'s entries, sorted
 };
 
 }  // namespace urdma::daemon

@@ -24,8 +24,8 @@ namespace {
 // The initial PID namespace's inode, fixed by the kernel (PROC_PID_INIT_INO,
 // include/linux/proc_ns.h).
 constexpr uint64_t kInitialPidNamespaceInode = 0xEFFFFFFCu;
-// A view is view/<subdir>/<file>: nothing deeper is entered.
-constexpr int kViewDepth = 2;
+// A view is view/<subdir>/<file>, and view/device/net/<ifname>/: nothing deeper is entered.
+constexpr int kViewDepth = 3;
 constexpr const char* kRemovingPrefix = ".removing-";
 
 // The number in `name` after `prefix` and before `suffix`, written as std::to_string writes it

@@ -331,18 +331,10 @@ class Engine final : public provider::Doorbell {
   void rewind(QpContext& ctx, uint32_t psn);
 
   // ---- completer.cc ----
+  // A response (ACK, NAK, READ response, ATOMIC ACK) and the QP's timers, each through the
+  // completer's states (CompleterSteps); what they found is applied to the requester.
   void handle_response(QpContext& ctx, const wire::PacketView& pkt);
-  void complete_response(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r);
-  void process_ack(QpContext& ctx, uint32_t psn, CompleterResult& r);
-  std::optional<uint32_t> find_rd_atomic_answered(QpContext& ctx, uint32_t psn);
-  void handle_read_response(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r);
-  void handle_atomic_ack(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r);
-  void handle_nak(QpContext& ctx, const wire::PacketView& pkt, CompleterResult& r);
-  void request_again(QpContext& ctx, uint32_t psn, CompleterResult& r);
-  void ask_again_if_past(QpContext& ctx, const WqeState& w, uint32_t psn, CompleterResult& r);
-  void progress(QpContext& ctx, uint32_t next_unacked_psn, CompleterResult& r);
   void fire_completer_timers(QpContext& ctx, uint64_t now_ns);
-  void retry_timeout(QpContext& ctx, CompleterResult& r);
   // One of retry_cnt's retries (a local ACK timeout, a PSN sequence error NAK): resend from the
   // oldest unacknowledged PSN and true; with none left, the WQE at `oldest` completes with
   // RETRY_EXC_ERR (the QP enters ERR) and false.
@@ -355,6 +347,7 @@ class Engine final : public provider::Doorbell {
   void fail_wqe_at(QpContext& ctx, uint32_t offset, ibv_wc_status status);
   // The SQ offset of the oldest WQE that still waits for the network, or nullopt.
   std::optional<uint32_t> oldest_outstanding(const QpContext& ctx) const;
+  friend struct CompleterSteps;
 
   // ---- responder.cc ----
   void handle_request(QpContext& ctx, const wire::PacketView& pkt, const net::RxDatagram& d);

@@ -64,15 +64,14 @@ std::string known_keys() {
   return s;
 }
 
-void check_profile(const FaultProfile& p) {
-  for (uint32_t ppm : {p.loss_ppm, p.duplicate_ppm, p.reorder_ppm, p.corrupt_ppm})
-    base::check(ppm <= Xoshiro256::kPpmOne, "fault probability above 1,000,000 ppm");
-  base::check(p.delay_min_ns <= p.delay_max_ns, "delay_min_ns > delay_max_ns");
+// FaultyPacketIo's bounds; FaultModel checks the rates.
+const FaultProfile& check_profile(const FaultProfile& p) {
   base::check(p.delay_max_ns <= kMaxFaultDelayNs && p.reorder_max_ns <= kMaxFaultDelayNs,
               "fault delay above 10 s");
   base::check(p.reorder_depth >= 1 && p.reorder_depth <= kMaxReorderDepth,
               "reorder_depth out of [1, 1024]");
   base::check(p.held_max >= 1 && p.held_max <= kMaxFaultHeld, "held_max out of [1, 65536]");
+  return p;
 }
 
 }  // namespace
@@ -167,9 +166,11 @@ std::string to_string(const FaultProfile& p) {
 
 FaultyPacketIo::FaultyPacketIo(std::unique_ptr<PacketIo> inner, const Clock& clock,
                                const FaultProfile& profile)
-    : inner_(std::move(inner)), clock_(clock), profile_(profile), rng_(profile.seed) {
+    : inner_(std::move(inner)),
+      clock_(clock),
+      profile_(check_profile(profile)),
+      model_(profile.seed, profile, profile.reorder_depth) {
   base::check(inner_ != nullptr, "FaultyPacketIo needs an inner PacketIo");
-  check_profile(profile_);
   held_.reserve(profile_.held_max);
 }
 
@@ -241,24 +242,21 @@ TxStatus FaultyPacketIo::send(const TxDatagram& d) {
   const uint64_t now = clock_.now_ns();
   release(now, false);
   const uint64_t k = seq_ + 1;  // this datagram's number, once accepted
-  // The draws happen in a fixed order per datagram so a seed replays exactly (sim_network.cc).
-  if (rng_.chance_ppm(profile_.loss_ppm)) {
+  const size_t length = d.size_bytes();
+  const DatagramFaults faults = model_.next(length);
+  if (faults.lost) {
     seq_ = k;
     ++faults_.offered;
     ++faults_.dropped_loss;
     release(now, false);
     return TxStatus::kSent;  // it left the host; the "network" lost it
   }
-  const bool duplicate = rng_.chance_ppm(profile_.duplicate_ppm);
-  const size_t length = d.size_bytes();
   TxStatus status = TxStatus::kSent;
-  for (int copy = 0; copy < (duplicate ? 2 : 1); ++copy) {
-    const uint64_t delay = rng_.between(profile_.delay_min_ns, profile_.delay_max_ns);
-    const bool reorder = rng_.chance_ppm(profile_.reorder_ppm);
-    const uint64_t depth = reorder ? rng_.between(1, profile_.reorder_depth) : 0;
-    const bool corrupt = rng_.chance_ppm(profile_.corrupt_ppm) && length > 0;
-    const uint64_t bit = corrupt ? rng_.below(length * 8) : 0;
-    if (delay == 0 && !reorder && !corrupt) {
+  for (size_t copy = 0; copy < faults.copies(); ++copy) {
+    const CopyFaults& f = faults.copy[copy];
+    const uint64_t delay = f.delay_ns;
+    const bool reorder = f.reorder > 0;
+    if (delay == 0 && !reorder && !f.corrupt) {
       const TxStatus st = inner_->send(d);                      // as it came: no copy
       if (copy == 0 && st == TxStatus::kWouldBlock) return st;  // nothing accepted
       if (copy == 0) status = st;
@@ -272,7 +270,7 @@ TxStatus FaultyPacketIo::send(const TxDatagram& d) {
     }
     Held h;
     h.release_ns = now + delay + (reorder ? profile_.reorder_max_ns : 0);
-    h.release_seq = reorder ? k + depth : ~uint64_t{0};
+    h.release_seq = reorder ? k + f.reorder : ~uint64_t{0};
     h.order = next_order_++;
     h.dst = d.dst;
     h.src_port = d.src_port;
@@ -285,8 +283,8 @@ TxStatus FaultyPacketIo::send(const TxDatagram& d) {
       if (v.iov_len > 0) std::memcpy(h.bytes.data() + at, v.iov_base, v.iov_len);
       at += v.iov_len;
     }
-    if (corrupt) {
-      h.bytes[bit / 8] ^= static_cast<uint8_t>(0x80u >> (bit % 8));
+    if (f.corrupt) {
+      FaultModel::flip_bit(h.bytes, f.corrupt_bit);
       ++faults_.corrupted;
     }
     if (reorder) {
@@ -300,7 +298,7 @@ TxStatus FaultyPacketIo::send(const TxDatagram& d) {
     }
     hold(std::move(h));
   }
-  if (duplicate) ++faults_.duplicated;
+  if (faults.duplicated) ++faults_.duplicated;
   seq_ = k;
   ++faults_.offered;
   release(now, false);  // reordered copies overtaken by enough datagrams now

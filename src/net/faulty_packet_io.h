@@ -3,14 +3,11 @@
 // real UDP (and a developer can reproduce a lossy network on a laptop). Set by URDMA_FAULTS
 // (packet_io_env.h; README "Faults on real sockets").
 //
-// The model is SimNetwork's (tests/support/sim_network.h): a plain profile with a seed and probabilities in
-// parts per million, drawn from the same Xoshiro256 in a fixed order per datagram —
-//   loss → duplication (a second, independent copy) → for each copy: delay in
-//   [delay_min_ns, delay_max_ns], reordering (held back until 1..reorder_depth later datagrams
-//   have been sent, or reorder_max_ns), corruption (one random bit of the UDP payload flipped
-//   after the sender sealed its ICRC, so the receiver's ICRC check must catch it)
-// — so for a seed the same sequence of sends meets the same faults. Faults apply on the send
-// side only; received datagrams pass untouched (run both peers with a profile for both ways).
+// The faults are FaultModel's (fault_model.h, the model the simulated network uses too): for a
+// seed the same sequence of sends meets the same faults. A reordered copy is held back until
+// 1..reorder_depth later datagrams have been sent, or reorder_max_ns, whichever comes first.
+// Faults apply on the send side only; received datagrams pass untouched (run both peers with a
+// profile for both ways).
 //
 // Held-back datagrams (delayed or reordered) are copies in a bounded queue (held_max; when it
 // is full the earliest due is sent early — lost if the inner I/O would block — and counted), sent
@@ -32,8 +29,8 @@
 #include <vector>
 
 #include "net/clock.h"
+#include "net/fault_model.h"
 #include "net/packet_io.h"
-#include "net/prng.h"
 
 namespace urdma::net {
 
@@ -42,16 +39,9 @@ inline constexpr uint64_t kMaxFaultDelayNs = 10'000'000'000;
 inline constexpr size_t kMaxFaultHeld = 65'536;
 inline constexpr uint32_t kMaxReorderDepth = 1'024;
 
-struct FaultProfile {
+// The fault rates (fault_model.h) and what FaultyPacketIo needs besides.
+struct FaultProfile : FaultRates {
   uint64_t seed = 0;
-  // Per datagram (loss, duplicate) or per copy (reorder, corrupt), in parts per million.
-  uint32_t loss_ppm = 0;
-  uint32_t duplicate_ppm = 0;
-  uint32_t reorder_ppm = 0;
-  uint32_t corrupt_ppm = 0;
-  // Delay of every copy, uniform in [min, max]; a spread also reorders.
-  uint64_t delay_min_ns = 0;
-  uint64_t delay_max_ns = 0;
   // A reordered copy waits until uniform [1, reorder_depth] later datagrams have been sent, or
   // until reorder_max_ns after its delay, whichever comes first.
   uint32_t reorder_depth = 3;
@@ -139,7 +129,7 @@ class FaultyPacketIo final : public PacketIo {
   std::unique_ptr<PacketIo> inner_;
   const Clock& clock_;
   FaultProfile profile_;
-  Xoshiro256 rng_;
+  FaultModel model_;
   std::vector<Held> held_;  // unordered; bounded by profile_.held_max
   uint64_t seq_ = 0;        // datagrams offered so far
   uint64_t next_order_ = 0;

@@ -3,9 +3,9 @@
 // Design: values are at least Linux rxe's (drivers/infiniband/sw/rxe/rxe_param.h, kernel 6.1)
 // wherever the device can honour them. Tables and queues cost memory for what is used, not for
 // the bound (ObjectTable and MrTable grow in chunks; rings are allocated but not touched), so
-// the bounds are rxe's; the exception is max_qp, which is the process's share of the host's
-// QPN space (see below). `Device` reports these through ibv_query_device/ibv_query_port;
-// every create/modify verb checks against them.
+// the bounds are rxe's; the exceptions are max_qp, which is the process's share of the host's
+// QPN space, and max_cqe, which is ConnectX's (see below). `Device` reports these through
+// ibv_query_device/ibv_query_port; every create/modify verb checks against them.
 #pragma once
 
 #include <cstddef>
@@ -57,12 +57,16 @@ inline constexpr DeviceLimits kLimits = {
     .max_mr = (1u << 19) - 1,  // rxe RXE_MAX_MR: indices 1..2^19 - 1
     .max_mw = (1u << 19) - 1,  // handles after the MRs'; with them, 1/16 of the 2^24 key tags
     .max_srq = 1u << 20,
-    .max_ah = (1u << 15) - 1,   // rxe RXE_MAX_AH
-    .max_dm = 4096,             // a DM is at least 4 bytes of 256 KiB; 4096 is plenty
-    .max_qp_wr = 1u << 20,      // rxe RXE_MAX_QP_WR
-    .max_cqe = (1u << 15) - 1,  // rxe RXE_MAX_CQE
-    .max_srq_wr = 1u << 20,     // rxe RXE_MAX_SRQ_WR
-    .max_sge = 32,              // rxe RXE_MAX_SGE
+    .max_ah = (1u << 15) - 1,  // rxe RXE_MAX_AH
+    .max_dm = 4096,            // a DM is at least 4 bytes of 256 KiB; 4096 is plenty
+    .max_qp_wr = 1u << 20,     // rxe RXE_MAX_QP_WR
+    // ConnectX's (mlx5 reports 2^22 - 1), not rxe's 2^15 - 1: libfabric's ofi_rxm asks for
+    // (rx + tx size) x FI_UNIVERSE_SIZE = 262144 entries by default. The ring is malloc'd and
+    // untouched until written (spsc_ring.h), so a full-size CQ costs 192 MiB of address space
+    // and pages only as completions arrive.
+    .max_cqe = (1u << 22) - 1,
+    .max_srq_wr = 1u << 20,  // rxe RXE_MAX_SRQ_WR
+    .max_sge = 32,           // rxe RXE_MAX_SGE
     .max_sge_rd = 32,
     .max_srq_sge = 27,             // rxe RXE_MAX_SRQ_SGE
     .max_inline_data_bytes = 512,  // rxe: 32 SGEs * 16 bytes of WQE space

@@ -42,7 +42,6 @@
 //    client pages NUL-terminated names; and after the Client, its slots and the fake daemon
 //    are gone, this process holds exactly the fds it held before the input (nothing a reply
 //    passed is leaked).
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -68,19 +67,11 @@
 #include "daemon/paths.h"
 #include "daemon/protocol.h"
 #include "daemon/unique_fd.h"
+#include "fuzz_check.h"
 
 namespace {
 
 using namespace urdma::daemon;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "client_fuzz: INVARIANT BROKEN: %s\n", what.c_str());
-  std::abort();
-}
-#define REQUIRE(cond, what)  \
-  do {                       \
-    if (!(cond)) fail(what); \
-  } while (0)
 
 constexpr size_t kMaxRecords = 32;
 constexpr int kClientTimeoutMs = 2000;  // never reached: the fake daemon answers or hangs up
@@ -138,14 +129,7 @@ std::vector<Record> split(const uint8_t* data, size_t size, uint8_t* flags) {
   return out;
 }
 
-size_t open_fds() {
-  size_t n = 0;
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return 0;
-  while (const dirent* e = readdir(d)) n += e->d_name[0] != '.';
-  closedir(d);
-  return n - 1;  // the directory's own
-}
+using urdma::fuzz::open_fds;
 
 // A fresh fd to pass: a UDP socket, or a regular file (this binary).
 int make_fd(bool file) {

@@ -26,7 +26,7 @@
 //  * take_events() never reports an event for a connection destroy() was called on while it
 //    existed, and each connection's events come in an order the state machine allows
 //    (request → response → established → rejected / unreachable / disconnected → timewait
-//    exit, as tests/unit/cm/cm_link.h's EventOrder);
+//    exit, tests/unit/cm/event_order.h);
 //  * connection_count() never exceeds ManagerConfig::max_connections;
 //  * state(id) of every ID ever named is one of the IBA 12.9 states (or the SIDR pair);
 //  * run_timers() settles: after at most kMaxTimerRounds calls nothing is due at the time.
@@ -46,7 +46,9 @@
 #include <vector>
 
 #include "cm/manager.h"
+#include "fuzz_check.h"
 #include "net/clock.h"
+#include "unit/cm/event_order.h"
 #include "wire/byte_order.h"
 #include "wire/cm.h"
 #include "wire/mad.h"
@@ -57,44 +59,7 @@ namespace {
 using namespace urdma;
 using namespace urdma::cm;
 
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "cm_manager_fuzz: INVARIANT BROKEN: %s\n", what.c_str());
-  std::abort();
-}
-#define REQUIRE(cond, what)  \
-  do {                       \
-    if (!(cond)) fail(what); \
-  } while (0)
-
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  bool done() const { return pos_ >= size_; }
-  uint8_t u8() { return pos_ < size_ ? data_[pos_++] : 0; }
-  uint16_t u16() {
-    const uint16_t lo = u8();
-    return static_cast<uint16_t>(lo | u8() << 8);
-  }
-  uint32_t u32() {
-    const uint32_t lo = u16();
-    return lo | uint32_t{u16()} << 16;
-  }
-  uint64_t u64() {
-    const uint64_t lo = u32();
-    return lo | uint64_t{u32()} << 32;
-  }
-  std::span<const uint8_t> bytes(size_t want) {
-    const size_t n = std::min(want, size_ - std::min(pos_, size_));
-    const std::span<const uint8_t> s(data_ + pos_, n);
-    pos_ += n;
-    return s;
-  }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
+using fuzz::Input;
 
 constexpr size_t kHosts = 2;
 constexpr size_t kMaxConnections = 6;
@@ -116,52 +81,7 @@ constexpr uint64_t kSids[] = {
     0x1234,  // a native IB service ID
 };
 
-// Each connection's events in an order the state machine allows (tests/unit/cm/cm_link.h).
-class EventOrder {
- public:
-  std::string add(const Event& e) {
-    auto& seen = seen_[e.id];
-    if (!seen.empty()) {
-      const EventType last = seen.back();
-      if (last == EventType::kRejected || last == EventType::kUnreachable ||
-          last == EventType::kSidrResponse || last == EventType::kTimewaitExit)
-        return bad(e, "after a final event");
-      if (last == EventType::kDisconnected && e.type != EventType::kTimewaitExit)
-        return bad(e, "after disconnected");
-      if (rank(last) >= rank(e.type)) return bad(e, "out of order");
-    }
-    seen.push_back(e.type);
-    return "";
-  }
-
- private:
-  static int rank(EventType t) {
-    switch (t) {
-      case EventType::kConnectRequest:
-      case EventType::kSidrRequest:
-        return 0;
-      case EventType::kConnectResponse:
-        return 1;
-      case EventType::kEstablished:
-        return 2;
-      case EventType::kRejected:
-      case EventType::kUnreachable:
-      case EventType::kDisconnected:
-      case EventType::kSidrResponse:
-        return 3;
-      case EventType::kTimewaitExit:
-        return 4;
-    }
-    return 5;
-  }
-  std::string bad(const Event& e, const char* why) {
-    std::string s = std::string(event_name(e.type)) + " " + why + " for id " +
-                    std::to_string(e.id) + "; before:";
-    for (EventType t : seen_[e.id]) s += " " + std::string(event_name(t));
-    return s;
-  }
-  std::map<ConnId, std::vector<EventType>> seen_;
-};
+using cm::test::EventOrder;
 
 struct Flight {
   size_t from;

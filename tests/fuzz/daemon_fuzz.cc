@@ -69,6 +69,7 @@
 #include "daemon/protocol.h"
 #include "daemon/steering.h"
 #include "daemon/unique_fd.h"
+#include "fuzz_check.h"
 #include "gsi/gmp.h"
 #include "net/icrc_flow.h"
 
@@ -77,28 +78,12 @@ namespace {
 using namespace urdma;
 using namespace urdma::daemon;
 
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "daemon_fuzz: INVARIANT BROKEN: %s\n", what.c_str());
-  std::abort();
-}
-#define REQUIRE(cond, what)  \
-  do {                       \
-    if (!(cond)) fail(what); \
-  } while (0)
-
 constexpr unsigned kSlots = 4;
 constexpr size_t kMaxRecords = 32;
 constexpr int kMaxRounds = 1000;
 constexpr uint32_t kHelloTimeoutMs = 50;
 
-size_t open_fds() {
-  size_t n = 0;
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return 0;
-  while (const dirent* e = readdir(d)) n += e->d_name[0] != '.';
-  closedir(d);
-  return n - 1;  // the directory's own
-}
+using fuzz::open_fds;
 
 std::vector<int> fds_of_kind(const char* link) {
   std::vector<int> out;
@@ -493,7 +478,7 @@ class Run {
         break;
       }
       default:
-        fail("a reply of type " + std::to_string(h.type));
+        fuzz::invariant_broken(__FILE__, "a reply of type " + std::to_string(h.type));
     }
   }
 

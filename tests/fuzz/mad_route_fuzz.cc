@@ -58,6 +58,7 @@
 #include "daemon/cm_agent.h"
 #include "daemon/mad_router.h"
 #include "daemon/protocol.h"
+#include "fuzz_check.h"
 #include "gsi/gmp.h"
 #include "net/address.h"
 #include "wire/byte_order.h"
@@ -79,45 +80,7 @@ using daemon::PeerConn;
 using daemon::Releases;
 using daemon::RequesterTable;
 
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "mad_route_fuzz: INVARIANT BROKEN: %s\n", what);
-  std::abort();
-}
-#define REQUIRE(cond, what)  \
-  do {                       \
-    if (!(cond)) fail(what); \
-  } while (0)
-
-// Reads the input front to back; past its end every read is 0.
-class Input {
- public:
-  Input(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  bool done() const { return pos_ >= size_; }
-  uint8_t u8() { return pos_ < size_ ? data_[pos_++] : 0; }
-  uint16_t u16() {
-    const uint16_t lo = u8();
-    return static_cast<uint16_t>(lo | u8() << 8);
-  }
-  uint32_t u32() {
-    const uint32_t lo = u16();
-    return lo | uint32_t{u16()} << 16;
-  }
-  uint64_t u64() {
-    const uint64_t lo = u32();
-    return lo | uint64_t{u32()} << 32;
-  }
-  std::span<const uint8_t> bytes(size_t want) {
-    const size_t n = std::min(want, size_ - std::min(pos_, size_));
-    const std::span<const uint8_t> s(data_ + pos_, n);
-    pos_ += n;
-    return s;
-  }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
+using fuzz::Input;
 
 constexpr unsigned kSlots = 9;  // slots the operations name: few, so they collide
 
@@ -453,7 +416,7 @@ class World {
                       "REJ routed by another field");
             }
           } else if constexpr (std::is_same_v<M, wire::CmClassPortInfoView>) {
-            fail("ClassPortInfo routed");
+            fuzz::invariant_broken(__FILE__, "ClassPortInfo routed");
           } else {
             REQUIRE(r.by == MadRoute::By::kSlot &&
                         r.slot == daemon::slot_of_comm_id(m.remote_comm_id()),

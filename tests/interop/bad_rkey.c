@@ -5,8 +5,6 @@
 // access error); the server exits 0 when its buffer is untouched after the client is done. The two
 // exchange QPN, PSN, GID, address and rkey over TCP (port 18516), as ibv_rc_pingpong does.
 // Built against Debian's libibverbs: on the host it runs under `urdma run`, in the guest on rxe0.
-#include <time.h>
-
 #include "rc_pair.h"
 
 enum { kPort = 18516, kBufSize = 4096, kWriteLen = 64, kFill = 0x5a };
@@ -14,21 +12,9 @@ enum { kPort = 18516, kBufSize = 4096, kWriteLen = 64, kFill = 0x5a };
 // The client's one WRITE, rkey's low (key) byte flipped; returns its completion status.
 static int write_with_bad_rkey(struct ibv_qp* qp, struct ibv_cq* cq, struct ibv_mr* mr,
                                const struct peer* theirs) {
-  struct ibv_sge sge = {.addr = (uintptr_t)mr->addr, .length = kWriteLen, .lkey = mr->lkey};
-  struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
-  wr.wr.rdma.remote_addr = theirs->addr;
-  wr.wr.rdma.rkey = theirs->rkey ^ 0xff;
-  struct ibv_send_wr* bad;
-  if (ibv_post_send(qp, &wr, &bad)) die("post_send");
+  post_write(qp, mr, kWriteLen, theirs, theirs->rkey ^ 0xff, 1);
   struct ibv_wc wc;
-  const time_t deadline = time(NULL) + 60;
-  while (time(NULL) < deadline) {
-    const int n = ibv_poll_cq(cq, 1, &wc);
-    if (n < 0) die("poll_cq");
-    if (n == 1) return wc.status;
-    usleep(1000);
-  }
+  if (poll_one(cq, 60, &wc)) return wc.status;
   fprintf(stderr, "no completion within 60 s\n");
   return -1;
 }

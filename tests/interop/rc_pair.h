@@ -1,7 +1,7 @@
 // What the interop suite's small RC programs (bad_rkey.c, vanished_peer.c) share: one RC QP on
 // a named device with one registered buffer, its parameters swapped with the peer's over TCP
-// (as ibv_rc_pingpong does), and the QP brought to RTS. Header-only C: each program is one
-// `cc file.c -libverbs`.
+// (as ibv_rc_pingpong does), the QP brought to RTS, and a signaled RDMA WRITE posted and its
+// completion waited for. Header-only C: each program is one `cc file.c -libverbs`.
 #pragma once
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 // What each side sends the other.
@@ -128,4 +129,29 @@ static void connect_qp(struct ibv_qp* qp, int gid_index, const struct peer* mine
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                 IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
     die("modify RTS");
+}
+
+// Posts one signaled RDMA WRITE of the first `len` bytes of `mr` to the peer's buffer, with
+// `rkey` (the peer's, or a wrong one on purpose).
+static void post_write(struct ibv_qp* qp, struct ibv_mr* mr, uint32_t len,
+                       const struct peer* theirs, uint32_t rkey, uint64_t wr_id) {
+  struct ibv_sge sge = {.addr = (uintptr_t)mr->addr, .length = len, .lkey = mr->lkey};
+  struct ibv_send_wr wr = {.wr_id = wr_id, .sg_list = &sge, .num_sge = 1,
+                           .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+  wr.wr.rdma.remote_addr = theirs->addr;
+  wr.wr.rdma.rkey = rkey;
+  struct ibv_send_wr* bad;
+  if (ibv_post_send(qp, &wr, &bad)) die("post_send");
+}
+
+// Polls `cq` for one completion for at most `seconds`: 1 with it in *wc, 0 if none came.
+static int poll_one(struct ibv_cq* cq, int seconds, struct ibv_wc* wc) {
+  const time_t deadline = time(NULL) + seconds;
+  while (time(NULL) < deadline) {
+    const int n = ibv_poll_cq(cq, 1, wc);
+    if (n < 0) die("poll_cq");
+    if (n == 1) return 1;
+    usleep(1000);
+  }
+  return 0;
 }

@@ -15,42 +15,24 @@
 // (retry_cnt + 1). Timeout 14 (~67 ms) and retry_cnt 2 keep the exhaustion under a second.
 // Built against Debian's libibverbs: on the host it runs under `urdma run`, in the guest on rxe0.
 #include <sys/stat.h>
-#include <time.h>
 
 #include "rc_pair.h"
 
 enum { kPort = 18517, kBufSize = 4096, kWriteLen = 64, kTimeout = 14, kRetryCnt = 2 };
 
-static void post_write(struct ibv_qp* qp, struct ibv_mr* mr, const struct peer* theirs,
-                       uint64_t wr_id) {
-  struct ibv_sge sge = {.addr = (uintptr_t)mr->addr, .length = kWriteLen, .lkey = mr->lkey};
-  struct ibv_send_wr wr = {.wr_id = wr_id, .sg_list = &sge, .num_sge = 1,
-                           .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
-  wr.wr.rdma.remote_addr = theirs->addr;
-  wr.wr.rdma.rkey = theirs->rkey;
-  struct ibv_send_wr* bad;
-  if (ibv_post_send(qp, &wr, &bad)) die("post_send");
-}
-
 // The next completion's status (-1: none within 30 s; its wr_id must be `wr_id`).
 static int completion(struct ibv_cq* cq, uint64_t wr_id) {
   struct ibv_wc wc;
-  const time_t deadline = time(NULL) + 30;
-  while (time(NULL) < deadline) {
-    const int n = ibv_poll_cq(cq, 1, &wc);
-    if (n < 0) die("poll_cq");
-    if (n == 1) {
-      if (wc.wr_id != wr_id) {
-        printf("completion of wr_id %llu, expected %llu\n", (unsigned long long)wc.wr_id,
-               (unsigned long long)wr_id);
-        return -1;
-      }
-      return wc.status;
-    }
-    usleep(1000);
+  if (!poll_one(cq, 30, &wc)) {
+    printf("no completion of wr_id %llu within 30 s\n", (unsigned long long)wr_id);
+    return -1;
   }
-  printf("no completion of wr_id %llu within 30 s\n", (unsigned long long)wr_id);
-  return -1;
+  if (wc.wr_id != wr_id) {
+    printf("completion of wr_id %llu, expected %llu\n", (unsigned long long)wc.wr_id,
+           (unsigned long long)wr_id);
+    return -1;
+  }
+  return wc.status;
 }
 
 // Prints "NAME: STATUS (N)" and whether it is the expected one.
@@ -61,7 +43,7 @@ static int expect(const char* name, int status, int want) {
 
 static int requester(int sock, const char* cue_file, struct ibv_qp* qp, struct ibv_cq* cq,
                      struct ibv_mr* mr, const struct peer* mine, const struct peer* theirs) {
-  post_write(qp, mr, theirs, 1);
+  post_write(qp, mr, kWriteLen, theirs, theirs->rkey, 1);
   if (!expect("write 1 (peer alive)", completion(cq, 1), IBV_WC_SUCCESS)) return 1;
   printf("waiting for the responder to die\n");
   char c;
@@ -74,14 +56,14 @@ static int requester(int sock, const char* cue_file, struct ibv_qp* qp, struct i
   }
   printf("write 2: dest_qp 0x%06x psn %u retry_cnt %d\n", theirs->qpn, (mine->psn + 1) & 0xffffff,
          kRetryCnt);
-  post_write(qp, mr, theirs, 2);
+  post_write(qp, mr, kWriteLen, theirs, theirs->rkey, 2);
   int ok = expect("write 2 (peer gone)", completion(cq, 2), IBV_WC_RETRY_EXC_ERR);
   struct ibv_qp_attr attr;
   struct ibv_qp_init_attr init;
   if (ibv_query_qp(qp, &attr, IBV_QP_STATE, &init)) die("query_qp");
   printf("qp state after: %d (IBV_QPS_ERR is %d)\n", attr.qp_state, IBV_QPS_ERR);
   ok &= attr.qp_state == IBV_QPS_ERR;
-  post_write(qp, mr, theirs, 3);
+  post_write(qp, mr, kWriteLen, theirs, theirs->rkey, 3);
   ok &= expect("write 3 (after the error)", completion(cq, 3), IBV_WC_WR_FLUSH_ERR);
   return ok ? 0 : 1;
 }

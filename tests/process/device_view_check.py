@@ -9,6 +9,7 @@ Usage: device_view_check.py [--expect-gid IPV4]   (IPV4 must be in the table)
 """
 import ctypes
 import ipaddress
+import json
 import os
 import re
 import stat
@@ -96,6 +97,16 @@ for i in range(gid_files):
     else:
         check("gid %d (empty)" % i, int(gid), 0)
         check("gid %d type (empty)" % i, os.path.exists(types), False)
+# device/net: the interfaces other than loopback that hold a GID, as `ip` names them; no net/
+# at all when there are none (rdma-core's tests take an existing net/ to name a netdev).
+# (/sys/class/net is the mounting namespace's, so `ip` says which interface is loopback.)
+loopback = {link["ifname"] for link in json.loads(subprocess.run(
+    ["ip", "-j", "link"], capture_output=True, text=True).stdout) if "LOOPBACK" in link["flags"]}
+netdevs = sorted({addr_dev[g] for g, _ in verbs_gids.values()
+                  if g in addr_dev and addr_dev[g] not in loopback})
+net_dir = SYS + "/device/net"
+check("device/net", sorted(os.listdir(net_dir)) if os.path.isdir(net_dir) else None,
+      netdevs or None)
 if len(sys.argv) > 2 and sys.argv[1] == "--expect-gid":
     want = ipaddress.IPv6Address("::ffff:" + sys.argv[2])
     check("expected gid in verbs", want in [g for g, _ in verbs_gids.values()], True)

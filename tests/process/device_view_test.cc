@@ -72,10 +72,12 @@ TEST(DeviceView, AGidAddedToAnInterfaceAppearsInTheView) {
   in_fresh_netns([] {
     skip_without("ibv_devinfo", "ibverbs-utils");
     ASSERT_TRUE(sh("ip link add urdmav0 type veth peer name urdmav1 && ip link set urdmav0 up"));
-    // The program waits for the address, then checks every file again, the new GID included.
+    // The program waits for the address, then checks every file again, the new GID and the
+    // interface in device/net included.
     const std::string wait =
         "for i in $(seq 100); do grep -qx 0000:0000:0000:0000:0000:ffff:0a3b:0007 "
-        "/sys/class/infiniband/urdma0/ports/1/gids/* && break; sleep 0.05; done; ";
+        "/sys/class/infiniband/urdma0/ports/1/gids/* && "
+        "[ -d /sys/class/infiniband/urdma0/device/net/urdmav0 ] && break; sleep 0.05; done; ";
     const Started s = start(kUrdma + " run sh -c '" + wait + check_script("--expect-gid 10.59.0.7") +
                             "'");
     usleep(500 * 1000);

@@ -182,6 +182,14 @@ std::optional<int> wait_exit(pid_t pid, int timeout_ms) {
   }
 }
 
+void use_daemon(const char* daemon, const char* idle_timeout_ms) {
+  setenv("URDMA_DAEMON", daemon, 1);
+  setenv("URDMA_IDLE_TIMEOUT_MS", idle_timeout_ms, 1);
+  unsetenv("URDMA_SOCKET");
+  unsetenv("URDMA_UDP_PORT");
+  unsetenv("URDMA_SLOTS");
+}
+
 pid_t start_second_host(const std::string& here, const std::string& there,
                         const std::string& subnet, const std::function<int()>& host_b) {
   Pipe unshared, veth_made;

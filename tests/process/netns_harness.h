@@ -27,6 +27,12 @@ bool real_root();
 // Ends the test body as skipped, with the reason (call from the body's process only).
 [[noreturn]] void skip_test(const std::string& why);
 
+// For a test that starts the urdmad built here: URDMA_DAEMON names `daemon`, which exits after
+// `idle_timeout_ms` without clients (URDMA_IDLE_TIMEOUT_MS), and URDMA_SOCKET, URDMA_UDP_PORT
+// and URDMA_SLOTS are cleared, so nothing in the caller's environment moves it from its
+// defaults.
+void use_daemon(const char* daemon, const char* idle_timeout_ms);
+
 // Forks a process that runs `fn` and exits with its return value.
 pid_t fork_process(const std::function<int()>& fn);
 // Waits (bounded) for a child; its exit status in the waitpid form, or nullopt on timeout. For a

@@ -387,6 +387,23 @@ TEST(Rdmacm, GetDevicesListsOpenedDevices) {
   });
 }
 
+// Both libraries loaded with dlopen and unloaded again while the process goes on, as Open MPI
+// unloads its OFI MTL (and libfabric, and with it ours) at MPI_Finalize: they stay mapped (linked
+// with -z nodelete), because the threads the device started (engine, GID watcher, daemon keeper,
+// rdma_cm's MAD thread) live until exit. Unmapped, the process died of SIGSEGV in the keeper's
+// next wake-up (Open MPI's ranks did, in 4 runs of 7).
+TEST(Rdmacm, LibrariesStayMappedAfterDlcloseWhileTheirThreadsRun) {
+  in_fresh_netns([] {
+    const ToolRun r = run(URDMA_DLCLOSE_PEER, 20000);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("opened urdma0\nbound 0\n"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("after dlclose: libibverbs mapped, librdmacm mapped\n"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("alive after 3 s\n"), std::string::npos) << r.output;
+  });
+}
+
 // Two hosts: each server in a namespace of its own (B, with its own urdmad), its client in the
 // test's namespace (A), a veth pair between them (10.90.0.1 - 10.90.0.2).
 struct TwoHostStep {
@@ -479,25 +496,40 @@ TEST(Rdmacm, RdmacmUtilsBetweenTwoNamespaces) {
 }
 
 // libfabric 1.17's verbs provider (Debian's libfabric1, built on rdma-core) on our libraries:
-// fi_pingpong's msg endpoint (verbs over rdma_cm) and rdm endpoint (verbs;ofi_rxm) between two
-// namespaces — libfabric passes over loopback interfaces, so it needs the veth. Two librdmacm
-// behaviours it depends on: rdma_getaddrinfo with neither node nor service answers from the
-// hints (the peer's address a name exchange gave), and rdma_bind_addr to "localhost" binds no
-// device (Linux's cma_any_addr), so the server's endpoint takes the interface's address.
-// ofi_rxm asks for a CQ of (rx + tx size) × FI_UNIVERSE_SIZE entries, 262144 by default, beyond
-// urdma0's max_cqe (32767, rxe's): with FI_UNIVERSE_SIZE=16 it asks for 16384.
+// fi_pingpong's msg endpoint (verbs over rdma_cm), rdm endpoint (verbs;ofi_rxm) and dgram
+// endpoint (verbs UD) between two namespaces — libfabric passes over loopback interfaces, so it
+// needs the veth. Two librdmacm behaviours it depends on: rdma_getaddrinfo with neither node nor
+// service answers from the hints (the peer's address a name exchange gave), and rdma_bind_addr to
+// "localhost" binds no device (Linux's cma_any_addr), so the server's endpoint takes the
+// interface's address. ofi_rxm asks for a CQ of (rx + tx size) × FI_UNIVERSE_SIZE = 262144
+// entries, which urdma0's max_cqe (ConnectX's 4194303) allows; rxe's 32767 did not (fi_enable
+// failed with -22). The dgram endpoint's address is GID[FI_VERBS_GID_IDX] (0 by default) and
+// urdma0's GID 0 is loopback's 127.0.0.1: each side would tell the other to send to 127.0.0.1,
+// and the datagrams never leave the sender's namespace (fi_pingpong then waits forever).
+// FI_VERBS_GID_IDX names the veth's GID instead.
 TEST(Rdmacm, LibfabricVerbsPingpongBetweenTwoNamespaces) {
   if (!have_tool("fi_pingpong")) GTEST_SKIP() << "no fi_pingpong (scripts/deps.sh: libfabric-bin)";
   in_fresh_netns([] {
+    // Each side reads its own veth GID's index from ibv_devinfo (under our libraries, which the
+    // inner sh inherits from tool_env).
+    const auto with_veth_gid = [](const std::string& command) {
+      return std::string(R"(sh -c 'export FI_VERBS_GID_IDX=$(ibv_devinfo -v | )"
+                         R"(sed -n "s/.*GID\[ *\([0-9]*\)\]:.*::ffff:10\.90\.0\..*/\1/p"); )") +
+             "exec " + command + "'";
+    };
     run_between_two_namespaces({
         // fi_pingpong's out-of-band exchange: a TCP connection to port 47592.
         {"fi_pingpong -p verbs -e msg", nullptr, "fi_pingpong -p verbs -e msg 10.90.0.2",
          {"=10"}, {}, {"=10 ", 6}, 47592},
-        {"FI_UNIVERSE_SIZE=16 fi_pingpong -p verbs -e rdm", nullptr,
-         "FI_UNIVERSE_SIZE=16 fi_pingpong -p verbs -e rdm 10.90.0.2", {"=10"}, {}, {"=10 ", 6},
+        {"fi_pingpong -p verbs -e rdm", nullptr, "fi_pingpong -p verbs -e rdm 10.90.0.2", {"=10"},
+         {}, {"=10 ", 6}, 47592},
+        // Sizes up to the UD endpoint's max_msg_size, the port's active MTU (1024 over the
+        // veth's 1500-byte MTU): three rows.
+        {with_veth_gid("fi_pingpong -p verbs -e dgram"), nullptr,
+         with_veth_gid("fi_pingpong -p verbs -e dgram 10.90.0.2"), {"=10"}, {}, {"=10 ", 3},
          47592},
     });
-    // fi_info lists urdma0 for both endpoint types.
+    // fi_info lists urdma0 for all three endpoint types.
     const ToolRun info = run("fi_info -p verbs", 20000);
     EXPECT_EQ(info.exit_code, 0) << info.output;
     EXPECT_NE(info.output.find("domain: urdma0\n    version: 117.0\n    type: FI_EP_MSG"),
@@ -505,6 +537,9 @@ TEST(Rdmacm, LibfabricVerbsPingpongBetweenTwoNamespaces) {
         << info.output;
     EXPECT_NE(info.output.find("provider: verbs;ofi_rxm\n"), std::string::npos) << info.output;
     EXPECT_NE(info.output.find("type: FI_EP_RDM"), std::string::npos) << info.output;
+    EXPECT_NE(info.output.find("domain: urdma0-dgram\n    version: 117.0\n    type: FI_EP_DGRAM"),
+              std::string::npos)
+        << info.output;
   }, 110);
 }
 

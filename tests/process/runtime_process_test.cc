@@ -179,11 +179,7 @@ class PeerProcess {
 class RuntimeProcess : public ::testing::Test {
  protected:
   void SetUp() override {
-    setenv("URDMA_DAEMON", URDMA_DAEMON_PATH, 1);
-    setenv("URDMA_IDLE_TIMEOUT_MS", "30000", 1);
-    unsetenv("URDMA_SOCKET");
-    unsetenv("URDMA_UDP_PORT");
-    unsetenv("URDMA_SLOTS");
+    use_daemon(URDMA_DAEMON_PATH, "30000");
     unsetenv("URDMA_FAULTS");
   }
 };

@@ -38,11 +38,7 @@ using test_support::fnv1a;
 class UrdmaCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    setenv("URDMA_DAEMON", URDMA_DAEMON_PATH, 1);
-    setenv("URDMA_IDLE_TIMEOUT_MS", "10000", 1);
-    unsetenv("URDMA_SOCKET");
-    unsetenv("URDMA_UDP_PORT");
-    unsetenv("URDMA_SLOTS");
+    use_daemon(URDMA_DAEMON_PATH, "10000");
     unsetenv("URDMA_LIBDIR");
   }
 };

@@ -57,11 +57,7 @@ constexpr uint16_t kPort = 4791;  // each test has its own namespace: the real p
 class UrdmadProcess : public ::testing::Test {
  protected:
   void SetUp() override {
-    setenv("URDMA_DAEMON", URDMA_DAEMON_PATH, 1);
-    setenv("URDMA_IDLE_TIMEOUT_MS", "10000", 1);
-    unsetenv("URDMA_SOCKET");
-    unsetenv("URDMA_UDP_PORT");
-    unsetenv("URDMA_SLOTS");
+    use_daemon(URDMA_DAEMON_PATH, "10000");
   }
 };
 

@@ -719,11 +719,7 @@ TEST(WireCapture, EveryPacketBetweenTwoUrdmadSlotsPassesUrdmaDecodeAndTshark) {
   in_fresh_netns(
       [] {
         skip_without_tools();
-        setenv("URDMA_DAEMON", URDMA_DAEMON_PATH, 1);
-        setenv("URDMA_IDLE_TIMEOUT_MS", "10000", 1);
-        unsetenv("URDMA_SOCKET");
-        unsetenv("URDMA_UDP_PORT");
-        unsetenv("URDMA_SLOTS");
+        use_daemon(URDMA_DAEMON_PATH, "10000");
         daemon::Client ca, cb;
         daemon::ClientOptions o;
         o.timeout_ms = 5000;

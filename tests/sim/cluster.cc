@@ -750,12 +750,7 @@ net::SimOptions sim_options(const Scenario& s) {
   const FaultProfile& f = s.config.faults;
   net::SimOptions o;
   o.seed = s.seed * 0x9e3779b97f4a7c15 + 0x51;  // the network's stream, apart from the scenario's
-  o.loss_ppm = f.loss_ppm;
-  o.duplicate_ppm = f.duplicate_ppm;
-  o.reorder_ppm = f.reorder_ppm;
-  o.corrupt_ppm = f.corrupt_ppm;
-  o.delay_min_ns = f.delay_min_ns;
-  o.delay_max_ns = f.delay_max_ns;
+  static_cast<net::FaultRates&>(o) = f;
   for (const PartitionSpec& p : f.partitions) {
     net::SimPartition cut;
     cut.start_ns = p.start_ns;

@@ -23,6 +23,9 @@
 #include <string_view>
 #include <vector>
 
+#include "net/fault_model.h"
+#include "support/sim_network.h"
+
 namespace urdma::sim {
 
 // Every operation the generator can emit (IBV_WR_* plus the receive side).
@@ -94,14 +97,14 @@ struct PartitionSpec {
   uint64_t duration_ns = 0;
 };
 
-// The network faults, as given to SimOptions (the checker needs them to know what to expect).
-struct FaultProfile {
-  uint32_t loss_ppm = 0;
-  uint32_t duplicate_ppm = 0;
-  uint32_t reorder_ppm = 0;
-  uint32_t corrupt_ppm = 0;
-  uint64_t delay_min_ns = 2'000;
-  uint64_t delay_max_ns = 2'000;
+// The network faults: the rates given to SimOptions (the one-way delay is net::kSimDelayNs unless
+// set) and the partitions (the checker needs them to know what to expect).
+struct FaultProfile : net::FaultRates {
+  FaultProfile() {
+    delay_min_ns = net::kSimDelayNs;
+    delay_max_ns = net::kSimDelayNs;
+  }
+
   std::vector<PartitionSpec> partitions;
   // Not an option: the checker sets it when the run's network dropped datagrams for a full
   // queue (a receiver's queue overflowing, as a socket buffer does under a UC/UD flood, which

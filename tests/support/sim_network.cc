@@ -38,10 +38,8 @@ static_assert([] {
   return true;
 }());
 
-void check_options(const SimOptions& o) {
-  for (uint32_t ppm : {o.loss_ppm, o.duplicate_ppm, o.reorder_ppm, o.corrupt_ppm})
-    base::check(ppm <= Xoshiro256::kPpmOne, "fault probability above 1,000,000 ppm");
-  base::check(o.delay_min_ns <= o.delay_max_ns, "delay_min_ns > delay_max_ns");
+// The simulated network's bounds; FaultModel checks the rates.
+const SimOptions& check_options(const SimOptions& o) {
   base::check(o.delay_max_ns <= kMaxDelayNs, "delay_max_ns too large");
   base::check(o.reorder_delay_max_ns >= 1 && o.reorder_delay_max_ns <= kMaxDelayNs,
               "reorder_delay_max_ns out of [1, 2^60]");
@@ -49,6 +47,7 @@ void check_options(const SimOptions& o) {
   base::check(o.partitions.size() <= kMaxSimPartitions, "too many partitions");
   for (const auto& p : o.partitions)
     base::check(p.start_ns <= p.end_ns, "partition ends before start");
+  return o;
 }
 
 // Heap order for in-flight datagrams: earliest delivery first, then scheduling order.
@@ -131,8 +130,9 @@ class SimNetwork::Host final : public PacketIo {
 };
 
 SimNetwork::SimNetwork(VirtualClock& clock, SimOptions options)
-    : clock_(clock), options_(std::move(options)), rng_(options_.seed) {
-  check_options(options_);
+    : clock_(clock),
+      options_(std::move(options)),
+      model_(options_.seed, check_options(options_), options_.reorder_delay_max_ns) {
   partitions_ = options_.partitions;
 }
 
@@ -255,38 +255,33 @@ TxStatus SimNetwork::transmit(HostId from, const TxDatagram& d) {
   if (!dst) return drop(SimEventKind::kDropNoRoute, &SimCounters::dropped_no_route);
   if (is_partitioned(from, *dst, now))
     return drop(SimEventKind::kDropPartition, &SimCounters::dropped_partition);
-  // The draws below happen in a fixed order per datagram so a seed replays exactly.
-  if (rng_.chance_ppm(options_.loss_ppm))
-    return drop(SimEventKind::kDropLoss, &SimCounters::dropped_loss);
-  const bool duplicate = rng_.chance_ppm(options_.duplicate_ppm);
+  const DatagramFaults faults = model_.next(length);
+  if (faults.lost) return drop(SimEventKind::kDropLoss, &SimCounters::dropped_loss);
 
   std::array<Flight, 2> copies;
-  size_t n_copies = 1;
-  if (duplicate) {
+  if (faults.duplicated) {
     copies[1] = f;  // same header fields; its own buffer below
     copies[1].copy = 1;
     copies[1].bytes = take_buffer();
     copies[1].bytes.assign(f.bytes.begin(), f.bytes.end());
-    n_copies = 2;
     count(from, &SimCounters::duplicated);
     emit(SimEventKind::kDuplicate, copies[1]);
   }
   copies[0] = std::move(f);
 
-  for (size_t i = 0; i < n_copies; ++i) {
+  for (size_t i = 0; i < faults.copies(); ++i) {
     Flight& c = copies[i];
-    uint64_t delay = rng_.between(options_.delay_min_ns, options_.delay_max_ns);
-    if (rng_.chance_ppm(options_.reorder_ppm)) {
-      const uint64_t extra = rng_.between(1, options_.reorder_delay_max_ns);
-      delay += extra;
+    const CopyFaults& fault = faults.copy[i];
+    uint64_t delay = fault.delay_ns;
+    if (fault.reorder > 0) {
+      delay += fault.reorder;  // extra nanoseconds
       count(from, &SimCounters::reordered);
-      emit(SimEventKind::kReorder, c, extra);
+      emit(SimEventKind::kReorder, c, fault.reorder);
     }
-    if (rng_.chance_ppm(options_.corrupt_ppm) && !c.bytes.empty()) {
-      const uint64_t bit = rng_.below(c.bytes.size() * 8);
-      c.bytes[bit / 8] ^= static_cast<uint8_t>(0x80u >> (bit % 8));
+    if (fault.corrupt) {
+      FaultModel::flip_bit(c.bytes, fault.corrupt_bit);
       count(from, &SimCounters::corrupted);
-      emit(SimEventKind::kCorrupt, c, bit);
+      emit(SimEventKind::kCorrupt, c, fault.corrupt_bit);
     }
     if (in_flight_.size() >= options_.in_flight_max) {
       count(from, &SimCounters::dropped_queue_full);

@@ -8,12 +8,11 @@
 // host's PacketIo::recv_batch reads them. Nothing here reads real time or global state: the same
 // options, seed and sequence of calls give bit-identical results.
 //
-// The fault model is a plain options struct with a seed and probabilities in parts per million
-// (the idea of TigerBeetle's src/testing/packet_simulator.zig). Per datagram, in this order:
-//   partition (at send and again at delivery) → loss → duplication (a second, independent copy)
-//   → for each copy: one-way delay in [delay_min_ns, delay_max_ns], reordering (an extra delay in
-//   [1, reorder_delay_max_ns], so the copy is overtaken by later datagrams), corruption (one
-//   random bit of the UDP payload flipped: the receiver's ICRC check must catch it).
+// The faults are FaultModel's (src/net/fault_model.h, the model URDMA_FAULTS uses on real
+// sockets): a plain options struct with a seed and probabilities in parts per million. Per
+// datagram: partition (at send and again at delivery), then FaultModel's loss → duplication →
+// for each copy one-way delay, reordering, corruption. A reordered copy is delayed by its
+// reorder draw, [1, reorder_delay_max_ns] more nanoseconds, so later datagrams overtake it.
 #pragma once
 
 #include <cstddef>
@@ -29,8 +28,8 @@
 #include "base/check.h"
 #include "net/address.h"
 #include "net/clock.h"
+#include "net/fault_model.h"
 #include "net/packet_io.h"
-#include "net/prng.h"
 
 namespace urdma::net {
 
@@ -72,16 +71,18 @@ struct SimPartition {
   }
 };
 
-struct SimOptions {
+// The one-way delay of a simulated link unless the options say otherwise.
+inline constexpr uint64_t kSimDelayNs = 2'000;
+
+// The fault rates (FaultRates: loss, duplication, reordering, corruption, the one-way delay —
+// kSimDelayNs unless set) and what the simulated network needs besides.
+struct SimOptions : FaultRates {
+  SimOptions() {
+    delay_min_ns = kSimDelayNs;
+    delay_max_ns = kSimDelayNs;
+  }
+
   uint64_t seed = 0;
-  // Fault probabilities per datagram (per copy for reorder and corrupt), in parts per million.
-  uint32_t loss_ppm = 0;
-  uint32_t duplicate_ppm = 0;
-  uint32_t reorder_ppm = 0;
-  uint32_t corrupt_ppm = 0;
-  // One-way delay, uniform in [min, max]. A spread (min < max) also reorders some datagrams.
-  uint64_t delay_min_ns = 2'000;
-  uint64_t delay_max_ns = 2'000;
   // Extra delay of a reordered copy, uniform in [1, reorder_delay_max_ns].
   uint64_t reorder_delay_max_ns = 20'000;
   // Datagrams in flight in the whole network; beyond it a datagram is dropped and counted.
@@ -209,7 +210,7 @@ class SimNetwork {
 
   VirtualClock& clock_;
   SimOptions options_;
-  Xoshiro256 rng_;
+  FaultModel model_;
   std::vector<std::unique_ptr<Host>> hosts_;
   std::unordered_map<Address, HostId> by_address_;
   std::vector<Flight> in_flight_;           // binary min-heap on (deliver_ns, order)

@@ -50,8 +50,8 @@ std::string prepare_user_gid_dir() {
   if (daemon::user_endpoint(geteuid(), daemon::netns_inode(), &ep, &why) != 0) return "";
   const std::string dir = daemon::gid_view_dir(ep.dir, daemon::netns_inode());
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return "";
-  for (const char* sub : {"/gids", "/types", "/ndevs"})
-    if (mkdir((dir + sub).c_str(), 0755) != 0 && errno != EEXIST) return "";
+  for (const char* sub : daemon::kGidViewSubdirs)
+    if (mkdir((dir + "/" + sub).c_str(), 0755) != 0 && errno != EEXIST) return "";
   return dir;
 }
 

@@ -240,7 +240,8 @@ std::vector<ViewFile> static_view_files(const std::string& uverbs, const std::st
       {d + "/hw_rev", line(std::to_string(da.hw_ver))},
       {d + "/node_desc", line(std::string("urdma ") + kDevice)},
       {d + "/device", ""},
-      // No bus device: like a virtual device, no NUMA node.
+      // No bus device: like a virtual device, no NUMA node. urdmad's device/ (its numa_node
+      // and the live device/net/) covers this one.
       {d + "/device/numa_node", line("-1")},
       {d + "/ports", ""},
       {port, ""},
@@ -319,6 +320,12 @@ int enter_device_view(const ViewSource& source, std::string* why) {
   if (int err = bind(gid_dir.get(), "gids", port + "/gids", true, why)) return err;
   if (int err = bind(gid_dir.get(), "types", port + "/gid_attrs/types", true, why)) return err;
   if (int err = bind(gid_dir.get(), "ndevs", port + "/gid_attrs/ndevs", true, why)) return err;
+  // device/ is optional: without urdmad's, the static one (numa_node alone) stays.
+  if (faccessat(gid_dir.get(), "device", F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (int err = bind(gid_dir.get(), "device",
+                       std::string("/sys/class/infiniband/") + kDevice + "/device", true, why))
+      return err;
+  }
 
   // 3. /dev/infiniband/uverbsN: /dev/null bound onto an empty file in a tmpfs that covers
   // /dev/infiniband (when the host has one) or /dev, every original entry bound back.

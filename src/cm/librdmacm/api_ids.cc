@@ -125,6 +125,7 @@ URDMA_EXPORT int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
     x->sgid_index = sgid_index;
     x->sgid = g;
     x->id.verbs = c.verbs;
+    x->id.pd = c.device_pd();
     x->id.port_num = 1;
   }
   c.ports_in_use.insert(port);
@@ -159,6 +160,7 @@ URDMA_EXPORT int rdma_listen(rdma_cm_id* id, int /*backlog*/) {
   x->state = IdState::kListening;
   if (!x->id.verbs) {
     x->id.verbs = c.verbs;
+    x->id.pd = c.device_pd();
     x->id.port_num = 1;
   }
   c.pump_locked();
@@ -209,6 +211,7 @@ static int rdma_resolve_addr_async(rdma_cm_id* id, sockaddr* src_addr, sockaddr*
   if (status == 0) {
     set_sockaddr(&x->id.route.addr.src_storage, x->sgid, x->local_port);
     x->id.verbs = c.verbs;
+    x->id.pd = c.device_pd();
     x->id.port_num = 1;
     x->state = IdState::kAddrResolved;
     c.queue_event(x, RDMA_CM_EVENT_ADDR_RESOLVED, 0);

@@ -32,8 +32,7 @@ URDMA_EXPORT int rdma_create_srq_ex(rdma_cm_id* id, ibv_srq_init_attr_ex* attr) 
   auto [c, lock, x] = lock_id(id);
   if (!x || !x->id.verbs || x->id.srq) return fail(EINVAL);
   if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
-    if (!x->id.pd && !c.default_pd) c.default_pd = ibv_alloc_pd(c.verbs);
-    attr->pd = x->id.pd ? x->id.pd : c.default_pd;
+    attr->pd = x->id.pd ? x->id.pd : c.device_pd();
     if (!attr->pd) return -1;
     attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
   }
@@ -72,11 +71,7 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
   const bool ud = is_ud_ps(x->id.ps);
   if (qp_init_attr->qp_type != (ud ? IBV_QPT_UD : IBV_QPT_RC)) return fail(ENOSYS);
   if (!pd) pd = x->id.pd;  // rdma_create_srq's
-  if (!pd) {
-    if (!c.default_pd) c.default_pd = ibv_alloc_pd(c.verbs);
-    if (!c.default_pd) return -1;
-    pd = c.default_pd;
-  }
+  if (!pd && !(pd = c.device_pd())) return -1;
   if (pd->context != x->id.verbs) return fail(EINVAL);
   if (!qp_init_attr->srq) qp_init_attr->srq = x->id.srq;
   // No CQs given: one per direction with a completion channel each (rdma_verbs.h's

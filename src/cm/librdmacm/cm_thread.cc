@@ -141,6 +141,7 @@ void Cma::pump_locked() {
       Id* l = lit->second;
       auto* child = new Id();
       child->id.verbs = verbs;
+      child->id.pd = device_pd();
       child->id.channel = l->id.channel;
       child->id.context = l->id.context;
       child->id.ps = l->id.ps;

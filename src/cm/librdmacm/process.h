@@ -154,6 +154,13 @@ class Cma {
   bool opened = false;
 
   int open_locked();
+  // Under mu: the device's PD, made on first use, which every id with a device names as its
+  // pd (rdma-core's ucma_get_device): rdma_create_qp and rdma_create_srq default to it, and
+  // applications build their own QPs and AHs on id->pd.
+  ibv_pd* device_pd() {
+    if (!default_pd && verbs) default_pd = ibv_alloc_pd(verbs);
+    return default_pd;
+  }
   void wake();
   uint32_t random_psn() { return static_cast<uint32_t>(rng_()) & 0xFFFFFF; }
   uint16_t ephemeral_port();

@@ -1,6 +1,7 @@
 // Two (or more) cm::Managers joined by an in-memory link under one virtual clock: every MAD a
 // manager queues is delivered to the manager owning its destination GID after a delay, with
-// seeded loss, duplication and reordering (parts per million, as tests/sim counts them).
+// seeded loss, duplication and reordering: net::FaultModel's, the model of URDMA_FAULTS and of the
+// simulated network.
 // MADs to a GID nobody owns vanish — a peer that never answers.
 #pragma once
 
@@ -15,8 +16,9 @@
 #include <vector>
 
 #include "cm/manager.h"
+#include "event_order.h"
 #include "net/clock.h"
-#include "net/prng.h"
+#include "net/fault_model.h"
 #include "wire/cm.h"
 
 namespace urdma::cm::test {
@@ -34,57 +36,16 @@ struct LinkFaults {
   uint32_t dup_ppm = 0;
   uint32_t reorder_ppm = 0;     // such a MAD takes up to 4 × the delay
   uint64_t delay_ns = 100'000;  // one way
-};
 
-// Checks that each connection's events come in an order the state machine allows:
-// request → (connect response) → established → disconnected → timewait exit, where a
-// rejection, an unreachable peer or a SIDR answer ends the story.
-class EventOrder {
- public:
-  // Returns "" or what was wrong.
-  std::string add(const Event& e) {
-    auto& seen = seen_[e.id];
-    const int r = rank(e.type);
-    if (!seen.empty()) {
-      const EventType last = seen.back();
-      if (last == EventType::kRejected || last == EventType::kUnreachable ||
-          last == EventType::kSidrResponse || last == EventType::kTimewaitExit)
-        return bad(e, "after a final event");
-      if (last == EventType::kDisconnected && e.type != EventType::kTimewaitExit)
-        return bad(e, "after disconnected");
-      if (rank(last) >= r) return bad(e, "out of order");
-    }
-    seen.push_back(e.type);
-    return "";
+  net::FaultRates rates() const {
+    net::FaultRates r;
+    r.loss_ppm = loss_ppm;
+    r.duplicate_ppm = dup_ppm;
+    r.reorder_ppm = reorder_ppm;
+    r.delay_min_ns = delay_ns;
+    r.delay_max_ns = delay_ns;
+    return r;
   }
-
- private:
-  static int rank(EventType t) {
-    switch (t) {
-      case EventType::kConnectRequest:
-      case EventType::kSidrRequest:
-        return 0;
-      case EventType::kConnectResponse:
-        return 1;
-      case EventType::kEstablished:
-        return 2;
-      case EventType::kRejected:
-      case EventType::kUnreachable:
-      case EventType::kDisconnected:
-      case EventType::kSidrResponse:
-        return 3;
-      case EventType::kTimewaitExit:
-        return 4;
-    }
-    return 5;
-  }
-  std::string bad(const Event& e, const char* why) {
-    std::string s = std::string(event_name(e.type)) + " " + why + " for id " +
-                    std::to_string(e.id) + "; before:";
-    for (EventType t : seen_[e.id]) s += std::string(" ") + std::string(event_name(t));
-    return s;
-  }
-  std::map<ConnId, std::vector<EventType>> seen_;
 };
 
 struct Sent {
@@ -102,7 +63,8 @@ class Link {
     std::vector<Event> events;
   };
 
-  explicit Link(LinkFaults faults = {}) : faults_(faults), rng_(faults.seed) {}
+  explicit Link(LinkFaults faults = {})
+      : model_(faults.seed, faults.rates(), std::max<uint64_t>(3 * faults.delay_ns, 1)) {}
 
   size_t add_host(const Gid& gid, ManagerConfig cfg) {
     hosts_.push_back(Host{gid, std::make_unique<Manager>(cfg, clock_), {}});
@@ -198,11 +160,9 @@ class Link {
         EXPECT_TRUE(wire::parse_cm(o.mad).ok()) << "host " << h << " sent a malformed MAD";
         sent_.push_back(s);
         if (filter && !filter(s)) continue;
-        if (chance(faults_.loss_ppm)) continue;
-        const int copies = chance(faults_.dup_ppm) ? 2 : 1;
-        for (int i = 0; i < copies; ++i) {
-          uint64_t delay = faults_.delay_ns;
-          if (chance(faults_.reorder_ppm)) delay += rng_.next() % (3 * faults_.delay_ns + 1);
+        const net::DatagramFaults f = model_.next(o.mad.size());
+        for (size_t i = 0; i < f.copies(); ++i) {
+          const uint64_t delay = f.copy[i].delay_ns + f.copy[i].reorder;
           flight_.push_back(Flight{clock_.now_ns() + delay, h, o});
         }
       }
@@ -223,10 +183,7 @@ class Link {
     }
   }
 
-  bool chance(uint32_t ppm) { return ppm && rng_.next() % 1'000'000 < ppm; }
-
-  LinkFaults faults_;
-  net::Xoshiro256 rng_;
+  net::FaultModel model_;
   net::VirtualClock clock_;
   std::vector<Host> hosts_;
   std::vector<Flight> flight_;

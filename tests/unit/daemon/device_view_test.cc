@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace urdma::daemon {
 namespace {
@@ -131,6 +133,47 @@ TEST_F(GidViewTest, UpdatesChangeFilesInPlaceAndKeepTheDirectories) {
   EXPECT_EQ(slurp(v / "gids/3"), "0000:0000:0000:0000:0000:ffff:0a01:0203\n");
   ASSERT_EQ(stat((v / "gids").c_str(), &after), 0);
   EXPECT_EQ(before.st_ino, after.st_ino);
+}
+
+// The first interface other than loopback (its name, "" when there is none).
+std::string first_non_loopback() {
+  std::string name;
+  if (struct if_nameindex* all = if_nameindex()) {
+    for (struct if_nameindex* i = all; i->if_index != 0 && name.empty(); ++i) {
+      std::ifstream flags("/sys/class/net/" + std::string(i->if_name) + "/flags");
+      unsigned long f = 0;
+      if (flags >> std::hex >> f && !(f & IFF_LOOPBACK)) name = i->if_name;
+    }
+    if_freenameindex(all);
+  }
+  return name;
+}
+
+// device/numa_node always; device/net/<ifname>/ for each interface but loopback that holds a
+// GID, and no net/ at all when there is none.
+TEST_F(GidViewTest, DeviceNetNamesTheInterfacesButLoopbackAndGoesWhenTheyGo) {
+  const unsigned lo = if_nametoindex("lo");
+  const fs::path v = root_ / "view";
+  GidView view;
+  std::string why;
+  ASSERT_TRUE(view.open(v.string(), {entry(0, "127.0.0.1", lo)}, &why)) << why;
+  EXPECT_EQ(slurp(v / "device/numa_node"), "-1\n");
+  EXPECT_FALSE(fs::exists(v / "device/net"));
+  const std::string other = first_non_loopback();
+  if (other.empty()) GTEST_SKIP() << "no interface but loopback here";
+  const unsigned idx = if_nametoindex(other.c_str());
+  view.update({entry(0, "127.0.0.1", lo), entry(1, "10.1.2.3", idx), entry(2, "10.1.2.4", idx)});
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(v / "device/net")) {
+    EXPECT_TRUE(e.is_directory());
+    names.push_back(e.path().filename());
+  }
+  EXPECT_EQ(names, std::vector<std::string>{other});
+  // A daemon started again later finds the entry and removes it with the GIDs.
+  GidView again;
+  ASSERT_TRUE(again.open(v.string(), {entry(0, "127.0.0.1", lo)}, &why)) << why;
+  EXPECT_FALSE(fs::exists(v / "device/net"));
+  EXPECT_EQ(slurp(v / "device/numa_node"), "-1\n");
 }
 
 TEST_F(GidViewTest, ADirectoryOfAnotherUserIsRefused) {
