@@ -30,7 +30,11 @@ inline uint64_t clock_ns(clockid_t clock) {
   clock_gettime(clock, &ts);
   return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
 }
-inline uint64_t completion_clock_ns() { return clock_ns(CLOCK_MONOTONIC); }
-inline uint64_t wallclock_ns() { return clock_ns(CLOCK_REALTIME); }
+inline uint64_t completion_clock_ns() {
+  return clock_ns(CLOCK_MONOTONIC);
+}
+inline uint64_t wallclock_ns() {
+  return clock_ns(CLOCK_REALTIME);
+}
 
 }  // namespace urdma::provider

@@ -1,10 +1,11 @@
 // Completion queue.
 //
 // Design: completions are `ibv_wc` records (every field the verbs consumer sees), each with the
-// time it was generated when the CQ was created to carry one (`Completion`), in an SpscRing. The engine thread is the only producer (push_st); pollers are consumers, serialised
-// by `poll_mutex_` because several application threads may call ibv_poll_cq on one CQ. Resize
-// takes both the producer and the poll lock and moves the pending entries to a new ring.
-// The producer lock is uncontended except during resize.
+// time it was generated when the CQ was created to carry one (`Completion`), in an SpscRing. The
+// engine thread is the only producer (push_st); pollers are consumers, serialised by `poll_mutex_`
+// because several application threads may call ibv_poll_cq on one CQ. Resize takes both the
+// producer and the poll lock and moves the pending entries to a new ring. The producer lock is
+// uncontended except during resize.
 //
 // Overflow (IBA 11.4.2.1, CQ overrun): a completion that does not fit is lost, the CQ enters the
 // error state and one IBV_EVENT_CQ_ERR async event is raised; entries already present stay
@@ -50,8 +51,8 @@ struct Completion {
 static_assert(sizeof(Completion) == 64);
 
 struct CqOptions {
-  bool completion_timestamp = false;  // stamp completion_ts
-  bool wallclock_timestamp = false;   // stamp wallclock_ns
+  bool completion_timestamp = false;          // stamp completion_ts
+  bool wallclock_timestamp = false;           // stamp wallclock_ns
   std::shared_ptr<QueueAllocator> allocator;  // null: the ring from malloc
 };
 

@@ -70,8 +70,8 @@ class RecvQueue {
             const std::shared_ptr<QueueAllocator>& allocator)
       : ring_(max_wr, type, allocator),
         max_sge_(max_sge),
-        sges_(make_queue_array<ibv_sge>(size_t{ring_.slots()} * (max_sge ? max_sge : 1),
-                                        allocator, type)) {}
+        sges_(make_queue_array<ibv_sge>(size_t{ring_.slots()} * (max_sge ? max_sge : 1), allocator,
+                                        type)) {}
 
   uint32_t max_wr() const { return ring_.capacity(); }
   uint32_t max_sge() const { return max_sge_; }

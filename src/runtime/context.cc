@@ -148,7 +148,8 @@ Status Context::dealloc_mw(provider::Mw* mw) {
 }
 
 provider::Result<provider::Srq*> Context::create_srq(
-    provider::Pd* pd, const ibv_srq_attr& attr, std::shared_ptr<provider::QueueAllocator> allocator) {
+    provider::Pd* pd, const ibv_srq_attr& attr,
+    std::shared_ptr<provider::QueueAllocator> allocator) {
   std::lock_guard lock(mutex_);
   if (!pds_.contains(pd)) return Status(EINVAL);
   provider::Result<provider::Srq*> srq = dev().create_srq(pd, attr, std::move(allocator));

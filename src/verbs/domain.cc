@@ -73,7 +73,9 @@ class AppAllocator final : public provider::QueueAllocator {
   void* const pd_context_;
 };
 
-void free_td(void* p) { delete static_cast<Td*>(p); }
+void free_td(void* p) {
+  delete static_cast<Td*>(p);
+}
 
 ibv_td* op_alloc_td(ibv_context* context, ibv_td_init_attr* init_attr) {
   if (!context || !init_attr) return fail<ibv_td>(EINVAL);
@@ -116,8 +118,7 @@ ibv_pd* op_alloc_parent_domain(ibv_context* context, ibv_parent_domain_init_attr
       .protection = protection,
       .td = td,
       .allocator = std::make_shared<AppAllocator>(&w->pd, allocators ? attr->alloc : nullptr,
-                                                  allocators ? attr->free : nullptr,
-                                                  pd_context)};
+                                                  allocators ? attr->free : nullptr, pd_context)};
   w->p->add_user();
   if (td) td->parent_domains.fetch_add(1);
   remember_pd(w->ctx, w);

@@ -196,8 +196,7 @@ uint64_t now_ns(clockid_t clock) {
 }
 
 TEST_F(QueueMemoryTest, AStampingCqStampsEachCompletionWhenPushed) {
-  Cq* cq = dev_.create_cq(64, CqOptions{.completion_timestamp = true,
-                                        .wallclock_timestamp = true})
+  Cq* cq = dev_.create_cq(64, CqOptions{.completion_timestamp = true, .wallclock_timestamp = true})
                .value();
   const uint64_t mono0 = now_ns(CLOCK_MONOTONIC), real0 = now_ns(CLOCK_REALTIME);
   for (uint64_t i = 0; i < 20; ++i) {
