@@ -14,6 +14,9 @@
 //   means malloc, as in mlx5. Each such object holds a reference to the allocator, so
 //   deallocating the parent domain while one lives is EBUSY, and a buffer is always freed
 //   through the callbacks it came from, even after the parent domain is gone at close.
+// * The callbacks run on the thread that creates, resizes or destroys the object, inside the
+//   context's and the object table's locks: a callback must not create or destroy verbs objects
+//   of the same context (it would wait for itself).
 // * The parent domain holds a user of its protection domain (ibv_dealloc_pd of that PD is
 //   EBUSY meanwhile) and counts in its thread domain's parent domains (ibv_dealloc_td EBUSY).
 // * Resource types: rdma-core builds them from the provider's rdma_driver_id (upper 32 bits)
