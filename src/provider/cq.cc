@@ -2,14 +2,20 @@
 #include "provider/cq.h"
 
 #include <algorithm>
+#include <new>
+#include <utility>
 
+#include "provider/completion_clock.h"
 #include "provider/limits.h"
 #include "provider/engine_turn.h"
 
 namespace urdma::provider {
 
-Cq::Cq(uint32_t handle, uint32_t cqe, AsyncEventQueue* events)
-    : handle_(handle), events_(events), ring_(std::make_unique<SpscRing<ibv_wc>>(cqe)) {}
+Cq::Cq(uint32_t handle, uint32_t cqe, AsyncEventQueue* events, CqOptions options)
+    : handle_(handle),
+      events_(events),
+      options_(std::move(options)),
+      ring_(std::make_unique<SpscRing<Completion>>(cqe, QueueBuffer::kCq, options_.allocator)) {}
 
 uint32_t Cq::cqe() const {
   std::lock_guard lock(producer_mutex_);
@@ -21,13 +27,30 @@ uint32_t Cq::size() const {
   return ring_->size();
 }
 
+const void* Cq::ring_data() const {
+  std::lock_guard lock(producer_mutex_);
+  return ring_->data();
+}
+
 int Cq::poll(int max_entries, ibv_wc* out) {
   std::lock_guard lock(poll_mutex_);
   int n = 0;
   while (n < max_entries) {
-    const ibv_wc* wc = ring_->peek();
-    if (wc == nullptr) break;
-    out[n++] = *wc;
+    const Completion* c = ring_->peek();
+    if (c == nullptr) break;
+    out[n++] = c->wc;
+    ring_->pop();
+  }
+  return n;
+}
+
+int Cq::poll(int max_entries, Completion* out) {
+  std::lock_guard lock(poll_mutex_);
+  int n = 0;
+  while (n < max_entries) {
+    const Completion* c = ring_->peek();
+    if (c == nullptr) break;
+    out[n++] = *c;
     ring_->pop();
   }
   return n;
@@ -62,9 +85,14 @@ Status Cq::resize(uint32_t cqe) {
   std::scoped_lock lock(producer_mutex_, poll_mutex_);
   const uint32_t present = ring_->size();
   if (cqe < present) return Status(EINVAL);
-  auto ring = std::make_unique<SpscRing<ibv_wc>>(cqe);
-  for (const ibv_wc* wc; (wc = ring_->peek()) != nullptr; ring_->pop()) {
-    const bool pushed = ring->push(*wc);
+  std::unique_ptr<SpscRing<Completion>> ring;
+  try {
+    ring = std::make_unique<SpscRing<Completion>>(cqe, QueueBuffer::kCq, options_.allocator);
+  } catch (const std::bad_alloc&) {
+    return Status(ENOMEM);
+  }
+  for (const Completion* c; (c = ring_->peek()) != nullptr; ring_->pop()) {
+    const bool pushed = ring->push(*c);
     assert(pushed);
     (void)pushed;
   }
@@ -74,14 +102,17 @@ Status Cq::resize(uint32_t cqe) {
 
 uint32_t Cq::discard_qp(uint32_t qp_num) {
   std::scoped_lock lock(producer_mutex_, poll_mutex_);
-  return ring_->remove_if([qp_num](const ibv_wc& wc) { return wc.qp_num == qp_num; });
+  return ring_->remove_if([qp_num](const Completion& c) { return c.wc.qp_num == qp_num; });
 }
 
 bool Cq::push_st(const ibv_wc& wc, bool solicited) {
   URDMA_ASSERT_ENGINE_TURN();
+  Completion c{.wc = wc, .completion_ts = 0, .wallclock_ns = 0};
+  if (options_.completion_timestamp) c.completion_ts = completion_clock_ns();
+  if (options_.wallclock_timestamp) c.wallclock_ns = wallclock_ns();
   {
     std::lock_guard lock(producer_mutex_);
-    if (!ring_->push(wc)) {
+    if (!ring_->push(c)) {
       // IBA 11.4.2.1: CQ overrun is an affiliated asynchronous error of the CQ.
       if (!error_.exchange(true, std::memory_order_acq_rel) && events_ != nullptr)
         events_->push({.type = IBV_EVENT_CQ_ERR, .cq = this});

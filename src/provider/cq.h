@@ -1,10 +1,11 @@
 // Completion queue.
 //
-// Design: completions are `ibv_wc` records (every field the verbs consumer sees) in an
-// SpscRing. The engine thread is the only producer (push_st); pollers are consumers, serialised
-// by `poll_mutex_` because several application threads may call ibv_poll_cq on one CQ. Resize
-// takes both the producer and the poll lock and moves the pending entries to a new ring.
-// The producer lock is uncontended except during resize.
+// Design: completions are `ibv_wc` records (every field the verbs consumer sees), each with the
+// time it was generated when the CQ was created to carry one (`Completion`), in an SpscRing. The
+// engine thread is the only producer (push_st); pollers are consumers, serialised by `poll_mutex_`
+// because several application threads may call ibv_poll_cq on one CQ. Resize takes both the
+// producer and the poll lock and moves the pending entries to a new ring. The producer lock is
+// uncontended except during resize.
 //
 // Overflow (IBA 11.4.2.1, CQ overrun): a completion that does not fit is lost, the CQ enters the
 // error state and one IBV_EVENT_CQ_ERR async event is raised; entries already present stay
@@ -12,6 +13,14 @@
 //
 // A QP moved to RESET takes its completions that nobody polled with it (discard_qp): a QP
 // brought back from ERR through RESET does not hand its next poller the flushes of before.
+//
+// Timestamps (ibv_create_cq_ex(3): IBV_WC_EX_WITH_COMPLETION_TIMESTAMP[_WALLCLOCK]): a CQ asked
+// for them stamps each completion as the engine pushes it, which is when a device writes its
+// CQE. The device clock is CLOCK_MONOTONIC in nanoseconds (completion_clock.h says why); the
+// wall clock is CLOCK_REALTIME in nanoseconds since the epoch. A CQ not asked for them reads no
+// clock.
+//
+// The ring comes from the CQ's QueueAllocator (a parent domain's, queue_memory.h) or malloc.
 //
 // Notification (IBA 11.4.2.2, ibv_req_notify_cq(3)): req_notify arms the CQ for the next
 // completion or for the next solicited (or unsuccessful) completion; the first matching push
@@ -27,15 +36,30 @@
 #include <infiniband/verbs.h>
 
 #include "provider/async_event.h"
+#include "provider/queue_memory.h"
 #include "provider/spsc_ring.h"
 #include "provider/status.h"
 
 namespace urdma::provider {
 
+// A completion as the ring holds it: one cache line.
+struct Completion {
+  ibv_wc wc;
+  uint64_t completion_ts;  // device clock (ns), when the CQ stamps completions, else 0
+  uint64_t wallclock_ns;   // CLOCK_REALTIME (ns since the epoch), when stamped, else 0
+};
+static_assert(sizeof(Completion) == 64);
+
+struct CqOptions {
+  bool completion_timestamp = false;          // stamp completion_ts
+  bool wallclock_timestamp = false;           // stamp wallclock_ns
+  std::shared_ptr<QueueAllocator> allocator;  // null: the ring from malloc
+};
+
 class Cq {
  public:
   // Use Device::create_cq, which checks `cqe` against the device limits.
-  Cq(uint32_t handle, uint32_t cqe, AsyncEventQueue* events);
+  Cq(uint32_t handle, uint32_t cqe, AsyncEventQueue* events, CqOptions options = {});
 
   uint32_t handle() const { return handle_; }
   // The usable size reported in ibv_cq.cqe (>= the requested size).
@@ -48,11 +72,14 @@ class Cq {
   // ---- consumer (ibv_poll_cq) ----
   // Copies up to `max_entries` completions out, oldest first; returns how many.
   int poll(int max_entries, ibv_wc* out);
+  // The same with the completions' timestamps (ibv_cq_ex).
+  int poll(int max_entries, Completion* out);
   // ibv_req_notify_cq: arm for the next completion, or only a solicited/error one.
   void req_notify(bool solicited_only);
   // The completion channel hook: called from the engine thread when an armed CQ fires.
   void set_notify(std::function<void(Cq&)> notify);
-  // ibv_resize_cq: EINVAL if `cqe` is 0, above the device limit, or below the entries present.
+  // ibv_resize_cq: EINVAL if `cqe` is 0, above the device limit, or below the entries present;
+  // ENOMEM when the new ring cannot be allocated.
   Status resize(uint32_t cqe);
   // A QP of this CQ moved to RESET: its completions not yet polled are removed, the others
   // stay in order (what mlx4, mlx5, mthca and hns do in their modify_qp). Returns how many.
@@ -64,6 +91,8 @@ class Cq {
   bool push_st(const ibv_wc& wc, bool solicited);
   // Entries present (a snapshot).
   uint32_t size() const;
+  // Where the ring is (tests: which memory the CQ uses).
+  const void* ring_data() const;
 
   void* user_context = nullptr;  // the verbs layer's ibv_cq
 
@@ -72,9 +101,10 @@ class Cq {
 
   const uint32_t handle_;
   AsyncEventQueue* const events_;
+  const CqOptions options_;
   mutable std::mutex producer_mutex_;
   mutable std::mutex poll_mutex_;
-  std::unique_ptr<SpscRing<ibv_wc>> ring_;  // replaced only under both locks
+  std::unique_ptr<SpscRing<Completion>> ring_;  // replaced only under both locks
   std::atomic<bool> error_{false};
   std::atomic<uint8_t> arm_{kDisarmed};
   std::atomic<uint32_t> users_{0};

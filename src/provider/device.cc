@@ -192,10 +192,10 @@ Result<Mr*> Device::reg_dm_mr(Pd* pd, Dm* dm, uint64_t offset, uint64_t length, 
   return mr;
 }
 
-Result<Cq*> Device::create_cq(int cqe) {
+Result<Cq*> Device::create_cq(int cqe, CqOptions options) {
   // ibv_create_cq(3): cqe must be at least 1 and at most the device's max_cqe.
   if (cqe < 1 || static_cast<uint32_t>(cqe) > kLimits.max_cqe) return Status(EINVAL);
-  return cqs_.create(static_cast<uint32_t>(cqe), &events_);
+  return cqs_.create(static_cast<uint32_t>(cqe), &events_, std::move(options));
 }
 
 Status Device::destroy_cq(Cq* cq) {
@@ -206,10 +206,11 @@ Status Device::destroy_cq(Cq* cq) {
   return kOk;
 }
 
-Result<Srq*> Device::create_srq(Pd* pd, const ibv_srq_attr& attr) {
+Result<Srq*> Device::create_srq(Pd* pd, const ibv_srq_attr& attr,
+                                std::shared_ptr<QueueAllocator> allocator) {
   if (pd == nullptr) return Status(EINVAL);
   if (Status s = check_srq_init_attr(attr); !s.ok()) return s;
-  Result<Srq*> srq = srqs_.create(pd, attr, &events_, doorbell_);
+  Result<Srq*> srq = srqs_.create(pd, attr, &events_, doorbell_, std::move(allocator));
   if (srq.ok()) pd->add_user();
   return srq;
 }

@@ -105,13 +105,16 @@ class Device {
   uint64_t dm_bytes_in_use() const;
 
   // ---- CQ ----
-  // EINVAL for cqe < 1 or above max_cqe (ibv_create_cq(3)), ENOMEM when the table is full.
-  Result<Cq*> create_cq(int cqe);
+  // EINVAL for cqe < 1 or above max_cqe (ibv_create_cq(3)), ENOMEM when the table is full or
+  // the ring cannot be allocated.
+  Result<Cq*> create_cq(int cqe, CqOptions options = {});
   Status destroy_cq(Cq* cq);
   Cq* cq_by_handle(uint32_t handle) const { return cqs_.get(handle); }
 
   // ---- SRQ ----
-  Result<Srq*> create_srq(Pd* pd, const ibv_srq_attr& attr);
+  // The queue from `allocator` (queue_memory.h; null: malloc).
+  Result<Srq*> create_srq(Pd* pd, const ibv_srq_attr& attr,
+                          std::shared_ptr<QueueAllocator> allocator = nullptr);
   Status destroy_srq(Srq* srq);
   Srq* srq_by_handle(uint32_t handle) const { return srqs_.get(handle); }
 

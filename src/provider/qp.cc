@@ -130,12 +130,13 @@ Qp::Qp(uint32_t handle, const QpInitAttr& init, Device& device)
       device_(device),
       attr_(default_attr()),
       wqe_size_(init.cap.max_inline_data),
-      sq_ring_(init.cap.max_send_wr),
-      sq_side_(
-          std::make_unique_for_overwrite<uint8_t[]>(size_t{sq_ring_.slots()} * wqe_size_ + 1)) {
+      sq_ring_(init.cap.max_send_wr, QueueBuffer::kQp, init.allocator),
+      sq_side_(make_queue_array<uint8_t>(size_t{sq_ring_.slots()} * wqe_size_ + 1, init.allocator,
+                                         QueueBuffer::kQp)) {
   assert(qp_num_ <= wire::kQpnMask);
   if (init.srq == nullptr)
-    rq_ = std::make_unique<RecvQueue>(init.cap.max_recv_wr, init.cap.max_recv_sge);
+    rq_ = std::make_unique<RecvQueue>(init.cap.max_recv_wr, init.cap.max_recv_sge,
+                                      QueueBuffer::kRq, init.allocator);
 }
 
 Qp::~Qp() = default;

@@ -28,6 +28,7 @@
 
 #include "provider/ah.h"
 #include "provider/cq.h"
+#include "provider/queue_memory.h"
 #include "provider/engine_turn.h"
 #include "provider/pd.h"
 #include "provider/srq.h"
@@ -77,6 +78,9 @@ struct QpInitAttr {
   Srq* srq = nullptr;
   ibv_qp_cap cap = {};
   bool sq_sig_all = false;
+  // Where the send queue and the QP's own receive queue come from (queue_memory.h); null:
+  // malloc. A parent domain's allocators (ibv_alloc_parent_domain(3)).
+  std::shared_ptr<QueueAllocator> allocator;
 };
 
 class Qp {
@@ -96,6 +100,10 @@ class Qp {
   // The capacities as reported to the application (rounded up).
   const ibv_qp_cap& cap() const { return init_.cap; }
   ibv_qp_state state() const { return state_.load(std::memory_order_acquire); }
+  // Where the queues are (tests: which memory the QP uses). rq_ring is null with an SRQ.
+  const void* sq_ring_data() const { return sq_ring_.data(); }
+  const void* sq_side_data() const { return sq_side_.get(); }
+  const void* rq_ring_data() const { return rq_ ? rq_->ring_data() : nullptr; }
 
   // ibv_modify_qp. EINVAL for an illegal transition, wrong mask or bad attribute value,
   // EOPNOTSUPP for mask bits beyond the standard ones.
@@ -189,7 +197,7 @@ class Qp {
   const uint32_t wqe_size_;  // side-area bytes per send slot
   std::mutex sq_mutex_;
   SpscRing<SendWqe> sq_ring_;
-  std::unique_ptr<uint8_t[]> sq_side_;
+  QueueArray<uint8_t> sq_side_;
 
   std::mutex rq_mutex_;
   std::unique_ptr<RecvQueue> rq_;  // null when an SRQ is attached

@@ -22,25 +22,11 @@
 #include <new>
 #include <type_traits>
 
+#include "provider/queue_memory.h"
+
 namespace urdma::provider {
 
 inline constexpr size_t kCacheLineBytes = 64;
-
-// n entries of a trivially copyable T from malloc, which creates them (implicit-lifetime
-// objects, C++20) without running a constructor or writing a byte: a ring sized for 2^20 WRs
-// costs pages only as entries are written. Throws std::bad_alloc.
-template <class T>
-struct FreeDeleter {
-  void operator()(T* p) const { std::free(p); }
-};
-template <class T>
-std::unique_ptr<T[], FreeDeleter<T>> make_untouched_array(size_t n) {
-  static_assert(std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>);
-  static_assert(alignof(T) <= alignof(std::max_align_t));
-  T* p = static_cast<T*>(std::malloc(n * sizeof(T)));
-  if (p == nullptr && n != 0) throw std::bad_alloc();
-  return std::unique_ptr<T[], FreeDeleter<T>>(p);
-}
 
 // The usable capacity of a ring that must hold at least `n` entries: 2^k - 1 >= n.
 inline constexpr uint32_t ring_capacity_for(uint32_t n) {
@@ -52,11 +38,14 @@ class SpscRing {
   static_assert(std::is_trivially_copyable_v<T>);
 
  public:
-  // A ring with at least `min_capacity` usable entries.
-  explicit SpscRing(uint32_t min_capacity)
+  // A ring with at least `min_capacity` usable entries, its entries from `allocator` (null:
+  // malloc; queue_memory.h). Nothing is written until entries are pushed. Throws
+  // std::bad_alloc.
+  explicit SpscRing(uint32_t min_capacity, QueueBuffer type = QueueBuffer::kCq,
+                    const std::shared_ptr<QueueAllocator>& allocator = nullptr)
       : slots_(std::bit_ceil(min_capacity + 1u)),
         mask_(slots_ - 1),
-        entries_(make_untouched_array<T>(slots_)) {}
+        entries_(make_queue_array<T>(slots_, allocator, type)) {}
 
   SpscRing(const SpscRing&) = delete;
   SpscRing& operator=(const SpscRing&) = delete;
@@ -109,6 +98,8 @@ class SpscRing {
     if (tail - head <= offset) return nullptr;
     return &entries_[(head + offset) & mask_];
   }
+  // Where the entries are (tests: which memory a ring uses).
+  const T* data() const { return entries_.get(); }
   uint32_t consumer_slot_index() const { return head_.load(std::memory_order_relaxed) & mask_; }
   // Releases the oldest entry back to the producer.
   void pop() {
@@ -141,7 +132,7 @@ class SpscRing {
  private:
   const uint32_t slots_;
   const uint32_t mask_;
-  std::unique_ptr<T[], FreeDeleter<T>> entries_;
+  QueueArray<T> entries_;
   alignas(kCacheLineBytes) std::atomic<uint32_t> head_{0};  // consumer-owned
   alignas(kCacheLineBytes) std::atomic<uint32_t> tail_{0};  // producer-owned
 };

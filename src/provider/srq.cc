@@ -16,12 +16,14 @@ Status check_srq_init_attr(const ibv_srq_attr& attr) {
 }
 
 Srq::Srq(uint32_t handle, Pd* pd, const ibv_srq_attr& attr, AsyncEventQueue* events,
-         Doorbell* doorbell)
+         Doorbell* doorbell, std::shared_ptr<QueueAllocator> allocator)
     : handle_(handle),
       pd_(pd),
       events_(events),
       doorbell_(doorbell),
-      queue_(std::make_unique<RecvQueue>(attr.max_wr, attr.max_sge)),
+      allocator_(std::move(allocator)),
+      queue_(std::make_unique<RecvQueue>(attr.max_wr, attr.max_sge, QueueBuffer::kSrq,
+                                         allocator_)),
       limit_(attr.srq_limit) {}
 
 Status Srq::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
@@ -52,7 +54,13 @@ Status Srq::modify(const ibv_srq_attr& attr, int mask) {
   if ((mask & IBV_SRQ_LIMIT) && attr.srq_limit > max_wr) return Status(EINVAL);
   if ((mask & IBV_SRQ_MAX_WR) && !(mask & IBV_SRQ_LIMIT) && limit_ > max_wr) return Status(EINVAL);
   if (mask & IBV_SRQ_MAX_WR) {
-    auto queue = std::make_unique<RecvQueue>(attr.max_wr, queue_->max_sge());
+    std::unique_ptr<RecvQueue> queue;
+    try {
+      queue = std::make_unique<RecvQueue>(attr.max_wr, queue_->max_sge(), QueueBuffer::kSrq,
+                                          allocator_);
+    } catch (const std::bad_alloc&) {
+      return Status(ENOMEM);
+    }
     RecvWork work;
     while (queue_->take(work)) {
       ibv_recv_wr wr = {.wr_id = work.wr_id,

@@ -16,6 +16,7 @@
 
 #include "provider/async_event.h"
 #include "provider/pd.h"
+#include "provider/queue_memory.h"
 #include "provider/work_queue.h"
 
 namespace urdma::provider {
@@ -25,8 +26,9 @@ class Doorbell;
 class Srq {
  public:
   // Use Device::create_srq, which validates the attributes.
+  // Its queue (and the queue a resize makes) from `allocator` (queue_memory.h; null: malloc).
   Srq(uint32_t handle, Pd* pd, const ibv_srq_attr& attr, AsyncEventQueue* events,
-      Doorbell* doorbell);
+      Doorbell* doorbell, std::shared_ptr<QueueAllocator> allocator = nullptr);
 
   uint32_t handle() const { return handle_; }
   Pd* pd() const { return pd_; }
@@ -34,10 +36,14 @@ class Srq {
   void add_user() { users_.fetch_add(1, std::memory_order_relaxed); }
   void remove_user() { users_.fetch_sub(1, std::memory_order_relaxed); }
 
+  // Where the queue is (tests: which memory the SRQ uses).
+  const void* ring_data() const { return queue_->ring_data(); }
+
   // ibv_post_srq_recv: EINVAL (too many SGEs) or ENOMEM (full); *bad_wr names the failing WR.
   Status post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
   // ibv_modify_srq: IBV_SRQ_MAX_WR resizes (EINVAL below the WQEs present or above the
-  // device limit), IBV_SRQ_LIMIT arms (EINVAL above max_wr; 0 disarms).
+  // device limit; ENOMEM when the new queue cannot be allocated), IBV_SRQ_LIMIT arms (EINVAL
+  // above max_wr; 0 disarms).
   Status modify(const ibv_srq_attr& attr, int mask);
   // ibv_query_srq.
   ibv_srq_attr query() const;
@@ -53,6 +59,7 @@ class Srq {
   Pd* const pd_;
   AsyncEventQueue* const events_;
   Doorbell* const doorbell_;
+  const std::shared_ptr<QueueAllocator> allocator_;
   mutable std::mutex post_mutex_;
   mutable std::mutex take_mutex_;
   std::unique_ptr<RecvQueue> queue_;  // replaced only under both locks

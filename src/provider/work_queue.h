@@ -19,6 +19,7 @@
 #include "provider/ah.h"
 #include "provider/limits.h"
 #include "provider/mr_table.h"
+#include "provider/queue_memory.h"
 #include "provider/spsc_ring.h"
 #include "provider/status.h"
 
@@ -64,11 +65,13 @@ struct RecvWqe {
 // Not thread-safe: the owner serialises producers (post mutex) and consumers (engine).
 class RecvQueue {
  public:
-  RecvQueue(uint32_t max_wr, uint32_t max_sge)
-      : ring_(max_wr),
+  // The ring and its SGE area from `allocator` (null: malloc), as `type` (kRq or kSrq).
+  RecvQueue(uint32_t max_wr, uint32_t max_sge, QueueBuffer type,
+            const std::shared_ptr<QueueAllocator>& allocator)
+      : ring_(max_wr, type, allocator),
         max_sge_(max_sge),
-        sges_(std::make_unique_for_overwrite<ibv_sge[]>(size_t{ring_.slots()} *
-                                                        (max_sge ? max_sge : 1))) {}
+        sges_(make_queue_array<ibv_sge>(size_t{ring_.slots()} * (max_sge ? max_sge : 1), allocator,
+                                        type)) {}
 
   uint32_t max_wr() const { return ring_.capacity(); }
   uint32_t max_sge() const { return max_sge_; }
@@ -105,10 +108,14 @@ class RecvQueue {
 
   void clear() { ring_.clear(); }
 
+  // Where the ring and the SGE area are (tests).
+  const void* ring_data() const { return ring_.data(); }
+  const void* sge_data() const { return sges_.get(); }
+
  private:
   SpscRing<RecvWqe> ring_;
   const uint32_t max_sge_;
-  std::unique_ptr<ibv_sge[]> sges_;
+  QueueArray<ibv_sge> sges_;
 };
 
 }  // namespace urdma::provider

@@ -52,8 +52,8 @@ Status Context::dealloc_pd(provider::Pd* pd) {
   return s;
 }
 
-provider::Result<provider::Cq*> Context::create_cq(int cqe) {
-  provider::Result<provider::Cq*> cq = dev().create_cq(cqe);
+provider::Result<provider::Cq*> Context::create_cq(int cqe, provider::CqOptions options) {
+  provider::Result<provider::Cq*> cq = dev().create_cq(cqe, std::move(options));
   if (cq.ok()) {
     std::lock_guard lock(mutex_);
     cqs_.insert(cq.value());
@@ -147,10 +147,12 @@ Status Context::dealloc_mw(provider::Mw* mw) {
   return s;
 }
 
-provider::Result<provider::Srq*> Context::create_srq(provider::Pd* pd, const ibv_srq_attr& attr) {
+provider::Result<provider::Srq*> Context::create_srq(
+    provider::Pd* pd, const ibv_srq_attr& attr,
+    std::shared_ptr<provider::QueueAllocator> allocator) {
   std::lock_guard lock(mutex_);
   if (!pds_.contains(pd)) return Status(EINVAL);
-  provider::Result<provider::Srq*> srq = dev().create_srq(pd, attr);
+  provider::Result<provider::Srq*> srq = dev().create_srq(pd, attr, std::move(allocator));
   if (srq.ok()) srqs_.insert(srq.value());
   return srq;
 }

@@ -29,7 +29,7 @@ class Context {
 
   provider::Result<provider::Pd*> alloc_pd();
   provider::Status dealloc_pd(provider::Pd* pd);
-  provider::Result<provider::Cq*> create_cq(int cqe);
+  provider::Result<provider::Cq*> create_cq(int cqe, provider::CqOptions options = {});
   provider::Status destroy_cq(provider::Cq* cq);
   provider::Result<provider::Qp*> create_qp(const provider::QpInitAttr& init);
   provider::Status destroy_qp(provider::Qp* qp);
@@ -42,7 +42,9 @@ class Context {
                                             uint64_t length, int access);
   provider::Result<provider::Mw*> alloc_mw(provider::Pd* pd, ibv_mw_type type);
   provider::Status dealloc_mw(provider::Mw* mw);
-  provider::Result<provider::Srq*> create_srq(provider::Pd* pd, const ibv_srq_attr& attr);
+  provider::Result<provider::Srq*> create_srq(
+      provider::Pd* pd, const ibv_srq_attr& attr,
+      std::shared_ptr<provider::QueueAllocator> allocator = nullptr);
   provider::Status destroy_srq(provider::Srq* srq);
   provider::Result<provider::Ah*> create_ah(provider::Pd* pd, const ibv_ah_attr& attr);
   provider::Status destroy_ah(provider::Ah* ah);

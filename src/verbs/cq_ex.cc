@@ -13,11 +13,17 @@
 //   unless IBV_CREATE_CQ_ATTR_SINGLE_THREADED): `cur` belongs to the thread between the two.
 //   A start_poll that finds nothing returns ENOENT and holds no lock (end_poll must not follow).
 // * An empty CQ drives the engine once on the polling thread (try_progress), as op_poll_cq does.
-// * wc_flags: the standard fields (IBV_WC_STANDARD_FLAGS) are what a completion carries here.
-//   Timestamps, CVLAN, flow tags and tag-matching info are not produced: asking for them is
-//   EOPNOTSUPP (ibv_create_cq_ex(3)), so read_completion_ts & co. are never reachable.
+// * wc_flags: the standard fields (IBV_WC_STANDARD_FLAGS) and the completion timestamps
+//   (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: the device clock, 1 tick = 1 ns;
+//   IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: CLOCK_REALTIME ns), stamped by the provider
+//   CQ when the engine generates the completion (provider/cq.h, completion_clock.h). CVLAN,
+//   flow tags and tag-matching info are not produced: asking for them is EOPNOTSUPP
+//   (ibv_create_cq_ex(3)).
+// * IBV_CQ_INIT_ATTR_MASK_PD names a parent domain (ibv_alloc_parent_domain(3); any other PD is
+//   EINVAL, as in mlx5): the CQ's ring comes from its allocators (domain.cc).
 #include <cerrno>
 #include <mutex>
+#include <utility>
 
 #include "verbs/internal.h"
 
@@ -25,13 +31,15 @@ namespace urdma::verbs {
 
 struct CqExState {
   std::mutex poll_lock;  // held from a successful start_poll to end_poll
-  ibv_wc cur{};          // the completion the read_* accessors describe
+  provider::Completion cur{};  // the completion the read_* accessors describe
   uint64_t wc_flags = 0;
 };
 
 namespace {
 
-constexpr uint64_t kSupportedWcFlags = IBV_WC_STANDARD_FLAGS;
+constexpr uint64_t kSupportedWcFlags =
+    uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP} |
+    uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK};
 constexpr uint32_t kKnownCompMask = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
 // SINGLE_THREADED is a hint (the lock stays); IGNORE_OVERRUN changes semantics we don't offer.
 constexpr uint32_t kSupportedCreateFlags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
@@ -45,8 +53,8 @@ bool take_one(ibv_cq_ex* cq) {
   int n = c->p->poll(1, &s.cur);
   if (n == 0 && c->ctx->rt->runtime().try_progress()) n = c->p->poll(1, &s.cur);
   if (n == 0) return false;
-  cq->status = s.cur.status;
-  cq->wr_id = s.cur.wr_id;
+  cq->status = s.cur.wc.status;
+  cq->wr_id = s.cur.wc.wr_id;
   return true;
 }
 
@@ -65,17 +73,19 @@ int next_poll(ibv_cq_ex* cq) { return take_one(cq) ? 0 : ENOENT; }
 
 void end_poll(ibv_cq_ex* cq) { state(cq).poll_lock.unlock(); }
 
-ibv_wc_opcode read_opcode(ibv_cq_ex* cq) { return state(cq).cur.opcode; }
-uint32_t read_vendor_err(ibv_cq_ex* cq) { return state(cq).cur.vendor_err; }
-uint32_t read_byte_len(ibv_cq_ex* cq) { return state(cq).cur.byte_len; }
+ibv_wc_opcode read_opcode(ibv_cq_ex* cq) { return state(cq).cur.wc.opcode; }
+uint32_t read_vendor_err(ibv_cq_ex* cq) { return state(cq).cur.wc.vendor_err; }
+uint32_t read_byte_len(ibv_cq_ex* cq) { return state(cq).cur.wc.byte_len; }
 // IBV_WC_WITH_INV completions carry the invalidated rkey in the same field (ibv_wc's union).
-__be32 read_imm_data(ibv_cq_ex* cq) { return state(cq).cur.imm_data; }
-uint32_t read_qp_num(ibv_cq_ex* cq) { return state(cq).cur.qp_num; }
-uint32_t read_src_qp(ibv_cq_ex* cq) { return state(cq).cur.src_qp; }
-unsigned int read_wc_flags(ibv_cq_ex* cq) { return state(cq).cur.wc_flags; }
-uint32_t read_slid(ibv_cq_ex* cq) { return state(cq).cur.slid; }
-uint8_t read_sl(ibv_cq_ex* cq) { return state(cq).cur.sl; }
-uint8_t read_dlid_path_bits(ibv_cq_ex* cq) { return state(cq).cur.dlid_path_bits; }
+__be32 read_imm_data(ibv_cq_ex* cq) { return state(cq).cur.wc.imm_data; }
+uint32_t read_qp_num(ibv_cq_ex* cq) { return state(cq).cur.wc.qp_num; }
+uint32_t read_src_qp(ibv_cq_ex* cq) { return state(cq).cur.wc.src_qp; }
+unsigned int read_wc_flags(ibv_cq_ex* cq) { return state(cq).cur.wc.wc_flags; }
+uint32_t read_slid(ibv_cq_ex* cq) { return state(cq).cur.wc.slid; }
+uint8_t read_sl(ibv_cq_ex* cq) { return state(cq).cur.wc.sl; }
+uint8_t read_dlid_path_bits(ibv_cq_ex* cq) { return state(cq).cur.wc.dlid_path_bits; }
+uint64_t read_completion_ts(ibv_cq_ex* cq) { return state(cq).cur.completion_ts; }
+uint64_t read_completion_wallclock_ns(ibv_cq_ex* cq) { return state(cq).cur.wallclock_ns; }
 
 void destroy_state(Cq* c) {
   delete c->ex;
@@ -90,14 +100,19 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
   if (attr->wc_flags & ~kSupportedWcFlags) return fail<ibv_cq_ex>(EOPNOTSUPP);
   if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (attr->flags & ~kSupportedCreateFlags))
     return fail<ibv_cq_ex>(EOPNOTSUPP);
-  // A parent domain is the only PD a CQ may name, and this device has none to offer
-  // (ibv_alloc_parent_domain is EOPNOTSUPP): any PD given here is not one.
-  if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) && attr->parent_domain)
-    return fail<ibv_cq_ex>(EINVAL);
+  provider::CqOptions options;
+  options.completion_timestamp = attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+  options.wallclock_timestamp = attr->wc_flags & IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+  if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+    // A parent domain of this context is the only PD a CQ may name.
+    ibv_pd* pd = attr->parent_domain;
+    if (!pd || pd->context != context || !Pd::from(pd)->domain) return fail<ibv_cq_ex>(EINVAL);
+    options.allocator = queue_allocator(pd);
+  }
   if (attr->cqe > static_cast<uint32_t>(INT32_MAX) || attr->comp_vector > INT32_MAX)
     return fail<ibv_cq_ex>(EINVAL);
   Cq* c = create_cq_common(context, static_cast<int>(attr->cqe), attr->cq_context, attr->channel,
-                           static_cast<int>(attr->comp_vector));
+                           static_cast<int>(attr->comp_vector), std::move(options));
   if (!c) return nullptr;
   c->ex = new CqExState{};
   c->ex->wc_flags = attr->wc_flags;
@@ -119,6 +134,8 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
   x.read_slid = read_slid;
   x.read_sl = read_sl;
   x.read_dlid_path_bits = read_dlid_path_bits;
+  x.read_completion_ts = read_completion_ts;
+  x.read_completion_wallclock_ns = read_completion_wallclock_ns;
   return &c->cq_ex;
 }
 

@@ -432,6 +432,7 @@ int ibv_close_device(ibv_context* context) {
   // here. Nothing of it is touched; the memory stays the child's copy.
   if (c->pid != getpid()) return 0;
   verbs::release_channels(*c);
+  verbs::release_parent_domains(*c);
   delete c->rt;  // destroys the objects the application left, dependents first
   verbs::free_live_objects(*c);  // and their wrappers
   {

@@ -39,7 +39,9 @@
 #include <infiniband/verbs.h>
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <type_traits>
 
@@ -63,12 +65,27 @@ struct Device {
 };
 
 struct Context;
+struct ParentDomain;  // defined in domain.cc
 
+// A PD, or a parent domain (ibv_alloc_parent_domain(3)): a parent domain is interchangeable
+// with a PD, so its `p` is the provider PD of the protection domain it extends and every verb
+// that takes an ibv_pd works on it unchanged. Only what differs is in `domain`.
 struct Pd {
   ibv_pd pd;  // first
   provider::Pd* p;
   Context* ctx;
+  ParentDomain* domain;  // null for a PD from ibv_alloc_pd
   static Pd* from(ibv_pd* x) { return reinterpret_cast<Pd*>(x); }
+};
+
+// ibv_alloc_td(3). Objects under a thread domain keep their locks (the man page allows it:
+// "by default all verbs objects are safe for multi-threaded access, whether or not a thread
+// domain is specified"); the TD is counted by the parent domains that name it.
+struct Td {
+  ibv_td td;  // first
+  Context* ctx;
+  std::atomic<uint32_t> parent_domains;
+  static Td* from(ibv_td* x) { return reinterpret_cast<Td*>(x); }
 };
 
 struct Mr {
@@ -172,7 +189,7 @@ struct Context {
 
 static_assert(std::is_standard_layout_v<Pd> && std::is_standard_layout_v<Mr> &&
               std::is_standard_layout_v<Mw> && std::is_standard_layout_v<Cq> &&
-              std::is_standard_layout_v<Dm> &&
+              std::is_standard_layout_v<Dm> && std::is_standard_layout_v<Td> &&
               std::is_standard_layout_v<Srq> && std::is_standard_layout_v<Qp> &&
               std::is_standard_layout_v<Ah> && std::is_standard_layout_v<Context> &&
               std::is_standard_layout_v<CompChannel> && std::is_standard_layout_v<Device>);
@@ -190,14 +207,35 @@ void init_live_objects(Context& c);
 void release_channels(Context& c);
 // Frees every wrapper still registered (their provider objects are gone already).
 void free_live_objects(Context& c);
+// Registers a wrapper with the function that frees it at ibv_close_device, and forgets it.
+void remember_object(Context* c, void* w, void (*free_fn)(void*));
+void forget_object(Context* c, void* w);
+// A Pd wrapper (a parent domain too: its free function frees `domain`).
+void remember_pd(Context* c, Pd* w);
 
 // ibv_create_cq's work: validates (EINVAL: cqe, comp_vector, a channel of another context),
 // creates the provider CQ, attaches the channel. errno set and null on failure.
+// `options`: the provider CQ's timestamps and allocator (ibv_create_cq_ex).
 Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
-                     int comp_vector);
+                     int comp_vector, provider::CqOptions options = {});
 // ibv_create_qp's work for `pd` and `attr` (attr->cap is updated to the rounded capacities).
 // errno set and null on failure.
 Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr);
+
+// ---- parent and thread domains (domain.cc) ----
+
+// The queue allocator objects created under `pd` use: a parent domain's (its callbacks, or
+// malloc where it has none or they decline), null for a plain PD (malloc).
+std::shared_ptr<provider::QueueAllocator> queue_allocator(ibv_pd* pd);
+// ibv_dealloc_pd of a parent domain: EBUSY while a CQ, QP or SRQ created under it lives.
+int dealloc_parent_domain(Pd* w);
+// Frees a parent domain's own part (its wrapper's `domain`).
+void free_parent_domain(Pd* w);
+// At ibv_close_device, before the provider objects go: the parent domains left release their
+// protection domains (so those can be deallocated).
+void release_parent_domains(Context& c);
+// Fills the verbs_context ops of domain.cc.
+void fill_domain_ops(verbs_context& v);
 
 // ---- the extended entry points (cq_ex.cc / qp_ex.cc) ----
 ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr);

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "provider/completion_clock.h"
 #include "provider/limits.h"
 #include "verbs/internal.h"
 #include "verbs/process.h"
@@ -68,6 +69,8 @@ void free_wrapper(void* p) {
     destroy_sync(&w->qp.mutex, &w->qp.cond);
   } else if constexpr (std::is_same_v<W, Srq>) {
     destroy_sync(&w->srq.mutex, &w->srq.cond);
+  } else if constexpr (std::is_same_v<W, Pd>) {
+    if (w->domain) free_parent_domain(w);
   }
   delete w;
 }
@@ -236,6 +239,10 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   // not mapped is a remote access error, not a crash (provider/mr_table.h). No TSO, RSS,
   // packet pacing, tag matching or CQ moderation: zeros.
   full.odp_caps.general_caps = IBV_ODP_SUPPORT;
+  // Completion timestamps: a 64-bit counter of the device clock at 1 GHz (one tick = 1 ns;
+  // provider/completion_clock.h).
+  full.completion_timestamp_mask = provider::kDeviceClockMask;
+  full.hca_core_clock = provider::kDeviceClockKhz;
   if (provider::implicit_odp_supported()) full.odp_caps.general_caps |= IBV_ODP_SUPPORT_IMPLICIT;
   full.max_dm_size = provider::kMaxDmBytes;
   full.odp_caps.per_transport_caps.rc_odp_caps =
@@ -249,6 +256,23 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   std::memcpy(attr, &full, std::min(attr_size, sizeof full));
   if (attr_size > sizeof full)
     std::memset(reinterpret_cast<char*>(attr) + sizeof full, 0, attr_size - sizeof full);
+  return 0;
+}
+
+// ibv_query_rt_values_ex(3): the device clock now (IBV_VALUES_MASK_RAW_CLOCK), the counter
+// completion timestamps read (provider/completion_clock.h), as a timespec of its nanoseconds.
+// comp_mask in names what is asked, out what is given.
+int op_query_rt_values(ibv_context* context, ibv_values_ex* values) {
+  if (!context || !values) return EINVAL;
+  if (values->comp_mask & ~uint32_t{IBV_VALUES_MASK_RAW_CLOCK}) return EINVAL;
+  uint32_t given = 0;
+  if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
+    const uint64_t ns = provider::completion_clock_ns();
+    values->raw_clock.tv_sec = static_cast<time_t>(ns / 1'000'000'000u);
+    values->raw_clock.tv_nsec = static_cast<long>(ns % 1'000'000'000u);
+    given |= IBV_VALUES_MASK_RAW_CLOCK;
+  }
+  values->comp_mask = given;
   return 0;
 }
 
@@ -296,6 +320,13 @@ int op_query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr, s
 
 }  // namespace
 
+void remember_object(Context* c, void* w, void (*free_fn)(void*)) {
+  std::lock_guard lock(c->live->mutex);
+  c->live->objects.emplace(w, free_fn);
+}
+void forget_object(Context* c, void* w) { forget(c, w); }
+void remember_pd(Context* c, Pd* w) { remember(c, w); }
+
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr, size_t attr_size) {
   if (!context || !attr) return EINVAL;
   ibv_port_attr full{};
@@ -327,7 +358,7 @@ void fill_context(Context& c, ibv_device* device, int async_fd) {
   pthread_mutex_init(&ctx.mutex, nullptr);
   ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
   // Extended ops; those left null make verbs.h's inlines fail with EOPNOTSUPP (XRC, WQ/RSS,
-  // flows, counters, TD/parent domains, SRQ_ex beyond the basic SRQ, open_qp).
+  // flows, counters, SRQ_ex beyond the basic SRQ, open_qp).
   c.vctx.sz = sizeof(verbs_context);
   c.vctx.query_port = op_query_port;
   c.vctx.query_device_ex = op_query_device_ex;
@@ -337,6 +368,8 @@ void fill_context(Context& c, ibv_device* device, int async_fd) {
   c.vctx.reg_dm_mr = op_reg_dm_mr;
   c.vctx.create_cq_ex = create_cq_ex;
   c.vctx.create_qp_ex = create_qp_ex;
+  c.vctx.query_rt_values = op_query_rt_values;
+  fill_domain_ops(c.vctx);
 }
 
 void init_live_objects(Context& c) { c.live = new LiveObjects; }
@@ -347,6 +380,15 @@ void release_channels(Context& c) {
     if (free_fn != &free_wrapper<Cq>) continue;
     Cq* cq = static_cast<Cq*>(object);
     if (cq->channel) cq->channel->impl->detach(*cq->p);
+  }
+}
+
+void release_parent_domains(Context& c) {
+  std::lock_guard lock(c.live->mutex);
+  for (auto& [object, free_fn] : c.live->objects) {
+    if (free_fn != &free_wrapper<Pd>) continue;
+    Pd* pd = static_cast<Pd*>(object);
+    if (pd->domain) pd->p->remove_user();
   }
 }
 
@@ -364,12 +406,12 @@ void free_live_objects(Context& c) {
 // ---- CQ ----
 
 Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
-                     int comp_vector) {
+                     int comp_vector, provider::CqOptions options) {
   if (!context) return fail<Cq>(EINVAL);
   if (comp_vector < 0 || comp_vector >= context->num_comp_vectors) return fail<Cq>(EINVAL);
   if (channel && channel->context != context) return fail<Cq>(EINVAL);
   Context* c = Context::from(context);
-  provider::Result<provider::Cq*> r = c->rt->create_cq(cqe);
+  provider::Result<provider::Cq*> r = c->rt->create_cq(cqe, std::move(options));
   if (!r.ok()) return fail<Cq>(r.error());
   auto* w = new Cq{};
   w->p = r.value();
@@ -419,6 +461,7 @@ ibv_pd* ibv_alloc_pd(ibv_context* context) {
 int ibv_dealloc_pd(ibv_pd* pd) {
   if (!pd) return EINVAL;
   verbs::Pd* w = verbs::Pd::from(pd);
+  if (w->domain) return verbs::dealloc_parent_domain(w);
   provider::Status s = w->ctx->rt->dealloc_pd(w->p);
   if (!s.ok()) return s.error();
   verbs::forget(w->ctx, w);
@@ -612,7 +655,8 @@ int ibv_destroy_cq(ibv_cq* cq) {
 ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
   if (!pd || !init) return fail<ibv_srq>(EINVAL);
   verbs::Pd* p = verbs::Pd::from(pd);
-  provider::Result<provider::Srq*> r = p->ctx->rt->create_srq(p->p, init->attr);
+  provider::Result<provider::Srq*> r =
+      p->ctx->rt->create_srq(p->p, init->attr, verbs::queue_allocator(pd));
   if (!r.ok()) return fail<ibv_srq>(r.error());
   auto* w = new verbs::Srq{};
   w->p = r.value();
@@ -675,6 +719,7 @@ Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr) {
   init.srq = attr->srq ? Srq::from(attr->srq)->p : nullptr;
   init.cap = attr->cap;
   init.sq_sig_all = attr->sq_sig_all != 0;
+  init.allocator = queue_allocator(pd);
   provider::Result<provider::Qp*> r = p->ctx->rt->create_qp(init);
   if (!r.ok()) return fail<Qp>(r.error());
   auto* w = new Qp{};

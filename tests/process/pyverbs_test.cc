@@ -5,7 +5,7 @@
 // network namespace (netns_harness.h) where our library starts its urdmad.
 //
 // The script prints what pyverbs returned as `name=value` lines; the assertions are here:
-// the device list, query_device(_ex)/query_port/query_gid(_ex), the EOPNOTSUPP answers; an RC SEND with immediate, RDMA WRITE and
+// the device list, query_device(_ex)/query_port/query_gid(_ex), the device clock, the EOPNOTSUPP answers; an RC SEND with immediate, RDMA WRITE and
 // WRITE with immediate of 64 KiB between two QPs of one process (CQE fields, CRC-32 of the
 // buffers; the receiver waits on a completion channel); and a pyverbs.cmid client and server exchanging a SEND each way. Skipped when
 // /usr/bin/python3 cannot import pyverbs (scripts/deps.sh installs python3-pyverbs).
@@ -83,9 +83,14 @@ TEST(Pyverbs, ListsOpensAndQueriesUrdma0) {
     EXPECT_EQ(text(f, "gid0"), "::ffff:127.0.0.1");
     EXPECT_EQ(text(f, "gid0_type"), "IBV_GID_TYPE_ROCE_V2");
     EXPECT_EQ(number(f, "ex_max_qp"), number(f, "max_qp"));
-    // No hardware clock, no XRC, no parent domains: EOPNOTSUPP, as from a device without them.
-    for (const char* call : {"rt_values_errno", "xrcd_errno", "parent_domain_errno"})
-      EXPECT_EQ(number(f, call), EOPNOTSUPP) << call;
+    // The device clock: 1 GHz, read by query_rt_values_ex before Python's time.monotonic_ns()
+    // (both CLOCK_MONOTONIC: provider/completion_clock.h).
+    EXPECT_EQ(number(f, "hca_core_clock"), 1'000'000);
+    EXPECT_GT(number(f, "rt_values_ns"), 0);
+    EXPECT_LE(number(f, "rt_values_ns"), number(f, "monotonic_ns"));
+    // No XRC: EOPNOTSUPP, as from a device without it. Parent domains are made.
+    EXPECT_EQ(number(f, "xrcd_errno"), EOPNOTSUPP);
+    EXPECT_EQ(number(f, "parent_domain_errno"), 0);
   }, 60);
 }
 

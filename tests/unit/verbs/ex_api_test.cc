@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
+#include <ctime>
 #include <random>
 #include <thread>
 #include <vector>
@@ -118,7 +120,8 @@ class VerbsEx : public ::testing::Test {
     return cq;
   }
 
-  ibv_qp* make_qp_ex(ibv_qp_type type, ibv_cq* cq, uint64_t ops, uint32_t max_send_wr = 64) {
+  ibv_qp* make_qp_ex(ibv_qp_type type, ibv_cq* cq, uint64_t ops, uint32_t max_send_wr = 64,
+                     ibv_pd* pd = nullptr) {
     ibv_qp_init_attr_ex a{};
     a.send_cq = cq;
     a.recv_cq = cq;
@@ -129,7 +132,7 @@ class VerbsEx : public ::testing::Test {
     a.cap.max_recv_sge = 4;
     a.cap.max_inline_data = 64;
     a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    a.pd = pd_;
+    a.pd = pd ? pd : pd_;
     a.send_ops_flags = ops;
     ibv_qp* qp = ibv_create_qp_ex(ctx_, &a);
     EXPECT_NE(qp, nullptr) << std::strerror(errno);
@@ -202,7 +205,7 @@ constexpr uint64_t kRcOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRIT
 TEST_F(VerbsEx, CreateCqExRefusesWhatItCannotDo) {
   ibv_cq_init_attr_ex a{};
   a.cqe = 16;
-  a.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+  a.wc_flags = uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_CVLAN;
   errno = 0;
   EXPECT_EQ(ibv_create_cq_ex(ctx_, &a), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);  // ibv_create_cq_ex(3): unsupported wc_flags
@@ -686,16 +689,385 @@ TEST_F(VerbsEx, QueryDeviceExClaimsOnlyWhatIsThere) {
             uint32_t{IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
                      IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV});
   EXPECT_EQ(ax.odp_caps.per_transport_caps.ud_odp_caps & IBV_ODP_SUPPORT_READ, 0u);
-  EXPECT_EQ(ax.completion_timestamp_mask, 0u);  // hence IBV_WC_EX_WITH_COMPLETION_TIMESTAMP off
-  EXPECT_EQ(ax.hca_core_clock, 0u);
+  // Completion timestamps: a 64-bit nanosecond counter (1 GHz).
+  EXPECT_EQ(ax.completion_timestamp_mask, ~uint64_t{0});
+  EXPECT_EQ(ax.hca_core_clock, 1'000'000u);
   EXPECT_EQ(ax.tso_caps.max_tso, 0u);
   EXPECT_EQ(ax.rss_caps.max_rwq_indirection_tables, 0u);
   EXPECT_EQ(ax.max_wq_type_rq, 0u);
   EXPECT_EQ(ax.tm_caps.max_num_tags, 0u);
   EXPECT_EQ(ax.max_dm_size, 256u * 1024);  // device memory: host memory the device owns
+}
+
+
+// ---- completion timestamps and the device clock ----
+
+uint64_t clock_now_ns(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+}
+
+uint64_t device_clock_now(ibv_context* ctx) {
   ibv_values_ex v{};
   v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
-  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), EOPNOTSUPP);
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx, &v), 0);
+  EXPECT_EQ(v.comp_mask, uint32_t{IBV_VALUES_MASK_RAW_CLOCK});
+  return uint64_t(v.raw_clock.tv_sec) * 1'000'000'000u + uint64_t(v.raw_clock.tv_nsec);
+}
+
+struct Stamped {
+  uint64_t wr_id;
+  ibv_wc_status status;
+  uint64_t ts, wallclock;
+};
+
+std::vector<Stamped> poll_stamped(ibv_cq_ex* cq, size_t n) {
+  std::vector<Stamped> out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+    ibv_poll_cq_attr attr{};
+    int rc = ibv_start_poll(cq, &attr);
+    if (rc == ENOENT) continue;
+    EXPECT_EQ(rc, 0);
+    if (rc != 0) break;
+    do {
+      out.push_back({cq->wr_id, cq->status, ibv_wc_read_completion_ts(cq),
+                     ibv_wc_read_completion_wallclock_ns(cq)});
+    } while (out.size() < n && (rc = ibv_next_poll(cq)) == 0);
+    ibv_end_poll(cq);
+  }
+  return out;
+}
+
+// ibv_query_rt_values_ex(3): the device clock (CLOCK_MONOTONIC ns, provider/completion_clock.h)
+// as a normalised timespec; comp_mask out says what was given.
+TEST_F(VerbsEx, QueryRtValuesReadsTheDeviceClock) {
+  const uint64_t before = clock_now_ns(CLOCK_MONOTONIC);
+  ibv_values_ex v{};
+  v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+  ASSERT_EQ(ibv_query_rt_values_ex(ctx_, &v), 0);
+  const uint64_t after = clock_now_ns(CLOCK_MONOTONIC);
+  EXPECT_EQ(v.comp_mask, uint32_t{IBV_VALUES_MASK_RAW_CLOCK});
+  EXPECT_LT(v.raw_clock.tv_nsec, 1'000'000'000);
+  const uint64_t raw = uint64_t(v.raw_clock.tv_sec) * 1'000'000'000u + uint64_t(v.raw_clock.tv_nsec);
+  EXPECT_GE(raw, before);
+  EXPECT_LE(raw, after);
+  EXPECT_LE(raw, device_clock_now(ctx_));  // never backwards
+  v = {};
+  v.comp_mask = 0;  // nothing asked, nothing given
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), 0);
+  EXPECT_EQ(v.comp_mask, 0u);
+  v.comp_mask = IBV_VALUES_MASK_RESERVED;
+  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), EINVAL);
+}
+
+// Every completion of a CQ asked for timestamps carries the device clock and the wall clock of
+// its generation: inside the window of the operation, in order on each CQ, on the clock
+// ibv_query_rt_values_ex reads.
+TEST_F(VerbsEx, CompletionTimestampsFallInTheOperationAndKeepOrder) {
+  const uint64_t flags = uint64_t{IBV_WC_STANDARD_FLAGS} | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+                         IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+  ibv_cq_ex* cqa = make_cq_ex(flags);
+  ibv_cq_ex* cqb = make_cq_ex(flags);
+  ASSERT_TRUE(cqa && cqb);
+  ibv_qp* a = make_qp_ex(IBV_QPT_RC, ibv_cq_ex_to_cq(cqa), kRcOps);
+  ibv_qp* b = make_qp_ex(IBV_QPT_RC, ibv_cq_ex_to_cq(cqb), kRcOps);
+  ASSERT_TRUE(a && b);
+  connect(a, b->qp_num);
+  connect(b, a->qp_num);
+  constexpr int kMessages = 8;
+  std::vector<uint8_t> rbuf(kMessages * 64);
+  ibv_mr* mr = ibv_reg_mr(pd_, rbuf.data(), rbuf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  for (int i = 0; i < kMessages; ++i) post_recv(b, 100 + i, rbuf.data() + 64 * i, 64, mr->lkey);
+
+  const uint64_t device0 = device_clock_now(ctx_);
+  const uint64_t wall0 = clock_now_ns(CLOCK_REALTIME);
+  ibv_qp_ex* x = ibv_qp_to_qp_ex(a);
+  ibv_wr_start(x);
+  char msg[] = "stamped";
+  for (int i = 0; i < kMessages; ++i) {
+    x->wr_id = i;
+    x->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send(x);
+    ibv_wr_set_inline_data(x, msg, sizeof msg);
+  }
+  ASSERT_EQ(ibv_wr_complete(x), 0);
+  std::vector<Stamped> sent = poll_stamped(cqa, kMessages);
+  std::vector<Stamped> received = poll_stamped(cqb, kMessages);
+  const uint64_t wall1 = clock_now_ns(CLOCK_REALTIME);
+  const uint64_t device1 = device_clock_now(ctx_);
+  ASSERT_EQ(sent.size(), size_t{kMessages});
+  ASSERT_EQ(received.size(), size_t{kMessages});
+  for (const std::vector<Stamped>* cq : {&sent, &received}) {
+    uint64_t prev = 0;
+    for (const Stamped& s : *cq) {
+      EXPECT_EQ(s.status, IBV_WC_SUCCESS);
+      EXPECT_GE(s.ts, device0);
+      EXPECT_LE(s.ts, device1);
+      EXPECT_GE(s.ts, prev);
+      prev = s.ts;
+      EXPECT_GE(s.wallclock, wall0);  // CLOCK_REALTIME: unless the clock was stepped meanwhile
+      EXPECT_LE(s.wallclock, wall1);
+    }
+  }
+  // A message is received before its ACK completes the send.
+  for (int i = 0; i < kMessages; ++i) EXPECT_LE(received[i].ts, sent[i].ts) << i;
+  for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  for (ibv_cq_ex* cq : {cqa, cqb}) EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+}
+
+// ---- parent domains and thread domains ----
+
+// The application's allocator of the parent-domain tests: zeroed aligned_alloc buffers (the
+// man page makes zeroing the callback's job), every call checked and remembered.
+struct AppAllocator {
+  struct Buffer {
+    void* ptr;
+    size_t size;
+    uint64_t type;
+  };
+  bool decline = false;  // answer IBV_ALLOCATOR_USE_DEFAULT
+  std::vector<Buffer> live;
+  std::vector<uint64_t> types;  // of every allocation, in order
+  std::vector<ibv_pd*> pds;     // the pd of every call
+  int allocs = 0, frees = 0, bad = 0;
+
+  static void* alloc(ibv_pd* pd, void* pd_context, size_t size, size_t alignment,
+                     uint64_t type) {
+    auto* a = static_cast<AppAllocator*>(pd_context);
+    ++a->allocs;
+    a->pds.push_back(pd);
+    a->types.push_back(type);
+    if (a->decline) return IBV_ALLOCATOR_USE_DEFAULT;
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0) ++a->bad;
+    const size_t rounded = (size + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, rounded);
+    std::memset(p, 0, rounded);
+    a->live.push_back({p, size, type});
+    return p;
+  }
+  static void release(ibv_pd* pd, void* pd_context, void* ptr, uint64_t type) {
+    auto* a = static_cast<AppAllocator*>(pd_context);
+    ++a->frees;
+    a->pds.push_back(pd);
+    auto it = std::find_if(a->live.begin(), a->live.end(),
+                           [&](const Buffer& b) { return b.ptr == ptr; });
+    if (it == a->live.end() || it->type != type) {
+      ++a->bad;
+      return;
+    }
+    std::free(ptr);
+    a->live.erase(it);
+  }
+  // A buffer of `type` holds the 8 bytes of `value` (the device wrote it there).
+  bool holds(uint64_t type, uint64_t value) const {
+    for (const Buffer& b : live) {
+      if (b.type != type) continue;
+      const auto* p = static_cast<const uint8_t*>(b.ptr);
+      for (size_t off = 0; off + 8 <= b.size; off += 8)
+        if (std::memcmp(p + off, &value, 8) == 0) return true;
+    }
+    return false;
+  }
+};
+
+// RDMA_DRIVER_UNKNOWN << 32 | code (src/verbs/domain.cc, docs/COMPATIBILITY.md).
+constexpr uint64_t kResQp = 1, kResRq = 2, kResSrq = 4, kResCq = 5;
+
+ibv_pd* alloc_domain(ibv_context* ctx, ibv_pd* pd, AppAllocator* app, ibv_td* td = nullptr) {
+  ibv_parent_domain_init_attr a{};
+  a.pd = pd;
+  a.td = td;
+  if (app) {
+    a.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+    a.alloc = AppAllocator::alloc;
+    a.free = AppAllocator::release;
+    a.pd_context = app;
+  }
+  return ibv_alloc_parent_domain(ctx, &a);
+}
+
+// Everything created under a parent domain with allocators keeps its queues in the
+// application's buffers: the CQ's completions, the SQ's WQEs, the RQ's and the SRQ's receive
+// WQEs are found there, and RC traffic through them moves the right bytes. Each buffer goes
+// back through free once, with its type and the parent domain.
+TEST_F(VerbsEx, ParentDomainQueuesLiveInTheApplicationsBuffers) {
+  AppAllocator app;
+  ibv_pd* dom = alloc_domain(ctx_, pd_, &app);
+  ASSERT_NE(dom, nullptr) << std::strerror(errno);
+  EXPECT_EQ(dom->context, ctx_);
+  EXPECT_EQ(app.allocs, 0);
+
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 64;
+  ca.wc_flags = IBV_WC_STANDARD_FLAGS;
+  ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  ca.parent_domain = dom;
+  ibv_cq_ex* cqx = ibv_create_cq_ex(ctx_, &ca);
+  ASSERT_NE(cqx, nullptr) << std::strerror(errno);
+  ibv_cq* cq = ibv_cq_ex_to_cq(cqx);
+  ASSERT_EQ(app.types, std::vector<uint64_t>{kResCq});
+
+  ibv_srq_init_attr sa{};
+  sa.attr.max_wr = 16;
+  sa.attr.max_sge = 1;
+  ibv_srq* srq = ibv_create_srq(dom, &sa);
+  ASSERT_NE(srq, nullptr) << std::strerror(errno);
+  EXPECT_EQ(srq->pd, dom);
+  ibv_qp* a = make_qp_ex(IBV_QPT_RC, cq, IBV_QP_EX_WITH_SEND, 64, dom);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->pd, dom);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.srq = srq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap = {16, 0, 1, 0, 0};
+  ibv_qp* b = ibv_create_qp(dom, &qa);
+  ASSERT_NE(b, nullptr) << std::strerror(errno);
+  for (uint64_t t : app.types) {
+    EXPECT_TRUE(t == kResQp || t == kResRq || t == kResSrq || t == kResCq) << t;
+  }
+  EXPECT_EQ(std::count(app.types.begin(), app.types.end(), kResSrq), 2);  // ring + SGEs
+  EXPECT_EQ(std::count(app.types.begin(), app.types.end(), kResRq), 2);   // a's own RQ only
+  EXPECT_EQ(std::count(app.types.begin(), app.types.end(), kResQp), 4);   // 2 SQs, 2 side areas
+  connect(a, b->qp_num);
+  connect(b, a->qp_num);
+
+  std::vector<uint8_t> rbuf(64);
+  ibv_mr* mr = ibv_reg_mr(dom, rbuf.data(), rbuf.size(), IBV_ACCESS_LOCAL_WRITE);  // a PD
+  ASSERT_NE(mr, nullptr) << std::strerror(errno);
+  EXPECT_EQ(mr->pd, dom);
+  constexpr uint64_t kSrqWr = 0x5151515151515151, kRqWr = 0x7272727272727272,
+                     kSendWr = 0x3939393939393939;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(rbuf.data()), 64, mr->lkey};
+  ibv_recv_wr rw{}, *bad = nullptr;
+  rw.wr_id = kSrqWr;
+  rw.sg_list = &sge;
+  rw.num_sge = 1;
+  ASSERT_EQ(ibv_post_srq_recv(srq, &rw, &bad), 0);
+  post_recv(a, kRqWr, rbuf.data(), 8, mr->lkey);  // stays posted
+  EXPECT_TRUE(app.holds(kResSrq, kSrqWr));
+  EXPECT_TRUE(app.holds(kResRq, kRqWr));
+
+  ibv_qp_ex* x = ibv_qp_to_qp_ex(a);
+  ibv_wr_start(x);
+  x->wr_id = kSendWr;
+  x->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send(x);
+  char msg[] = "parent domain";
+  ibv_wr_set_inline_data(x, msg, sizeof msg);
+  ASSERT_EQ(ibv_wr_complete(x), 0);
+  EXPECT_TRUE(app.holds(kResQp, kSendWr));
+  std::vector<ExWc> wcs = poll_ex(cqx, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  for (const ExWc& w : wcs) {
+    EXPECT_EQ(w.status, IBV_WC_SUCCESS);
+    EXPECT_TRUE(w.wr_id == kSendWr || w.wr_id == kSrqWr) << w.wr_id;
+  }
+  EXPECT_STREQ(reinterpret_cast<char*>(rbuf.data()), msg);
+  EXPECT_TRUE(app.holds(kResCq, kSendWr));  // the completions were written there
+  EXPECT_TRUE(app.holds(kResCq, kSrqWr));
+
+  // In use: neither the parent domain nor its protection domain can go.
+  EXPECT_EQ(ibv_dealloc_pd(dom), EBUSY);
+  EXPECT_EQ(ibv_dealloc_pd(pd_), EBUSY);
+  for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_srq(srq), 0);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_TRUE(app.live.empty());
+  EXPECT_EQ(app.frees, app.allocs);
+  EXPECT_EQ(app.bad, 0);
+  for (ibv_pd* p : app.pds) EXPECT_EQ(p, dom);
+  EXPECT_EQ(ibv_dealloc_pd(dom), 0);
+}
+
+// Parent domains without allocators, or whose allocator answers IBV_ALLOCATOR_USE_DEFAULT, use
+// the provider's own memory (nothing to free); a thread domain is counted by its parent
+// domains; the man pages' EINVALs.
+TEST_F(VerbsEx, ParentAndThreadDomainRules) {
+  auto null_with = [](void* p, int err) { return p == nullptr && errno == err; };
+  ibv_td_init_attr tda{};
+  ibv_td* td = ibv_alloc_td(ctx_, &tda);
+  ASSERT_NE(td, nullptr) << std::strerror(errno);
+  EXPECT_EQ(td->context, ctx_);
+  tda.comp_mask = 1;
+  errno = 0;
+  EXPECT_TRUE(null_with(ibv_alloc_td(ctx_, &tda), EINVAL));
+
+  ibv_pd* dom = alloc_domain(ctx_, pd_, nullptr, td);
+  ASSERT_NE(dom, nullptr) << std::strerror(errno);
+  EXPECT_EQ(ibv_dealloc_td(td), EBUSY);
+  errno = 0;
+  EXPECT_TRUE(null_with(alloc_domain(ctx_, dom, nullptr), EINVAL));  // not a PD
+  errno = 0;
+  EXPECT_TRUE(null_with(alloc_domain(ctx_, nullptr, nullptr), EINVAL));
+  ibv_parent_domain_init_attr odd{};
+  odd.pd = pd_;
+  odd.comp_mask = 1u << 5;
+  errno = 0;
+  EXPECT_TRUE(null_with(ibv_alloc_parent_domain(ctx_, &odd), EINVAL));
+  // A CQ names a parent domain, not a PD.
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 8;
+  ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  ca.parent_domain = pd_;
+  errno = 0;
+  EXPECT_TRUE(null_with(ibv_create_cq_ex(ctx_, &ca), EINVAL));
+  ca.parent_domain = dom;
+  ibv_cq_ex* cq = ibv_create_cq_ex(ctx_, &ca);
+  ASSERT_NE(cq, nullptr) << std::strerror(errno);
+  ibv_qp* qp = make_qp_ex(IBV_QPT_UD, ibv_cq_ex_to_cq(cq), IBV_QP_EX_WITH_SEND, 8, dom);
+  ASSERT_NE(qp, nullptr);
+  EXPECT_EQ(ibv_dealloc_pd(dom), EBUSY);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), 0);
+  EXPECT_EQ(ibv_dealloc_pd(dom), 0);
+  EXPECT_EQ(ibv_dealloc_td(td), 0);
+
+  AppAllocator declining;
+  declining.decline = true;
+  ibv_pd* dom2 = alloc_domain(ctx_, pd_, &declining);
+  ASSERT_NE(dom2, nullptr);
+  ibv_cq* plain = ibv_create_cq(ctx_, 8, nullptr, nullptr, 0);
+  ibv_qp* qp2 = make_qp_ex(IBV_QPT_RC, plain, IBV_QP_EX_WITH_SEND, 8, dom2);
+  ASSERT_NE(qp2, nullptr);
+  EXPECT_EQ(declining.allocs, 4);  // asked for each buffer, declined each
+  EXPECT_EQ(ibv_destroy_qp(qp2), 0);
+  EXPECT_EQ(declining.frees, 0);
+  EXPECT_EQ(ibv_destroy_cq(plain), 0);
+  EXPECT_EQ(ibv_dealloc_pd(dom2), 0);
+}
+
+// A context closed with a parent domain and objects under it still in use gives every buffer
+// back through the application's free.
+TEST_F(VerbsEx, ClosingTheContextFreesTheParentDomainsBuffers) {
+  ibv_context* ctx = ibv_open_device(list_[0]);
+  ASSERT_NE(ctx, nullptr);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ASSERT_NE(pd, nullptr);
+  AppAllocator app;
+  ibv_pd* dom = alloc_domain(ctx, pd, &app);
+  ASSERT_NE(dom, nullptr);
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 8;
+  ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+  ca.parent_domain = dom;
+  ibv_cq_ex* cq = ibv_create_cq_ex(ctx, &ca);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = ibv_cq_ex_to_cq(cq);
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap = {4, 4, 1, 1, 0};
+  ASSERT_NE(ibv_create_qp(dom, &qa), nullptr);
+  EXPECT_EQ(app.allocs, 5);
+  EXPECT_EQ(ibv_close_device(ctx), 0);
+  EXPECT_EQ(app.frees, 5);
+  EXPECT_TRUE(app.live.empty());
+  EXPECT_EQ(app.bad, 0);
 }
 
 }  // namespace

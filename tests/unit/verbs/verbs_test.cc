@@ -524,13 +524,6 @@ TEST_F(Verbs, PostErrorsNameTheFirstFailingWr) {
 TEST_F(Verbs, VerbsNotOfferedFailWithEopnotsupp) {
   auto null_with = [](void* p, int err) { return p == nullptr && errno == err; };
   errno = 0;
-  ibv_td_init_attr td{};
-  EXPECT_TRUE(null_with(ibv_alloc_td(ctx_, &td), EOPNOTSUPP));
-  errno = 0;
-  ibv_parent_domain_init_attr pda{};
-  pda.pd = pd_;
-  EXPECT_TRUE(null_with(ibv_alloc_parent_domain(ctx_, &pda), EOPNOTSUPP));
-  errno = 0;
   ibv_counters_init_attr ca{};
   EXPECT_TRUE(null_with(ibv_create_counters(ctx_, &ca), EOPNOTSUPP));
   errno = 0;
@@ -541,8 +534,6 @@ TEST_F(Verbs, VerbsNotOfferedFailWithEopnotsupp) {
   EXPECT_TRUE(null_with(ibv_open_qp(ctx_, &oa), EOPNOTSUPP));
   errno = 0;
   EXPECT_TRUE(null_with(ibv_alloc_null_mr(pd_), EOPNOTSUPP));
-  ibv_values_ex v{};
-  EXPECT_EQ(ibv_query_rt_values_ex(ctx_, &v), EOPNOTSUPP);
   ibv_cq* cq = ibv_create_cq(ctx_, 4, nullptr, nullptr, 0);
   ASSERT_NE(cq, nullptr);
   ibv_wq_init_attr wa{};
