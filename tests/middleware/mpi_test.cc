@@ -92,7 +92,9 @@ void expect_ok(const Case& c, const ToolRun& r, int ranks, int namespaces) {
   const std::string want = "mpi_check: ok ranks=" + std::to_string(ranks) +
                            " namespaces=" + std::to_string(namespaces) + " ";
   EXPECT_NE(r.output.find(want), std::string::npos) << r.output;
-  if (c.tls == nullptr) EXPECT_EQ(count(r.output, "mtl:ofi:provider: urdma0\n"), ranks) << r.output;
+  if (c.tls == nullptr) {
+    EXPECT_EQ(count(r.output, "mtl:ofi:provider: urdma0\n"), ranks) << r.output;
+  }
 }
 
 void skip_without(const Case& c) {
