@@ -649,7 +649,10 @@ int srq_server(int port, int messages, bool ep) {
   }
   std::printf("srq created: %s, pd %s\n", id->srq ? "yes" : "no", id->pd ? "set" : "none");
   std::string buffer(static_cast<size_t>(messages) * kSrqMessageSize, '\0');
-  ibv_mr* mr = ibv_reg_mr(id->pd, buffer.data(), buffer.size(), IBV_ACCESS_LOCAL_WRITE);
+  // The SRQ's PD: id->pd stays the device's PD when rdma_create_srq is given one of its own
+  // (rdma-core's rdma_create_srq_ex sets id->pd only when the id has none).
+  ibv_mr* mr = ibv_reg_mr(own_pd ? own_pd : id->pd, buffer.data(), buffer.size(),
+                          IBV_ACCESS_LOCAL_WRITE);
   if (!mr) return 7;
   for (int i = 0; i < messages; ++i) {
     ibv_sge sge{reinterpret_cast<uintptr_t>(&buffer[i * kSrqMessageSize]), kSrqMessageSize,
