@@ -103,8 +103,9 @@ plain_built=$?
 stage "plain tests: process, simulation sweeps, benchmarks"
 [ "$plain_built" -eq 0 ] && run_ctest build -L '^(process|sim|bench)$'
 
-# Middleware on urdma (tests/middleware, in the plain build): Open MPI and MPICH over UCX.
-stage "middleware: MPI over UCX on urdma"
+# Middleware on urdma (tests/middleware, in the plain build): Open MPI and MPICH over UCX, Open
+# MPI over libfabric, rdma-core's own tests.
+stage "middleware: MPI over UCX and libfabric, rdma-core's tests"
 [ "$plain_built" -eq 0 ] && run_ctest build -L '^middleware$'
 
 # The sanitizer builds compile at -O1 with line tables only (-g1: what a report's stack needs),
