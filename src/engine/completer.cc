@@ -205,9 +205,28 @@ struct CompleterSteps {
       if (aeth.is_nak() || aeth.is_rnr_nak()) return CompState::kNak;
       return CompState::kDropBadResponse;  // reserved syndrome type
     }
+    // IBA 1.5: an ATOMIC WRITE is answered by an RDMA READ Response Only without data (rxe's
+    // send_read_response_ack); it acknowledges the ATOMIC WRITE's PSN as an ACK would.
+    if (opcode == wire::op::kRcReadResponseOnly && pkt->payload().empty() &&
+        answers_atomic_write()) {
+      return pkt->aeth()->is_ack() ? CompState::kWriteSend : CompState::kDropBadResponse;
+    }
     if (pkt->info().is(wire::kReadResponse)) return CompState::kRead;
     if (opcode == wire::op::kRcAtomicAck) return CompState::kAtomic;
     return CompState::kDropBadResponse;
+  }
+
+  // Whether the response's PSN is that of a sent ATOMIC WRITE.
+  bool answers_atomic_write() const {
+    for (uint32_t i = 0; i < req.started; ++i) {
+      const WqeState& w = req.at(i);
+      if (w.stage == WqeStage::kNew) break;
+      if (w.stage == WqeStage::kDone || w.npkts == 0 || !wire::in_window(psn, w.first_psn, w.npkts))
+        continue;
+      const provider::SendWqe* wqe = ctx.qp->sq_peek_st(i);
+      return wqe != nullptr && wqe->opcode == IBV_WR_ATOMIC_WRITE;
+    }
+    return false;
   }
 
   // ---- WRITE_SEND: an ACK, cumulative (IBA 9.7.5.1.1).

@@ -358,6 +358,8 @@ class Engine final : public provider::Doorbell {
   void run_responder(QpContext& ctx);
   void send_read_response(QpContext& ctx);
   void send_atomic_ack(QpContext& ctx, uint32_t psn, uint64_t orig);
+  // The answer to an ATOMIC WRITE (rxe's): an RDMA READ Response Only without data.
+  void send_empty_read_response(QpContext& ctx, uint32_t psn);
   friend struct ResponderSteps;
 
   provider::Device& device_;

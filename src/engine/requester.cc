@@ -197,6 +197,27 @@ Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWq
     send_packet(ctx.route);
     req.next_psn = wire::psn_next(psn);
     finish_wqe();
+  } else if (wqe.opcode == IBV_WR_ATOMIC_WRITE) {
+    // IBA 1.5 ATOMIC WRITE: one packet, RETH (DMA length 8) and the 8 bytes, acknowledged as
+    // rxe answers it (a zero-length RDMA READ Response Only, or an ACK after it).
+    wire::PacketHeaders h = begin_packet(op::kRcAtomicWrite, wire::kAtomicOperandBytes);
+    h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+    h.bth().set_psn(psn);
+    h.bth().set_ack_req(true);
+    h.reth()->set_va(wqe.remote_addr);
+    h.reth()->set_rkey(wqe.rkey);
+    h.reth()->set_dma_length(static_cast<uint32_t>(wire::kAtomicOperandBytes));
+    if (wqe.send_flags & IBV_SEND_INLINE) {
+      // Posted inline: the bytes are in the WQE (provider::Qp::fill_send_wqe).
+      tx_add_payload({reinterpret_cast<const uint8_t*>(&wqe.compare_add), sizeof(wqe.compare_add)});
+    } else if (!tx_gather(ctx, wqe, 0, wire::kAtomicOperandBytes)) {
+      tx_abandon();
+      fail_wqe_at(ctx, req.cur, IBV_WC_LOC_PROT_ERR);
+      return ReqStep::kError;
+    }
+    send_packet(ctx.route);
+    req.next_psn = wire::psn_next(psn);
+    finish_wqe();
   } else {
     // SEND or RDMA WRITE: one packet of up to one path MTU (IBA 9.5: First/Middle carry
     // exactly PMTU bytes, Last/Only 0..PMTU).

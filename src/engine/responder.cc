@@ -106,6 +106,7 @@ struct ResponderSteps {
   bool is_write() const { return info.is(wire::kWrite); }
   bool is_read() const { return info.is(wire::kReadRequest); }
   bool is_atomic() const { return info.is(wire::kAtomic); }
+  bool is_atomic_write() const { return info.is(wire::kAtomicWrite); }
   bool first() const { return info.is(wire::kFirst); }
   bool last() const { return info.is(wire::kLast); }
   // An error on UC: drop the rest of the message, no NAK (IBA 9.8.3.x).
@@ -229,14 +230,15 @@ struct ResponderSteps {
   }
 
   // ---- CHECK_OP_VALID: IBA 9.7.5.2.x / 10.2.3: the QP's access flags must allow remote
-  // writes, reads or atomics; FLUSH and ATOMIC WRITE are not supported here.
+  // writes (RDMA WRITE and ATOMIC WRITE, as rxe_resp.c check_op_valid), reads or atomics;
+  // FLUSH is not supported here.
   RespState check_op_valid() {
     const int access = ctx.attr.qp_access_flags;
     bool ok = true;
-    if (is_write()) ok = (access & IBV_ACCESS_REMOTE_WRITE) != 0;
+    if (is_write() || is_atomic_write()) ok = (access & IBV_ACCESS_REMOTE_WRITE) != 0;
     if (is_read()) ok = (access & IBV_ACCESS_REMOTE_READ) != 0;
     if (is_atomic()) ok = (access & IBV_ACCESS_REMOTE_ATOMIC) != 0;
-    if (info.any(wire::kFlush | wire::kAtomicWrite)) ok = false;
+    if (info.is(wire::kFlush)) ok = false;
     if (!ok) return rc ? RespState::kErrInvalidRequest : uc_reject();
     return RespState::kCheckResource;
   }
@@ -245,8 +247,9 @@ struct ResponderSteps {
   // 0 there is none (IBA 9.7.5.2.x, C9-xx; rxe_resp.c check_resource →
   // RESPST_ERR_TOO_MANY_RDMA_ATM_REQ). A SEND (First/Only) or a WRITE with immediate
   // (Last/Only) needs a receive WQE; none → RNR NAK (IBA 9.7.5.2.8), UC: the message is dropped.
+  // An ATOMIC WRITE takes a responder resource too (rxe_resp.c check_resource).
   RespState check_resource() {
-    if ((is_read() || is_atomic()) && ctx.attr.max_dest_rd_atomic == 0)
+    if ((is_read() || is_atomic() || is_atomic_write()) && ctx.attr.max_dest_rd_atomic == 0)
       return RespState::kErrTooManyRdAtomic;
     // The opcode table says which packets take a WQE (SEND First/Only, WRITE with immediate).
     if (info.is(wire::kConsumesRecv) && !resp.has_recv) {
@@ -280,6 +283,9 @@ struct ResponderSteps {
       const bool ok = last() ? done + len == total : done + len < total;
       if (!ok) return rc ? RespState::kErrInvalidRequest : uc_reject();
     }
+    // IBA 1.5 ATOMIC WRITE: the RETH names exactly the 8 bytes it carries (rxe_resp.c
+    // check_rkey: a payload other than the DMA length → RESPST_ERR_LENGTH, class C).
+    if (is_atomic_write() && pkt.reth()->dma_length() != len) return RespState::kErrInvalidRequest;
     return RespState::kCheckRkey;
   }
 
@@ -332,6 +338,18 @@ struct ResponderSteps {
       // The host address must be aligned too for a real CPU atomic (a zero-based region
       // could place an aligned IOVA on an unaligned host address).
       if (reinterpret_cast<uintptr_t>(target.addr) % alignof(uint64_t) != 0)
+        return RespState::kErrInvalidRequest;
+    }
+    if (is_atomic_write()) {
+      const wire::RethView reth = *pkt.reth();
+      target = mrs.lookup_remote(reth.rkey(), pd, ctx.qpn, IBV_ACCESS_REMOTE_WRITE, reth.va(),
+                                 wire::kAtomicOperandBytes);
+      if (!target.ok()) return RespState::kErrRemoteAccess;
+      // The 8-byte store must be one aligned access: an unaligned target is an Invalid Request
+      // (rxe_resp.c atomic_write_reply → RESPST_ERR_MISALIGNED_ATOMIC, class C). Both the IOVA
+      // and the host address are checked, as for the other atomics.
+      if (reth.va() % wire::kAtomicOperandBytes != 0 ||
+          reinterpret_cast<uintptr_t>(target.addr) % alignof(uint64_t) != 0)
         return RespState::kErrInvalidRequest;
     }
     return RespState::kExecute;
@@ -392,6 +410,23 @@ struct ResponderSteps {
       e.send_atomic_ack(ctx, psn, orig);
       return RespState::kDone;
     }
+    if (is_atomic_write()) {
+      // One 8-byte store, ordered after every earlier placement (rxe: smp_store_release), so
+      // no CPU or device reader sees half of it.
+      uint64_t value;
+      std::memcpy(&value, data.data(), sizeof(value));
+      std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(target.addr))
+          .store(value, std::memory_order_release);
+      resp.msn = (resp.msn + 1) & wire::kPsnMask;
+      resp.epsn = wire::psn_next(psn);
+      resp.ackable_psn = psn;
+      resp.nak_sent = false;
+      ++e.counters_.rdma_recvs;
+      // Answered at once, as rxe answers it: an RDMA READ Response Only of no data
+      // (rxe_resp.c acknowledge → send_read_response_ack).
+      e.send_empty_read_response(ctx, psn);
+      return RespState::kDone;
+    }
     return RespState::kDrop;
   }
 
@@ -447,7 +482,8 @@ struct ResponderSteps {
   // away; rxe_resp.c duplicate_request acks every duplicate SEND/WRITE); READ → answer again
   // from the (re-checked) RETH; ATOMIC → resend the saved result, never execute it twice.
   RespState duplicate() {
-    if (is_send() || is_write()) {
+    if (is_send() || is_write() || is_atomic_write()) {
+      // An ATOMIC WRITE is never stored twice: its duplicate is acknowledged as a WRITE's.
       // The ACK names the last SEND/WRITE packet received, never epsn − 1 when that is a READ's
       // or ATOMIC's. A plain ACK does not answer those — only their response does (IBA
       // 9.7.5.1.2) — and the requester that resends the duplicate resends them behind it, so it
@@ -679,6 +715,16 @@ void Engine::send_read_response(QpContext& ctx) {
   rr.psn = wire::psn_next(rr.psn);
   rr.first_sent = true;
   if (last) rr.active = false;
+}
+
+void Engine::send_empty_read_response(QpContext& ctx, uint32_t psn) {
+  send_pending_ack(ctx);  // responses leave in PSN order
+  wire::PacketHeaders h = begin_packet(wire::op::kRcReadResponseOnly, 0);
+  h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+  h.bth().set_psn(psn);
+  h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
+  h.aeth()->set_msn(ctx.resp.msn & wire::kPsnMask);
+  send_packet(ctx.route);
 }
 
 void Engine::send_atomic_ack(QpContext& ctx, uint32_t psn, uint64_t orig) {

@@ -51,6 +51,15 @@ constexpr SendOpcodeInfo kCmpSwap = {
     .rc = true, .sge_list = true, .atomic = true, .wc_opcode = IBV_WC_COMP_SWAP};
 constexpr SendOpcodeInfo kFetchAdd = {
     .rc = true, .sge_list = true, .atomic = true, .wc_opcode = IBV_WC_FETCH_ADD};
+// IBA 1.5 ATOMIC WRITE, RC only (rxe_wr_opcode_info): the 8 bytes come from the WR's data
+// (an SGE list or inline data; ibv_wr_atomic_write gives them inline), the target from
+// wr.rdma. The responder checks the target's alignment (rxe_resp.c atomic_write_reply).
+constexpr SendOpcodeInfo kAtomicWrite = {.rc = true,
+                                         .sge_list = true,
+                                         .inline_ok = true,
+                                         .remote_rdma = true,
+                                         .atomic_write = true,
+                                         .wc_opcode = IBV_WC_ATOMIC_WRITE};
 constexpr SendOpcodeInfo kLocalInv = {
     .rc = true, .uc = true, .local = true, .wc_opcode = IBV_WC_LOCAL_INV};
 constexpr SendOpcodeInfo kBindMw = {
@@ -68,7 +77,8 @@ constexpr std::array<const SendOpcodeInfo*, IBV_WR_ATOMIC_WRITE + 1> kOpcodes = 
   t[IBV_WR_LOCAL_INV] = &kLocalInv;
   t[IBV_WR_BIND_MW] = &kBindMw;
   t[IBV_WR_SEND_WITH_INV] = &kSendInv;
-  return t;  // TSO, DRIVER1, ATOMIC_WRITE: not implemented
+  t[IBV_WR_ATOMIC_WRITE] = &kAtomicWrite;
+  return t;  // TSO, DRIVER1, FLUSH: not implemented
 }();
 
 bool allowed_on(const SendOpcodeInfo& info, ibv_qp_type type) {
@@ -297,12 +307,16 @@ Status Qp::validate_send(const ibv_send_wr& wr, Resolved& r) const {
     for (int i = 0; i < wr.num_sge; ++i) r.length += wr.sg_list[i].length;
   }
   r.inline_data = (wr.send_flags & IBV_SEND_INLINE) && r.info->inline_ok;
-  if (r.inline_data && r.length > init_.cap.max_inline_data) return Status(EINVAL);
+  // ATOMIC WRITE's 8 inline bytes travel in the WQE itself, whatever max_inline_data is.
+  if (r.inline_data && r.length > init_.cap.max_inline_data && !r.info->atomic_write)
+    return Status(EINVAL);
   if (r.info->atomic) {
     // IBA 9.4.5: atomics operate on 8 bytes at an 8-byte aligned virtual address.
     if (wr.num_sge != 1 || r.length != sizeof(uint64_t)) return Status(EINVAL);
     if (wr.wr.atomic.remote_addr % sizeof(uint64_t) != 0) return Status(EINVAL);
   }
+  // IBA 1.5 (ATOMIC WRITE): the payload is exactly 8 bytes.
+  if (r.info->atomic_write && r.length != sizeof(uint64_t)) return Status(EINVAL);
   if (init_.qp_type == IBV_QPT_UD) {
     if (wr.wr.ud.ah == nullptr) return Status(EINVAL);
     const Ah* ah = device_.ah_by_handle(wr.wr.ud.ah->handle);
@@ -340,7 +354,17 @@ void Qp::fill_send_wqe(const ibv_send_wr& wr, const Resolved& r, SendWqe& wqe, u
   wqe.send_flags = wr.send_flags & ~IBV_SEND_INLINE;
   wqe.slot = slot;
   uint8_t* side = side_area(slot);
-  if (r.inline_data) {
+  if (r.inline_data && r.info->atomic_write) {
+    wqe.send_flags |= IBV_SEND_INLINE;
+    size_t off = 0;
+    for (int i = 0; i < wr.num_sge; ++i) {
+      const ibv_sge& sge = wr.sg_list[i];
+      if (sge.length == 0) continue;
+      std::memcpy(reinterpret_cast<uint8_t*>(&wqe.compare_add) + off,
+                  reinterpret_cast<const void*>(sge.addr), sge.length);
+      off += sge.length;
+    }
+  } else if (r.inline_data) {
     // Inline data is copied now: the application may reuse its buffers once post returns.
     wqe.send_flags |= IBV_SEND_INLINE;
     size_t off = 0;

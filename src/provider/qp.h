@@ -64,10 +64,12 @@ struct SendOpcodeInfo {
   bool inline_ok = false;    // IBV_SEND_INLINE applies (SEND*, RDMA_WRITE*)
   bool remote_rdma = false;  // RDMA WRITE/READ: remote_addr + rkey
   bool atomic = false;       // 8-byte aligned remote_addr, one 8-byte local SGE
+  bool atomic_write = false;  // ATOMIC WRITE (IBA 1.5): exactly 8 bytes (SGEs or inline) to
+                              // remote_addr + rkey, stored by the responder in one access
   bool local = false;        // LOCAL_INV, BIND_MW: no packet
   ibv_wc_opcode wc_opcode = IBV_WC_SEND;
 };
-// nullptr for opcodes the device does not implement (TSO, DRIVER1, ATOMIC_WRITE, unknown).
+// nullptr for opcodes the device does not implement (TSO, DRIVER1, FLUSH, unknown).
 const SendOpcodeInfo* send_opcode_info(ibv_wr_opcode opcode);
 
 struct QpInitAttr {

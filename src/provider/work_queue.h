@@ -37,7 +37,7 @@ struct SendWqe {
   // RDMA and atomics.
   uint64_t remote_addr;
   uint32_t rkey;
-  uint64_t compare_add;
+  uint64_t compare_add;  // also ATOMIC WRITE's 8 bytes, as posted, when sent inline
   uint64_t swap;
   // UD.
   uint32_t remote_qpn;

@@ -67,6 +67,7 @@ constexpr OpFlag kOpFlags[] = {
     {IBV_QP_EX_WITH_LOCAL_INV, IBV_WR_LOCAL_INV},
     {IBV_QP_EX_WITH_BIND_MW, IBV_WR_BIND_MW},
     {IBV_QP_EX_WITH_SEND_WITH_INV, IBV_WR_SEND_WITH_INV},
+    {IBV_QP_EX_WITH_ATOMIC_WRITE, IBV_WR_ATOMIC_WRITE},
 };
 
 bool allowed_on(const provider::SendOpcodeInfo& info, ibv_qp_type type) {
@@ -153,6 +154,23 @@ void wr_atomic_fetch_add(ibv_qp_ex* x, uint32_t rkey, uint64_t remote_addr, uint
     w->wr.atomic = {remote_addr, add, 0, rkey};
 }
 
+// ibv_wr_post(3): the 8 bytes at atomic_wr are taken now, as inline data.
+void wr_atomic_write(ibv_qp_ex* x, uint32_t rkey, uint64_t remote_addr, const void* atomic_wr) {
+  ibv_send_wr* w = begin(x, IBV_WR_ATOMIC_WRITE);
+  if (!w) return;
+  QpExState& s = st(x);
+  if (!atomic_wr) {
+    set_err(s, EINVAL);
+    return;
+  }
+  w->wr.rdma = {remote_addr, rkey};
+  QpExState::Pending& p = s.batch.back();
+  const auto* b = static_cast<const uint8_t*>(atomic_wr);
+  s.inline_bytes.insert(s.inline_bytes.end(), b, b + sizeof(uint64_t));
+  p.inl_len = sizeof(uint64_t);
+  w->send_flags |= IBV_SEND_INLINE;
+}
+
 void wr_local_inv(ibv_qp_ex* x, uint32_t invalidate_rkey) {
   if (ibv_send_wr* w = begin(x, IBV_WR_LOCAL_INV)) w->invalidate_rkey = invalidate_rkey;
 }
@@ -171,9 +189,6 @@ void wr_bind_mw(ibv_qp_ex* x, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info*
 
 // Not implemented by the provider; reachable only through a pointer a caller fetched anyway.
 void wr_unsupported_tso(ibv_qp_ex* x, void*, uint16_t, uint16_t) { set_err(st(x), EOPNOTSUPP); }
-void wr_unsupported_atomic_write(ibv_qp_ex* x, uint32_t, uint64_t, const void*) {
-  set_err(st(x), EOPNOTSUPP);
-}
 void wr_unsupported_xrc(ibv_qp_ex* x, uint32_t) { set_err(st(x), EOPNOTSUPP); }
 
 // ---- setters ----
@@ -268,6 +283,12 @@ void wr_abort(ibv_qp_ex* x) {
   s.inline_bytes.clear();
 }
 
+uint64_t sge_bytes(const QpExState& s, const QpExState::Pending& p) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < p.sge_cnt; ++i) n += s.sges[p.sge_off + i].length;
+  return n;
+}
+
 // provider::Qp::validate_send's rules (and the send_ops_flags chosen at creation), applied to
 // the whole batch before anything is posted.
 int check(Qp& q, const QpExState& s, const QpExState::Pending& p) {
@@ -279,11 +300,16 @@ int check(Qp& q, const QpExState& s, const QpExState::Pending& p) {
   if (wr.send_flags & ~provider::kSendFlagsKnown) return EINVAL;
   const bool inl = (wr.send_flags & IBV_SEND_INLINE) != 0;
   if (inl && !info->inline_ok) return EINVAL;
-  if (inl && p.inl_len > cap.max_inline_data) return EINVAL;
+  // ATOMIC WRITE's 8 bytes are inline whatever max_inline_data is (wr_atomic_write).
+  if (inl && p.inl_len > cap.max_inline_data && !info->atomic_write) return EINVAL;
   if (!inl && p.sge_cnt > cap.max_send_sge) return EINVAL;
   if (info->atomic) {
     if (inl || p.sge_cnt != 1 || s.sges[p.sge_off].length != sizeof(uint64_t)) return EINVAL;
     if (wr.wr.atomic.remote_addr % sizeof(uint64_t) != 0) return EINVAL;
+  }
+  if (info->atomic_write) {
+    const uint64_t len = inl ? p.inl_len : sge_bytes(s, p);
+    if (len != sizeof(uint64_t)) return EINVAL;
   }
   if (q.qp.qp_type == IBV_QPT_UD) {
     if (!wr.wr.ud.ah || wr.wr.ud.ah->pd != q.qp.pd) return EINVAL;
@@ -369,7 +395,7 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
       const provider::SendOpcodeInfo* info = provider::send_opcode_info(f.opcode);
       if (info && allowed_on(*info, attr->qp_type)) supported |= f.flag;
     }
-    // TSO, ATOMIC_WRITE, and operations the QP type cannot carry (e.g. RDMA on UD).
+    // TSO, and operations the QP type cannot carry (e.g. RDMA on UD, ATOMIC WRITE on UC).
     if (ops & ~supported) return fail<ibv_qp>(EOPNOTSUPP);
   }
   // ibv_qp_init_attr_ex begins with ibv_qp_init_attr's fields, in order.
@@ -404,7 +430,7 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   x.wr_start = wr_start;
   x.wr_complete = wr_complete;
   x.wr_abort = wr_abort;
-  x.wr_atomic_write = wr_unsupported_atomic_write;
+  x.wr_atomic_write = wr_atomic_write;
   q->has_qp_ex = true;
   return &q->qp;
 }

@@ -230,7 +230,11 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   if (attr_size < sizeof(ibv_device_attr)) return EINVAL;
   ibv_device_attr_ex full{};
   full.orig_attr = Context::from(context)->dev().attr();
-  full.device_cap_flags_ex = static_cast<uint64_t>(full.orig_attr.device_cap_flags);
+  // The kernel's IB_UVERBS_DEVICE_ATOMIC_WRITE (uapi ib_user_verbs.h, 1 << 40; not in this
+  // rdma-core's headers): IBA 1.5 ATOMIC WRITE on RC, as rxe offers it.
+  constexpr uint64_t kDeviceAtomicWrite = uint64_t{1} << 40;
+  full.device_cap_flags_ex =
+      static_cast<uint64_t>(full.orig_attr.device_cap_flags) | kDeviceAtomicWrite;
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   // On-demand paging: every MR is (the engine touches registered memory from inside the
   // process, where the CPU faults pages in), on every transport and operation; and implicit

@@ -222,6 +222,98 @@ TEST_F(EngineE2eTest, AtomicsCompareSwapAndFetchAdd) {
   EXPECT_EQ(target[1], 12u);
 }
 
+// IBA 1.5 ATOMIC WRITE: 8 bytes from an SGE (classic API) or inline, stored in one access and
+// answered as rxe answers it (a zero-length RDMA READ Response Only).
+TEST_F(EngineE2eTest, AtomicWriteStoresEightBytes) {
+  make_pair();
+  alignas(8) uint64_t target[2] = {1, 2};
+  alignas(8) uint64_t value = 0x1122334455667788;
+  auto* mr_a = a_->reg(&value, sizeof(value), 0);
+  auto* mr_b = b_->reg(target, sizeof(target), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_sge s0 = sge(&value, 8, mr_a);
+  ibv_send_wr aw = send_wr(8, IBV_WR_ATOMIC_WRITE, &s0);
+  aw.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(&target[0]);
+  aw.wr.rdma.rkey = mr_b->rkey();
+  alignas(8) uint64_t inline_value = 0xA5A5A5A5DEADBEEF;
+  ibv_sge s1 = {reinterpret_cast<uint64_t>(&inline_value), 8, 0};
+  ibv_send_wr inl = send_wr(9, IBV_WR_ATOMIC_WRITE, &s1);
+  inl.send_flags |= IBV_SEND_INLINE;
+  inl.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(&target[1]);
+  inl.wr.rdma.rkey = mr_b->rkey();
+  ASSERT_EQ(post_send(qa_, aw), 0);
+  ASSERT_EQ(post_send(qa_, inl), 0);
+  inline_value = 0;  // taken at post
+  auto ra = wait_cqes(*a_, 2);
+  ASSERT_EQ(ra.size(), 2u);
+  EXPECT_EQ(ra[0].wr_id, 8u);
+  EXPECT_EQ(ra[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(ra[0].opcode, IBV_WC_ATOMIC_WRITE);
+  EXPECT_EQ(ra[1].wr_id, 9u);
+  EXPECT_EQ(ra[1].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(ra[1].opcode, IBV_WC_ATOMIC_WRITE);
+  EXPECT_EQ(target[0], 0x1122334455667788u);
+  EXPECT_EQ(target[1], 0xA5A5A5A5DEADBEEFu);
+  EXPECT_TRUE(b_->poll_cq().empty());  // no receive completion at the responder
+}
+
+// rxe_resp.c: the target must allow remote writes (else Remote Access Error) and be 8-byte
+// aligned (else Invalid Request: RESPST_ERR_MISALIGNED_ATOMIC).
+TEST_F(EngineE2eTest, AtomicWriteBadRkeyIsRemoteAccessError) {
+  make_pair();
+  alignas(8) uint64_t target = 5;
+  alignas(8) uint64_t value = 6;
+  auto* mr_a = a_->reg(&value, sizeof(value), 0);
+  auto* mr_b = b_->reg(&target, sizeof(target), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ibv_sge s = sge(&value, 8, mr_a);
+  ibv_send_wr aw = send_wr(1, IBV_WR_ATOMIC_WRITE, &s);
+  aw.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(&target);
+  aw.wr.rdma.rkey = mr_b->rkey();  // no REMOTE_WRITE
+  ASSERT_EQ(post_send(qa_, aw), 0);
+  auto ra = wait_cqes(*a_, 1);
+  ASSERT_EQ(ra.size(), 1u);
+  EXPECT_EQ(ra[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(target, 5u);
+  EXPECT_EQ(qb_->state(), IBV_QPS_ERR);
+}
+
+TEST_F(EngineE2eTest, AtomicWriteMisalignedIsInvalidRequest) {
+  make_pair();
+  alignas(8) uint8_t target[16] = {};
+  alignas(8) uint64_t value = ~uint64_t{0};
+  auto* mr_a = a_->reg(&value, sizeof(value), 0);
+  auto* mr_b = b_->reg(target, sizeof(target), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_sge s = sge(&value, 8, mr_a);
+  ibv_send_wr aw = send_wr(1, IBV_WR_ATOMIC_WRITE, &s);
+  aw.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(&target[4]);
+  aw.wr.rdma.rkey = mr_b->rkey();
+  ASSERT_EQ(post_send(qa_, aw), 0);
+  auto ra = wait_cqes(*a_, 1);
+  ASSERT_EQ(ra.size(), 1u);
+  EXPECT_EQ(ra[0].status, IBV_WC_REM_INV_REQ_ERR);
+  for (uint8_t byte : target) EXPECT_EQ(byte, 0);
+  EXPECT_EQ(qb_->state(), IBV_QPS_ERR);
+}
+
+// An ATOMIC WRITE on a QP without remote write access is refused (rxe check_op_valid).
+TEST_F(EngineE2eTest, AtomicWriteNeedsQpRemoteWrite) {
+  QpParams p;
+  p.access = IBV_ACCESS_REMOTE_READ;
+  make_pair(p);
+  alignas(8) uint64_t target = 5;
+  alignas(8) uint64_t value = 6;
+  auto* mr_a = a_->reg(&value, sizeof(value), 0);
+  auto* mr_b = b_->reg(&target, sizeof(target), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_sge s = sge(&value, 8, mr_a);
+  ibv_send_wr aw = send_wr(1, IBV_WR_ATOMIC_WRITE, &s);
+  aw.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(&target);
+  aw.wr.rdma.rkey = mr_b->rkey();
+  ASSERT_EQ(post_send(qa_, aw), 0);
+  auto ra = wait_cqes(*a_, 1);
+  ASSERT_EQ(ra.size(), 1u);
+  EXPECT_EQ(ra[0].status, IBV_WC_REM_INV_REQ_ERR);
+  EXPECT_EQ(target, 5u);
+}
+
 TEST_F(EngineE2eTest, UdSendRecvWithGrh) {
   make_hosts();
   QpParams p;
@@ -432,6 +524,9 @@ TEST_P(EngineLossTest, EveryOperationSurvivesLossDuplicationReorderAndCorruption
   alignas(8) static uint64_t counter = 0;
   alignas(8) static uint64_t fetched[kMessages] = {};
   counter = 0;
+  alignas(8) static uint64_t stored = 0;
+  stored = 0;
+  auto* mr_s = b_->reg(&stored, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   auto* mr_c = b_->reg(&counter, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
   auto* mr_f = a_->reg(fetched, sizeof(fetched), IBV_ACCESS_LOCAL_WRITE);
   for (int i = 0; i < kMessages; ++i)
@@ -441,6 +536,8 @@ TEST_P(EngineLossTest, EveryOperationSurvivesLossDuplicationReorderAndCorruption
     ibv_sge s = sge(src.data() + i * kLen, kLen, mr_src);
     ibv_sge rs = sge(rdst.data() + i * kLen, kLen, mr_rdst);
     ibv_sge fs = sge(&fetched[i], 8, mr_f);
+    const uint64_t value = static_cast<uint64_t>(i);
+    ibv_sge vs = {reinterpret_cast<uint64_t>(&value), 8, 0};
     ibv_send_wr wr;
     switch (i % 4) {
       case 0:
@@ -451,6 +548,13 @@ TEST_P(EngineLossTest, EveryOperationSurvivesLossDuplicationReorderAndCorruption
         wr = send_wr(i, IBV_WR_RDMA_WRITE, &s);
         wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(wbuf.data());
         wr.wr.rdma.rkey = mr_w->rkey();
+        ASSERT_EQ(post_send(qa_, wr), 0);
+        ++posted;
+        // An ATOMIC WRITE of i, inline: a duplicate must never store an older value again.
+        wr = send_wr(2000 + i, IBV_WR_ATOMIC_WRITE, &vs);
+        wr.send_flags |= IBV_SEND_INLINE;
+        wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(&stored);
+        wr.wr.rdma.rkey = mr_s->rkey();
         break;
       default: {
         wr = send_wr(i, IBV_WR_RDMA_READ, &rs);
@@ -493,6 +597,7 @@ TEST_P(EngineLossTest, EveryOperationSurvivesLossDuplicationReorderAndCorruption
   }
   // The atomic ran exactly once per WR (IBA 9.7.5.2.2: never re-executed on a duplicate).
   EXPECT_EQ(counter, uint64_t{kMessages / 4});
+  EXPECT_EQ(stored, uint64_t{kMessages - 2});  // the last ATOMIC WRITE's value
   if (GetParam().loss_ppm >= 100'000) {
     EXPECT_GT(a_->engine.counters().completer_retry_err, 0u);
   }

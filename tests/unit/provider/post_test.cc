@@ -143,7 +143,7 @@ TEST_F(PostTest, OpcodesPerQpType) {
       {IBV_WR_LOCAL_INV, true, true, false},
       {IBV_WR_TSO, false, false, false},
       {IBV_WR_DRIVER1, false, false, false},
-      {IBV_WR_ATOMIC_WRITE, false, false, false},
+      {IBV_WR_ATOMIC_WRITE, true, false, false},
       {ibv_wr_opcode(13), false, false, false},
       {ibv_wr_opcode(14), false, false, false},
   };
@@ -182,6 +182,29 @@ TEST_F(PostTest, AtomicsNeedOneAlignedEightByteOperand) {
   EXPECT_EQ(wqe->compare_add, 5u);
   EXPECT_EQ(wqe->rkey, 0x1234u);
   EXPECT_EQ(wqe->remote_addr, 0x1008u);
+}
+
+TEST_F(PostTest, AtomicWriteCarriesExactlyEightBytes) {
+  Qp* qp = rts(IBV_QPT_RC);
+  ibv_send_wr wr = send_wr(1, IBV_WR_ATOMIC_WRITE);
+  wr.wr.rdma = {.remote_addr = 0x1004, .rkey = 0x1234};  // alignment is the responder's check
+  sge_[0] = {addr(), 4, mr_->lkey()};
+  EXPECT_EQ(post1(qp, wr).error(), EINVAL);
+  sge_[0].length = 8;
+  EXPECT_EQ(post1(qp, wr), kOk);
+  // Inline: the 8 bytes travel in the WQE, taken at post time.
+  const uint64_t value = 0x8877665544332211;
+  std::memcpy(buf_.data(), &value, sizeof value);
+  wr.send_flags |= IBV_SEND_INLINE;
+  EXPECT_EQ(post1(qp, wr), kOk);
+  std::memset(buf_.data(), 0, 8);
+  const SendWqe* wqe = qp->sq_peek_st(1);
+  ASSERT_NE(wqe, nullptr);
+  EXPECT_EQ(wqe->opcode, IBV_WR_ATOMIC_WRITE);
+  EXPECT_TRUE(wqe->send_flags & IBV_SEND_INLINE);
+  EXPECT_EQ(wqe->compare_add, value);
+  EXPECT_EQ(wqe->remote_addr, 0x1004u);
+  EXPECT_EQ(wqe->rkey, 0x1234u);
 }
 
 TEST_F(PostTest, InlineDataIsCopiedAtPostTime) {

@@ -198,7 +198,7 @@ class VerbsEx : public ::testing::Test {
 constexpr uint64_t kRcOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
                             IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                             IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+                            IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 // ---- the extended CQ ----
 
@@ -361,7 +361,8 @@ TEST_F(VerbsEx, CreateQpExRefusesWhatItCannotDo) {
   a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
   a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO;
   EXPECT_TRUE(refused(EOPNOTSUPP));
-  a.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE;
+  a.qp_type = IBV_QPT_UC;
+  a.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE;  // RC only
   EXPECT_TRUE(refused(EOPNOTSUPP));
   a.qp_type = IBV_QPT_UD;
   a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;  // no RDMA on UD
@@ -513,6 +514,20 @@ TEST_F(VerbsEx, RcBuildersMoveTheRightBytes) {
   EXPECT_EQ(rd[0].status, IBV_WC_SUCCESS);
   EXPECT_EQ(rd[0].byte_len, kBytes);
   EXPECT_EQ(fnv1a(back.data(), kBytes), fnv1a(src.data(), kBytes));
+
+  // 8: ATOMIC WRITE of 8 bytes to the counter, taken from the caller's buffer at the call.
+  ibv_wr_start(x);
+  x->wr_id = 8;
+  alignas(8) uint64_t word = 0x0123456789abcdef;
+  ibv_wr_atomic_write(x, mctr->rkey, addr(&remote_counter), &word);
+  word = 0;
+  ASSERT_EQ(ibv_wr_complete(x), 0);
+  std::vector<ExWc> aw = poll_ex(cqa, 1);
+  ASSERT_EQ(aw.size(), 1u);
+  EXPECT_EQ(aw[0].wr_id, 8u);
+  EXPECT_EQ(aw[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(aw[0].status);
+  EXPECT_EQ(aw[0].opcode, IBV_WC_ATOMIC_WRITE);
+  EXPECT_EQ(remote_counter, 0x0123456789abcdefu);
 
   for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
   for (ibv_mr* m : {msrc, mdst, mback, mr, mctr, mres}) EXPECT_EQ(ibv_dereg_mr(m), 0);
