@@ -51,6 +51,11 @@ class Context {
 
   size_t objects() const;
 
+  // ibv_import_pd/mr/dm: this context's object of that handle, or null.
+  provider::Pd* find_pd(uint32_t handle) const;
+  provider::Mr* find_mr(uint32_t handle) const;
+  provider::Dm* find_dm(uint32_t handle) const;
+
  private:
   provider::Device& dev() { return runtime_.device(); }
 
