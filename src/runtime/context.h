@@ -8,6 +8,9 @@
 // Context only records which objects it created: verbs on a Context check that the objects
 // they are given belong to it (EINVAL otherwise, as a verbs object from another ibv_context
 // is), and closing the context (ibv_close_device) destroys what it still owns, QPs first.
+// The verbs layer gives one Context to every ibv_context of one device context (the original
+// and those imported from its command fd: verbs/internal.h, DeviceContext) and deletes it with
+// the last of them.
 #pragma once
 
 #include <mutex>
