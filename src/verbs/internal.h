@@ -193,7 +193,7 @@ struct DeviceContext {
 
 // One ibv_context: `vctx.context` is what the application holds.
 struct Context {
-  verbs_context vctx;  // first; its last member is the ibv_context
+  verbs_context vctx;    // first; its last member is the ibv_context
   runtime::Context* rt;  // shared->rt
   LiveObjects* live;     // shared->live
   DeviceContext* shared;
