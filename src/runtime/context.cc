@@ -35,6 +35,28 @@ size_t Context::objects() const {
          ahs_.size() + dms_.size();
 }
 
+namespace {
+template <class T>
+T* find_handle(const std::set<T*>& objects, uint32_t handle) {
+  for (T* o : objects)
+    if (o->handle() == handle) return o;
+  return nullptr;
+}
+}  // namespace
+
+provider::Pd* Context::find_pd(uint32_t handle) const {
+  std::lock_guard lock(mutex_);
+  return find_handle(pds_, handle);
+}
+provider::Mr* Context::find_mr(uint32_t handle) const {
+  std::lock_guard lock(mutex_);
+  return find_handle(mrs_, handle);
+}
+provider::Dm* Context::find_dm(uint32_t handle) const {
+  std::lock_guard lock(mutex_);
+  return find_handle(dms_, handle);
+}
+
 provider::Result<provider::Pd*> Context::alloc_pd() {
   provider::Result<provider::Pd*> pd = dev().alloc_pd();
   if (pd.ok()) {

@@ -8,6 +8,9 @@
 // Context only records which objects it created: verbs on a Context check that the objects
 // they are given belong to it (EINVAL otherwise, as a verbs object from another ibv_context
 // is), and closing the context (ibv_close_device) destroys what it still owns, QPs first.
+// The verbs layer gives one Context to every ibv_context of one device context (the original
+// and those imported from its command fd: verbs/internal.h, DeviceContext) and deletes it with
+// the last of them.
 #pragma once
 
 #include <mutex>
@@ -50,6 +53,11 @@ class Context {
   provider::Status destroy_ah(provider::Ah* ah);
 
   size_t objects() const;
+
+  // ibv_import_pd/mr/dm: this context's object of that handle, or null.
+  provider::Pd* find_pd(uint32_t handle) const;
+  provider::Mr* find_mr(uint32_t handle) const;
+  provider::Dm* find_dm(uint32_t handle) const;
 
  private:
   provider::Device& dev() { return runtime_.device(); }

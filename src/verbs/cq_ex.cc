@@ -106,7 +106,7 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
   if (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
     // A parent domain of this context is the only PD a CQ may name.
     ibv_pd* pd = attr->parent_domain;
-    if (!pd || pd->context != context || !Pd::from(pd)->domain) return fail<ibv_cq_ex>(EINVAL);
+    if (!pd || !same_device(pd->context, context) || !Pd::from(pd)->domain) return fail<ibv_cq_ex>(EINVAL);
     options.allocator = queue_allocator(pd);
   }
   if (attr->cqe > static_cast<uint32_t>(INT32_MAX) || attr->comp_vector > INT32_MAX)

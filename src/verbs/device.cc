@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -186,8 +187,12 @@ void route_async_events() {
   while (device_queue.try_pop([&p](const provider::AsyncEvent& e) {
     Context* owner = owner_of(e);
     std::lock_guard lock(p.async_mutex);
+    // The object of a context closed while its device context lives (ibv_import_device):
+    // the device context's open contexts get it.
+    const bool owner_closed = owner && !owner->async_queue;
     for (Context* c : p.open_contexts)
-      if (!owner || c == owner) c->async_queue->push(e);
+      if (!owner || c == owner || (owner_closed && c->shared == owner->shared))
+        c->async_queue->push(e);
   })) {
   }
 }
@@ -331,6 +336,49 @@ void GidWatcher::loop(provider::Device* device) {
   }
 }
 
+// The name memfd_create gives a command fd shows in /proc/self/fd as "/memfd:<name> (deleted)".
+bool is_cmd_fd_name(int fd) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  char target[128];
+  const ssize_t n = readlink(path, target, sizeof target - 1);
+  if (n < 0) return errno == ENOENT;  // no /proc: the seals and the size were the test
+  target[n] = '\0';
+  const std::string expected = std::string("/memfd:") + kCmdFdName;
+  return std::strncmp(target, expected.c_str(), expected.size()) == 0 &&
+         (target[expected.size()] == '\0' || target[expected.size()] == ' ');
+}
+
+ibv_context* add_context(Process& p, DeviceContext* shared, int cmd_fd) {
+  auto* c = new Context{};
+  c->pid = getpid();
+  c->shared = shared;
+  c->rt = shared->rt;
+  if (shared->live) {
+    c->live = shared->live;
+  } else {
+    init_live_objects(*c);
+    shared->live = c->live;
+  }
+  c->async_queue = new provider::AsyncEventQueue;
+  c->async = new runtime::AsyncEventFd(*c->async_queue);
+  fill_context(*c, &the_device().device, c->async->fd(), cmd_fd);
+  {
+    std::lock_guard async_lock(p.async_mutex);
+    p.open_contexts.push_back(c);
+  }
+  ++p.contexts;
+  return &c->vctx.context;
+}
+
+void close_runtime(Process& p) {
+  p.gids.reset();  // the watcher thread stops before the device it updates goes
+  provider::AsyncEventQueue& events = p.runtime->device().async_events();
+  events.set_notify(nullptr);
+  events.set_discard_hook(nullptr);
+  p.runtime.reset();  // the engine thread stops; the slot goes back to urdmad
+}
+
 namespace {
 
 Process* g_process = nullptr;
@@ -410,19 +458,52 @@ ibv_context* ibv_open_device(ibv_device* device) {
       return fail<ibv_context>(err);
     }
   }
-  auto* c = new verbs::Context{};
-  c->pid = getpid();
-  c->rt = new runtime::Context(*p.runtime);
-  verbs::init_live_objects(*c);
-  c->async_queue = new provider::AsyncEventQueue;
-  c->async = new runtime::AsyncEventFd(*c->async_queue);
-  verbs::fill_context(*c, &dev.device, c->async->fd());
+  // The command fd: a memfd of its own, so that its file (fstat's st_dev/st_ino) names this
+  // device context for ibv_import_device, through any copy (dup, SCM_RIGHTS). Sealed empty.
+  const int cmd_fd = memfd_create(verbs::kCmdFdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  struct stat st {};
+  if (cmd_fd < 0 || fstat(cmd_fd, &st) != 0 ||
+      fcntl(cmd_fd, F_ADD_SEALS, verbs::kCmdFdSeals) != 0) {
+    const int err = errno;
+    if (cmd_fd >= 0) close(cmd_fd);
+    if (p.contexts == 0) verbs::close_runtime(p);
+    return fail<ibv_context>(err);
+  }
+  auto* shared = new verbs::DeviceContext{};
+  shared->rt = new runtime::Context(*p.runtime);
+  shared->members = 1;
+  shared->cmd_dev = st.st_dev;
+  shared->cmd_ino = st.st_ino;
+  return verbs::add_context(p, shared, cmd_fd);
+}
+
+ibv_context* ibv_import_device(int cmd_fd) {
+  // rdma-core answers EINVAL for a descriptor that is not a uverbs device's (fstat, then the
+  // device of st_rdev); so does this for one that is no urdma command fd.
+  struct stat st {};
+  if (fstat(cmd_fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != 0 ||
+      fcntl(cmd_fd, F_GET_SEALS) != verbs::kCmdFdSeals || !verbs::is_cmd_fd_name(cmd_fd))
+    return fail<ibv_context>(EINVAL);
+  verbs::Process& p = verbs::process();
+  std::lock_guard lock(p.mutex);
+  verbs::DeviceContext* shared = nullptr;
   {
     std::lock_guard async_lock(p.async_mutex);
-    p.open_contexts.push_back(c);
+    for (verbs::Context* c : p.open_contexts) {
+      // The man page: the fd is a copy of a context's cmd_fd. The descriptor itself would be
+      // closed twice (by both contexts).
+      if (c->vctx.context.cmd_fd == cmd_fd) return fail<ibv_context>(EINVAL);
+      if (c->pid == getpid() && c->shared->cmd_dev == st.st_dev &&
+          c->shared->cmd_ino == st.st_ino)
+        shared = c->shared;
+    }
   }
-  ++p.contexts;
-  return &c->vctx.context;
+  // A urdma command fd of no open context of this process: one passed from another process
+  // (SCM_RIGHTS), inherited across fork, or whose contexts are all closed. Its objects are
+  // another engine's, which this process cannot share.
+  if (!shared) return fail<ibv_context>(EOPNOTSUPP);
+  ++shared->members;
+  return verbs::add_context(p, shared, cmd_fd);
 }
 
 int ibv_close_device(ibv_context* context) {
@@ -431,27 +512,37 @@ int ibv_close_device(ibv_context* context) {
   // A context a forked child inherited: its runtime is the parent's, whose threads do not run
   // here. Nothing of it is touched; the memory stays the child's copy.
   if (c->pid != getpid()) return 0;
-  verbs::release_channels(*c);
-  verbs::release_parent_domains(*c);
-  delete c->rt;  // destroys the objects the application left, dependents first
-  verbs::free_live_objects(*c);  // and their wrappers
   {
     std::lock_guard async_lock(p.async_mutex);  // no event is routed to it from now on
     std::erase(p.open_contexts, c);
+    delete c->async;
+    delete c->async_queue;
+    c->async = nullptr;
+    c->async_queue = nullptr;
   }
-  delete c->async;
-  delete c->async_queue;
   pthread_mutex_destroy(&context->mutex);
   if (context->cmd_fd >= 0) close(context->cmd_fd);
-  delete c;
-  std::lock_guard lock(p.mutex);
-  if (--p.contexts == 0) {
-    p.gids.reset();  // the watcher thread stops before the device it updates goes
-    provider::AsyncEventQueue& events = p.runtime->device().async_events();
-    events.set_notify(nullptr);
-    events.set_discard_hook(nullptr);
-    p.runtime.reset();  // the engine thread stops; the slot goes back to urdmad
+  context->cmd_fd = -1;
+  // The device context's objects live while another context names it (ibv_import_device); this
+  // context stays allocated until then, for the wrappers it made point at it.
+  verbs::DeviceContext* shared = c->shared;
+  bool last = false;
+  {
+    std::lock_guard lock(p.mutex);
+    last = --shared->members == 0;
+    if (!last) shared->closed.push_back(c);
   }
+  if (last) {
+    verbs::release_channels(*c);
+    verbs::release_parent_domains(*c);
+    delete shared->rt;  // destroys the objects the application left, dependents first
+    verbs::free_live_objects(*c);  // and their wrappers
+    for (verbs::Context* closed : shared->closed) delete closed;
+    delete shared;
+    delete c;
+  }
+  std::lock_guard lock(p.mutex);
+  if (--p.contexts == 0) verbs::close_runtime(p);
   return 0;
 }
 

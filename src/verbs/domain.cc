@@ -105,9 +105,9 @@ ibv_pd* op_alloc_parent_domain(ibv_context* context, ibv_parent_domain_init_attr
   if (attr->comp_mask & ~kKnown) return fail<ibv_pd>(EINVAL);
   Pd* protection = Pd::from(attr->pd);
   // The PD must be this context's and a PD, not another parent domain.
-  if (attr->pd->context != context || protection->domain) return fail<ibv_pd>(EINVAL);
+  if (!same_device(attr->pd->context, context) || protection->domain) return fail<ibv_pd>(EINVAL);
   Td* td = attr->td ? Td::from(attr->td) : nullptr;
-  if (td && attr->td->context != context) return fail<ibv_pd>(EINVAL);
+  if (td && !same_device(attr->td->context, context)) return fail<ibv_pd>(EINVAL);
 
   auto* w = new Pd{};
   w->p = protection->p;

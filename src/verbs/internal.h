@@ -44,6 +44,9 @@
 #include <memory>
 #include <mutex>
 #include <type_traits>
+#include <vector>
+
+#include <sys/types.h>
 
 #include "provider/device.h"
 #include "runtime/completion_channel.h"
@@ -172,11 +175,28 @@ struct Ah {
 // left, after runtime::Context destroyed their provider objects.
 struct LiveObjects;
 
-// One ibv_context: `vctx.context` is what the application holds.
-struct Context {
-  verbs_context vctx;  // first; its last member is the ibv_context
+// What ibv_import_device(3) shares: the device context behind one command fd — the objects
+// (runtime::Context) and their wrappers (LiveObjects) — named by every ibv_context opened or
+// imported on it. A uverbs file's objects live while any of its fds is open; likewise these
+// live until the last of the contexts naming them closes (`members`, under Process::mutex).
+// A context closed before the others stays allocated (in `closed`), because the wrappers it
+// made point at it, and is freed with the device context.
+struct DeviceContext {
   runtime::Context* rt;
   LiveObjects* live;
+  int members;
+  std::vector<Context*> closed;
+  // The command fd's file (a memfd of this device context; fstat), what an import looks for.
+  dev_t cmd_dev;
+  ino_t cmd_ino;
+};
+
+// One ibv_context: `vctx.context` is what the application holds.
+struct Context {
+  verbs_context vctx;    // first; its last member is the ibv_context
+  runtime::Context* rt;  // shared->rt
+  LiveObjects* live;     // shared->live
+  DeviceContext* shared;
   pid_t pid;                               // the process that opened it (fork: process())
   provider::AsyncEventQueue* async_queue;  // this context's events (Process::open_contexts)
   runtime::AsyncEventFd* async;            // its async_fd
@@ -240,6 +260,15 @@ void fill_domain_ops(verbs_context& v);
 // ---- the extended entry points (cq_ex.cc / qp_ex.cc) ----
 ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr);
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
+
+// Whether two contexts name the same device context (one opened, the others imported from its
+// command fd): their objects may be used together.
+inline bool same_device(const ibv_context* a, const ibv_context* b) {
+  if (a == b) return true;
+  if (!a || !b) return false;
+  return Context::from(const_cast<ibv_context*>(a))->shared ==
+         Context::from(const_cast<ibv_context*>(b))->shared;
+}
 
 // Errors at the ibv_* boundary: pointer verbs set errno and return null.
 template <class T>

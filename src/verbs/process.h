@@ -2,6 +2,7 @@
 // context set-up shared by ibv_open_device.
 #pragma once
 
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 
 #include <cstdint>
@@ -61,8 +62,21 @@ struct Process {
 
 Process& process();
 
-// Fills a new context: the ops the inline verbs call, the extended ops, the fds.
-void fill_context(Context& c, ibv_device* device, int async_fd);
+// Command fds (ibv_import_device(3)): a memfd of this name, empty and sealed so.
+inline constexpr const char kCmdFdName[] = "urdma-cmd";
+inline constexpr int kCmdFdSeals = F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
+bool is_cmd_fd_name(int fd);
+
+// A new context on `shared` (opened, or imported: its `members` counts it already), owning
+// cmd_fd; registered with the process (open_contexts, contexts). Under p.mutex.
+ibv_context* add_context(Process& p, DeviceContext* shared, int cmd_fd);
+// The last context closed: the GID watcher, the device's event hooks, the runtime go. Under
+// p.mutex.
+void close_runtime(Process& p);
+
+// Fills a new context: the ops the inline verbs call, the extended ops, the fds (the context
+// owns cmd_fd).
+void fill_context(Context& c, ibv_device* device, int async_fd, int cmd_fd);
 
 // The verbs_context query_port op (attr_size: the caller's struct size, for ABI growth).
 int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr, size_t attr_size);

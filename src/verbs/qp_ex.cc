@@ -312,14 +312,15 @@ int check(Qp& q, const QpExState& s, const QpExState::Pending& p) {
     if (len != sizeof(uint64_t)) return EINVAL;
   }
   if (q.qp.qp_type == IBV_QPT_UD) {
-    if (!wr.wr.ud.ah || wr.wr.ud.ah->pd != q.qp.pd) return EINVAL;
+    // The same PD: the same provider PD (an imported ibv_pd names its original's).
+    if (!wr.wr.ud.ah || Pd::from(wr.wr.ud.ah->pd)->p != Pd::from(q.qp.pd)->p) return EINVAL;
   }
   if (wr.opcode == IBV_WR_BIND_MW) {
     if (!wr.bind_mw.mw || wr.bind_mw.mw->type != IBV_MW_TYPE_2 ||
-        wr.bind_mw.mw->context != q.qp.context)
+        !same_device(wr.bind_mw.mw->context, q.qp.context))
       return EINVAL;
     const ibv_mr* mr = wr.bind_mw.bind_info.mr;
-    if (mr && mr->context != q.qp.context) return EINVAL;
+    if (mr && !same_device(mr->context, q.qp.context)) return EINVAL;
   }
   return 0;
 }
@@ -379,7 +380,7 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   const uint32_t mask = attr->comp_mask;
   if (mask & ~kKnownQpCompMask) return fail<ibv_qp>(EINVAL);
   if (!(mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) return fail<ibv_qp>(EINVAL);
-  if (attr->pd->context != context) return fail<ibv_qp>(EINVAL);
+  if (!same_device(attr->pd->context, context)) return fail<ibv_qp>(EINVAL);
   // XRC, RSS (indirection tables, hashing), TSO and creation flags: not offered.
   if (mask & (IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH))
     return fail<ibv_qp>(EOPNOTSUPP);

@@ -150,7 +150,7 @@ int op_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind* bind) {
   if (!qp || !mw || !bind) return EINVAL;
   Mw* w = Mw::from(mw);
   Qp* q = Qp::from(qp);
-  if (w->ctx != q->ctx) return EINVAL;
+  if (w->ctx->shared != q->ctx->shared) return EINVAL;
   uint32_t new_rkey = 0;
   provider::Status s = q->p->bind_mw(w->p, *bind, &new_rkey);
   if (!s.ok()) return s.error();
@@ -203,7 +203,7 @@ ibv_mr* op_reg_dm_mr(ibv_pd* pd, ibv_dm* dm, uint64_t dm_offset, size_t length,
   if (!pd || !dm) return fail<ibv_mr>(EINVAL);
   Pd* p = Pd::from(pd);
   Dm* d = Dm::from(dm);
-  if (d->ctx != p->ctx) return fail<ibv_mr>(EINVAL);
+  if (d->ctx->shared != p->ctx->shared) return fail<ibv_mr>(EINVAL);
   const int acc = static_cast<int>(access) & ~IBV_ACCESS_OPTIONAL_RANGE;
   provider::Result<provider::Mr*> r = p->ctx->rt->reg_dm_mr(p->p, d->p, dm_offset, length, acc);
   if (!r.ok()) return fail<ibv_mr>(r.error());
@@ -342,7 +342,7 @@ int query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr, size
   return 0;
 }
 
-void fill_context(Context& c, ibv_device* device, int async_fd) {
+void fill_context(Context& c, ibv_device* device, int async_fd, int cmd_fd) {
   ibv_context& ctx = c.vctx.context;
   ctx.device = device;
   ctx.ops.poll_cq = op_poll_cq;
@@ -353,10 +353,10 @@ void fill_context(Context& c, ibv_device* device, int async_fd) {
   ctx.ops.alloc_mw = op_alloc_mw;
   ctx.ops.dealloc_mw = op_dealloc_mw;
   ctx.ops.bind_mw = op_bind_mw;
-  // No kernel uverbs file is behind urdma, but programs treat cmd_fd as a real descriptor
-  // (rdma-core's tests dup(2) it for ibv_import_device, which then answers EOPNOTSUPP): the
-  // context owns an fd of /dev/null, closed with it. Any ioctl on it fails (ENOTTY).
-  ctx.cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  // No kernel uverbs file is behind urdma, but programs treat cmd_fd as a real descriptor: the
+  // context owns its device context's command fd (a memfd, device.cc), closed with it; a copy
+  // of it names that device context to ibv_import_device. Any ioctl on it fails (ENOTTY).
+  ctx.cmd_fd = cmd_fd;
   ctx.async_fd = async_fd;
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
@@ -413,7 +413,7 @@ Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_c
                      int comp_vector, provider::CqOptions options) {
   if (!context) return fail<Cq>(EINVAL);
   if (comp_vector < 0 || comp_vector >= context->num_comp_vectors) return fail<Cq>(EINVAL);
-  if (channel && channel->context != context) return fail<Cq>(EINVAL);
+  if (channel && !same_device(channel->context, context)) return fail<Cq>(EINVAL);
   Context* c = Context::from(context);
   provider::Result<provider::Cq*> r = c->rt->create_cq(cqe, std::move(options));
   if (!r.ok()) return fail<Cq>(r.error());
@@ -530,7 +530,7 @@ int ibv_rereg_mr(ibv_mr* mr, int flags, ibv_pd* pd, void* addr, size_t length, i
   verbs::Mr* w = verbs::Mr::from(mr);
   verbs::Pd* new_pd = nullptr;
   if (flags & IBV_REREG_MR_CHANGE_PD) {
-    if (!pd || pd->context != mr->context) {
+    if (!pd || !verbs::same_device(pd->context, mr->context)) {
       errno = EINVAL;
       return IBV_REREG_MR_ERR_INPUT;
     }
@@ -712,8 +712,9 @@ Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (!pd || !attr) return fail<Qp>(EINVAL);
   if (!attr->send_cq || !attr->recv_cq) return fail<Qp>(EINVAL);
   Pd* p = Pd::from(pd);
-  if (attr->send_cq->context != pd->context || attr->recv_cq->context != pd->context ||
-      (attr->srq && attr->srq->context != pd->context))
+  if (!same_device(attr->send_cq->context, pd->context) ||
+      !same_device(attr->recv_cq->context, pd->context) ||
+      (attr->srq && !same_device(attr->srq->context, pd->context)))
     return fail<Qp>(EINVAL);
   provider::QpInitAttr init;
   init.qp_type = attr->qp_type;
@@ -891,12 +892,84 @@ int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
-ibv_context* ibv_import_device(int) { return fail<ibv_context>(EOPNOTSUPP); }
-ibv_pd* ibv_import_pd(ibv_context*, uint32_t) { return fail<ibv_pd>(EOPNOTSUPP); }
-void ibv_unimport_pd(ibv_pd*) {}
-ibv_mr* ibv_import_mr(ibv_pd*, uint32_t) { return fail<ibv_mr>(EOPNOTSUPP); }
-void ibv_unimport_mr(ibv_mr*) {}
-ibv_dm* ibv_import_dm(ibv_context*, uint32_t) { return fail<ibv_dm>(EOPNOTSUPP); }
-void ibv_unimport_dm(ibv_dm*) {}
+// ---- imported objects (ibv_import_pd(3), ibv_import_mr(3), ibv_import_dm(3)) ----
+// A new wrapper for an object of the context's device context (any context opened or imported
+// on it made it), ENOENT for a handle it has none of — the kernel's answer for a handle its
+// file does not hold. The wrapper is the device context's like any other (freed at its close,
+// if not before): ibv_dealloc_pd/ibv_dereg_mr/ibv_free_dm through it destroy the object, as
+// through the original's; ibv_unimport_* frees the wrapper only.
+// (ibv_import_device is device.cc's.)
+
+ibv_pd* ibv_import_pd(ibv_context* context, uint32_t pd_handle) {
+  if (!context) return fail<ibv_pd>(EINVAL);
+  verbs::Context* c = verbs::Context::from(context);
+  provider::Pd* pd = c->rt->find_pd(pd_handle);
+  if (!pd) return fail<ibv_pd>(ENOENT);
+  auto* w = new verbs::Pd{};
+  w->p = pd;
+  w->ctx = c;
+  w->pd.context = context;
+  w->pd.handle = pd_handle;
+  verbs::remember_pd(c, w);
+  return &w->pd;
+}
+
+void ibv_unimport_pd(ibv_pd* pd) {
+  if (!pd) return;
+  verbs::Pd* w = verbs::Pd::from(pd);
+  verbs::forget(w->ctx, w);
+  verbs::free_wrapper<verbs::Pd>(w);
+}
+
+// addr is NULL (ibv_import_mr(3): "not applicable"); length, keys and handle are the MR's.
+ibv_mr* ibv_import_mr(ibv_pd* pd, uint32_t mr_handle) {
+  if (!pd) return fail<ibv_mr>(EINVAL);
+  verbs::Context* c = verbs::Context::from(pd->context);
+  provider::Mr* mr = c->rt->find_mr(mr_handle);
+  if (!mr) return fail<ibv_mr>(ENOENT);
+  auto* w = new verbs::Mr{};
+  w->p = mr;
+  w->ctx = c;
+  w->mr.context = pd->context;
+  w->mr.pd = pd;
+  w->mr.addr = nullptr;
+  w->mr.length = mr->length();
+  w->mr.handle = mr_handle;
+  w->mr.lkey = mr->lkey();
+  w->mr.rkey = mr->rkey();
+  verbs::remember(c, w);
+  return &w->mr;
+}
+
+void ibv_unimport_mr(ibv_mr* mr) {
+  if (!mr) return;
+  verbs::Mr* w = verbs::Mr::from(mr);
+  verbs::forget(w->ctx, w);
+  delete w;
+}
+
+ibv_dm* ibv_import_dm(ibv_context* context, uint32_t dm_handle) {
+  if (!context) return fail<ibv_dm>(EINVAL);
+  verbs::Context* c = verbs::Context::from(context);
+  provider::Dm* dm = c->rt->find_dm(dm_handle);
+  if (!dm) return fail<ibv_dm>(ENOENT);
+  auto* w = new verbs::Dm{};
+  w->p = dm;
+  w->ctx = c;
+  w->dm.context = context;
+  w->dm.memcpy_to_dm = verbs::dm_memcpy_to;
+  w->dm.memcpy_from_dm = verbs::dm_memcpy_from;
+  w->dm.comp_mask = IBV_DM_MASK_HANDLE;
+  w->dm.handle = dm_handle;
+  verbs::remember(c, w);
+  return &w->dm;
+}
+
+void ibv_unimport_dm(ibv_dm* dm) {
+  if (!dm) return;
+  verbs::Dm* w = verbs::Dm::from(dm);
+  verbs::forget(w->ctx, w);
+  delete w;
+}
 
 }  // extern "C"

@@ -564,12 +564,7 @@ TEST_F(Verbs, VerbsNotOfferedFailWithEopnotsupp) {
   sx.attr.max_sge = 1;
   errno = 0;
   EXPECT_TRUE(null_with(ibv_create_srq_ex(ctx_, &sx), EOPNOTSUPP));
-  errno = 0;
-  EXPECT_TRUE(null_with(ibv_import_device(3), EOPNOTSUPP));
-  errno = 0;
-  EXPECT_TRUE(null_with(ibv_import_pd(ctx_, 1), EOPNOTSUPP));
-  errno = 0;
-  EXPECT_TRUE(null_with(ibv_import_mr(pd_, 1), EOPNOTSUPP));
+  // (Imports are offered: ImportsRefuseUnknownHandlesAndForeignDescriptors.)
 }
 
 // ibv_advise_mr(3) on ODP MRs: a prefetch leaves the bytes as they were; each wrong argument
@@ -1300,17 +1295,235 @@ TEST_F(Verbs, ResizeBelowTheUnpolledCompletionsIsEinval) {
   }
 }
 
-// cmd_fd is a descriptor a program can dup(2) (rdma-core's test_shared_pd does, then imports
-// the device from the copy); importing fails with EOPNOTSUPP, so that test skips as on rxe.
-TEST_F(Verbs, CmdFdIsADescriptorThatImportsNothing) {
+// ---- ibv_import_device(3), ibv_import_pd/mr/dm(3) ----
+
+// cmd_fd is a descriptor a program can dup(2); the copy imports a context that names the same
+// objects: an imported PD and MR carry RC RDMA WRITEs from a QP and CQ made in the imported
+// context to a QP of the original (rdma-core's test_imported_rc_ex_rdma_write).
+TEST_F(Verbs, AnImportedContextCarriesTrafficThroughImportedObjects) {
   ASSERT_GE(ctx_->cmd_fd, 0);
   EXPECT_NE(fcntl(ctx_->cmd_fd, F_GETFD) & FD_CLOEXEC, 0);
-  const int copy = dup(ctx_->cmd_fd);
-  ASSERT_GE(copy, 0) << std::strerror(errno);
+  std::vector<uint8_t> src = random_bytes(4096, 71), dst(4096, 0);
+  ibv_mr* src_mr = ibv_reg_mr(pd_, src.data(), src.size(), IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = ibv_reg_mr(pd_, dst.data(), dst.size(),
+                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(src_mr, nullptr);
+  ASSERT_NE(dst_mr, nullptr);
+  ibv_context* imp = ibv_import_device(dup(ctx_->cmd_fd));
+  ASSERT_NE(imp, nullptr) << std::strerror(errno);
+  EXPECT_NE(imp, ctx_);
+  EXPECT_NE(imp->cmd_fd, ctx_->cmd_fd);
+  ibv_pd* ipd = ibv_import_pd(imp, pd_->handle);
+  ASSERT_NE(ipd, nullptr) << std::strerror(errno);
+  EXPECT_EQ(ipd->context, imp);
+  EXPECT_EQ(ipd->handle, pd_->handle);
+  ibv_mr* imr = ibv_import_mr(ipd, src_mr->handle);
+  ASSERT_NE(imr, nullptr) << std::strerror(errno);
+  EXPECT_EQ(imr->addr, nullptr);  // ibv_import_mr(3): "NULL value is expected"
+  EXPECT_EQ(imr->length, src.size());
+  EXPECT_EQ(imr->lkey, src_mr->lkey);
+  EXPECT_EQ(imr->rkey, src_mr->rkey);
+  EXPECT_EQ(imr->handle, src_mr->handle);
+  EXPECT_EQ(imr->pd, ipd);
+
+  ibv_cq* icq = ibv_create_cq(imp, 16, nullptr, nullptr, 0);
+  ibv_cq* cq = ibv_create_cq(ctx_, 16, nullptr, nullptr, 0);
+  ASSERT_NE(icq, nullptr);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp_init_attr a{};
+  a.send_cq = a.recv_cq = icq;
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = a.cap.max_recv_wr = 16;
+  a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+  ibv_qp* iqp = ibv_create_qp(ipd, &a);
+  ASSERT_NE(iqp, nullptr) << std::strerror(errno);
+  EXPECT_EQ(iqp->context, imp);
+  ibv_qp* qp = make_qp(IBV_QPT_RC, cq, cq);
+  ASSERT_NE(qp, nullptr);
+  connect(iqp, qp->qp_num);
+  connect(qp, iqp->qp_num);
+  for (int round = 0; round < 4; ++round) {
+    const size_t off = static_cast<size_t>(round) * 1024;
+    ibv_sge sge{reinterpret_cast<uintptr_t>(src.data()) + off, 1024, imr->lkey};
+    ibv_send_wr w{}, *bad = nullptr;
+    w.wr_id = static_cast<uint64_t>(round);
+    w.opcode = IBV_WR_RDMA_WRITE;
+    w.sg_list = &sge;
+    w.num_sge = 1;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst.data()) + off;
+    w.wr.rdma.rkey = dst_mr->rkey;
+    ASSERT_EQ(ibv_post_send(iqp, &w, &bad), 0);
+    const std::vector<ibv_wc> wcs = poll_n(icq, 1);
+    ASSERT_EQ(wcs.size(), 1u);
+    EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wcs[0].wr_id, static_cast<uint64_t>(round));
+  }
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+
+  // Unimporting frees the user objects only: the MR and PD still work through the original.
+  ibv_unimport_mr(imr);
+  EXPECT_EQ(ibv_destroy_qp(iqp), 0);
+  EXPECT_EQ(ibv_destroy_cq(icq), 0);
+  ibv_unimport_pd(ipd);
+  ibv_mr* again = ibv_reg_mr(pd_, dst.data(), 64, IBV_ACCESS_LOCAL_WRITE);
+  EXPECT_NE(again, nullptr);
+  EXPECT_EQ(ibv_dereg_mr(again), 0);
+  EXPECT_EQ(ibv_close_device(imp), 0);
+  // Closing the imported context left the original's objects alone.
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_dereg_mr(src_mr), 0);
+  EXPECT_EQ(ibv_dereg_mr(dst_mr), 0);
+}
+
+// The objects of a device context live while any context naming it is open, as a uverbs
+// file's do while one of its fds is: the original closes first and the imported context's
+// objects (made in either) keep carrying traffic; the last close destroys them.
+TEST_F(Verbs, ObjectsOutliveTheOriginalContextWhileAnImportIsOpen) {
+  ibv_context* orig = ibv_open_device(list_[0]);
+  ASSERT_NE(orig, nullptr);
+  ibv_pd* pd = ibv_alloc_pd(orig);
+  ASSERT_NE(pd, nullptr);
+  std::vector<uint8_t> buf = random_bytes(2048, 72);
+  ibv_mr* mr = ibv_reg_mr(pd, buf.data(), buf.size(),
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(mr, nullptr);
+  const int copy = dup(orig->cmd_fd);
+  ibv_context* imp = ibv_import_device(copy);
+  ASSERT_NE(imp, nullptr) << std::strerror(errno);
+  EXPECT_EQ(imp->cmd_fd, copy);  // the imported context owns the copy
+  ibv_pd* ipd = ibv_import_pd(imp, pd->handle);
+  ibv_mr* imr = ipd ? ibv_import_mr(ipd, mr->handle) : nullptr;
+  ASSERT_NE(imr, nullptr);
+  const uint32_t key = mr->lkey;
+  EXPECT_EQ(ibv_close_device(orig), 0);
+
+  ibv_cq* cq = ibv_create_cq(imp, 8, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp_init_attr a{};
+  a.send_cq = a.recv_cq = cq;
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = a.cap.max_recv_wr = 8;
+  a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(ipd, &a);
+  ASSERT_NE(qp, nullptr) << std::strerror(errno);
+  connect(qp, qp->qp_num);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buf.data()), 1024, imr->lkey};
+  EXPECT_EQ(imr->lkey, key);
+  ibv_send_wr w{}, *bad = nullptr;
+  w.opcode = IBV_WR_RDMA_WRITE;
+  w.sg_list = &sge;
+  w.num_sge = 1;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(buf.data()) + 1024;
+  w.wr.rdma.rkey = imr->rkey;
+  ASSERT_EQ(ibv_post_send(qp, &w, &bad), 0);
+  const std::vector<ibv_wc> wcs = poll_n(cq, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(std::memcmp(buf.data(), buf.data() + 1024, 1024), 0);
+  // Destroying through the imported wrapper destroys the object: a second time is refused.
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+  EXPECT_EQ(ibv_dereg_mr(imr), 0);
+  EXPECT_EQ(ibv_import_mr(ipd, mr->handle), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  EXPECT_EQ(ibv_close_device(imp), 0);  // frees the PD and the original's wrappers
+}
+
+// Device memory through an imported DM: bytes copied into the original read back through the
+// import, and the other way (rdma-core's test_import_dm); unimport leaves the DM.
+TEST_F(Verbs, AnImportedDmReadsAndWritesTheOriginalsBytes) {
+  ibv_alloc_dm_attr da{};
+  da.length = 4096;
+  ibv_dm* dm = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(dm, nullptr) << std::strerror(errno);
+  ibv_context* imp = ibv_import_device(dup(ctx_->cmd_fd));
+  ASSERT_NE(imp, nullptr) << std::strerror(errno);
+  ibv_dm* idm = ibv_import_dm(imp, dm->handle);
+  ASSERT_NE(idm, nullptr) << std::strerror(errno);
+  EXPECT_EQ(idm->context, imp);
+  EXPECT_EQ(idm->handle, dm->handle);
+  std::vector<uint8_t> in = random_bytes(4096, 73), out(4096, 0);
+  ASSERT_EQ(ibv_memcpy_to_dm(dm, 0, in.data(), in.size()), 0);
+  ASSERT_EQ(ibv_memcpy_from_dm(out.data(), idm, 0, out.size()), 0);
+  EXPECT_EQ(out, in);
+  std::vector<uint8_t> in2 = random_bytes(256, 74), out2(256, 0);
+  ASSERT_EQ(ibv_memcpy_to_dm(idm, 512, in2.data(), in2.size()), 0);
+  ASSERT_EQ(ibv_memcpy_from_dm(out2.data(), dm, 512, out2.size()), 0);
+  EXPECT_EQ(out2, in2);
+  ibv_unimport_dm(idm);
+  EXPECT_EQ(ibv_close_device(imp), 0);
+  ASSERT_EQ(ibv_memcpy_from_dm(out.data(), dm, 0, 64), 0);  // still there
+  EXPECT_EQ(std::memcmp(out.data(), in.data(), 64), 0);
+  EXPECT_EQ(ibv_free_dm(dm), 0);
+}
+
+// Errnos: a handle the device context has no object of is ENOENT (the kernel's for a handle
+// its file does not hold), a context opened separately shares nothing; a descriptor that is no
+// command fd is EINVAL (rdma-core's for a descriptor that is no uverbs device), the command fd
+// itself (not a copy) too; a command fd of no open context of this process — here, in a forked
+// child — is EOPNOTSUPP.
+TEST_F(Verbs, ImportsRefuseUnknownHandlesAndForeignDescriptors) {
+  ibv_alloc_dm_attr da{};
+  da.length = 64;
+  ibv_dm* dm = ibv_alloc_dm(ctx_, &da);
+  ASSERT_NE(dm, nullptr);
+  std::vector<uint8_t> buf(64);
+  ibv_mr* mr = ibv_reg_mr(pd_, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
   errno = 0;
-  EXPECT_EQ(ibv_import_device(copy), nullptr);
-  EXPECT_EQ(errno, EOPNOTSUPP);
-  EXPECT_EQ(close(copy), 0);
+  EXPECT_EQ(ibv_import_pd(ctx_, pd_->handle + 1000), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  errno = 0;
+  EXPECT_EQ(ibv_import_mr(pd_, mr->handle + 1000), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  errno = 0;
+  EXPECT_EQ(ibv_import_dm(ctx_, dm->handle + 1000), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+
+  ibv_context* other = ibv_open_device(list_[0]);
+  ASSERT_NE(other, nullptr);
+  errno = 0;
+  EXPECT_EQ(ibv_import_pd(other, pd_->handle), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  errno = 0;
+  EXPECT_EQ(ibv_import_dm(other, dm->handle), nullptr);
+  EXPECT_EQ(errno, ENOENT);
+  EXPECT_EQ(ibv_close_device(other), 0);
+
+  const int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+  errno = 0;
+  EXPECT_EQ(ibv_import_device(null_fd), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  close(null_fd);
+  const int memfd = memfd_create("urdma-cmd", MFD_CLOEXEC);  // the name, not the seals
+  errno = 0;
+  EXPECT_EQ(ibv_import_device(memfd), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  close(memfd);
+  errno = 0;
+  EXPECT_EQ(ibv_import_device(-1), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(ibv_import_device(ctx_->cmd_fd), nullptr);  // must be a copy
+  EXPECT_EQ(errno, EINVAL);
+
+  const int copy = dup(ctx_->cmd_fd);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    errno = 0;
+    ibv_context* c = ibv_import_device(copy);
+    _exit(c == nullptr && errno == EOPNOTSUPP ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  close(copy);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  EXPECT_EQ(ibv_free_dm(dm), 0);
 }
 
 // ---- events ----
