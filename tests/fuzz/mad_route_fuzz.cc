@@ -483,6 +483,11 @@ class World {
     std::array<uint8_t, gsi::kGmpBytes> buf{};
     const uint32_t psn = gmp_psn_++;
     const size_t n = gsi::build_gmp(buf, mad, psn, {from.address, kGroupPort}, {to.address, kGroupPort});
+    if (from.address.is_v4() != to.address.is_v4()) {
+      // A connection the input made between two families (no socket reports one): no GMP.
+      REQUIRE(n == 0, "build_gmp sealed a GMP for two families");
+      return;
+    }
     REQUIRE(n == buf.size(), "build_gmp refused the agent's MAD");
     check_gmp(buf, mad, psn, {from.address, kGroupPort}, {to.address, kGroupPort});
   }
