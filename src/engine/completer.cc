@@ -183,9 +183,10 @@ struct CompleterSteps {
     }
   }
 
-  // ---- GET_ACK: only RC has responses.
+  // ---- GET_ACK: only RC and the XRC initiator have responses.
   CompState get_ack() const {
-    return ctx.type == IBV_QPT_RC ? CompState::kCheckPsn : CompState::kDropQpType;
+    return ctx.type == IBV_QPT_RC || ctx.type == IBV_QPT_XRC_SEND ? CompState::kCheckPsn
+                                                                  : CompState::kDropQpType;
   }
 
   // ---- CHECK_PSN: a response must name a PSN we sent and have not seen acknowledged:
@@ -198,7 +199,8 @@ struct CompleterSteps {
 
   // ---- CHECK_ACK: which response it is.
   CompState check_ack() const {
-    const uint8_t opcode = pkt->opcode();
+    // RC and XRC responses share their operation bits (IBA 9.2).
+    const uint8_t opcode = wire::op::operation(pkt->opcode());
     if (opcode == wire::op::kRcAck) {
       const wire::AethView aeth = *pkt->aeth();
       if (aeth.is_ack()) return CompState::kWriteSend;
@@ -515,7 +517,7 @@ void Engine::fail_wqe_at(QpContext& ctx, uint32_t offset, ibv_wc_status status) 
   w.status = status;
   // IBA 10.3.1.5/10.3.1.6: an RC error is a QP error; UC and UD send errors stop only the send
   // queue (SQE).
-  qp_error(ctx, ctx.type == IBV_QPT_RC ? IBV_QPS_ERR : IBV_QPS_SQE);
+  qp_error(ctx, ctx.reliable() ? IBV_QPS_ERR : IBV_QPS_SQE);
 }
 
 }  // namespace urdma::engine

@@ -29,6 +29,9 @@ wire::Transport transport_of(ibv_qp_type type) {
       return wire::Transport::kUc;
     case IBV_QPT_UD:
       return wire::Transport::kUd;
+    case IBV_QPT_XRC_SEND:
+    case IBV_QPT_XRC_RECV:
+      return wire::Transport::kXrc;
     default:
       return wire::Transport::kNone;
   }
@@ -353,6 +356,21 @@ void Engine::qp_destroyed(provider::Qp& qp) {
   forget(qp.qp_num());
 }
 
+void Engine::srq_destroyed(provider::Srq& srq) {
+  std::lock_guard lock(mutex_);  // waits for the running turn
+  const provider::EngineTurnMark turn;
+  for (auto& [qpn, owned] : contexts_) {
+    Responder& resp = owned->resp;
+    if (resp.recv_srq == &srq) {
+      // The message being received into the SRQ's WQE is lost with it; its remaining packets
+      // find no SRQ and are NAKed.
+      resp.has_recv = false;
+      resp.recv_srq = nullptr;
+    }
+    if (resp.read_reply.active && resp.read_reply.xrc_srq == &srq) resp.read_reply.active = false;
+  }
+}
+
 void Engine::memory_released() {
   if (tls_turn_engine == this) return;
   epoch_waiters_.fetch_add(1, std::memory_order_seq_cst);
@@ -479,8 +497,14 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
   }
   // rxe check_type_state, before check_addr: a QP that has no path yet (RESET, INIT) fails
   // here, on its state.
-  const ibv_qp_state st = qp_state(*ctx);
   const bool request = pkt.info().is(wire::kRequest);
+  // An XRC initiator only sends requests and an XRC target only answers them (IBA 9.2, XRC):
+  // anything else names the wrong half of the connection.
+  if ((ctx->type == IBV_QPT_XRC_SEND && request) || (ctx->type == IBV_QPT_XRC_RECV && !request)) {
+    ++counters_.drop_qp_type;
+    return;
+  }
+  const ibv_qp_state st = qp_state(*ctx);
   // IBA 10.3.1 (QP states): the receive side works in RTR, RTS, SQD and SQE; responses are
   // for a requester, which exists in RTS and SQD.
   const bool state_ok =
@@ -710,7 +734,7 @@ void Engine::send_pending_ack(QpContext& ctx) {
   if (!ctx.resp.ack_pending) return;
   ctx.resp.ack_pending = false;
   ctx.resp.ack_held = false;
-  wire::PacketHeaders h = begin_packet(wire::op::kRcAck, 0);
+  wire::PacketHeaders h = begin_packet(ctx.opcode(wire::op::kRcAck), 0);
   h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
   h.bth().set_psn(ctx.resp.ack_psn & wire::kPsnMask);
   h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
@@ -744,7 +768,7 @@ void Engine::send_delayed_acks(bool held_too) {
 
 void Engine::send_ack(QpContext& ctx, uint8_t syndrome, uint32_t psn) {
   send_pending_ack(ctx);
-  wire::PacketHeaders h = begin_packet(wire::op::kRcAck, 0);
+  wire::PacketHeaders h = begin_packet(ctx.opcode(wire::op::kRcAck), 0);
   h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
   h.bth().set_psn(psn & wire::kPsnMask);
   h.aeth()->set_syndrome(syndrome);
@@ -776,7 +800,9 @@ bool Engine::push_send_cqe(QpContext& ctx, const ibv_wc& wc) {
 }
 
 bool Engine::push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited) {
-  if (ctx.qp->recv_cq()->push_st(wc, solicited)) return true;
+  provider::Cq* cq = ctx.resp.recv_srq != nullptr ? ctx.resp.recv_srq->cq() : ctx.qp->recv_cq();
+  if (cq == nullptr) return true;  // an XRC target whose SRQ went: nothing to complete into
+  if (cq->push_st(wc, solicited)) return true;
   cq_overflow(ctx);
   return false;
 }
@@ -849,6 +875,7 @@ void Engine::flush(QpContext& ctx) {
     flush_recv(resp.recv.wr_id);
     resp.has_recv = false;
   }
+  resp.recv_srq = nullptr;
   // No more READ responses, and nothing answers the requests that waited behind them.
   resp.read_reply.active = false;
   resp.waiting.clear();
@@ -858,7 +885,7 @@ void Engine::flush(QpContext& ctx) {
     ctx.qp->sync_with_recv_posters_st();
     provider::RecvWork work;
     while (ctx.qp->take_recv_st(work)) flush_recv(work.wr_id);
-  } else if (!ctx.last_wqe_event_raised) {
+  } else if (ctx.qp->srq() != nullptr && !ctx.last_wqe_event_raised) {
     // IBA 11.6.3 / ibv_get_async_event(3): a QP on an SRQ that enters ERR reports that no
     // further WQE of the SRQ will be consumed by it.
     ctx.last_wqe_event_raised = true;

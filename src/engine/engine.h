@@ -164,6 +164,9 @@ class DoorbellRelay final : public provider::Doorbell {
   void qp_destroyed(provider::Qp& qp) override {
     if (target_) target_->qp_destroyed(qp);
   }
+  void srq_destroyed(provider::Srq& srq) override {
+    if (target_) target_->srq_destroyed(srq);
+  }
   void memory_released() override {
     if (target_) target_->memory_released();
   }
@@ -213,6 +216,9 @@ class Engine final : public provider::Doorbell {
   void ring_srq(provider::Srq& srq) override;
   void qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) override;
   void qp_destroyed(provider::Qp& qp) override;
+  // An XRC SRQ goes: waits for the running turn, then drops the receive WQEs taken from it and
+  // the READ responses checked against its PD.
+  void srq_destroyed(provider::Srq& srq) override;
   // Waits until every poll() turn that was running when it was called has ended (the turn
   // epoch moved past it): no pointer a turn took from the MR table before the caller changed
   // the table is used after this returns. Returns at once between turns and inside a turn of
@@ -308,6 +314,7 @@ class Engine final : public provider::Doorbell {
   // completion may post again at once, and its slot must be free (a max_send_wr 1 QP).
   ibv_wc send_wc(const QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status) const;
   bool push_send_cqe(QpContext& ctx, const ibv_wc& wc);
+  // To the QP's receive CQ, or, on an XRC target, to the CQ of the XRC SRQ the WQE came from.
   bool push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited);
   void cq_overflow(QpContext& ctx);
   // Moves the QP to ERR (RC, or any QP for a receive-side error) or SQE (UC/UD send error)
@@ -324,6 +331,10 @@ class Engine final : public provider::Doorbell {
   ReqStep send_rc_uc_packet(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
   ReqStep send_ud(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
   ReqStep execute_local(QpContext& ctx, const provider::SendWqe& wqe, WqeState& w);
+  // Begins a request packet of the QP's transport for an RC opcode: DestQP and PSN set, and on
+  // an XRC initiator the XRCETH naming the WQE's remote XRC SRQ.
+  wire::PacketHeaders begin_request(QpContext& ctx, const provider::SendWqe& wqe,
+                                    uint8_t rc_opcode, size_t payload_len, uint32_t psn);
   bool window_open(const QpContext& ctx, const provider::SendWqe& wqe, const WqeState& w) const;
   // What the completer found, applied to the requester's state (its only writer).
   void apply_completer_result(QpContext& ctx, const CompleterResult& r);

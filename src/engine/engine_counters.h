@@ -49,6 +49,8 @@ struct EngineCounters {
   uint64_t drop_no_recv_wqe = 0;   // UD/UC: no receive WQE posted
   uint64_t drop_bad_response = 0;  // completer: response that matches nothing outstanding
   uint64_t drop_uc_message = 0;    // UC: packets of a message abandoned after a gap or error
+  uint64_t xrc_srq_invalid = 0;    // XRC target: a request whose XRCETH names no XRC SRQ of its
+                                   // XRC domain (NAKed Invalid Request in sequence, else dropped)
   uint64_t drop_uc_invalid = 0;    // UC: a request a responder check other than the R_Key's
                                    // refused (RC would NAK it)
   uint64_t drop_uc_access = 0;     // UC: an RDMA WRITE the R_Key check refused (key, PD, right,

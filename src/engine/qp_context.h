@@ -27,6 +27,7 @@
 #include "net/clock.h"
 #include "provider/qp.h"
 #include "provider/work_queue.h"
+#include "wire/opcode.h"
 
 namespace urdma::engine {
 
@@ -150,6 +151,9 @@ enum class MsgState : uint8_t {
 // looked up again before it is sent (the region may be deregistered between turns).
 struct ReadReply {
   bool active = false;
+  // XRC target: the XRC SRQ of the READ request, whose PD the memory is checked against (null:
+  // the QP's own PD). Engine::srq_destroyed ends the response before the SRQ goes.
+  provider::Srq* xrc_srq = nullptr;
   uint32_t rkey = 0;
   uint64_t va = 0;             // next byte to send
   uint64_t resid = 0;          // bytes still to send
@@ -197,6 +201,9 @@ struct Responder {
   // kInWrite, and UD keeps one between datagrams.
   bool has_recv = false;
   provider::RecvWork recv;
+  // XRC target: the XRC SRQ `recv` came from, whose CQ its completion goes to (null otherwise).
+  // Engine::srq_destroyed clears it, and the WQE with it, before the SRQ goes.
+  provider::Srq* recv_srq = nullptr;
   uint64_t recv_offset = 0;
   // The RDMA WRITE being placed: its R_Key and VA, checked again for every packet, so a region
   // deregistered or a window invalidated mid-message is never written through.
@@ -214,6 +221,20 @@ struct QpContext {
   provider::Qp* qp = nullptr;
   uint32_t qpn = 0;
   ibv_qp_type type = IBV_QPT_RC;
+  // RC and both XRC types: acknowledged, retried, NAKed; an XRC QP is an RC connection whose
+  // requests carry an XRCETH (IBA 9.2, XRC), one requester (XRC_SEND) or responder (XRC_RECV).
+  bool reliable() const {
+    return type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND || type == IBV_QPT_XRC_RECV;
+  }
+  bool xrc() const { return type == IBV_QPT_XRC_SEND || type == IBV_QPT_XRC_RECV; }
+  // The opcode of this QP's transport for an RC opcode (`op::kRcAck` → XRC Acknowledge on an
+  // XRC QP, RC Send First → UC Send First on UC): IBA 9.2, the same operation bits.
+  uint8_t opcode(uint8_t rc_opcode) const {
+    const uint8_t prefix = type == IBV_QPT_UC ? wire::op::kUcPrefix
+                           : xrc()            ? wire::op::kXrcPrefix
+                                              : wire::op::kRcPrefix;
+    return static_cast<uint8_t>(prefix | wire::op::operation(rc_opcode));
+  }
   ibv_qp_attr attr = {};  // snapshot taken at each modify
   uint32_t mtu = 256;     // path MTU in bytes (UD: the port's active MTU)
   Route route;            // RC/UC: to the connected peer

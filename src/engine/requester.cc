@@ -20,8 +20,9 @@ namespace {
 
 namespace op = wire::op;
 
-// RC opcodes of SEND and RDMA WRITE by position in the message and by variant; the UC twin of
-// each is kUcPrefix | (opcode & kOperationMask) (IBA 9.2, table 35).
+// RC opcodes of SEND and RDMA WRITE by position in the message and by variant; the UC and XRC
+// twins of each are kUcPrefix / kXrcPrefix | (opcode & kOperationMask) (IBA 9.2, table 35):
+// QpContext::opcode.
 enum Position : uint8_t { kFirstPkt, kMiddlePkt, kLastPkt, kOnlyPkt };
 enum Variant : uint8_t { kPlain, kWithImm, kWithInv };
 constexpr uint8_t kNoOpcode = 0xFF;
@@ -130,10 +131,10 @@ Engine::ReqStep Engine::start_or_continue(QpContext& ctx) {
     w.rd_atomic = rd_atomic;
     w.stage = WqeStage::kSending;
     if (rd_atomic) ++req.rd_atomic_outstanding;
-    if (ctx.type == IBV_QPT_RC && config_.ack_delay_ns != 0) note_request_start(ctx);
+    if (ctx.reliable() && config_.ack_delay_ns != 0) note_request_start(ctx);
     req.cur_offset = 0;
   }
-  if (ctx.type == IBV_QPT_RC && !window_open(ctx, *wqe, w)) return ReqStep::kBlocked;
+  if (ctx.reliable() && !window_open(ctx, *wqe, w)) return ReqStep::kBlocked;
   return ctx.type == IBV_QPT_UD ? send_ud(ctx, *wqe, w) : send_rc_uc_packet(ctx, *wqe, w);
 }
 
@@ -155,10 +156,21 @@ bool Engine::window_open(const QpContext& ctx, const provider::SendWqe& wqe,
          uint64_t{outstanding} + psns <= wire::kPsnHalfWindow;
 }
 
+wire::PacketHeaders Engine::begin_request(QpContext& ctx, const provider::SendWqe& wqe,
+                                          uint8_t rc_opcode, size_t payload_len, uint32_t psn) {
+  wire::PacketHeaders h = begin_packet(ctx.opcode(rc_opcode), payload_len);
+  h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
+  h.bth().set_psn(psn);
+  // IBA 9.3 (XRC): every XRC request names the XRC SRQ it is for, right after the BTH.
+  if (auto x = h.xrceth()) x->set_xrc_srq(wqe.xrc_remote_srqn & wire::kXrcSrqMask);
+  return h;
+}
+
+// RC, UC and XRC (an RC connection whose requests carry an XRCETH).
 Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWqe& wqe,
                                           WqeState& w) {
   Requester& req = ctx.req;
-  const bool rc = ctx.type == IBV_QPT_RC;
+  const bool rc = ctx.reliable();
   const uint32_t psn = req.next_psn;
   const uint32_t index = (psn - w.first_psn) & wire::kPsnMask;  // packet index in the WQE
   base::check(index < w.npkts, "requester PSN outside its WQE");
@@ -172,9 +184,7 @@ Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWq
     // One request for everything not yet received; the responder answers with
     // npkts - index response packets, PSNs psn..last_psn (IBA 9.7.4.1.3, 9.7.5.1.x resend).
     const uint64_t offset = uint64_t{index} * ctx.mtu;
-    wire::PacketHeaders h = begin_packet(op::kRcReadRequest, 0);
-    h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
-    h.bth().set_psn(psn);
+    wire::PacketHeaders h = begin_request(ctx, wqe, op::kRcReadRequest, 0, psn);
     h.bth().set_ack_req(true);
     h.reth()->set_va(wqe.remote_addr + offset);
     h.reth()->set_rkey(wqe.rkey);
@@ -184,9 +194,8 @@ Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWq
     finish_wqe();
   } else if (wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || wqe.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
     const bool cas = wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
-    wire::PacketHeaders h = begin_packet(cas ? op::kRcCompareSwap : op::kRcFetchAdd, 0);
-    h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
-    h.bth().set_psn(psn);
+    wire::PacketHeaders h =
+        begin_request(ctx, wqe, cas ? op::kRcCompareSwap : op::kRcFetchAdd, 0, psn);
     h.bth().set_ack_req(true);
     auto a = *h.atomic_eth();
     a.set_va(wqe.remote_addr);
@@ -200,9 +209,8 @@ Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWq
   } else if (wqe.opcode == IBV_WR_ATOMIC_WRITE) {
     // IBA 1.5 ATOMIC WRITE: one packet, RETH (DMA length 8) and the 8 bytes, acknowledged as
     // rxe answers it (a zero-length RDMA READ Response Only, or an ACK after it).
-    wire::PacketHeaders h = begin_packet(op::kRcAtomicWrite, wire::kAtomicOperandBytes);
-    h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
-    h.bth().set_psn(psn);
+    wire::PacketHeaders h =
+        begin_request(ctx, wqe, op::kRcAtomicWrite, wire::kAtomicOperandBytes, psn);
     h.bth().set_ack_req(true);
     h.reth()->set_va(wqe.remote_addr);
     h.reth()->set_rkey(wqe.rkey);
@@ -233,12 +241,10 @@ Engine::ReqStep Engine::send_rc_uc_packet(QpContext& ctx, const provider::SendWq
         (wqe.opcode == IBV_WR_SEND_WITH_IMM || wqe.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) ? kWithImm
         : wqe.opcode == IBV_WR_SEND_WITH_INV                                             ? kWithInv
                                                                                          : kPlain;
-    uint8_t opcode = is_write(wqe.opcode) ? kWriteOpcodes[pos][var] : kSendOpcodes[pos][var];
+    const uint8_t opcode =
+        is_write(wqe.opcode) ? kWriteOpcodes[pos][var] : kSendOpcodes[pos][var];
     base::check(opcode != kNoOpcode, "no opcode for this send variant");
-    if (!rc) opcode = static_cast<uint8_t>(op::kUcPrefix | (opcode & op::kOperationMask));
-    wire::PacketHeaders h = begin_packet(opcode, static_cast<size_t>(n));
-    h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
-    h.bth().set_psn(psn);
+    wire::PacketHeaders h = begin_request(ctx, wqe, opcode, static_cast<size_t>(n), psn);
     // IBA 9.4.1 / 9.7.2: SE on the last packet of a solicited message.
     h.bth().set_se(last && (wqe.send_flags & IBV_SEND_SOLICITED));
     h.bth().set_ack_req(rc && (last || (index + 1) % config_.ack_req_interval_pkts == 0));

@@ -6,6 +6,11 @@
 //   → EXECUTE → COMPLETE → ACKNOWLEDGE → DONE
 //   side exits: DUPLICATE, NAK_PSN_SEQ, RNR_NAK, ERR_* (NAK + QP error on RC, drop on UC), DROP
 //
+// An XRC target is an RC responder whose requests each name an XRC SRQ (XRCETH): CHECK_PSN
+// resolves it (ERR_XRC_SRQ when it does not exist or is of another XRC domain); its receive
+// WQEs come from that SRQ, its receive completions go to that SRQ's CQ, and every memory access
+// is checked against that SRQ's PD (the target QP has none).
+//
 // Nothing from the peer is trusted: every RETH/AtomicETH goes through the MR table (key, PD,
 // access, bounds with overflow-safe arithmetic), every payload byte lands inside a checked SGE
 // or a checked remote range, lengths are checked against the PMTU and the message.
@@ -49,6 +54,7 @@ enum class RespState : uint8_t {
   kErrTooManyRdAtomic,
   kErrInvalidateRkey,
   kErrCqOverflow,
+  kErrXrcSrq,
   kDrop,
   kDone,
   kCount,
@@ -73,6 +79,7 @@ constexpr std::array<const char*, static_cast<size_t>(RespState::kCount)> kRespS
     "ERR_TOO_MANY_RDMA_ATM_REQ",
     "ERR_INVALIDATE_RKEY",
     "ERR_CQ_OVERFLOW",
+    "ERR_XRC_SRQ",
     "DROP",
     "DONE",
 };
@@ -90,6 +97,10 @@ struct ResponderSteps {
   Responder& resp;
   const uint32_t psn;
   const bool rc;
+  // The PD memory accesses are checked against: the QP's, or on an XRC target the PD of the
+  // XRC SRQ the request names (`xrc_srq`, resolved by CHECK_PSN).
+  const provider::Pd* pd;
+  provider::Srq* xrc_srq = nullptr;
   provider::MemRef target;  // CHECK_RKEY result: this packet's WRITE piece, READ or ATOMIC
   ibv_wc_status recv_status = IBV_WC_SUCCESS;
 
@@ -100,7 +111,8 @@ struct ResponderSteps {
         info(p.info()),
         resp(c.resp),
         psn(p.bth().psn()),
-        rc(c.type == IBV_QPT_RC) {}
+        rc(c.reliable()),
+        pd(c.qp->pd()) {}
 
   bool is_send() const { return info.is(wire::kSend); }
   bool is_write() const { return info.is(wire::kWrite); }
@@ -177,6 +189,8 @@ struct ResponderSteps {
         return err_invalidate_rkey();
       case RespState::kErrCqOverflow:
         return err_cq_overflow();
+      case RespState::kErrXrcSrq:
+        return err_xrc_srq();
       case RespState::kDrop:
         return RespState::kDone;
       default:
@@ -189,6 +203,19 @@ struct ResponderSteps {
   // a gap abandons the message in progress; only a First/Only packet restarts.
   RespState check_psn() {
     const int32_t diff = wire::psn_diff(psn, resp.epsn);
+    if (ctx.type == IBV_QPT_XRC_RECV) {
+      // IBA 9.3 / 9.7.5.2 (XRC): the XRCETH must name an XRC SRQ of the target QP's XRC
+      // domain; a request in sequence that does not is an Invalid Request. A duplicate naming
+      // none is dropped (its original was answered, or NAKed, when it came in sequence).
+      xrc_srq = e.device_.xrc_srq_by_num(pkt.xrceth()->xrc_srq());
+      if (xrc_srq != nullptr && xrc_srq->xrcd() != ctx.qp->xrcd()) xrc_srq = nullptr;
+      if (xrc_srq == nullptr) {
+        if (diff == 0) return RespState::kErrXrcSrq;
+        ++e.counters_.xrc_srq_invalid;
+        return RespState::kDrop;
+      }
+      pd = xrc_srq->pd();
+    }
     if (!rc) {
       if (diff != 0) {
         ++e.counters_.out_of_seq_request;
@@ -253,12 +280,15 @@ struct ResponderSteps {
       return RespState::kErrTooManyRdAtomic;
     // The opcode table says which packets take a WQE (SEND First/Only, WRITE with immediate).
     if (info.is(wire::kConsumesRecv) && !resp.has_recv) {
-      if (!ctx.qp->take_recv_st(resp.recv)) {
+      const bool taken =
+          xrc_srq != nullptr ? xrc_srq->take_st(resp.recv) : ctx.qp->take_recv_st(resp.recv);
+      if (!taken) {
         if (rc) return RespState::kRnrNak;
         ++e.counters_.drop_no_recv_wqe;
         return uc_drop();
       }
       resp.has_recv = true;
+      resp.recv_srq = xrc_srq;
       resp.recv_offset = 0;
     }
     return RespState::kCheckLength;
@@ -294,7 +324,6 @@ struct ResponderSteps {
   // operation checks no key (IBA 9.4.x).
   RespState check_rkey() {
     provider::MrTable& mrs = e.device_.mr_table();
-    const provider::Pd* pd = ctx.qp->pd();
     if (is_write() && first()) {
       const wire::RethView reth = *pkt.reth();
       // IBA 9.7.2: a message is at most 2^31 bytes.
@@ -360,7 +389,7 @@ struct ResponderSteps {
     const std::span<const uint8_t> data = pkt.payload();
     if (!is_read()) e.flush_tx_before_placement();
     if (is_send()) {
-      if (!copy_sges(e.device_.mr_table(), ctx.qp->pd(), resp.recv.sges(), resp.recv_offset,
+      if (!copy_sges(e.device_.mr_table(), recv_pd(), resp.recv.sges(), resp.recv_offset,
                      std::span<uint8_t>(const_cast<uint8_t*>(data.data()), data.size()),
                      SgeDirection::kToSges)) {
         recv_status = IBV_WC_LOC_PROT_ERR;
@@ -396,7 +425,7 @@ struct ResponderSteps {
       // (the basis of IBV_ATOMIC_GLOB).
       std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(target.addr));
       uint64_t orig;
-      if (pkt.opcode() == wire::op::kRcCompareSwap) {
+      if (wire::op::operation(pkt.opcode()) == wire::op::kRcCompareSwap) {
         orig = a.compare();
         word.compare_exchange_strong(orig, a.swap_add());
       } else {
@@ -449,7 +478,7 @@ struct ResponderSteps {
       wc.wc_flags |= IBV_WC_WITH_IMM;
     }
     if (auto ieth = pkt.ieth()) {
-      if (!e.device_.mr_table().invalidate_st(ieth->rkey(), ctx.qp->pd(), ctx.qpn, true).ok())
+      if (!e.device_.mr_table().invalidate_st(ieth->rkey(), pd, ctx.qpn, true).ok())
         return RespState::kErrInvalidateRkey;
       wc.invalidated_rkey = ieth->rkey();
       wc.wc_flags |= IBV_WC_WITH_INV;
@@ -457,7 +486,9 @@ struct ResponderSteps {
     resp.msn = (resp.msn + 1) & wire::kPsnMask;  // IBA 9.7.5.2.x: MSN counts messages
     resp.has_recv = false;
     resp.recv_offset = 0;
-    if (!e.push_recv_cqe(ctx, wc, pkt.bth().se())) return RespState::kErrCqOverflow;
+    const bool pushed = e.push_recv_cqe(ctx, wc, pkt.bth().se());
+    resp.recv_srq = nullptr;
+    if (!pushed) return RespState::kErrCqOverflow;
     return RespState::kAcknowledge;
   }
 
@@ -513,7 +544,7 @@ struct ResponderSteps {
         return RespState::kDrop;
       if (reth.dma_length() > 0 &&
           !e.device_.mr_table()
-               .lookup_remote(reth.rkey(), ctx.qp->pd(), ctx.qpn, IBV_ACCESS_REMOTE_READ, reth.va(),
+               .lookup_remote(reth.rkey(), pd, ctx.qpn, IBV_ACCESS_REMOTE_READ, reth.va(),
                               reth.dma_length())
                .ok())
         return RespState::kDrop;
@@ -590,6 +621,19 @@ struct ResponderSteps {
   // no ACK, so the requester never takes the message as delivered (rxe RESPST_ERR_CQ_OVERFLOW).
   RespState err_cq_overflow() { return RespState::kDone; }
 
+  // An XRC request in sequence whose XRCETH names no XRC SRQ of the target's XRC domain: an
+  // Invalid Request NAK (the initiator's WR completes with IBV_WC_REM_INV_REQ_ERR) and the
+  // target QP enters ERR, as for every Invalid Request; counted.
+  RespState err_xrc_srq() {
+    ++e.counters_.xrc_srq_invalid;
+    return err_invalid_request();
+  }
+
+  // The PD of the receive WQE being filled: that of the XRC SRQ it came from, else the QP's.
+  const provider::Pd* recv_pd() const {
+    return resp.recv_srq != nullptr ? resp.recv_srq->pd() : ctx.qp->pd();
+  }
+
   void complete_recv_with_error(ibv_wc_status status) {
     if (!resp.has_recv) return;
     ibv_wc wc = {};
@@ -616,6 +660,7 @@ struct ResponderSteps {
     rr.first_sent = false;
     rr.res_first_psn = psn;
     rr.res_npkts = res_npkts;
+    rr.xrc_srq = xrc_srq;
   }
   void remember(bool atomic, uint32_t npkts, uint64_t orig) {
     RdAtomicResource& r = resp.resources[resp.res_next];
@@ -681,6 +726,7 @@ void Engine::send_read_response(QpContext& ctx) {
                              ? (last ? op::kRcReadResponseOnly : op::kRcReadResponseFirst)
                          : last ? op::kRcReadResponseLast
                                 : op::kRcReadResponseMiddle;
+  const provider::Pd* pd = rr.xrc_srq != nullptr ? rr.xrc_srq->pd() : ctx.qp->pd();
   const uint8_t* src = nullptr;
   if (len > 0) {
     // rxe_resp.c read_reply → rxe_recheck_mr: the region may have been deregistered (or the
@@ -690,7 +736,7 @@ void Engine::send_read_response(QpContext& ctx) {
     // any requester that has taken the earlier responses — already counts as answered), and
     // the QP enters ERR.
     const provider::MemRef ref = device_.mr_table().lookup_remote(
-        rr.rkey, ctx.qp->pd(), ctx.qpn, IBV_ACCESS_REMOTE_READ, rr.va, len);
+        rr.rkey, pd, ctx.qpn, IBV_ACCESS_REMOTE_READ, rr.va, len);
     if (!ref.ok()) {
       rr.active = false;
       send_ack(ctx, wire::make_nak(wire::NakCode::kRemoteAccessError), rr.psn);
@@ -701,7 +747,7 @@ void Engine::send_read_response(QpContext& ctx) {
     src = ref.addr;
   }
   send_pending_ack(ctx);  // responses leave in PSN order
-  wire::PacketHeaders h = begin_packet(opcode, static_cast<size_t>(len));
+  wire::PacketHeaders h = begin_packet(ctx.opcode(opcode), static_cast<size_t>(len));
   h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
   h.bth().set_psn(rr.psn);
   if (auto aeth = h.aeth()) {
@@ -719,7 +765,7 @@ void Engine::send_read_response(QpContext& ctx) {
 
 void Engine::send_empty_read_response(QpContext& ctx, uint32_t psn) {
   send_pending_ack(ctx);  // responses leave in PSN order
-  wire::PacketHeaders h = begin_packet(wire::op::kRcReadResponseOnly, 0);
+  wire::PacketHeaders h = begin_packet(ctx.opcode(wire::op::kRcReadResponseOnly), 0);
   h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
   h.bth().set_psn(psn);
   h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));
@@ -729,7 +775,7 @@ void Engine::send_empty_read_response(QpContext& ctx, uint32_t psn) {
 
 void Engine::send_atomic_ack(QpContext& ctx, uint32_t psn, uint64_t orig) {
   send_pending_ack(ctx);  // responses leave in PSN order
-  wire::PacketHeaders h = begin_packet(wire::op::kRcAtomicAck, 0);
+  wire::PacketHeaders h = begin_packet(ctx.opcode(wire::op::kRcAtomicAck), 0);
   h.bth().set_dest_qp(ctx.attr.dest_qp_num & wire::kQpnMask);
   h.bth().set_psn(psn);
   h.aeth()->set_syndrome(wire::make_ack(wire::kAethCreditsInvalid));

@@ -84,6 +84,7 @@ Device::Device(DeviceConfig config)
       pds_(kLimits.max_pd),
       cqs_(kLimits.max_cq),
       srqs_(kLimits.max_srq),
+      xrcds_(kLimits.max_xrcd),
       qps_(kLimits.max_qp),
       ahs_(kLimits.max_ah),
       dms_(kLimits.max_dm) {
@@ -206,12 +207,26 @@ Status Device::destroy_cq(Cq* cq) {
   return kOk;
 }
 
+Status Device::dealloc_xrcd(Xrcd* xrcd) {
+  if (xrcd == nullptr) return Status(EINVAL);
+  if (xrcd->users() != 0) return Status(EBUSY);
+  xrcds_.destroy(xrcd);
+  return kOk;
+}
+
 Result<Srq*> Device::create_srq(Pd* pd, const ibv_srq_attr& attr,
-                                std::shared_ptr<QueueAllocator> allocator) {
+                                std::shared_ptr<QueueAllocator> allocator, Xrcd* xrcd, Cq* cq) {
   if (pd == nullptr) return Status(EINVAL);
+  if ((xrcd == nullptr) != (cq == nullptr)) return Status(EINVAL);
   if (Status s = check_srq_init_attr(attr); !s.ok()) return s;
-  Result<Srq*> srq = srqs_.create(pd, attr, &events_, doorbell_, std::move(allocator));
-  if (srq.ok()) pd->add_user();
+  Result<Srq*> srq =
+      srqs_.create(pd, attr, &events_, doorbell_, std::move(allocator), xrcd, cq);
+  if (!srq.ok()) return srq;
+  pd->add_user();
+  if (xrcd != nullptr) {
+    xrcd->add_user();
+    cq->add_user();
+  }
   return srq;
 }
 
@@ -219,10 +234,29 @@ Status Device::destroy_srq(Srq* srq) {
   if (srq == nullptr) return Status(EINVAL);
   if (srq->users() != 0) return Status(EBUSY);
   Pd* pd = srq->pd();
+  Xrcd* xrcd = srq->xrcd();
+  Cq* cq = srq->cq();
+  if (xrcd != nullptr) {
+    // No QP holds an XRC SRQ; the engine finds it by number for each request. Once marked, no
+    // lookup finds it; srq_destroyed waits for a turn that found it before and drops the WQEs
+    // the engine took from it.
+    srq->mark_dying();
+    doorbell_->srq_destroyed(*srq);
+  }
   events_.discard(srq);
   srqs_.destroy(srq);
   pd->remove_user();
+  if (xrcd != nullptr) {
+    xrcd->remove_user();
+    cq->remove_user();
+  }
   return kOk;
+}
+
+Srq* Device::xrc_srq_by_num(uint32_t srq_num) const {
+  Srq* srq = srqs_.get(srq_num);
+  if (srq == nullptr || srq->type() != IBV_SRQT_XRC || srq->dying()) return nullptr;
+  return srq;
 }
 
 Result<Qp*> Device::create_qp(const QpInitAttr& init) {
@@ -230,10 +264,13 @@ Result<Qp*> Device::create_qp(const QpInitAttr& init) {
   if (Status s = check_and_round_qp_init(rounded); !s.ok()) return s;
   Result<Qp*> qp = qps_.create(rounded, *this);
   if (!qp.ok()) return qp;
-  rounded.pd->add_user();
-  rounded.send_cq->add_user();
-  rounded.recv_cq->add_user();
+  // An XRC initiator has no receive side, an XRC target no PD and no CQ (its completions go to
+  // the CQs of the XRC SRQs it receives into): what a QP does not have it does not count.
+  if (rounded.pd != nullptr) rounded.pd->add_user();
+  if (rounded.send_cq != nullptr) rounded.send_cq->add_user();
+  if (rounded.recv_cq != nullptr) rounded.recv_cq->add_user();
   if (rounded.srq != nullptr) rounded.srq->add_user();
+  if (rounded.xrcd != nullptr) rounded.xrcd->add_user();
   return qp;
 }
 
@@ -245,12 +282,14 @@ Status Device::destroy_qp(Qp* qp) {
   Cq* send_cq = qp->send_cq();
   Cq* recv_cq = qp->recv_cq();
   Srq* srq = qp->srq();
+  Xrcd* xrcd = qp->xrcd();
   events_.discard(qp);  // after qp_destroyed: the engine raises no more of its events
   qps_.destroy(qp);
-  pd->remove_user();
-  send_cq->remove_user();
-  recv_cq->remove_user();
+  if (pd != nullptr) pd->remove_user();
+  if (send_cq != nullptr) send_cq->remove_user();
+  if (recv_cq != nullptr) recv_cq->remove_user();
   if (srq != nullptr) srq->remove_user();
+  if (xrcd != nullptr) xrcd->remove_user();
   return kOk;
 }
 

@@ -33,6 +33,7 @@
 #include "provider/pd.h"
 #include "provider/qp.h"
 #include "provider/srq.h"
+#include "provider/xrcd.h"
 
 namespace urdma::provider {
 
@@ -111,12 +112,22 @@ class Device {
   Status destroy_cq(Cq* cq);
   Cq* cq_by_handle(uint32_t handle) const { return cqs_.get(handle); }
 
+  // ---- XRC domain ----
+  Result<Xrcd*> alloc_xrcd() { return xrcds_.create(); }
+  // EBUSY while an XRC SRQ or XRC target QP uses it.
+  Status dealloc_xrcd(Xrcd* xrcd);
+  Xrcd* xrcd_by_handle(uint32_t handle) const { return xrcds_.get(handle); }
+
   // ---- SRQ ----
-  // The queue from `allocator` (queue_memory.h; null: malloc).
+  // The queue from `allocator` (queue_memory.h; null: malloc). An XRC SRQ names its XRC domain
+  // and CQ (both or neither: EINVAL).
   Result<Srq*> create_srq(Pd* pd, const ibv_srq_attr& attr,
-                          std::shared_ptr<QueueAllocator> allocator = nullptr);
+                          std::shared_ptr<QueueAllocator> allocator = nullptr,
+                          Xrcd* xrcd = nullptr, Cq* cq = nullptr);
   Status destroy_srq(Srq* srq);
   Srq* srq_by_handle(uint32_t handle) const { return srqs_.get(handle); }
+  // The engine's lookup of an XRCETH's SRQ number: a live XRC SRQ, or nullptr.
+  Srq* xrc_srq_by_num(uint32_t srq_num) const;
 
   // ---- QP ----
   // `init.cap` is rounded; the result's cap() is what ibv_create_qp reports back.
@@ -160,6 +171,7 @@ class Device {
   ObjectTable<Pd> pds_;
   ObjectTable<Cq> cqs_;
   ObjectTable<Srq> srqs_;
+  ObjectTable<Xrcd> xrcds_;
   ObjectTable<Qp> qps_;
   ObjectTable<Ah> ahs_;
   ObjectTable<Dm> dms_;

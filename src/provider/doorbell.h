@@ -32,6 +32,10 @@ class Doorbell {
   // Entering IBV_QPS_ERR is the engine's cue to flush every posted WR with IBV_WC_WR_FLUSH_ERR.
   virtual void qp_modified(Qp& /*qp*/, ibv_qp_state /*from*/, ibv_qp_state /*to*/) {}
   virtual void qp_destroyed(Qp& /*qp*/) {}
+  // An XRC SRQ is about to be destroyed (it is marked dying, so no new lookup finds it): the
+  // call must not return while the engine may still touch it, and the engine lets go of every
+  // receive WQE it took from it (a message being received into one is lost with the SRQ).
+  virtual void srq_destroyed(Srq& /*srq*/) {}
   // dereg_mr, rereg_mr or dealloc_mw changed the MR table: the application may free or reuse
   // the memory the old entry named as soon as the verb returns. An engine that looked the entry
   // up earlier may still hold a pointer into that memory (the copy or the sendmsg comes after

@@ -23,6 +23,7 @@ struct DeviceLimits {
   uint32_t max_mr;
   uint32_t max_mw;
   uint32_t max_srq;
+  uint32_t max_xrcd;
   uint32_t max_ah;
   uint32_t max_dm;  // device memory allocations (the bytes: device_memory.h's kMaxDmBytes)
   // Queue sizes (entries, as requested by the consumer; rings round up to 2^k - 1).
@@ -57,6 +58,7 @@ inline constexpr DeviceLimits kLimits = {
     .max_mr = (1u << 19) - 1,  // rxe RXE_MAX_MR: indices 1..2^19 - 1
     .max_mw = (1u << 19) - 1,  // handles after the MRs'; with them, 1/16 of the 2^24 key tags
     .max_srq = 1u << 20,
+    .max_xrcd = 1u << 16,  // ConnectX-5's 2^log_max_xrcd (24 would do; nobody needs more)
     .max_ah = (1u << 15) - 1,  // rxe RXE_MAX_AH
     .max_dm = 4096,            // a DM is at least 4 bytes of 256 KiB; 4096 is plenty
     .max_qp_wr = 1u << 20,     // rxe RXE_MAX_QP_WR

@@ -33,6 +33,7 @@ static_assert(kSgeBytes == 16);
 // naming what holds; every property left out is false.
 constexpr SendOpcodeInfo kRdmaWrite = {.rc = true,
                                        .uc = true,
+                                       .xrc = true,
                                        .sge_list = true,
                                        .inline_ok = true,
                                        .remote_rdma = true,
@@ -40,17 +41,21 @@ constexpr SendOpcodeInfo kRdmaWrite = {.rc = true,
 constexpr SendOpcodeInfo kSend = {.rc = true,
                                   .uc = true,
                                   .ud = true,
+                                  .xrc = true,
                                   .sge_list = true,
                                   .inline_ok = true,
                                   .wc_opcode = IBV_WC_SEND};
 constexpr SendOpcodeInfo kSendInv = {
-    .rc = true, .sge_list = true, .inline_ok = true, .wc_opcode = IBV_WC_SEND};
-constexpr SendOpcodeInfo kRdmaRead = {
-    .rc = true, .sge_list = true, .remote_rdma = true, .wc_opcode = IBV_WC_RDMA_READ};
+    .rc = true, .xrc = true, .sge_list = true, .inline_ok = true, .wc_opcode = IBV_WC_SEND};
+constexpr SendOpcodeInfo kRdmaRead = {.rc = true,
+                                      .xrc = true,
+                                      .sge_list = true,
+                                      .remote_rdma = true,
+                                      .wc_opcode = IBV_WC_RDMA_READ};
 constexpr SendOpcodeInfo kCmpSwap = {
-    .rc = true, .sge_list = true, .atomic = true, .wc_opcode = IBV_WC_COMP_SWAP};
+    .rc = true, .xrc = true, .sge_list = true, .atomic = true, .wc_opcode = IBV_WC_COMP_SWAP};
 constexpr SendOpcodeInfo kFetchAdd = {
-    .rc = true, .sge_list = true, .atomic = true, .wc_opcode = IBV_WC_FETCH_ADD};
+    .rc = true, .xrc = true, .sge_list = true, .atomic = true, .wc_opcode = IBV_WC_FETCH_ADD};
 // IBA 1.5 ATOMIC WRITE, RC only (rxe_wr_opcode_info): the 8 bytes come from the WR's data
 // (an SGE list or inline data; ibv_wr_atomic_write gives them inline), the target from
 // wr.rdma. The responder checks the target's alignment (rxe_resp.c atomic_write_reply).
@@ -61,9 +66,9 @@ constexpr SendOpcodeInfo kAtomicWrite = {.rc = true,
                                          .atomic_write = true,
                                          .wc_opcode = IBV_WC_ATOMIC_WRITE};
 constexpr SendOpcodeInfo kLocalInv = {
-    .rc = true, .uc = true, .local = true, .wc_opcode = IBV_WC_LOCAL_INV};
+    .rc = true, .uc = true, .xrc = true, .local = true, .wc_opcode = IBV_WC_LOCAL_INV};
 constexpr SendOpcodeInfo kBindMw = {
-    .rc = true, .uc = true, .local = true, .wc_opcode = IBV_WC_BIND_MW};
+    .rc = true, .uc = true, .xrc = true, .local = true, .wc_opcode = IBV_WC_BIND_MW};
 
 constexpr std::array<const SendOpcodeInfo*, IBV_WR_ATOMIC_WRITE + 1> kOpcodes = [] {
   std::array<const SendOpcodeInfo*, IBV_WR_ATOMIC_WRITE + 1> t{};
@@ -83,7 +88,7 @@ constexpr std::array<const SendOpcodeInfo*, IBV_WR_ATOMIC_WRITE + 1> kOpcodes = 
 
 bool allowed_on(const SendOpcodeInfo& info, ibv_qp_type type) {
   return (type == IBV_QPT_RC && info.rc) || (type == IBV_QPT_UC && info.uc) ||
-         (type == IBV_QPT_UD && info.ud);
+         (type == IBV_QPT_UD && info.ud) || (type == IBV_QPT_XRC_SEND && info.xrc);
 }
 
 ibv_qp_attr default_attr() {
@@ -105,10 +110,34 @@ const SendOpcodeInfo* send_opcode_info(ibv_wr_opcode opcode) {
 
 Status check_and_round_qp_init(QpInitAttr& init) {
   // rxe_qp_chk_init / rxe_qp_chk_cap.
-  if (init.qp_type != IBV_QPT_RC && init.qp_type != IBV_QPT_UC && init.qp_type != IBV_QPT_UD)
+  if (init.qp_type == IBV_QPT_XRC_RECV) {
+    // ibv_create_qp_ex(3): an XRC target is created in an XRC domain, without PD or queues
+    // (the kernel's create_xrc_qp_user); what it receives goes to the XRC SRQs of its domain.
+    if (init.xrcd == nullptr) return Status(EINVAL);
+    init.pd = nullptr;
+    init.send_cq = nullptr;
+    init.recv_cq = nullptr;
+    init.srq = nullptr;
+    init.cap = {};
+    return kOk;
+  }
+  if (init.qp_type == IBV_QPT_XRC_SEND) {
+    // An XRC initiator: a send queue on a PD; no receive side (ib_create_qp clears recv_cq and
+    // srq for XRC_INI).
+    init.recv_cq = nullptr;
+    init.srq = nullptr;
+    init.xrcd = nullptr;
+    init.cap.max_recv_wr = 0;
+    init.cap.max_recv_sge = 0;
+    if (init.pd == nullptr || init.send_cq == nullptr) return Status(EINVAL);
+  } else if (init.qp_type != IBV_QPT_RC && init.qp_type != IBV_QPT_UC &&
+             init.qp_type != IBV_QPT_UD) {
     return Status(EOPNOTSUPP);
-  if (init.pd == nullptr || init.send_cq == nullptr || init.recv_cq == nullptr)
+  } else if (init.pd == nullptr || init.send_cq == nullptr || init.recv_cq == nullptr) {
     return Status(EINVAL);
+  }
+  init.xrcd = nullptr;
+  if (init.srq != nullptr && init.srq->type() != IBV_SRQT_BASIC) return Status(EINVAL);
   if (init.srq != nullptr && init.srq->pd() == nullptr) return Status(EINVAL);
   ibv_qp_cap& cap = init.cap;
   if (cap.max_send_wr > kLimits.max_qp_wr || cap.max_send_sge > kLimits.max_sge ||
@@ -124,7 +153,7 @@ Status check_and_round_qp_init(QpInitAttr& init) {
   const uint32_t wqe_size = std::max(cap.max_send_sge * kSgeBytes, cap.max_inline_data);
   cap.max_send_sge = std::min(wqe_size / kSgeBytes, kLimits.max_sge);
   cap.max_inline_data = wqe_size;
-  if (init.srq != nullptr) {
+  if (init.srq != nullptr || init.qp_type == IBV_QPT_XRC_SEND) {
     cap.max_recv_wr = 0;
     cap.max_recv_sge = 0;
   } else {
@@ -144,7 +173,7 @@ Qp::Qp(uint32_t handle, const QpInitAttr& init, Device& device)
       sq_side_(make_queue_array<uint8_t>(size_t{sq_ring_.slots()} * wqe_size_ + 1, init.allocator,
                                          QueueBuffer::kQp)) {
   assert(qp_num_ <= wire::kQpnMask);
-  if (init.srq == nullptr)
+  if (init.srq == nullptr && init.qp_type != IBV_QPT_XRC_SEND && init.qp_type != IBV_QPT_XRC_RECV)
     rq_ = std::make_unique<RecvQueue>(init.cap.max_recv_wr, init.cap.max_recv_sge,
                                       QueueBuffer::kRq, init.allocator);
 }
@@ -240,8 +269,9 @@ Status Qp::modify(const ibv_qp_attr& attr, int mask) {
     // The engine has forgotten the QP (qp_modified waited for its turn): no completion of it
     // follows. Those nobody polled go with its queues, as mlx5_modify_qp's mlx5_cq_clean does,
     // so a QP taken from ERR through RESET back to RTS does not return old flushes first.
-    init_.send_cq->discard_qp(qp_num());
-    if (init_.recv_cq != init_.send_cq) init_.recv_cq->discard_qp(qp_num());
+    if (init_.send_cq != nullptr) init_.send_cq->discard_qp(qp_num());
+    if (init_.recv_cq != nullptr && init_.recv_cq != init_.send_cq)
+      init_.recv_cq->discard_qp(qp_num());
   }
   return kOk;
 }
@@ -270,8 +300,10 @@ Status Qp::query(ibv_qp_attr* attr, int mask, ibv_qp_init_attr* init_attr) const
   attr->cap = init_.cap;
   *init_attr = {};
   init_attr->qp_type = init_.qp_type;
-  init_attr->send_cq = static_cast<ibv_cq*>(init_.send_cq->user_context);
-  init_attr->recv_cq = static_cast<ibv_cq*>(init_.recv_cq->user_context);
+  init_attr->send_cq =
+      init_.send_cq ? static_cast<ibv_cq*>(init_.send_cq->user_context) : nullptr;
+  init_attr->recv_cq =
+      init_.recv_cq ? static_cast<ibv_cq*>(init_.recv_cq->user_context) : nullptr;
   init_attr->srq = init_.srq ? static_cast<ibv_srq*>(init_.srq->user_context) : nullptr;
   init_attr->cap = init_.cap;
   init_attr->sq_sig_all = init_.sq_sig_all ? 1 : 0;
@@ -317,6 +349,11 @@ Status Qp::validate_send(const ibv_send_wr& wr, Resolved& r) const {
   }
   // IBA 1.5 (ATOMIC WRITE): the payload is exactly 8 bytes.
   if (r.info->atomic_write && r.length != sizeof(uint64_t)) return Status(EINVAL);
+  // ibv_post_send(3): an XRC initiator names the XRC SRQ each WR is for; it is 24 bits on the
+  // wire (the XRCETH).
+  if (init_.qp_type == IBV_QPT_XRC_SEND && !r.info->local &&
+      wr.qp_type.xrc.remote_srqn > wire::kXrcSrqMask)
+    return Status(EINVAL);
   if (init_.qp_type == IBV_QPT_UD) {
     if (wr.wr.ud.ah == nullptr) return Status(EINVAL);
     const Ah* ah = device_.ah_by_handle(wr.wr.ud.ah->handle);
@@ -400,6 +437,7 @@ void Qp::fill_send_wqe(const ibv_send_wr& wr, const Resolved& r, SendWqe& wqe, u
     wqe.compare_add = wr.wr.atomic.compare_add;
     wqe.swap = wr.wr.atomic.swap;
   }
+  if (init_.qp_type == IBV_QPT_XRC_SEND) wqe.xrc_remote_srqn = wr.qp_type.xrc.remote_srqn;
   if (init_.qp_type == IBV_QPT_UD) {
     wqe.remote_qpn = wr.wr.ud.remote_qpn & wire::kQpnMask;
     wqe.remote_qkey = wr.wr.ud.remote_qkey;
@@ -515,11 +553,12 @@ bool Qp::take_recv_st(RecvWork& out) {
   URDMA_ASSERT_ENGINE_TURN();
   assert(device_.on_engine_thread());
   if (init_.srq != nullptr) return init_.srq->take_st(out);
-  return rq_->take(out);
+  return rq_ != nullptr && rq_->take(out);
 }
 
 uint32_t Qp::rq_size() const {
-  return init_.srq != nullptr ? init_.srq->size() : rq_->size();
+  if (init_.srq != nullptr) return init_.srq->size();
+  return rq_ != nullptr ? rq_->size() : 0;
 }
 
 uint32_t Qp::flush_st() {

@@ -46,7 +46,8 @@ struct QpTransitionMasks {
   int required = 0;
   int optional = 0;
 };
-// IBA 11.2.5.2 / kernel ib_modify_qp_is_ok. Types other than RC/UC/UD are never valid.
+// IBA 11.2.5.2 / kernel ib_modify_qp_is_ok. Types other than RC, UC, UD, XRC_SEND (the
+// kernel's XRC_INI) and XRC_RECV (XRC_TGT) are never valid.
 QpTransitionMasks qp_transition_masks(ibv_qp_state cur, ibv_qp_state next, ibv_qp_type type);
 bool modify_qp_is_ok(ibv_qp_state cur, ibv_qp_state next, ibv_qp_type type, int mask);
 
@@ -60,6 +61,7 @@ inline constexpr unsigned kSendFlagsKnown =
 struct SendOpcodeInfo {
   bool rc = false, uc = false, ud = false;  // allowed on this QP type (IBA 9.2 / 9.8.3,
                                             // rxe_wr_opcode_info)
+  bool xrc = false;  // allowed on an XRC initiator (XRC_SEND): RC's, without ATOMIC WRITE
   bool sge_list = false;     // has a local SGE list (data source, or READ/atomic result target)
   bool inline_ok = false;    // IBV_SEND_INLINE applies (SEND*, RDMA_WRITE*)
   bool remote_rdma = false;  // RDMA WRITE/READ: remote_addr + rkey
@@ -74,7 +76,8 @@ const SendOpcodeInfo* send_opcode_info(ibv_wr_opcode opcode);
 
 struct QpInitAttr {
   ibv_qp_type qp_type = IBV_QPT_RC;
-  Pd* pd = nullptr;
+  Pd* pd = nullptr;        // null for an XRC target (XRC_RECV)
+  Xrcd* xrcd = nullptr;    // XRC_RECV only
   Cq* send_cq = nullptr;
   Cq* recv_cq = nullptr;
   Srq* srq = nullptr;
@@ -95,6 +98,7 @@ class Qp {
   uint32_t qp_num() const { return qp_num_; }
   ibv_qp_type type() const { return init_.qp_type; }
   Pd* pd() const { return init_.pd; }
+  Xrcd* xrcd() const { return init_.xrcd; }
   Cq* send_cq() const { return init_.send_cq; }
   Cq* recv_cq() const { return init_.recv_cq; }
   Srq* srq() const { return init_.srq; }
@@ -139,7 +143,7 @@ class Qp {
     sq_ring_.pop();
   }
   uint32_t sq_size() const { return sq_ring_.size(); }
-  // Receive queue (the SRQ's when attached).
+  // Receive queue (the SRQ's when attached; none on XRC QPs: false).
   bool take_recv_st(RecvWork& out);
   // Called after the QP entered ERR, before its receive queue is flushed: orders the state
   // change against post_recv, whose doorbell wakes the engine only for a QP it sees in ERR
@@ -206,7 +210,10 @@ class Qp {
 };
 
 // Validates ibv_qp_init_attr-style creation attributes and rounds `cap` up to what the queues
-// will hold (EINVAL over the device limits, EOPNOTSUPP for QP types other than RC/UC/UD).
+// will hold (EINVAL over the device limits or without what the type needs, EOPNOTSUPP for QP
+// types other than RC/UC/UD/XRC_SEND/XRC_RECV). An XRC_SEND QP has a send queue only (its
+// receive CQ, SRQ and receive caps are ignored, as the kernel ignores them for XRC_INI); an
+// XRC_RECV QP has no queue at all, only its XRC domain.
 Status check_and_round_qp_init(QpInitAttr& init);
 
 }  // namespace urdma::provider

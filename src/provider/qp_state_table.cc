@@ -1,6 +1,6 @@
 // The QP state transition table (IBA 11.2.5.2, table 93 "QP state transition properties"),
-// as the Linux kernel's qp_state_table in drivers/infiniband/core/verbs.c defines it for RC, UC
-// and UD. `required` bits must all be in the modify mask; the mask may add only `optional`
+// as the Linux kernel's qp_state_table in drivers/infiniband/core/verbs.c defines it for RC, UC,
+// UD and the two XRC types (XRC_INI = IBV_QPT_XRC_SEND, XRC_TGT = IBV_QPT_XRC_RECV). `required` bits must all be in the modify mask; the mask may add only `optional`
 // bits and IBV_QP_STATE. Transitions not listed are illegal.
 #include "provider/qp.h"
 
@@ -11,9 +11,9 @@ namespace {
 
 constexpr int kStates = IBV_QPS_ERR + 1;
 
-// Per QP type, indexed RC, UC, UD.
+// Per QP type: RC, UC, UD, XRC initiator, XRC target.
 struct TypeMasks {
-  int rc = 0, uc = 0, ud = 0;
+  int rc = 0, uc = 0, ud = 0, xrc_ini = 0, xrc_tgt = 0;
 };
 struct Transition {
   bool valid = false;
@@ -23,7 +23,7 @@ struct Transition {
 using Table = std::array<std::array<Transition, kStates>, kStates>;
 
 constexpr TypeMasks same(int m) {
-  return {m, m, m};
+  return {m, m, m, m, m};
 }
 
 constexpr Table make_table() {
@@ -39,35 +39,51 @@ constexpr Table make_table() {
       .valid = true,
       .required = {.rc = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
                    .uc = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-                   .ud = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY}};
+                   .ud = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
+                   .xrc_ini = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+                   .xrc_tgt = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS}};
   // INIT → INIT.
   t[IBV_QPS_INIT][IBV_QPS_INIT] = {
       .valid = true,
       .optional = {.rc = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
                    .uc = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-                   .ud = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY}};
+                   .ud = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY,
+                   .xrc_ini = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+                   .xrc_tgt = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS}};
   // INIT → RTR.
   t[IBV_QPS_INIT][IBV_QPS_RTR] = {
       .valid = true,
       .required = {.rc = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
                    .uc = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
-                   .ud = 0},
+                   .ud = 0,
+                   .xrc_ini = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+                   .xrc_tgt = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER},
       .optional = {.rc = IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX,
                    .uc = IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX,
-                   .ud = IBV_QP_PKEY_INDEX | IBV_QP_QKEY}};
+                   .ud = IBV_QP_PKEY_INDEX | IBV_QP_QKEY,
+                   .xrc_ini = IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX,
+                   .xrc_tgt = IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX}};
   // RTR → RTS.
   t[IBV_QPS_RTR][IBV_QPS_RTS] = {
       .valid = true,
       .required = {.rc = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                          IBV_QP_MAX_QP_RD_ATOMIC,
                    .uc = IBV_QP_SQ_PSN,
-                   .ud = IBV_QP_SQ_PSN},
+                   .ud = IBV_QP_SQ_PSN,
+                   .xrc_ini = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                              IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
+                   .xrc_tgt = IBV_QP_TIMEOUT | IBV_QP_SQ_PSN},
       .optional = {
           .rc = IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
                 IBV_QP_PATH_MIG_STATE,
           .uc = IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE,
-          .ud = IBV_QP_CUR_STATE | IBV_QP_QKEY}};
+          .ud = IBV_QP_CUR_STATE | IBV_QP_QKEY,
+          .xrc_ini =
+              IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE,
+          .xrc_tgt = IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |
+                     IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE}};
   // RTS → RTS.
   t[IBV_QPS_RTS][IBV_QPS_RTS] = {
       .valid = true,
@@ -75,7 +91,11 @@ constexpr Table make_table() {
           .rc = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE |
                 IBV_QP_MIN_RNR_TIMER,
           .uc = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE,
-          .ud = IBV_QP_CUR_STATE | IBV_QP_QKEY}};
+          .ud = IBV_QP_CUR_STATE | IBV_QP_QKEY,
+          .xrc_ini =
+              IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE,
+          .xrc_tgt = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH |
+                     IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER}};
   // RTS → SQD.
   t[IBV_QPS_RTS][IBV_QPS_SQD] = {.valid = true, .optional = same(IBV_QP_EN_SQD_ASYNC_NOTIFY)};
   // SQD → RTS.
@@ -89,9 +109,15 @@ constexpr Table make_table() {
                          IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE,
                    .uc = IBV_QP_AV | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX |
                          IBV_QP_PATH_MIG_STATE,
-                   .ud = IBV_QP_PKEY_INDEX | IBV_QP_QKEY}};
-  // SQE → RTS (IBA 10.3.1.5: UC/UD recover from a send queue error; RC never enters SQE, and
-  // the kernel table gives RC no optional attributes here).
+                   .ud = IBV_QP_PKEY_INDEX | IBV_QP_QKEY,
+                   .xrc_ini = IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                              IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_ALT_PATH |
+                              IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PATH_MIG_STATE,
+                   .xrc_tgt = IBV_QP_PORT | IBV_QP_AV | IBV_QP_TIMEOUT |
+                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS |
+                              IBV_QP_PKEY_INDEX | IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE}};
+  // SQE → RTS (IBA 10.3.1.5: UC/UD recover from a send queue error; RC and XRC never enter
+  // SQE, and the kernel table gives them no optional attributes here).
   t[IBV_QPS_SQE][IBV_QPS_RTS] = {.valid = true,
                                  .optional = {.rc = 0,
                                               .uc = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS,
@@ -109,6 +135,10 @@ int pick(const TypeMasks& m, ibv_qp_type type) {
       return m.uc;
     case IBV_QPT_UD:
       return m.ud;
+    case IBV_QPT_XRC_SEND:
+      return m.xrc_ini;
+    case IBV_QPT_XRC_RECV:
+      return m.xrc_tgt;
     default:
       return 0;
   }
@@ -118,7 +148,9 @@ int pick(const TypeMasks& m, ibv_qp_type type) {
 
 QpTransitionMasks qp_transition_masks(ibv_qp_state cur, ibv_qp_state next, ibv_qp_type type) {
   if (cur < 0 || cur >= kStates || next < 0 || next >= kStates) return {};
-  if (type != IBV_QPT_RC && type != IBV_QPT_UC && type != IBV_QPT_UD) return {};
+  if (type != IBV_QPT_RC && type != IBV_QPT_UC && type != IBV_QPT_UD &&
+      type != IBV_QPT_XRC_SEND && type != IBV_QPT_XRC_RECV)
+    return {};
   const Transition& t = kTable[cur][next];
   return {t.valid, pick(t.required, type), pick(t.optional, type)};
 }

@@ -16,12 +16,14 @@ Status check_srq_init_attr(const ibv_srq_attr& attr) {
 }
 
 Srq::Srq(uint32_t handle, Pd* pd, const ibv_srq_attr& attr, AsyncEventQueue* events,
-         Doorbell* doorbell, std::shared_ptr<QueueAllocator> allocator)
+         Doorbell* doorbell, std::shared_ptr<QueueAllocator> allocator, Xrcd* xrcd, Cq* cq)
     : handle_(handle),
       pd_(pd),
       events_(events),
       doorbell_(doorbell),
       allocator_(std::move(allocator)),
+      xrcd_(xrcd),
+      cq_(cq),
       queue_(std::make_unique<RecvQueue>(attr.max_wr, attr.max_sge, QueueBuffer::kSrq,
                                          allocator_)),
       limit_(attr.srq_limit) {}

@@ -39,6 +39,8 @@ struct SendWqe {
   uint32_t rkey;
   uint64_t compare_add;  // also ATOMIC WRITE's 8 bytes, as posted, when sent inline
   uint64_t swap;
+  // XRC_SEND: the XRC SRQ the message is for (the XRCETH).
+  uint32_t xrc_remote_srqn;
   // UD.
   uint32_t remote_qpn;
   uint32_t remote_qkey;

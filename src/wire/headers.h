@@ -227,6 +227,22 @@ using IethView = BasicIeth<const uint8_t>;
 static_assert(Ieth::kSize == 4);
 
 // ---------------------------------------------------------------------------------------------
+// XRCETH — XRC Extended Transport Header, 4 bytes (IBA 9.3.x, XRC annex): 8 reserved bits and
+// the XRC SRQ number the request is for. Every XRC request carries it right after the BTH;
+// responses (ACK, READ response, ATOMIC acknowledge) do not.
+template <WireByte Byte>
+class BasicXrceth {
+  URDMA_WIRE_VIEW(BasicXrceth, 4)
+  URDMA_WIRE_FIELD(resv8, 0, 1, 0, 8)
+  URDMA_WIRE_FIELD(xrc_srq, 1, 3, 0, 24)
+  static_assert(xrc_srq_field::kEnd == kSize);
+};
+using Xrceth = BasicXrceth<uint8_t>;
+using XrcethView = BasicXrceth<const uint8_t>;
+static_assert(Xrceth::kSize == 4);
+inline constexpr uint32_t kXrcSrqMask = 0xFFFFFF;  // the XRC SRQ number is 24 bits
+
+// ---------------------------------------------------------------------------------------------
 // AtomicETH — Atomic Extended Transport Header, 28 bytes (IBA 9.3.4).
 template <WireByte Byte>
 class BasicAtomicEth {

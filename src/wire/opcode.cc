@@ -130,6 +130,55 @@ constexpr Row kRows[] = {
     {op::kCnp, "CNP", Transport::kCnp, {kCnpResv}, kOnly | kCongestion},
 };
 
+// XRC (IBA 9.2 table 35, transport bits 101): RC's operations, FLUSH and ATOMIC WRITE excepted;
+// a request carries the XRCETH right after the BTH, before its RETH, AtomicETH, ImmDt or IETH
+// (IBA 9.3, XRC annex); a response carries none. Names as Wireshark prints them, by operation.
+constexpr const char* kXrcNames[op::kOperationMask + 1] = {
+    "XRC Send First",
+    "XRC Send Middle",
+    "XRC Send Last",
+    "XRC Send Last Immediate",
+    "XRC Send Only",
+    "XRC Send Only Immediate",
+    "XRC RDMA Write First",
+    "XRC RDMA Write Middle",
+    "XRC RDMA Write Last",
+    "XRC RDMA Write Last Immediate",
+    "XRC RDMA Write Only",
+    "XRC RDMA Write Only Immediate",
+    "XRC RDMA Read Request",
+    "XRC RDMA Read Response First",
+    "XRC RDMA Read Response Middle",
+    "XRC RDMA Read Response Last",
+    "XRC RDMA Read Response Only",
+    "XRC Acknowledge",
+    "XRC Atomic Acknowledge",
+    "XRC Compare Swap",
+    "XRC Fetch Add",
+    nullptr,
+    "XRC Send Last Invalidate",
+    "XRC Send Only Invalidate",
+};
+
+constexpr void fill(OpcodeInfo& info, const Row& row, uint8_t opcode, const char* name,
+                    Transport transport, bool xrceth) {
+  info.opcode = opcode;
+  info.name = name;
+  info.valid = true;
+  info.transport = transport;
+  info.flags = row.flags;
+  info.exact_payload = row.exact_payload;
+  size_t offset = Bth::kSize;
+  const auto add = [&](Ext e) {
+    info.ext |= ext_bit(e);
+    info.offset[static_cast<size_t>(e)] = static_cast<uint8_t>(offset);
+    offset += kExtSize[static_cast<size_t>(e)];
+  };
+  if (xrceth) add(kXrceth);
+  for (Ext e : row.ext) add(e);
+  info.header_length = static_cast<uint8_t>(offset);
+}
+
 constexpr std::array<OpcodeInfo, kOpcodeCount> build_table() {
   std::array<OpcodeInfo, kOpcodeCount> table{};
   for (size_t i = 0; i < kOpcodeCount; ++i) {
@@ -137,19 +186,12 @@ constexpr std::array<OpcodeInfo, kOpcodeCount> build_table() {
     table[i].opcode = static_cast<uint8_t>(i);
   }
   for (const Row& row : kRows) {
-    OpcodeInfo& info = table[row.opcode];
-    info.name = row.name;
-    info.valid = true;
-    info.transport = row.transport;
-    info.flags = row.flags;
-    info.exact_payload = row.exact_payload;
-    size_t offset = Bth::kSize;
-    for (Ext e : row.ext) {
-      info.ext |= ext_bit(e);
-      info.offset[static_cast<size_t>(e)] = static_cast<uint8_t>(offset);
-      offset += kExtSize[static_cast<size_t>(e)];
-    }
-    info.header_length = static_cast<uint8_t>(offset);
+    fill(table[row.opcode], row, row.opcode, row.name, row.transport, false);
+    if (row.transport != RC || row.opcode == op::kRcFlush || row.opcode == op::kRcAtomicWrite)
+      continue;
+    const uint8_t xrc = op::kXrcPrefix | op::operation(row.opcode);
+    fill(table[xrc], row, xrc, kXrcNames[op::operation(row.opcode)], Transport::kXrc,
+         (row.flags & kRequest) != 0);
   }
   return table;
 }
@@ -169,15 +211,23 @@ static_assert(build_table()[op::kRcFetchAdd].header_length == 12 + 28);
 static_assert(build_table()[op::kUdSendOnly].header_length == 12 + 8);
 static_assert(build_table()[op::kUdSendOnlyImm].header_length == 12 + 8 + 4);
 static_assert(build_table()[op::kRcFlush].header_length == 12 + 4 + 16);
+static_assert(build_table()[op::kXrcSendOnly].header_length == 12 + 4);
+static_assert(build_table()[op::kXrcWriteOnly].header_length == 12 + 4 + 16);
+static_assert(build_table()[op::kXrcFetchAdd].header_length == 12 + 4 + 28);
+static_assert(build_table()[op::kXrcAck].header_length == 12 + 4);
+static_assert(build_table()[op::kXrcAtomicAck].header_length == 12 + 4 + 8);
+static_assert(!build_table()[op::kXrcPrefix | op::kRcFlush].valid);
+static_assert(!build_table()[op::kXrcPrefix | op::kRcAtomicWrite].valid);
 
 const char* transport_name(Transport t) {
-  constexpr const char* kNames[] = {"none", "RC", "UC", "UD", "CNP"};
+  constexpr const char* kNames[] = {"none", "RC", "UC", "UD", "CNP", "XRC"};
   return kNames[static_cast<size_t>(t)];
 }
 
 const char* ext_name(Ext e) {
   constexpr const char* kNames[kExtCount] = {
-      "RETH", "AETH", "DETH", "ImmDt", "IETH", "AtomicETH", "AtomicAckETH", "FETH", "CNP reserved"};
+      "RETH", "AETH", "DETH", "ImmDt", "IETH", "AtomicETH", "AtomicAckETH", "FETH", "CNP reserved",
+      "XRCETH"};
   return e < Ext::kCount ? kNames[static_cast<size_t>(e)] : "?";
 }
 

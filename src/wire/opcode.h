@@ -4,7 +4,9 @@
 // headers are, whether the packet carries payload, where it sits in a message, whether it is a
 // request or a response and what operation it belongs to. Every other layer asks this table
 // instead of switching on opcodes. Opcode values: IBA Vol. 1 table 35 "OpCode field" (9.2),
-// IBA 1.5 for FLUSH and ATOMIC WRITE, RoCEv2 annex A17.9 for CNP.
+// IBA 1.5 for FLUSH and ATOMIC WRITE, RoCEv2 annex A17.9 for CNP. XRC (transport bits 101) has
+// RC's operations at the same low bits: kXrcPrefix | (rc_opcode & kOperationMask), FLUSH and
+// ATOMIC WRITE excepted (IBA 1.5 defines them for RC only).
 #pragma once
 
 #include <array>
@@ -58,17 +60,33 @@ enum Opcode : uint8_t {
   kUdSendOnly = 0x64,
   kUdSendOnlyImm = 0x65,
   kCnp = 0x81,  // RoCEv2 Congestion Notification Packet
+  kXrcSendFirst = 0xA0,
+  kXrcSendOnly = 0xA4,
+  kXrcWriteOnly = 0xAA,
+  kXrcReadRequest = 0xAC,
+  kXrcReadResponseOnly = 0xB0,
+  kXrcAck = 0xB1,
+  kXrcAtomicAck = 0xB2,
+  kXrcCompareSwap = 0xB3,
+  kXrcFetchAdd = 0xB4,
+  kXrcSendOnlyInv = 0xB7,
 };
 // The transport prefixes (bits 7-5), to turn an RC opcode into its UC twin: kUc | (rc & 0x1F).
 inline constexpr uint8_t kRcPrefix = 0x00;
 inline constexpr uint8_t kUcPrefix = 0x20;
 inline constexpr uint8_t kUdPrefix = 0x60;
+inline constexpr uint8_t kXrcPrefix = 0xA0;
 inline constexpr uint8_t kOperationMask = 0x1F;
+// The operation of an RC, UC or XRC opcode as its RC opcode (kRcPrefix is 0): what the engine
+// compares with, whichever connected transport carried it.
+inline constexpr uint8_t operation(uint8_t opcode) {
+  return opcode & kOperationMask;
+}
 }  // namespace op
 using op::Opcode;
 
 // Transport service an opcode belongs to.
-enum class Transport : uint8_t { kNone, kRc, kUc, kUd, kCnp };
+enum class Transport : uint8_t { kNone, kRc, kUc, kUd, kCnp, kXrc };
 const char* transport_name(Transport t);
 
 // Extension headers, in no particular order; the table gives each one's offset.
@@ -82,6 +100,7 @@ enum class Ext : uint8_t {
   kAtomicAckEth,
   kFeth,
   kCnpResv,  // the 16 reserved bytes of a CNP
+  kXrceth,
   kCount,
 };
 inline constexpr size_t kExtCount = static_cast<size_t>(Ext::kCount);
@@ -91,7 +110,7 @@ inline constexpr ExtMask ext_bit(Ext e) {
 }
 inline constexpr std::array<uint8_t, kExtCount> kExtSize = {
     Reth::kSize,      Aeth::kSize,         Deth::kSize, ImmDt::kSize,      Ieth::kSize,
-    AtomicEth::kSize, AtomicAckEth::kSize, Feth::kSize, kCnpReservedBytes,
+    AtomicEth::kSize, AtomicAckEth::kSize, Feth::kSize, kCnpReservedBytes, Xrceth::kSize,
 };
 const char* ext_name(Ext e);  // "RETH", "AETH", ...
 
@@ -124,7 +143,7 @@ inline constexpr uint32_t kOnly = kFirst | kLast;
 struct OpcodeInfo {
   const char* name = nullptr;  // as Wireshark's Info column prints it, e.g. "RC Send Only"
   uint8_t opcode = 0;
-  bool valid = false;  // false: reserved / unsupported (RD, XRC, manufacturer-specific)
+  bool valid = false;  // false: reserved / unsupported (RD, manufacturer-specific)
   Transport transport = Transport::kNone;
   ExtMask ext = 0;
   uint32_t flags = 0;

@@ -29,13 +29,14 @@ namespace {
 
 // Reserved fields of the headers present (strict mode only). FECN/BECN are not reserved (IBA
 // annex A10 congestion control) — only BTH Resv6/Resv7, the AETH syndrome's high bit, DETH's
-// reserved byte and FETH bits 31-6.
+// and XRCETH's reserved bytes and FETH bits 31-6.
 bool reserved_bits_set(const PacketHeadersView& h) {
   const BthView bth = h.bth();
   if (bth.resv6() != 0 || bth.resv7() != 0) return true;
   if (auto aeth = h.aeth(); aeth && aeth->syndrome_resv()) return true;
   if (auto deth = h.deth(); deth && deth->resv8() != 0) return true;
   if (auto feth = h.feth(); feth && feth->resv() != 0) return true;
+  if (auto xrceth = h.xrceth(); xrceth && xrceth->resv8() != 0) return true;
   return false;
 }
 
@@ -49,7 +50,7 @@ ParseResult parse_packet(std::span<const uint8_t> udp_payload, const ParseOption
   // IBA 9.2 / 9.6: only transport header version 0 is defined; others are dropped.
   if (bth.tver() != kBthTransportVersion) return ParseError::kBadTransportVersion;
 
-  // IBA 9.6: an opcode the receiver does not support is dropped (RD and XRC are not).
+  // IBA 9.6: an opcode the receiver does not support is dropped (RD is not).
   const OpcodeInfo& info = opcode_info(bth.opcode());
   if (!info.valid) return ParseError::kUnknownOpcode;
 

@@ -29,7 +29,7 @@ enum class ParseError : uint8_t {
   kNone = 0,
   kTooShortForBth,       // fewer than 12 + 4 (ICRC) bytes
   kBadTransportVersion,  // BTH.TVer != 0 (IBA 9.2, 9.6)
-  kUnknownOpcode,        // reserved, RD, XRC or manufacturer-specific opcode (IBA 9.2 table 35)
+  kUnknownOpcode,        // reserved, RD or manufacturer-specific opcode (IBA 9.2 table 35)
   kTooShortForHeaders,   // shorter than the opcode's headers + ICRC
   kMisaligned,  // UDP payload not a multiple of 4 bytes (IBA 9.2: headers, payload+pad are words)
   kPadWithoutPayload,     // PadCnt != 0 on an opcode that carries no payload
@@ -85,6 +85,9 @@ class BasicPacketHeaders {
     return get<BasicAtomicAckEth<Byte>>(Ext::kAtomicAckEth);
   }
   std::optional<BasicFeth<Byte>> feth() const { return get<BasicFeth<Byte>>(Ext::kFeth); }
+  std::optional<BasicXrceth<Byte>> xrceth() const {
+    return get<BasicXrceth<Byte>>(Ext::kXrceth);
+  }
 
  private:
   template <typename View>
@@ -119,6 +122,7 @@ class PacketView {
   std::optional<AtomicEthView> atomic_eth() const { return headers_.atomic_eth(); }
   std::optional<AtomicAckEthView> atomic_ack_eth() const { return headers_.atomic_ack_eth(); }
   std::optional<FethView> feth() const { return headers_.feth(); }
+  std::optional<XrcethView> xrceth() const { return headers_.xrceth(); }
 
   // The whole UDP payload, BTH through ICRC.
   std::span<const uint8_t> datagram() const { return datagram_; }

@@ -114,8 +114,33 @@ TEST(QpStateTable, MatchesKernelTableForEveryTransition) {
 }
 
 TEST(QpStateTable, OtherQpTypesAreNeverValid) {
-  EXPECT_FALSE(qp_transition_masks(R, I, IBV_QPT_XRC_SEND).valid);
   EXPECT_FALSE(qp_transition_masks(R, I, IBV_QPT_RAW_PACKET).valid);
+  EXPECT_FALSE(qp_transition_masks(R, I, IBV_QPT_DRIVER).valid);
+}
+
+// The kernel's qp_state_table for XRC_INI (IBV_QPT_XRC_SEND) and XRC_TGT (IBV_QPT_XRC_RECV):
+// the initiator needs RC's requester attributes and none of its responder's, the target the
+// reverse; neither has an SQE → RTS.
+TEST(QpStateTable, XrcInitiatorAndTargetMasksAreTheKernels) {
+  constexpr int kInit = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+  constexpr int kRtrCommon = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+  EXPECT_EQ(qp_transition_masks(R, I, IBV_QPT_XRC_SEND).required, kInit);
+  EXPECT_EQ(qp_transition_masks(R, I, IBV_QPT_XRC_RECV).required, kInit);
+  EXPECT_EQ(qp_transition_masks(I, RTR, IBV_QPT_XRC_SEND).required, kRtrCommon);
+  EXPECT_EQ(qp_transition_masks(I, RTR, IBV_QPT_XRC_RECV).required,
+            kRtrCommon | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  EXPECT_EQ(qp_transition_masks(RTR, RTS, IBV_QPT_XRC_SEND).required,
+            IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                IBV_QP_MAX_QP_RD_ATOMIC);
+  EXPECT_EQ(qp_transition_masks(RTR, RTS, IBV_QPT_XRC_RECV).required,
+            IBV_QP_TIMEOUT | IBV_QP_SQ_PSN);
+  // The initiator has no responder: MAX_DEST_RD_ATOMIC on its INIT → RTR is EINVAL.
+  EXPECT_FALSE(modify_qp_is_ok(I, RTR, IBV_QPT_XRC_SEND,
+                               IBV_QP_STATE | kRtrCommon | IBV_QP_MAX_DEST_RD_ATOMIC));
+  EXPECT_TRUE(modify_qp_is_ok(RTR, RTS, IBV_QPT_XRC_RECV,
+                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN |
+                                  IBV_QP_MIN_RNR_TIMER));
+  EXPECT_FALSE(qp_transition_masks(IBV_QPS_SQE, RTS, IBV_QPT_XRC_SEND).optional);
 }
 
 TEST(QpStateTable, CurStateOnlyFromRtrRtsSqdSqe) {

@@ -19,11 +19,13 @@ struct Expected {
   uint8_t header_length;
 };
 
-// IBA 9.2 table 35 / 9.3, IBA 1.5 (FLUSH, ATOMIC WRITE), RoCEv2 annex A17 (CNP). The names are
+// IBA 9.2 table 35 / 9.3, IBA 1.5 (FLUSH, ATOMIC WRITE), RoCEv2 annex A17 (CNP), XRC (transport
+// bits 101: XRCETH right after the BTH on requests, none on responses). The names are
 // those of Wireshark's Info column; the header lengths what tshark decodes (BTH = 12).
 const std::vector<Expected>& expected_table() {
   using enum Ext;
-  constexpr Transport RC = Transport::kRc, UC = Transport::kUc, UD = Transport::kUd;
+  constexpr Transport RC = Transport::kRc, UC = Transport::kUc, UD = Transport::kUd,
+                      XRC = Transport::kXrc;
   static const std::vector<Expected> kTable = {
       {0x00, "RC Send First", RC, {}, 12},
       {0x01, "RC Send Middle", RC, {}, 12},
@@ -65,6 +67,29 @@ const std::vector<Expected>& expected_table() {
       {0x64, "UD Send Only", UD, {kDeth}, 20},
       {0x65, "UD Send Only Immediate", UD, {kDeth, kImmDt}, 24},
       {0x81, "CNP", Transport::kCnp, {kCnpResv}, 28},
+      {0xA0, "XRC Send First", XRC, {kXrceth}, 16},
+      {0xA1, "XRC Send Middle", XRC, {kXrceth}, 16},
+      {0xA2, "XRC Send Last", XRC, {kXrceth}, 16},
+      {0xA3, "XRC Send Last Immediate", XRC, {kXrceth, kImmDt}, 20},
+      {0xA4, "XRC Send Only", XRC, {kXrceth}, 16},
+      {0xA5, "XRC Send Only Immediate", XRC, {kXrceth, kImmDt}, 20},
+      {0xA6, "XRC RDMA Write First", XRC, {kXrceth, kReth}, 32},
+      {0xA7, "XRC RDMA Write Middle", XRC, {kXrceth}, 16},
+      {0xA8, "XRC RDMA Write Last", XRC, {kXrceth}, 16},
+      {0xA9, "XRC RDMA Write Last Immediate", XRC, {kXrceth, kImmDt}, 20},
+      {0xAA, "XRC RDMA Write Only", XRC, {kXrceth, kReth}, 32},
+      {0xAB, "XRC RDMA Write Only Immediate", XRC, {kXrceth, kReth, kImmDt}, 36},
+      {0xAC, "XRC RDMA Read Request", XRC, {kXrceth, kReth}, 32},
+      {0xAD, "XRC RDMA Read Response First", XRC, {kAeth}, 16},
+      {0xAE, "XRC RDMA Read Response Middle", XRC, {}, 12},
+      {0xAF, "XRC RDMA Read Response Last", XRC, {kAeth}, 16},
+      {0xB0, "XRC RDMA Read Response Only", XRC, {kAeth}, 16},
+      {0xB1, "XRC Acknowledge", XRC, {kAeth}, 16},
+      {0xB2, "XRC Atomic Acknowledge", XRC, {kAeth, kAtomicAckEth}, 24},
+      {0xB3, "XRC Compare Swap", XRC, {kXrceth, kAtomicEth}, 44},
+      {0xB4, "XRC Fetch Add", XRC, {kXrceth, kAtomicEth}, 44},
+      {0xB6, "XRC Send Last Invalidate", XRC, {kXrceth, kIeth}, 20},
+      {0xB7, "XRC Send Only Invalidate", XRC, {kXrceth, kIeth}, 20},
   };
   return kTable;
 }
@@ -109,11 +134,14 @@ TEST(OpcodeTable, EverythingElseIsInvalid) {
       EXPECT_EQ(info.header_length, 0);
     }
   }
-  EXPECT_EQ(valid, 40);
-  // Reserved RC 0x15 (RESYNC is RD-only), RD (0x40..), XRC (0xA0..) and CNP 0x80 are not ours.
+  EXPECT_EQ(valid, 63);
+  // Reserved RC 0x15 (RESYNC is RD-only), RD (0x40..), XRC's reserved 0xB5 and its missing
+  // FLUSH / ATOMIC WRITE (RC only in IBA 1.5), and CNP 0x80 are not ours.
   EXPECT_FALSE(opcode_info(0x15).valid);
   EXPECT_FALSE(opcode_info(0x44).valid);
-  EXPECT_FALSE(opcode_info(0xA4).valid);
+  EXPECT_FALSE(opcode_info(0xB5).valid);
+  EXPECT_FALSE(opcode_info(0xBC).valid);
+  EXPECT_FALSE(opcode_info(0xBD).valid);
   EXPECT_FALSE(opcode_info(0xFF).valid);
 }
 
@@ -144,6 +172,14 @@ TEST(OpcodeTable, FlagsAgreeWithHeaders) {
     }
     if (i.transport == Transport::kUd) {
       EXPECT_EQ(e.opcode >> 5, 3);
+    }
+    if (i.transport == Transport::kXrc) {
+      EXPECT_EQ(e.opcode >> 5, 5);
+    }
+    // XRCETH iff an XRC request, and then first after the BTH.
+    EXPECT_EQ(i.has(Ext::kXrceth), i.transport == Transport::kXrc && i.is(kRequest));
+    if (i.has(Ext::kXrceth)) {
+      EXPECT_EQ(i.offset_of(Ext::kXrceth), 12);
     }
     // ImmDt iff "with immediate"; IETH iff "with invalidate"; DETH iff UD.
     EXPECT_EQ(i.is(kImm), i.has(Ext::kImmDt));
@@ -202,6 +238,29 @@ TEST(OpcodeTable, UcOpcodesMirrorRc) {
   }
 }
 
+TEST(OpcodeTable, XrcOpcodesMirrorRcWithAnXrcethOnRequests) {
+  int mirrored = 0;
+  for (unsigned rc = op::kRcSendFirst; rc <= op::kRcSendOnlyInv; ++rc) {
+    const OpcodeInfo& r = opcode_info(static_cast<uint8_t>(rc));
+    const OpcodeInfo& x = opcode_info(static_cast<uint8_t>(op::kXrcPrefix | rc));
+    EXPECT_EQ(x.valid, r.valid) << rc;
+    if (!r.valid) continue;
+    ++mirrored;
+    EXPECT_EQ(op::operation(x.opcode), rc);
+    EXPECT_EQ(x.flags, r.flags);
+    const bool request = r.is(kRequest);
+    EXPECT_EQ(x.ext, r.ext | (request ? ext_bit(Ext::kXrceth) : 0));
+    EXPECT_EQ(x.header_length, r.header_length + (request ? Xrceth::kSize : 0));
+    // Every RC header sits 4 bytes later on a request: behind the XRCETH.
+    for (size_t e = 0; e < kExtCount; ++e)
+      if (r.has(static_cast<Ext>(e))) {
+        EXPECT_EQ(x.offset[e], r.offset[e] + (request ? 4 : 0)) << ext_name(static_cast<Ext>(e));
+      }
+    EXPECT_EQ(std::string(x.name).substr(4), std::string(r.name).substr(3));
+  }
+  EXPECT_EQ(mirrored, 23);
+}
+
 TEST(OpcodeTable, NamesAreUnique) {
   std::set<std::string> names;
   for (const Expected& e : expected_table())
@@ -212,6 +271,8 @@ TEST(OpcodeTable, ExtAndTransportNames) {
   EXPECT_STREQ(ext_name(Ext::kReth), "RETH");
   EXPECT_STREQ(ext_name(Ext::kAtomicAckEth), "AtomicAckETH");
   EXPECT_STREQ(ext_name(Ext::kCnpResv), "CNP reserved");
+  EXPECT_STREQ(ext_name(Ext::kXrceth), "XRCETH");
+  EXPECT_STREQ(transport_name(Transport::kXrc), "XRC");
   EXPECT_STREQ(transport_name(Transport::kUd), "UD");
   EXPECT_EQ(kExtSize[static_cast<size_t>(Ext::kAtomicEth)], 28);
 }

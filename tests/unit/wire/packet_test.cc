@@ -90,6 +90,7 @@ TEST(Packet, BuildThenParseEveryOpcode) {
       if (auto a = built->headers.atomic_eth()) a->set_compare(42);
       if (auto a = built->headers.atomic_ack_eth()) a->set_orig_data(43);
       if (auto f = built->headers.feth()) f->set_placement_type(kFlushPlacementPersistence);
+      if (auto x = built->headers.xrceth()) x->set_xrc_srq(0xFEDCBA);
 
       const std::vector<uint8_t> wire(built->datagram.begin(), built->datagram.end());
       const ParseResult p = parse_packet(wire, ParseOptions{.strict_reserved = true});
@@ -113,6 +114,16 @@ TEST(Packet, BuildThenParseEveryOpcode) {
       EXPECT_EQ(p->atomic_eth().has_value(), info.has(Ext::kAtomicEth));
       EXPECT_EQ(p->atomic_ack_eth().has_value(), info.has(Ext::kAtomicAckEth));
       EXPECT_EQ(p->feth().has_value(), info.has(Ext::kFeth));
+      EXPECT_EQ(p->xrceth().has_value(), info.has(Ext::kXrceth));
+      if (p->xrceth()) {
+        EXPECT_EQ(p->xrceth()->xrc_srq(), 0xFEDCBAu);
+        EXPECT_EQ(p->xrceth()->resv8(), 0u);
+        // The XRCETH is the 4 bytes after the BTH, the 24-bit SRQ number big-endian.
+        EXPECT_EQ(wire[12], 0);
+        EXPECT_EQ(wire[13], 0xFE);
+        EXPECT_EQ(wire[14], 0xDC);
+        EXPECT_EQ(wire[15], 0xBA);
+      }
       if (p->reth()) {
         EXPECT_EQ(p->reth()->va(), 0x1122334455667788u);
         EXPECT_EQ(p->reth()->rkey(), 0x99AABBCCu);
@@ -143,6 +154,23 @@ TEST(Packet, BuildThenParseEveryOpcode) {
       for (size_t i = total; i < buf.size(); ++i) ASSERT_EQ(buf[i], 0xEE) << i;
     }
   }
+}
+
+TEST(Packet, XrcethReservedBitsAreRejectedOnlyInStrictMode) {
+  std::vector<uint8_t> buf(64);
+  auto built = build_packet(buf, op::kXrcSendOnly, std::vector<uint8_t>(4, 7));
+  ASSERT_TRUE(built);
+  built->headers.xrceth()->set_xrc_srq(5);
+  built->headers.xrceth()->set_resv8(1);
+  const std::vector<uint8_t> wire(built->datagram.begin(), built->datagram.end());
+  const ParseResult lax = parse_packet(wire);
+  ASSERT_TRUE(lax.ok());
+  EXPECT_EQ(lax->xrceth()->xrc_srq(), 5u);
+  EXPECT_EQ(parse_packet(wire, ParseOptions{.strict_reserved = true}).error(),
+            ParseError::kReservedBitsSet);
+  // An XRC request one word short of its XRCETH is refused, never read past.
+  const std::vector<uint8_t> short_one(wire.begin(), wire.begin() + 12 + 4);
+  EXPECT_EQ(parse_packet(short_one).error(), ParseError::kTooShortForHeaders);
 }
 
 TEST(Packet, BuilderRejectsWhatTheParserWould) {
