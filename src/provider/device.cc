@@ -22,7 +22,7 @@ void fill_device_attr(ibv_device_attr& a, uint64_t node_guid_be) {
   a.device_cap_flags = IBV_DEVICE_BAD_PKEY_CNTR | IBV_DEVICE_BAD_QKEY_CNTR |
                        IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_RC_RNR_NAK_GEN |
                        IBV_DEVICE_SRQ_RESIZE | IBV_DEVICE_PORT_ACTIVE_EVENT |
-                       IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                       IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC;
   a.max_sge = static_cast<int>(kLimits.max_sge);
   a.max_sge_rd = static_cast<int>(kLimits.max_sge_rd);
   a.max_cq = static_cast<int>(kLimits.max_cq);

@@ -21,6 +21,8 @@ Context::~Context() {
   for (provider::Dm* dm : dms) (void)free_dm(dm);
   std::vector<provider::Srq*> srqs(srqs_.begin(), srqs_.end());
   for (provider::Srq* srq : srqs) (void)destroy_srq(srq);
+  std::vector<provider::Xrcd*> xrcds(xrcds_.begin(), xrcds_.end());
+  for (provider::Xrcd* xrcd : xrcds) (void)dealloc_xrcd(xrcd);
   std::vector<provider::Ah*> ahs(ahs_.begin(), ahs_.end());
   for (provider::Ah* ah : ahs) (void)destroy_ah(ah);
   std::vector<provider::Cq*> cqs(cqs_.begin(), cqs_.end());
@@ -32,7 +34,7 @@ Context::~Context() {
 size_t Context::objects() const {
   std::lock_guard lock(mutex_);
   return pds_.size() + cqs_.size() + qps_.size() + mrs_.size() + mws_.size() + srqs_.size() +
-         ahs_.size() + dms_.size();
+         ahs_.size() + dms_.size() + xrcds_.size();
 }
 
 namespace {
@@ -93,10 +95,16 @@ Status Context::destroy_cq(provider::Cq* cq) {
 
 provider::Result<provider::Qp*> Context::create_qp(const provider::QpInitAttr& init) {
   std::lock_guard lock(mutex_);
-  // Objects of another context are not this context's to use.
-  if (!pds_.contains(init.pd) || !cqs_.contains(init.send_cq) || !cqs_.contains(init.recv_cq) ||
-      (init.srq != nullptr && !srqs_.contains(init.srq)))
+  // Objects of another context are not this context's to use. An XRC target has only its
+  // XRC domain; an XRC initiator has no receive CQ.
+  if (init.qp_type == IBV_QPT_XRC_RECV) {
+    if (!xrcds_.contains(init.xrcd)) return Status(EINVAL);
+  } else if (!pds_.contains(init.pd) || !cqs_.contains(init.send_cq) ||
+             (init.recv_cq != nullptr && !cqs_.contains(init.recv_cq)) ||
+             (init.recv_cq == nullptr && init.qp_type != IBV_QPT_XRC_SEND) ||
+             (init.srq != nullptr && !srqs_.contains(init.srq))) {
     return Status(EINVAL);
+  }
   provider::Result<provider::Qp*> qp = dev().create_qp(init);
   if (qp.ok()) qps_.insert(qp.value());
   return qp;
@@ -170,13 +178,31 @@ Status Context::dealloc_mw(provider::Mw* mw) {
 }
 
 provider::Result<provider::Srq*> Context::create_srq(
-    provider::Pd* pd, const ibv_srq_attr& attr,
-    std::shared_ptr<provider::QueueAllocator> allocator) {
+    provider::Pd* pd, const ibv_srq_attr& attr, std::shared_ptr<provider::QueueAllocator> allocator,
+    provider::Xrcd* xrcd, provider::Cq* cq) {
   std::lock_guard lock(mutex_);
   if (!pds_.contains(pd)) return Status(EINVAL);
-  provider::Result<provider::Srq*> srq = dev().create_srq(pd, attr, std::move(allocator));
+  if ((xrcd != nullptr && !xrcds_.contains(xrcd)) || (cq != nullptr && !cqs_.contains(cq)))
+    return Status(EINVAL);
+  provider::Result<provider::Srq*> srq =
+      dev().create_srq(pd, attr, std::move(allocator), xrcd, cq);
   if (srq.ok()) srqs_.insert(srq.value());
   return srq;
+}
+
+provider::Result<provider::Xrcd*> Context::alloc_xrcd() {
+  std::lock_guard lock(mutex_);
+  provider::Result<provider::Xrcd*> xrcd = dev().alloc_xrcd();
+  if (xrcd.ok()) xrcds_.insert(xrcd.value());
+  return xrcd;
+}
+
+Status Context::dealloc_xrcd(provider::Xrcd* xrcd) {
+  std::lock_guard lock(mutex_);
+  if (!xrcds_.contains(xrcd)) return Status(EINVAL);
+  Status s = dev().dealloc_xrcd(xrcd);
+  if (s.ok()) xrcds_.erase(xrcd);
+  return s;
 }
 
 Status Context::destroy_srq(provider::Srq* srq) {

@@ -45,12 +45,16 @@ class Context {
                                             uint64_t length, int access);
   provider::Result<provider::Mw*> alloc_mw(provider::Pd* pd, ibv_mw_type type);
   provider::Status dealloc_mw(provider::Mw* mw);
+  // An XRC SRQ names its XRC domain and CQ (both of this context).
   provider::Result<provider::Srq*> create_srq(
       provider::Pd* pd, const ibv_srq_attr& attr,
-      std::shared_ptr<provider::QueueAllocator> allocator = nullptr);
+      std::shared_ptr<provider::QueueAllocator> allocator = nullptr,
+      provider::Xrcd* xrcd = nullptr, provider::Cq* cq = nullptr);
   provider::Status destroy_srq(provider::Srq* srq);
   provider::Result<provider::Ah*> create_ah(provider::Pd* pd, const ibv_ah_attr& attr);
   provider::Status destroy_ah(provider::Ah* ah);
+  provider::Result<provider::Xrcd*> alloc_xrcd();
+  provider::Status dealloc_xrcd(provider::Xrcd* xrcd);
 
   size_t objects() const;
 
@@ -72,6 +76,7 @@ class Context {
   std::set<provider::Srq*> srqs_;
   std::set<provider::Ah*> ahs_;
   std::set<provider::Dm*> dms_;
+  std::set<provider::Xrcd*> xrcds_;
 };
 
 }  // namespace urdma::runtime

@@ -40,6 +40,7 @@
 
 #include <cstddef>
 #include <atomic>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -138,6 +139,25 @@ struct Cq {
   static Cq* from(ibv_cq_ex* x) { return reinterpret_cast<Cq*>(x); }
 };
 
+// ibv_open_xrcd(3): one XRC domain and the opens that name it (several for a file opened again;
+// one for a private domain, fd -1). Kept by the device context, by the file's inode.
+struct XrcdShare {
+  provider::Xrcd* p;
+  bool has_file;
+  dev_t dev;
+  ino_t ino;
+  int opens;  // ibv_xrcd wrappers naming it, under the device context's xrcd lock (xrc.cc)
+};
+
+// One ibv_open_xrcd: the ibv_xrcd the application holds (rdma-core's verbs_xrcd is the same
+// shape: the ibv_xrcd first).
+struct Xrcd {
+  ibv_xrcd xrcd;  // first
+  XrcdShare* share;
+  Context* ctx;
+  static Xrcd* from(ibv_xrcd* x) { return reinterpret_cast<Xrcd*>(x); }
+};
+
 struct Srq {
   ibv_srq srq;  // first
   provider::Srq* p;
@@ -189,6 +209,9 @@ struct DeviceContext {
   // The command fd's file (a memfd of this device context; fstat), what an import looks for.
   dev_t cmd_dev;
   ino_t cmd_ino;
+  // The XRC domains opened on a file (ibv_open_xrcd(3): the same inode gives the same domain),
+  // under xrc.cc's lock.
+  std::map<std::pair<dev_t, ino_t>, XrcdShare*> xrcd_files;
 };
 
 // One ibv_context: `vctx.context` is what the application holds.
@@ -212,6 +235,7 @@ static_assert(std::is_standard_layout_v<Pd> && std::is_standard_layout_v<Mr> &&
               std::is_standard_layout_v<Dm> && std::is_standard_layout_v<Td> &&
               std::is_standard_layout_v<Srq> && std::is_standard_layout_v<Qp> &&
               std::is_standard_layout_v<Ah> && std::is_standard_layout_v<Context> &&
+              std::is_standard_layout_v<Xrcd> &&
               std::is_standard_layout_v<CompChannel> && std::is_standard_layout_v<Device>);
 static_assert(offsetof(ibv_qp_ex, qp_base) == 0);
 static_assert(offsetof(ibv_cq_ex, context) == offsetof(ibv_cq, context) &&
@@ -241,6 +265,17 @@ Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_c
 // ibv_create_qp's work for `pd` and `attr` (attr->cap is updated to the rounded capacities).
 // errno set and null on failure.
 Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr);
+
+// ---- XRC (xrc.cc; the SRQ and QP parts in verbs.cc) ----
+
+// Fills the verbs_context ops of XRC: open_xrcd, close_xrcd, create_srq_ex, get_srq_num.
+void fill_xrc_ops(verbs_context& v);
+// ibv_create_srq_ex(3) for what verbs.h's inline does not send to ibv_create_srq: XRC SRQs
+// (IBV_SRQT_XRC with PD, XRC domain and CQ), a basic SRQ named with extra mask bits; tag
+// matching → EOPNOTSUPP.
+ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr);
+// An XRC target QP (IBV_QPT_XRC_RECV) in attr->xrcd, for create_qp_ex.
+ibv_qp* create_xrc_target(ibv_context* context, ibv_qp_init_attr_ex* attr);
 
 // ---- parent and thread domains (domain.cc) ----
 

@@ -72,7 +72,7 @@ constexpr OpFlag kOpFlags[] = {
 
 bool allowed_on(const provider::SendOpcodeInfo& info, ibv_qp_type type) {
   return (type == IBV_QPT_RC && info.rc) || (type == IBV_QPT_UC && info.uc) ||
-         (type == IBV_QPT_UD && info.ud);
+         (type == IBV_QPT_UD && info.ud) || (type == IBV_QPT_XRC_SEND && info.xrc);
 }
 
 uint64_t flag_of(ibv_wr_opcode opcode) {
@@ -189,7 +189,16 @@ void wr_bind_mw(ibv_qp_ex* x, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info*
 
 // Not implemented by the provider; reachable only through a pointer a caller fetched anyway.
 void wr_unsupported_tso(ibv_qp_ex* x, void*, uint16_t, uint16_t) { set_err(st(x), EOPNOTSUPP); }
-void wr_unsupported_xrc(ibv_qp_ex* x, uint32_t) { set_err(st(x), EOPNOTSUPP); }
+// ibv_wr_set_xrc_srqn(3): the XRC SRQ the current WR is for (XRC_SEND QPs only).
+void wr_set_xrc_srqn(ibv_qp_ex* x, uint32_t remote_srqn) {
+  QpExState::Pending* p = current(x);
+  if (!p) return;
+  if (qp_of(x)->qp.qp_type != IBV_QPT_XRC_SEND) {
+    set_err(st(x), EINVAL);
+    return;
+  }
+  p->wr.qp_type.xrc.remote_srqn = remote_srqn;
+}
 
 // ---- setters ----
 
@@ -379,11 +388,20 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   if (!context || !attr) return fail<ibv_qp>(EINVAL);
   const uint32_t mask = attr->comp_mask;
   if (mask & ~kKnownQpCompMask) return fail<ibv_qp>(EINVAL);
+  // RSS (indirection tables, hashing), TSO and creation flags: not offered.
+  if (mask & (IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH))
+    return fail<ibv_qp>(EOPNOTSUPP);
+  // ibv_create_qp_ex(3): an XRC target (XRC_RECV) is created in an XRC domain, without a PD;
+  // every other type needs a PD. An XRC domain given to another type is EINVAL.
+  if (attr->qp_type == IBV_QPT_XRC_RECV) {
+    if (!(mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd) return fail<ibv_qp>(EINVAL);
+    if (!same_device(attr->xrcd->context, context)) return fail<ibv_qp>(EINVAL);
+    if (mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) return fail<ibv_qp>(EINVAL);  // no send queue
+    return create_xrc_target(context, attr);
+  }
+  if (mask & IBV_QP_INIT_ATTR_XRCD) return fail<ibv_qp>(EINVAL);
   if (!(mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) return fail<ibv_qp>(EINVAL);
   if (!same_device(attr->pd->context, context)) return fail<ibv_qp>(EINVAL);
-  // XRC, RSS (indirection tables, hashing), TSO and creation flags: not offered.
-  if (mask & (IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH))
-    return fail<ibv_qp>(EOPNOTSUPP);
   if ((mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
     return fail<ibv_qp>(EOPNOTSUPP);
   if ((mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) && attr->max_tso_header)
@@ -423,7 +441,7 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   x.wr_send_inv = wr_send_inv;
   x.wr_send_tso = wr_unsupported_tso;
   x.wr_set_ud_addr = wr_set_ud_addr;
-  x.wr_set_xrc_srqn = wr_unsupported_xrc;
+  x.wr_set_xrc_srqn = wr_set_xrc_srqn;
   x.wr_set_inline_data = wr_set_inline_data;
   x.wr_set_inline_data_list = wr_set_inline_data_list;
   x.wr_set_sge = wr_set_sge;

@@ -257,6 +257,8 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
       IBV_ODP_SUPPORT_SRQ_RECV;
   full.odp_caps.per_transport_caps.ud_odp_caps =
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
+  // XRC is RC with an XRCETH: the same operations on the same memory.
+  full.xrc_odp_caps = full.odp_caps.per_transport_caps.rc_odp_caps;
   std::memcpy(attr, &full, std::min(attr_size, sizeof full));
   if (attr_size > sizeof full)
     std::memset(reinterpret_cast<char*>(attr) + sizeof full, 0, attr_size - sizeof full);
@@ -361,8 +363,8 @@ void fill_context(Context& c, ibv_device* device, int async_fd, int cmd_fd) {
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
   ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
-  // Extended ops; those left null make verbs.h's inlines fail with EOPNOTSUPP (XRC, WQ/RSS,
-  // flows, counters, SRQ_ex beyond the basic SRQ, open_qp).
+  // Extended ops; those left null make verbs.h's inlines fail with EOPNOTSUPP (WQ/RSS, flows,
+  // counters, open_qp).
   c.vctx.sz = sizeof(verbs_context);
   c.vctx.query_port = op_query_port;
   c.vctx.query_device_ex = op_query_device_ex;
@@ -372,6 +374,7 @@ void fill_context(Context& c, ibv_device* device, int async_fd, int cmd_fd) {
   c.vctx.reg_dm_mr = op_reg_dm_mr;
   c.vctx.create_cq_ex = create_cq_ex;
   c.vctx.create_qp_ex = create_qp_ex;
+  fill_xrc_ops(c.vctx);
   c.vctx.query_rt_values = op_query_rt_values;
   fill_domain_ops(c.vctx);
 }
@@ -679,6 +682,57 @@ ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
   return &w->srq;
 }
 
+}  // extern "C"
+
+namespace urdma::verbs {
+
+ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) {
+  if (!context || !attr) return fail<ibv_srq>(EINVAL);
+  constexpr uint32_t kKnown = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
+                              IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
+                              IBV_SRQ_INIT_ATTR_TM;
+  const uint32_t mask = attr->comp_mask;
+  if (mask & ~kKnown) return fail<ibv_srq>(EINVAL);
+  const ibv_srq_type type = (mask & IBV_SRQ_INIT_ATTR_TYPE) ? attr->srq_type : IBV_SRQT_BASIC;
+  if (type == IBV_SRQT_TM || (mask & IBV_SRQ_INIT_ATTR_TM)) return fail<ibv_srq>(EOPNOTSUPP);
+  if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) return fail<ibv_srq>(EINVAL);
+  // ibv_create_srq_ex(3): every SRQ is on a PD; an XRC SRQ also names its XRC domain and the CQ
+  // its completions go to.
+  if (!(mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) return fail<ibv_srq>(EINVAL);
+  if (!same_device(attr->pd->context, context)) return fail<ibv_srq>(EINVAL);
+  static_assert(offsetof(ibv_srq_init_attr_ex, attr) == offsetof(ibv_srq_init_attr, attr));
+  if (type == IBV_SRQT_BASIC)
+    return ibv_create_srq(attr->pd, reinterpret_cast<ibv_srq_init_attr*>(attr));
+  if (!(mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd || !(mask & IBV_SRQ_INIT_ATTR_CQ) ||
+      !attr->cq)
+    return fail<ibv_srq>(EINVAL);
+  if (!same_device(attr->xrcd->context, context) || !same_device(attr->cq->context, context))
+    return fail<ibv_srq>(EINVAL);
+  Pd* p = Pd::from(attr->pd);
+  provider::Result<provider::Srq*> r =
+      p->ctx->rt->create_srq(p->p, attr->attr, queue_allocator(attr->pd),
+                             Xrcd::from(attr->xrcd)->share->p, Cq::from(attr->cq)->p);
+  if (!r.ok()) return fail<ibv_srq>(r.error());
+  auto* w = new Srq{};
+  w->p = r.value();
+  w->ctx = p->ctx;
+  w->srq.context = context;
+  w->srq.srq_context = attr->srq_context;
+  w->srq.pd = attr->pd;
+  w->srq.handle = w->p->handle();
+  init_sync(&w->srq.mutex, &w->srq.cond);
+  w->p->user_context = &w->srq;
+  const ibv_srq_attr got = w->p->query();
+  attr->attr.max_wr = got.max_wr;
+  attr->attr.max_sge = got.max_sge;
+  remember(w->ctx, w);
+  return &w->srq;
+}
+
+}  // namespace urdma::verbs
+
+extern "C" {
+
 int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int mask) {
   if (!srq || !attr) return EINVAL;
   return verbs::Srq::from(srq)->p->modify(*attr, mask).error();
@@ -710,17 +764,24 @@ namespace urdma::verbs {
 
 Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (!pd || !attr) return fail<Qp>(EINVAL);
-  if (!attr->send_cq || !attr->recv_cq) return fail<Qp>(EINVAL);
+  // An XRC initiator has no receive side: its receive CQ and SRQ are ignored (ib_create_qp
+  // clears them for XRC_INI).
+  const bool xrc_send = attr->qp_type == IBV_QPT_XRC_SEND;
+  if (xrc_send) {
+    attr->recv_cq = nullptr;
+    attr->srq = nullptr;
+  }
+  if (!attr->send_cq || (!attr->recv_cq && !xrc_send)) return fail<Qp>(EINVAL);
   Pd* p = Pd::from(pd);
   if (!same_device(attr->send_cq->context, pd->context) ||
-      !same_device(attr->recv_cq->context, pd->context) ||
+      (attr->recv_cq && !same_device(attr->recv_cq->context, pd->context)) ||
       (attr->srq && !same_device(attr->srq->context, pd->context)))
     return fail<Qp>(EINVAL);
   provider::QpInitAttr init;
   init.qp_type = attr->qp_type;
   init.pd = p->p;
   init.send_cq = Cq::from(attr->send_cq)->p;
-  init.recv_cq = Cq::from(attr->recv_cq)->p;
+  init.recv_cq = attr->recv_cq ? Cq::from(attr->recv_cq)->p : nullptr;
   init.srq = attr->srq ? Srq::from(attr->srq)->p : nullptr;
   init.cap = attr->cap;
   init.sq_sig_all = attr->sq_sig_all != 0;
@@ -746,6 +807,30 @@ Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr) {
   attr->cap = w->p->cap();  // ibv_create_qp(3): the capacities as created
   remember(w->ctx, w);
   return w;
+}
+
+ibv_qp* create_xrc_target(ibv_context* context, ibv_qp_init_attr_ex* attr) {
+  Context* c = Context::from(context);
+  provider::QpInitAttr init;
+  init.qp_type = IBV_QPT_XRC_RECV;
+  init.xrcd = Xrcd::from(attr->xrcd)->share->p;
+  provider::Result<provider::Qp*> r = c->rt->create_qp(init);
+  if (!r.ok()) return fail<ibv_qp>(r.error());
+  auto* w = new Qp{};
+  w->p = r.value();
+  w->ctx = c;
+  ibv_qp& q = w->qp;
+  q.context = context;
+  q.qp_context = attr->qp_context;
+  q.handle = w->p->handle();
+  q.qp_num = w->p->qp_num();
+  q.state = IBV_QPS_RESET;
+  q.qp_type = IBV_QPT_XRC_RECV;
+  init_sync(&q.mutex, &q.cond);
+  w->p->user_context = &w->qp;
+  attr->cap = w->p->cap();  // no queues: all zero
+  remember(w->ctx, w);
+  return &w->qp;
 }
 
 }  // namespace urdma::verbs
