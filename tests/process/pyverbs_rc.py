@@ -73,12 +73,13 @@ def device():
 
 
 def unsupported(ctx):
-    """Prints the errno of each call (0: it worked): XRC urdma answers EOPNOTSUPP, as a device
-    without it does; a parent domain (without allocators) it makes."""
+    """Prints the errno of each call (0: it worked): a private XRC domain (fd -1) and a parent
+    domain (without allocators) urdma makes."""
     pd = PD(ctx)
     calls = {
         "xrcd": lambda: XRCD(ctx, XRCDInitAttr(e.IBV_XRCD_INIT_ATTR_FD |
-                                               e.IBV_XRCD_INIT_ATTR_OFLAGS, os.O_CREAT, -1)),
+                                               e.IBV_XRCD_INIT_ATTR_OFLAGS, os.O_CREAT,
+                                               -1)).close(),
         "parent_domain": lambda: ParentDomain(ctx, ParentDomainInitAttr(pd=pd)),
     }
     for name, call in calls.items():

@@ -120,6 +120,196 @@ TEST_F(EngineE2eTest, MultiMtuSendWithImmAndScatter) {
   EXPECT_EQ(ra[0].status, IBV_WC_SUCCESS);
 }
 
+// XRC (IBA 9.2, XRC): an initiator (XRC_SEND) on host a, a target (XRC_RECV) in an XRC domain
+// on host b; each request names an XRC SRQ of that domain, whose WQEs it takes, whose CQ its
+// receive completion goes to and whose PD its memory accesses are checked against.
+class XrcE2eTest : public EngineE2eTest {
+ protected:
+  void make_xrc(ibv_mtu mtu = IBV_MTU_1024) {
+    make_hosts();
+    xrcd_ = b_->dev.alloc_xrcd().value();
+    srq_cq_ = b_->dev.create_cq(256).value();
+    srq_ = b_->dev.create_srq(b_->pd, {64, 4, 0}, nullptr, xrcd_, srq_cq_).value();
+    provider::QpInitAttr ini;
+    ini.qp_type = IBV_QPT_XRC_SEND;
+    ini.pd = a_->pd;
+    ini.send_cq = a_->cq;
+    ini.cap = {64, 0, 4, 0, 64};
+    qa_ = a_->dev.create_qp(ini).value();
+    provider::QpInitAttr tgt;
+    tgt.qp_type = IBV_QPT_XRC_RECV;
+    tgt.xrcd = xrcd_;
+    qb_ = b_->dev.create_qp(tgt).value();
+    QpParams p;
+    p.mtu = mtu;
+    p.type = IBV_QPT_XRC_SEND;
+    QpParams pb = p;
+    pb.type = IBV_QPT_XRC_RECV;
+    std::swap(pb.sq_psn, pb.rq_psn);
+    connect(qa_, b_->addr, qb_->qp_num(), p);
+    connect(qb_, a_->addr, qa_->qp_num(), pb);
+  }
+
+  std::vector<ibv_wc> wait_srq_cqes(size_t n) {
+    std::vector<ibv_wc> got;
+    const net::RunOutcome outcome = world_.run_until(
+        [&] {
+          std::vector<ibv_wc> out(64);
+          const int k = srq_cq_->poll(static_cast<int>(out.size()), out.data());
+          for (int i = 0; i < k; ++i) got.push_back(out[static_cast<size_t>(i)]);
+          return got.size() >= n;
+        },
+        world_.clock().now_ns() + kDeadlineNs);
+    EXPECT_EQ(outcome, net::RunOutcome::kDone) << net::to_string(outcome);
+    return got;
+  }
+
+  provider::Xrcd* xrcd_ = nullptr;
+  provider::Cq* srq_cq_ = nullptr;
+  provider::Srq* srq_ = nullptr;
+};
+
+TEST_F(XrcE2eTest, SendIntoTheSrqAndWriteReadAtomicThroughItsPd) {
+  make_xrc();
+  std::vector<uint8_t> src(3000), dst(4096, 0), mem(4096, 0), back(4096, 0);
+  fill_pattern(src, 11);
+  fill_pattern(mem, 12);
+  auto* mr_src = a_->reg(src.data(), src.size(), 0);
+  auto* mr_back = a_->reg(back.data(), back.size(), IBV_ACCESS_LOCAL_WRITE);
+  auto* mr_dst = b_->reg(dst.data(), dst.size(), IBV_ACCESS_LOCAL_WRITE);
+  auto* mr_mem = b_->reg(mem.data(), mem.size(),
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                             IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+  // A receive WQE in the XRC SRQ; the SEND (three packets at a 1024-byte MTU, each with the
+  // XRCETH) lands in it.
+  ibv_sge rs = sge(dst.data(), 4096, mr_dst);
+  ibv_recv_wr rwr = {};
+  rwr.wr_id = 42;
+  rwr.sg_list = &rs;
+  rwr.num_sge = 1;
+  ibv_recv_wr* rbad = nullptr;
+  ASSERT_EQ(srq_->post_recv(&rwr, &rbad).error(), 0);
+  ibv_sge s = sge(src.data(), 3000, mr_src);
+  ibv_send_wr wr = send_wr(1, IBV_WR_SEND_WITH_IMM, &s);
+  wr.imm_data = htonl(0x5EC0DE);
+  wr.qp_type.xrc.remote_srqn = srq_->srq_num();
+  ASSERT_EQ(post_send(qa_, wr), 0);
+  const auto rb = wait_srq_cqes(1);
+  ASSERT_EQ(rb.size(), 1u);
+  EXPECT_EQ(rb[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(rb[0].opcode, IBV_WC_RECV);
+  EXPECT_EQ(rb[0].wr_id, 42u);
+  EXPECT_EQ(rb[0].byte_len, 3000u);
+  EXPECT_EQ(rb[0].qp_num, qb_->qp_num());
+  EXPECT_EQ(ntohl(rb[0].imm_data), 0x5EC0DEu);
+  EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), 3000));
+  EXPECT_TRUE(b_->poll_cq().empty());  // nothing on the host's other CQ
+  auto ra = wait_cqes(*a_, 1);
+  ASSERT_EQ(ra.size(), 1u);
+  EXPECT_EQ(ra[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(ra[0].opcode, IBV_WC_SEND);
+
+  // RDMA WRITE, READ back, FETCH_ADD: keys of the SRQ's PD.
+  ibv_sge ws = sge(src.data(), 2000, mr_src);
+  ibv_send_wr w = send_wr(2, IBV_WR_RDMA_WRITE, &ws);
+  w.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(mem.data()) + 8;
+  w.wr.rdma.rkey = mr_mem->rkey();
+  w.qp_type.xrc.remote_srqn = srq_->srq_num();
+  ASSERT_EQ(post_send(qa_, w), 0);
+  ibv_sge bs = sge(back.data(), 2000, mr_back);
+  ibv_send_wr r = send_wr(3, IBV_WR_RDMA_READ, &bs);
+  r.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(mem.data()) + 8;
+  r.wr.rdma.rkey = mr_mem->rkey();
+  r.qp_type.xrc.remote_srqn = srq_->srq_num();
+  ASSERT_EQ(post_send(qa_, r), 0);
+  uint64_t before = 0;
+  std::memcpy(&before, mem.data() + 4088, 8);
+  ibv_sge as = sge(back.data() + 4088, 8, mr_back);
+  ibv_send_wr at = send_wr(4, IBV_WR_ATOMIC_FETCH_AND_ADD, &as);
+  at.wr.atomic.remote_addr = reinterpret_cast<uint64_t>(mem.data()) + 4088;
+  at.wr.atomic.rkey = mr_mem->rkey();
+  at.wr.atomic.compare_add = 5;
+  at.qp_type.xrc.remote_srqn = srq_->srq_num();
+  ASSERT_EQ(post_send(qa_, at), 0);
+  ra = wait_cqes(*a_, 3);
+  ASSERT_EQ(ra.size(), 3u);
+  for (const ibv_wc& wc : ra) EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << wc.wr_id;
+  EXPECT_EQ(ra[1].opcode, IBV_WC_RDMA_READ);
+  EXPECT_EQ(ra[2].opcode, IBV_WC_FETCH_ADD);
+  EXPECT_EQ(0, std::memcmp(src.data(), mem.data() + 8, 2000));
+  EXPECT_EQ(0, std::memcmp(src.data(), back.data(), 2000));
+  uint64_t orig = 0, after = 0;
+  std::memcpy(&orig, back.data() + 4088, 8);
+  std::memcpy(&after, mem.data() + 4088, 8);
+  EXPECT_EQ(orig, before);
+  EXPECT_EQ(after, before + 5);
+  EXPECT_EQ(a_->engine.counters().drops(), 0u);
+  EXPECT_EQ(b_->engine.counters().drops(), 0u);
+  EXPECT_EQ(b_->engine.counters().xrc_srq_invalid, 0u);
+}
+
+// IBA 9.7.5.2 (XRC): a request naming no XRC SRQ of the target's domain — a number nobody has,
+// a basic SRQ's, or an XRC SRQ of another domain — is an Invalid Request: NAKed, counted, and
+// the initiator's WR completes with REM_INV_REQ_ERR; nothing lands in any SRQ.
+class XrcInvalidSrqTest : public XrcE2eTest {
+ protected:
+  void expect_invalid_request(int variant) {
+    make_xrc();
+    uint32_t srqn = 0xABCDE;  // no such SRQ
+    if (variant == 1) srqn = b_->dev.create_srq(b_->pd, {8, 1, 0}).value()->srq_num();
+    if (variant == 2) {
+      provider::Xrcd* other = b_->dev.alloc_xrcd().value();
+      provider::Srq* foreign =
+          b_->dev.create_srq(b_->pd, {8, 1, 0}, nullptr, other, srq_cq_).value();
+      srqn = foreign->srq_num();
+      auto* mr = b_->reg(landing_.data(), landing_.size(), IBV_ACCESS_LOCAL_WRITE);
+      ibv_sge rs = sge(landing_.data(), 64, mr);
+      ibv_recv_wr rwr = {};
+      rwr.sg_list = &rs;
+      rwr.num_sge = 1;
+      ibv_recv_wr* bad = nullptr;
+      ASSERT_EQ(foreign->post_recv(&rwr, &bad).error(), 0);
+    }
+    std::vector<uint8_t> src(64, 7);
+    auto* mr_src = a_->reg(src.data(), src.size(), 0);
+    ibv_sge s = sge(src.data(), 64, mr_src);
+    ibv_send_wr wr = send_wr(9, IBV_WR_SEND, &s);
+    wr.qp_type.xrc.remote_srqn = srqn;
+    ASSERT_EQ(post_send(qa_, wr), 0);
+    const auto ra = wait_cqes(*a_, 1);
+    ASSERT_EQ(ra.size(), 1u);
+    EXPECT_EQ(ra[0].status, IBV_WC_REM_INV_REQ_ERR);
+    EXPECT_EQ(b_->engine.counters().xrc_srq_invalid, 1u);
+    EXPECT_EQ(qb_->state(), IBV_QPS_ERR);
+    std::vector<ibv_wc> none(8);
+    EXPECT_EQ(srq_cq_->poll(8, none.data()), 0);
+    EXPECT_EQ(landing_, std::vector<uint8_t>(64, 0));
+  }
+  std::vector<uint8_t> landing_ = std::vector<uint8_t>(64, 0);
+};
+
+// IBA 9.7.5.2 (XRC): a request naming no XRC SRQ of the target's domain — a number nobody has,
+// a basic SRQ's, or an XRC SRQ of another domain — is an Invalid Request: NAKed, counted, and
+// the initiator's WR completes with REM_INV_REQ_ERR; nothing lands in any SRQ.
+TEST_F(XrcInvalidSrqTest, NoSuchSrqIsAnInvalidRequest) { expect_invalid_request(0); }
+TEST_F(XrcInvalidSrqTest, ABasicSrqIsAnInvalidRequest) { expect_invalid_request(1); }
+TEST_F(XrcInvalidSrqTest, AnXrcSrqOfAnotherDomainIsAnInvalidRequest) {
+  expect_invalid_request(2);
+}
+
+// The XRC halves at the verbs: a target has no send queue, an initiator no receive queue, and
+// ATOMIC WRITE is RC's alone (IBA 1.5).
+TEST_F(XrcE2eTest, AnInitiatorTakesNoRequestsAndATargetSendsNone) {
+  make_xrc();
+  ibv_send_wr wr = send_wr(1, IBV_WR_SEND, nullptr, 0);
+  EXPECT_EQ(post_send(qb_, wr), EINVAL);  // a target has no send queue
+  ibv_recv_wr rwr = {};
+  ibv_recv_wr* bad = nullptr;
+  EXPECT_EQ(qa_->post_recv(&rwr, &bad).error(), EINVAL);  // nor an initiator a receive queue
+  wr.opcode = IBV_WR_ATOMIC_WRITE;
+  EXPECT_EQ(post_send(qa_, wr), EINVAL);  // ATOMIC WRITE is RC only
+}
+
 TEST_F(EngineE2eTest, RdmaWriteMultiMtu) {
   make_hosts();
   QpParams p;
