@@ -25,6 +25,8 @@ What each decoder can check (Debian 12: scapy 2.5, tshark 4.0):
   tshark shows flow label 0x004fc, packet rate 0x0f. Those two fields are compared with tshark's
   reading (TSHARK_QUIRKS), and the whole word byte for byte against the IBA layout (RAW_LAYOUT).
 - tshark 4.0 shows the REQ SAP Supported bit only inside a "reserved" field (RAW_LAYOUT again).
+- tshark 4.0 names the XRC opcodes but decodes nothing after their BTH: the bytes it shows as
+  vendor-specific data are compared with the XRCETH and RC headers encoded here (xrc_layout).
 - No tshark expert info had to be whitelisted (EXPERT_WHITELIST is empty); the payload
   heuristics tshark would run on our arbitrary payload bytes are switched off (see below).
 """
@@ -86,9 +88,11 @@ check([f["frame"] for f in FRAMES] == list(range(1, len(FRAMES) + 1)),
 TRANSPORT = [f for f in FRAMES if f["kind"] == "transport"]
 CM = [f for f in FRAMES if f["kind"] == "cm"]
 OPCODES = sorted({f["bth"]["opcode"] for f in TRANSPORT})
-# IBA 9.2 table 35 (RC, UC, UD), IBA 1.5 FLUSH / ATOMIC WRITE, RoCEv2 annex A17.9 CNP.
+# IBA 9.2 table 35 (RC, UC, UD, XRC), IBA 1.5 FLUSH / ATOMIC WRITE (RC only), RoCEv2 annex
+# A17.9 CNP.
 SPEC_OPCODES = sorted(set(range(0x00, 0x15)) | {0x16, 0x17, 0x1C, 0x1D}
-                      | set(range(0x20, 0x2C)) | {0x64, 0x65, 0x81})
+                      | set(range(0x20, 0x2C)) | {0x64, 0x65, 0x81}
+                      | set(range(0xA0, 0xB5)) | {0xB6, 0xB7})
 check(OPCODES == SPEC_OPCODES and all(
     {4, 6} <= {f["ip"] for f in TRANSPORT if f["bth"]["opcode"] == op} for op in OPCODES),
       f"every one of the {len(OPCODES)} valid opcodes is sent over IPv4 and over IPv6")
@@ -389,6 +393,27 @@ EXT_FIELDS = {  # header -> (tshark subtree, [(our field, tshark field, converte
 AETH_VALUE_FIELD = {0: "infiniband.aeth.syndrome.credit_count",
                     1: "infiniband.aeth.syndrome.timer",
                     3: "infiniband.aeth.syndrome.error_code"}
+def xrc_layout(f):
+    """An XRC packet after its BTH, up to the ICRC, from the IBA layouts (IBA 9.3, XRC)."""
+    out = b""
+    if "xrceth" in f:
+        out += struct.pack(">I", f["xrceth"]["xrc_srq"] & 0xFFFFFF)
+    if "reth" in f:
+        out += struct.pack(">QII", f["reth"]["va"], f["reth"]["rkey"], f["reth"]["dma_length"])
+    if "aeth" in f:
+        out += struct.pack(">I", f["aeth"]["syndrome"] << 24 | f["aeth"]["msn"])
+    if "atomicacketh" in f:
+        out += struct.pack(">Q", f["atomicacketh"]["orig_data"])
+    if "atomiceth" in f:
+        a = f["atomiceth"]
+        out += struct.pack(">QIQQ", a["va"], a["rkey"], a["swap_add"], a["compare"])
+    if "immdt" in f:
+        out += struct.pack(">I", f["immdt"]["imm"])
+    if "ieth" in f:
+        out += struct.pack(">I", f["ieth"]["rkey"])
+    return out + bytes.fromhex(f["payload"]) + bytes(f["bth"]["pad_count"])
+
+
 # Opcodes tshark 4.0 does not know: what follows the BTH, encoded here from the IBA layouts.
 UNKNOWN_TO_TSHARK = {
     0x1C: lambda f: struct.pack(">I", f["feth"]["selectivity_level"] << 4
@@ -397,6 +422,10 @@ UNKNOWN_TO_TSHARK = {
     0x1D: lambda f: struct.pack(">QII", f["reth"]["va"], f["reth"]["rkey"],
                                 f["reth"]["dma_length"]) + bytes.fromhex(f["payload"]),
     0x81: lambda f: bytes(16),  # RoCEv2 A17.9.2: 16 reserved bytes
+    # XRC (0xA0..0xB7): tshark 4.0 names the opcodes ("Extended Reliable Connection (XRC) -
+    # ...") but decodes no header after the BTH. Encoded here: the XRCETH (8 reserved bits, the
+    # 24-bit XRC SRQ number) first on requests, then RC's headers, the payload and its pad.
+    **{op: (lambda f: xrc_layout(f)) for op in list(range(0xA0, 0xB5)) + [0xB6, 0xB7]},
 }
 
 tx = FieldChecks()

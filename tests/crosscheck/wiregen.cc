@@ -310,6 +310,11 @@ struct Generator {
   }
 
   void fill_ext(const PacketHeaders& h, uint8_t syndrome, JsonObject& rec) {
+    if (auto xrceth = h.xrceth()) {
+      JsonObject j;
+      WIREGEN_SET(*xrceth, j, xrc_srq, values.next(24));
+      rec.obj("xrceth", j);
+    }
     if (auto reth = h.reth()) {
       JsonObject j;
       WIREGEN_SET(*reth, j, va, values.next(64));
