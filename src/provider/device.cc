@@ -207,11 +207,17 @@ Status Device::destroy_cq(Cq* cq) {
 }
 
 Result<Srq*> Device::create_srq(Pd* pd, const ibv_srq_attr& attr,
-                                std::shared_ptr<QueueAllocator> allocator) {
+                                std::shared_ptr<QueueAllocator> allocator,
+                                std::optional<SrqTmAttr> tm) {
   if (pd == nullptr) return Status(EINVAL);
   if (Status s = check_srq_init_attr(attr); !s.ok()) return s;
-  Result<Srq*> srq = srqs_.create(pd, attr, &events_, doorbell_, std::move(allocator));
-  if (srq.ok()) pd->add_user();
+  if (tm) {
+    if (Status s = check_srq_tm_attr(*tm); !s.ok()) return s;
+  }
+  Result<Srq*> srq = srqs_.create(pd, attr, &events_, doorbell_, std::move(allocator), tm);
+  if (!srq.ok()) return srq;
+  pd->add_user();
+  if (tm) tm->cq->add_user();
   return srq;
 }
 
@@ -219,9 +225,11 @@ Status Device::destroy_srq(Srq* srq) {
   if (srq == nullptr) return Status(EINVAL);
   if (srq->users() != 0) return Status(EBUSY);
   Pd* pd = srq->pd();
+  Cq* tm_cq = srq->tm_cq();
   events_.discard(srq);
   srqs_.destroy(srq);
   pd->remove_user();
+  if (tm_cq != nullptr) tm_cq->remove_user();
   return kOk;
 }
 

@@ -112,9 +112,11 @@ class Device {
   Cq* cq_by_handle(uint32_t handle) const { return cqs_.get(handle); }
 
   // ---- SRQ ----
-  // The queue from `allocator` (queue_memory.h; null: malloc).
+  // The queue from `allocator` (queue_memory.h; null: malloc). `tm`: a tag-matching SRQ
+  // (IBV_SRQT_TM), its attributes checked by check_srq_tm_attr; its CQ is in use while it lives.
   Result<Srq*> create_srq(Pd* pd, const ibv_srq_attr& attr,
-                          std::shared_ptr<QueueAllocator> allocator = nullptr);
+                          std::shared_ptr<QueueAllocator> allocator = nullptr,
+                          std::optional<SrqTmAttr> tm = std::nullopt);
   Status destroy_srq(Srq* srq);
   Srq* srq_by_handle(uint32_t handle) const { return srqs_.get(handle); }
 

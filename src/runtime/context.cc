@@ -171,10 +171,11 @@ Status Context::dealloc_mw(provider::Mw* mw) {
 
 provider::Result<provider::Srq*> Context::create_srq(
     provider::Pd* pd, const ibv_srq_attr& attr,
-    std::shared_ptr<provider::QueueAllocator> allocator) {
+    std::shared_ptr<provider::QueueAllocator> allocator, std::optional<provider::SrqTmAttr> tm) {
   std::lock_guard lock(mutex_);
   if (!pds_.contains(pd)) return Status(EINVAL);
-  provider::Result<provider::Srq*> srq = dev().create_srq(pd, attr, std::move(allocator));
+  if (tm && !cqs_.contains(tm->cq)) return Status(EINVAL);
+  provider::Result<provider::Srq*> srq = dev().create_srq(pd, attr, std::move(allocator), tm);
   if (srq.ok()) srqs_.insert(srq.value());
   return srq;
 }

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -259,6 +260,9 @@ void fill_domain_ops(verbs_context& v);
 
 // ---- the extended entry points (cq_ex.cc / qp_ex.cc) ----
 ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr);
+// ibv_create_srq and ibv_create_srq_ex: `attr` comes back as created; `tm` for IBV_SRQT_TM.
+ibv_srq* create_srq_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context,
+                           std::optional<provider::SrqTmAttr> tm);
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
 
 // Whether two contexts name the same device context (one opened, the others imported from its

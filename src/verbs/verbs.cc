@@ -241,7 +241,7 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   // ODP (address 0, SIZE_MAX bytes) where the kernel can fault a range in on request: every
   // access through such an MR is checked page by page first, so an address the process has
   // not mapped is a remote access error, not a crash (provider/mr_table.h). No TSO, RSS,
-  // packet pacing, tag matching or CQ moderation: zeros.
+  // packet pacing or CQ moderation: zeros.
   full.odp_caps.general_caps = IBV_ODP_SUPPORT;
   // Completion timestamps: a 64-bit counter of the device clock at 1 GHz (one tick = 1 ns;
   // provider/completion_clock.h).
@@ -249,6 +249,12 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   full.hca_core_clock = provider::kDeviceClockKhz;
   if (provider::implicit_odp_supported()) full.odp_caps.general_caps |= IBV_ODP_SUPPORT_IMPLICIT;
   full.max_dm_size = provider::kMaxDmBytes;
+  // Tag matching on RC (IBV_SRQT_TM, provider/srq.h).
+  full.tm_caps.max_rndv_hdr_size = provider::kTmMaxRndvHdrBytes;
+  full.tm_caps.max_num_tags = provider::kTmMaxNumTags;
+  full.tm_caps.flags = IBV_TM_CAP_RC;
+  full.tm_caps.max_ops = provider::kTmMaxOps;
+  full.tm_caps.max_sge = provider::kTmMaxSge;
   full.odp_caps.per_transport_caps.rc_odp_caps =
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
       IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
@@ -324,6 +330,71 @@ int op_query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr, s
 
 }  // namespace
 
+// ---- SRQ ----
+
+ibv_srq* create_srq_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context,
+                           std::optional<provider::SrqTmAttr> tm) {
+  Pd* p = Pd::from(pd);
+  provider::Result<provider::Srq*> r =
+      p->ctx->rt->create_srq(p->p, attr, queue_allocator(pd), tm);
+  if (!r.ok()) return fail<ibv_srq>(r.error());
+  auto* w = new Srq{};
+  w->p = r.value();
+  w->ctx = p->ctx;
+  w->srq.context = pd->context;
+  w->srq.srq_context = srq_context;
+  w->srq.pd = pd;
+  w->srq.handle = w->p->handle();
+  init_sync(&w->srq.mutex, &w->srq.cond);
+  w->p->user_context = &w->srq;
+  // ibv_create_srq(3): attr.max_wr and max_sge come back as created (at least as requested).
+  const ibv_srq_attr got = w->p->query();
+  attr.max_wr = got.max_wr;
+  attr.max_sge = got.max_sge;
+  remember(w->ctx, w);
+  return &w->srq;
+}
+
+namespace {
+
+// ibv_create_srq_ex(3): a basic SRQ (verbs.h's inline sends the plain forms to ibv_create_srq;
+// this one also takes a CQ and the TM bits it ignores for a basic SRQ, as mlx5 does) or a
+// tag-matching one (IBV_SRQT_TM: PD, CQ and tm_cap are required, EINVAL without them or beyond
+// tm_caps). No XRC: EOPNOTSUPP.
+ibv_srq* op_create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) {
+  if (!context || !attr) return fail<ibv_srq>(EINVAL);
+  constexpr uint32_t kKnown = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD |
+                              IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ |
+                              IBV_SRQ_INIT_ATTR_TM;
+  if (attr->comp_mask & ~kKnown) return fail<ibv_srq>(EINVAL);
+  const ibv_srq_type type =
+      (attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? attr->srq_type : IBV_SRQT_BASIC;
+  if (type == IBV_SRQT_XRC) return fail<ibv_srq>(EOPNOTSUPP);
+  if (type != IBV_SRQT_BASIC && type != IBV_SRQT_TM) return fail<ibv_srq>(EINVAL);
+  if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd ||
+      !same_device(attr->pd->context, context))
+    return fail<ibv_srq>(EINVAL);
+  std::optional<provider::SrqTmAttr> tm;
+  if (type == IBV_SRQT_TM) {
+    if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq ||
+        !(attr->comp_mask & IBV_SRQ_INIT_ATTR_TM) || !same_device(attr->cq->context, context))
+      return fail<ibv_srq>(EINVAL);
+    tm = provider::SrqTmAttr{.max_num_tags = attr->tm_cap.max_num_tags,
+                             .max_ops = attr->tm_cap.max_ops,
+                             .cq = Cq::from(attr->cq)->p};
+  }
+  return create_srq_common(attr->pd, attr->attr, attr->srq_context, tm);
+}
+
+// ibv_post_srq_ops(3): list operations of a tag-matching SRQ (EOPNOTSUPP on a basic one).
+int op_post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad_wr) {
+  if (!srq) return EINVAL;
+  ibv_ops_wr* dummy = nullptr;
+  return Srq::from(srq)->p->post_ops(wr, bad_wr ? bad_wr : &dummy).error();
+}
+
+}  // namespace
+
 void remember_object(Context* c, void* w, void (*free_fn)(void*)) {
   std::lock_guard lock(c->live->mutex);
   c->live->objects.emplace(w, free_fn);
@@ -362,7 +433,7 @@ void fill_context(Context& c, ibv_device* device, int async_fd, int cmd_fd) {
   pthread_mutex_init(&ctx.mutex, nullptr);
   ctx.abi_compat = __VERBS_ABI_IS_EXTENDED;
   // Extended ops; those left null make verbs.h's inlines fail with EOPNOTSUPP (XRC, WQ/RSS,
-  // flows, counters, SRQ_ex beyond the basic SRQ, open_qp).
+  // flows, counters, open_qp).
   c.vctx.sz = sizeof(verbs_context);
   c.vctx.query_port = op_query_port;
   c.vctx.query_device_ex = op_query_device_ex;
@@ -372,6 +443,8 @@ void fill_context(Context& c, ibv_device* device, int async_fd, int cmd_fd) {
   c.vctx.reg_dm_mr = op_reg_dm_mr;
   c.vctx.create_cq_ex = create_cq_ex;
   c.vctx.create_qp_ex = create_qp_ex;
+  c.vctx.create_srq_ex = op_create_srq_ex;
+  c.vctx.post_srq_ops = op_post_srq_ops;
   c.vctx.query_rt_values = op_query_rt_values;
   fill_domain_ops(c.vctx);
 }
@@ -658,25 +731,7 @@ int ibv_destroy_cq(ibv_cq* cq) {
 
 ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
   if (!pd || !init) return fail<ibv_srq>(EINVAL);
-  verbs::Pd* p = verbs::Pd::from(pd);
-  provider::Result<provider::Srq*> r =
-      p->ctx->rt->create_srq(p->p, init->attr, verbs::queue_allocator(pd));
-  if (!r.ok()) return fail<ibv_srq>(r.error());
-  auto* w = new verbs::Srq{};
-  w->p = r.value();
-  w->ctx = p->ctx;
-  w->srq.context = pd->context;
-  w->srq.srq_context = init->srq_context;
-  w->srq.pd = pd;
-  w->srq.handle = w->p->handle();
-  verbs::init_sync(&w->srq.mutex, &w->srq.cond);
-  w->p->user_context = &w->srq;
-  // ibv_create_srq(3): attr.max_wr and max_sge come back as created (at least as requested).
-  const ibv_srq_attr got = w->p->query();
-  init->attr.max_wr = got.max_wr;
-  init->attr.max_sge = got.max_sge;
-  verbs::remember(w->ctx, w);
-  return &w->srq;
+  return verbs::create_srq_common(pd, init->attr, init->srq_context, std::nullopt);
 }
 
 int ibv_modify_srq(ibv_srq* srq, ibv_srq_attr* attr, int mask) {
