@@ -39,9 +39,7 @@ Srq::Srq(uint32_t handle, Pd* pd, const ibv_srq_attr& attr, AsyncEventQueue* eve
       tm_(tm) {
   if (tm_) {
     slots_.resize(tm_->max_num_tags);
-    free_handles_.reserve(tm_->max_num_tags);
-    // Handles are given out lowest first.
-    for (uint32_t h = tm_->max_num_tags; h-- > 0;) free_handles_.push_back(h);
+    for (uint32_t h = 0; h < tm_->max_num_tags; ++h) free_handles_.push_back(h);
     ops_.reserve(tm_->max_ops);
     running_ops_.reserve(tm_->max_ops);
   }
@@ -160,8 +158,8 @@ Status Srq::post_ops(ibv_ops_wr* wr, ibv_ops_wr** bad_wr) {
           status = Status(ENOMEM);
           break;
         }
-        op.handle = free_handles_.back();
-        free_handles_.pop_back();
+        op.handle = free_handles_.front();
+        free_handles_.pop_front();
         TagSlot& slot = slots_[op.handle];
         slot = TagSlot{};
         slot.state = TagState::kPosted;
@@ -172,9 +170,9 @@ Status Srq::post_ops(ibv_ops_wr* wr, ibv_ops_wr** bad_wr) {
         std::copy_n(add.sg_list, add.num_sge, slot.sge);
         wr->tm.handle = op.handle;
       } else if (wr->opcode == IBV_WR_TAG_DEL) {
-        // A handle no ADD gave out is a bad argument; one whose tag was consumed meanwhile is
-        // the race ibv_post_srq_ops(3) reports in the completion (IBV_WC_TM_ERR).
-        if (wr->tm.handle >= slots_.size() || slots_[wr->tm.handle].state == TagState::kFree) {
+        // A handle whose tag was consumed meanwhile is the race ibv_post_srq_ops(3) reports in
+        // the completion (IBV_WC_TM_ERR); one beyond the list is a bad argument.
+        if (wr->tm.handle >= slots_.size()) {
           status = Status(EINVAL);
           break;
         }

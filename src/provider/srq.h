@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -90,7 +91,7 @@ class Srq {
   Cq* tm_cq() const { return tm_ ? tm_->cq : nullptr; }
   uint32_t max_num_tags() const { return tm_ ? tm_->max_num_tags : 0; }
   // ibv_post_srq_ops: each WR is validated (EINVAL: unknown opcode or flags, more SGEs than
-  // kTmMaxSge, a DEL of a handle that is out of range or names no tag; ENOMEM: no free handle
+  // kTmMaxSge, a DEL of a handle beyond max_num_tags; ENOMEM: no free handle
   // for an ADD, or more than max_ops operations waiting), an ADD gets its handle
   // (wr->tm.handle), and the operations are queued for the engine, which runs them before
   // this returns when an engine is attached (Doorbell::srq_ops_posted). EOPNOTSUPP on a basic
@@ -102,8 +103,9 @@ class Srq {
   uint32_t size() const;
   // Runs the queued list operations in order, each completing on the TM-SRQ's CQ when
   // signaled (IBV_OPS_SIGNALED) or failed: IBV_WC_TM_ADD / TM_DEL / TM_SYNC, with
-  // IBV_WC_TM_SYNC_REQ when the operation's unexpected count is not the SRQ's. A DEL of a tag
-  // already consumed completes with IBV_WC_TM_ERR.
+  // IBV_WC_TM_SYNC_REQ when the operation's unexpected count is not the SRQ's. A DEL of a
+  // handle whose tag is not on the list — consumed by a message meanwhile — completes with
+  // IBV_WC_TM_ERR (ibv_post_srq_ops(3)).
   void run_ops_st();
   // Matching (Documentation/tag_matching.md): the earliest added tag that is enabled and whose
   // mask selects the same bits, (tag & mask) == (entry.tag & entry.mask), is taken off the list
@@ -158,7 +160,9 @@ class Srq {
   const std::optional<SrqTmAttr> tm_;
   mutable std::mutex tm_mutex_;          // slots_' states and free list, ops_
   std::vector<TagSlot> slots_;           // max_num_tags
-  std::vector<uint32_t> free_handles_;   // a stack
+  // Oldest freed first, so a handle comes back as late as possible: a DEL racing the
+  // consumption of its tag finds it still unused (IBV_WC_TM_ERR), not someone's new tag.
+  std::deque<uint32_t> free_handles_;
   std::vector<PendingOp> ops_;           // queued by post_ops, run by run_ops_st
   std::vector<PendingOp> running_ops_;   // engine: the batch run_ops_st took
   uint32_t list_head_ = kNone;           // engine (with tm_mutex_ for the states)
