@@ -91,6 +91,13 @@ void Engine::forget(uint32_t qp_num) {
     send_pending_ack(*ctx);
     flush_tx();
   }
+  // A QP reset or destroyed while a tagged message or a rendezvous of a TM-SRQ was under way:
+  // nothing completes for its tag any more, and its handle goes back to the list.
+  if (provider::Srq* srq = ctx->qp->srq(); srq != nullptr && srq->tm()) {
+    if (ctx->resp.has_recv && ctx->resp.tm.matched()) srq->release_tag_st(ctx->resp.tm.handle);
+    for (const Rendezvous& r : ctx->resp.rndv)
+      if (r.active && !r.read_done) srq->release_tag_st(r.handle);
+  }
   std::erase(active_, ctx);
   std::erase(acks_pending_, ctx);
   by_handle_[ctx->qp->handle()] = nullptr;
