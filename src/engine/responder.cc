@@ -293,7 +293,8 @@ struct ResponderSteps {
     const bool rndv = op == wire::TmOp::kRndv;
     if (rndv && data.size() < wire::Tmh::kSize + wire::Rvh::kSize)
       return tm_take_ordinary(TmKind::kNone);
-    // A rendezvous needs a slot for the engine's READ and FIN; none free: the sender retries.
+    // A rendezvous needs a slot for the engine's READ and FIN; none free: the sender retries
+    // (asked before matching, which would take the tag).
     if (rndv && !e.rendezvous_slot_free(ctx)) return RespState::kRnrNak;
     std::optional<provider::TagMatch> m = srq.match_st(tmh.tag());
     if (!m) {
@@ -436,7 +437,7 @@ struct ResponderSteps {
     if (is_send()) {
       const std::span<const uint8_t> placed = placed_payload();
       resp.tm.skip = 0;
-      if (!placed.empty() &&
+      if (resp.tm.kind != TmKind::kRndv &&
           !copy_sges(e.device_.mr_table(), ctx.qp->pd(), resp.recv.sges(), resp.recv_offset,
                      std::span<uint8_t>(const_cast<uint8_t*>(placed.data()), placed.size()),
                      SgeDirection::kToSges)) {
