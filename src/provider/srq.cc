@@ -2,6 +2,8 @@
 #include "provider/srq.h"
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 
 #include "provider/cq.h"
 #include "provider/doorbell.h"
@@ -142,12 +144,21 @@ Status Srq::post_ops(ibv_ops_wr* wr, ibv_ops_wr** bad_wr) {
         status = Status(ENOMEM);
         break;
       }
+      // The opcode as the caller stored it: any integer, read without assuming it is one of
+      // the enumerators (an out-of-range enum load is undefined).
+      std::underlying_type_t<ibv_ops_wr_opcode> raw_opcode;
+      std::memcpy(&raw_opcode, &wr->opcode, sizeof raw_opcode);
+      if (raw_opcode != IBV_WR_TAG_ADD && raw_opcode != IBV_WR_TAG_DEL &&
+          raw_opcode != IBV_WR_TAG_SYNC) {
+        status = Status(EINVAL);
+        break;
+      }
       PendingOp op{.wr_id = wr->wr_id,
-                   .opcode = wr->opcode,
+                   .opcode = static_cast<ibv_ops_wr_opcode>(raw_opcode),
                    .flags = wr->flags,
                    .unexpected_cnt = wr->tm.unexpected_cnt,
                    .handle = 0};
-      if (wr->opcode == IBV_WR_TAG_ADD) {
+      if (op.opcode == IBV_WR_TAG_ADD) {
         const auto& add = wr->tm.add;
         if (add.num_sge < 0 || static_cast<uint32_t>(add.num_sge) > kTmMaxSge ||
             (add.num_sge > 0 && add.sg_list == nullptr)) {
@@ -169,7 +180,7 @@ Status Srq::post_ops(ibv_ops_wr* wr, ibv_ops_wr** bad_wr) {
         slot.num_sge = static_cast<uint32_t>(add.num_sge);
         std::copy_n(add.sg_list, add.num_sge, slot.sge);
         wr->tm.handle = op.handle;
-      } else if (wr->opcode == IBV_WR_TAG_DEL) {
+      } else if (op.opcode == IBV_WR_TAG_DEL) {
         // A handle whose tag was consumed meanwhile is the race ibv_post_srq_ops(3) reports in
         // the completion (IBV_WC_TM_ERR); one beyond the list is a bad argument.
         if (wr->tm.handle >= slots_.size()) {
@@ -177,9 +188,6 @@ Status Srq::post_ops(ibv_ops_wr* wr, ibv_ops_wr** bad_wr) {
           break;
         }
         op.handle = wr->tm.handle;
-      } else if (wr->opcode != IBV_WR_TAG_SYNC) {
-        status = Status(EINVAL);
-        break;
       }
       ops_.push_back(op);
       posted = true;

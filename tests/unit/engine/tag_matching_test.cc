@@ -308,7 +308,8 @@ TEST_F(TagMatchingTest, ListOperationErrors) {
   bad.opcode = IBV_WR_TAG_DEL;
   bad.tm.handle = 8;  // max_num_tags is 8
   EXPECT_EQ(post_op(bad), EINVAL);
-  bad.opcode = static_cast<ibv_ops_wr_opcode>(77);
+  const int unknown_opcode = 77;  // stored as a caller may store it: no such enumerator
+  std::memcpy(&bad.opcode, &unknown_opcode, sizeof unknown_opcode);
   EXPECT_EQ(post_op(bad), EINVAL);
   bad.opcode = IBV_WR_TAG_SYNC;
   bad.flags = 1 << 7;

@@ -3,6 +3,7 @@
 // (the test runs the engine's side itself under an EngineTurnMark).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "provider/device.h"
@@ -277,7 +278,8 @@ TEST_F(TmSrqTest, PostValidation) {
   del.opcode = IBV_WR_TAG_DEL;
   del.tm.handle = 4;
   EXPECT_EQ(post(del).error(), EINVAL);
-  del.opcode = static_cast<ibv_ops_wr_opcode>(3);
+  const int unknown_opcode = 3;  // stored as a caller may store it: no such enumerator
+  std::memcpy(&del.opcode, &unknown_opcode, sizeof unknown_opcode);
   EXPECT_EQ(post(del).error(), EINVAL);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(post(add_wr(10, 0, 0, 0)).ok());
   EXPECT_EQ(post(add_wr(11, 0, 0, 0)).error(), ENOMEM);  // max_num_tags 4

@@ -873,7 +873,8 @@ TEST_F(VerbsEx, TagMatchingSrqMatchesEagerAndRendezvousMessages) {
   op.tm.handle = 16;
   EXPECT_EQ(ibv_post_srq_ops(srq, &op, &bad), EINVAL);
   EXPECT_EQ(bad, &op);
-  op.opcode = static_cast<ibv_ops_wr_opcode>(9);
+  const int unknown_opcode = 9;  // stored as a caller may store it: no such enumerator
+  std::memcpy(&op.opcode, &unknown_opcode, sizeof unknown_opcode);
   EXPECT_EQ(ibv_post_srq_ops(srq, &op, &bad), EINVAL);
   ibv_srq_init_attr basic_attr{};
   basic_attr.attr.max_wr = 4;
