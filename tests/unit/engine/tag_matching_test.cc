@@ -413,6 +413,29 @@ TEST_F(TagMatchingTest, RendezvousLongerThanTheTaggedBufferCompletesInError) {
   EXPECT_EQ(qb_->state(), IBV_QPS_RTS);
 }
 
+// An RVH whose key the sender never gave: the READ is NAKed (Remote Access Error), nothing lands
+// in the tagged buffer, the tag's second completion carries the READ's error, and no FIN goes.
+TEST_F(TagMatchingTest, RendezvousWithABadRkeyCompletesTheTagInError) {
+  add_tag(6, 0x6, ~uint64_t{0}, 0, 8192);
+  ASSERT_EQ(wait(*b_, 1).size(), 1u);
+  std::fill(recv_buf_.begin(), recv_buf_.end(), 0xEE);
+  wire::Rvh rvh(send_buf_.data() + kTmh);
+  rvh.set_va(reinterpret_cast<uint64_t>(send_buf_.data()));
+  rvh.set_rkey(mr_a_->rkey() ^ 0x5A5A00);
+  rvh.set_len(4096);
+  send_tm(1, wire::TmOp::kRndv, 0x6, 0, 32);
+  auto rb = wait(*b_, 2);
+  ASSERT_EQ(rb.size(), 2u);
+  EXPECT_EQ(rb[0].wc.wc_flags, unsigned{IBV_WC_TM_MATCH});
+  EXPECT_EQ(rb[1].wc.opcode, IBV_WC_TM_RECV);
+  EXPECT_EQ(rb[1].wc.wr_id, 6u);
+  EXPECT_EQ(rb[1].wc.status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(rb[1].wc.wc_flags & IBV_WC_TM_DATA_VALID, 0u);
+  for (size_t i = 0; i < 8192; ++i) ASSERT_EQ(recv_buf_[i], 0xEE) << i;
+  EXPECT_EQ(qb_->state(), IBV_QPS_ERR);
+  EXPECT_EQ(qb_->engine_wqes(), 0u);
+}
+
 // A SEND too short for its TMH, an unknown TMH operation, a rendezvous request too short for
 // its RVH: the ordinary WQE completes with Remote Invalid Request Error, the sender gets an
 // Invalid Request NAK, the receiver's QP enters ERR; nothing else is written.
