@@ -94,6 +94,13 @@ void Engine::forget(uint32_t qp_num) {
     send_pending_ack(*ctx);
     flush_tx();
   }
+  // A QP reset or destroyed while a tagged message or a rendezvous of a TM-SRQ was under way:
+  // nothing completes for its tag any more, and its handle goes back to the list.
+  if (provider::Srq* srq = ctx->qp->srq(); srq != nullptr && srq->tm()) {
+    if (ctx->resp.has_recv && ctx->resp.tm.matched()) srq->release_tag_st(ctx->resp.tm.handle);
+    for (const Rendezvous& r : ctx->resp.rndv)
+      if (r.active && !r.read_done) srq->release_tag_st(r.handle);
+  }
   std::erase(active_, ctx);
   std::erase(acks_pending_, ctx);
   by_handle_[ctx->qp->handle()] = nullptr;
@@ -275,6 +282,12 @@ void Engine::ring_srq(provider::Srq&) {
   doorbell_rung_.store(true, std::memory_order_release);
 }
 
+void Engine::srq_ops_posted(provider::Srq& srq) {
+  std::lock_guard lock(mutex_);  // waits for the running turn
+  const provider::EngineTurnMark turn;
+  srq.run_ops_st();
+}
+
 // Control operations are commands the engine executes: a modify is queued and runs inline only
 // when no turn is running (always so with one thread, so the simulation and the engine tests
 // see every modify at the point of the call); otherwise the turn holder runs it before it next
@@ -319,7 +332,7 @@ void Engine::apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) 
     ctx->qp = &qp;
     ctx->qpn = qp.qp_num();
     ctx->type = qp.type();
-    ctx->req.wqe_slots = size_t{qp.cap().max_send_wr} + 1;
+    ctx->req.wqe_slots = size_t{qp.sq_capacity()} + 1;
     ctx->req.wqe = std::make_unique_for_overwrite<WqeState[]>(ctx->req.wqe_slots);
     base::check(qp.handle() < by_handle_.size(), "QP handle beyond the device's QP table");
     by_handle_[qp.handle()] = ctx;
@@ -800,7 +813,16 @@ bool Engine::push_send_cqe(QpContext& ctx, const ibv_wc& wc) {
 }
 
 bool Engine::push_recv_cqe(QpContext& ctx, const ibv_wc& wc, bool solicited) {
-  provider::Cq* cq = ctx.resp.recv_srq != nullptr ? ctx.resp.recv_srq->cq() : ctx.qp->recv_cq();
+  // An XRC target's completions go to the CQ of the XRC SRQ the message took its WQE from; a
+  // tag-matching SRQ reports every completion of its WQEs and tags to its own CQ
+  // (Documentation/tag_matching.md).
+  provider::Cq* cq = nullptr;
+  if (ctx.resp.recv_srq != nullptr) {
+    cq = ctx.resp.recv_srq->cq();
+  } else {
+    const provider::Srq* srq = ctx.qp->srq();
+    cq = srq != nullptr && srq->tm() ? srq->tm_cq() : ctx.qp->recv_cq();
+  }
   if (cq == nullptr) return true;  // an XRC target whose SRQ went: nothing to complete into
   if (cq->push_st(wc, solicited)) return true;
   cq_overflow(ctx);
@@ -847,8 +869,12 @@ void Engine::flush(QpContext& ctx) {
       flushing = true;
       wc = send_wc(ctx, *wqe, IBV_WC_WR_FLUSH_ERR);
     }
+    const provider::SendWqe done = *wqe;
     ctx.qp->sq_pop_st();
-    if (wc) push_send_cqe(ctx, *wc);
+    if (done.send_flags & provider::kSendFlagEngine)
+      engine_wqe_done(ctx, done, wc ? wc->status : IBV_WC_SUCCESS);  // no CQ entry
+    else if (wc)
+      push_send_cqe(ctx, *wc);
     ++req.head_seq;
     if (req.started > 0) --req.started;
   }
@@ -869,13 +895,18 @@ void Engine::flush(QpContext& ctx) {
     wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = ctx.qpn;
+    // A WQE or tagged buffer of a tag-matching SRQ flushes as the TM completion it was to be.
+    if (resp.tm.kind == TmKind::kNoTag) wc.opcode = IBV_WC_TM_NO_TAG;
+    if (resp.tm.kind != TmKind::kNoTag && resp.tm.kind != TmKind::kNone) wc.opcode = IBV_WC_TM_RECV;
     push_recv_cqe(ctx, wc, false);
   };
   if (resp.has_recv) {
     flush_recv(resp.recv.wr_id);
+    if (resp.tm.matched()) ctx.qp->srq()->release_tag_st(resp.tm.handle);
     resp.has_recv = false;
   }
   resp.recv_srq = nullptr;
+  resp.tm = TmRecv{};
   // No more READ responses, and nothing answers the requests that waited behind them.
   resp.read_reply.active = false;
   resp.waiting.clear();

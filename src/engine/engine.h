@@ -157,6 +157,9 @@ class DoorbellRelay final : public provider::Doorbell {
   void ring_srq(provider::Srq& srq) override {
     if (target_) target_->ring_srq(srq);
   }
+  void srq_ops_posted(provider::Srq& srq) override {
+    if (target_) target_->srq_ops_posted(srq);
+  }
   void qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) override {
     if (target_) target_->qp_modified(qp, from, to);
     wake();
@@ -214,6 +217,10 @@ class Engine final : public provider::Doorbell {
   void ring_sq(provider::Qp& qp) override;
   void ring_rq(provider::Qp& qp) override;
   void ring_srq(provider::Srq& srq) override;
+  // Runs the TM-SRQ's list operations now, under the engine's mutex (waiting for a running
+  // turn): an operation and the messages matched are ordered, and the operation's completion
+  // is in the CQ when ibv_post_srq_ops returns.
+  void srq_ops_posted(provider::Srq& srq) override;
   void qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) override;
   void qp_destroyed(provider::Qp& qp) override;
   // An XRC SRQ goes: waits for the running turn, then drops the receive WQEs taken from it and
@@ -371,6 +378,15 @@ class Engine final : public provider::Doorbell {
   void send_atomic_ack(QpContext& ctx, uint32_t psn, uint64_t orig);
   // The answer to an ATOMIC WRITE (rxe's): an RDMA READ Response Only without data.
   void send_empty_read_response(QpContext& ctx, uint32_t psn);
+  // Tag-matching rendezvous (qp_context.h Rendezvous): whether a matched rendezvous request
+  // could start now, starting it once its SEND completed (the READ into `buffer`, or at once
+  // the completion and FIN when there is nothing to read or the RVH names more than the
+  // buffer holds), and the engine's WQEs finishing (retire, flush; the WQE is off the queue).
+  bool rendezvous_slot_free(const QpContext& ctx) const;
+  void start_rendezvous(QpContext& ctx, const TmRecv& tm, const provider::RecvWork& buffer);
+  void engine_wqe_done(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status);
+  void finish_rendezvous_read(QpContext& ctx, Rendezvous& r, ibv_wc_status status);
+  bool post_rendezvous_fin(QpContext& ctx, Rendezvous& r);
   friend struct ResponderSteps;
 
   provider::Device& device_;

@@ -61,6 +61,9 @@ struct EngineCounters {
                                          // kMaxWaitingRequests already waiting (qp_context.h)
   uint64_t drop_ud_recv_length = 0;      // UD: datagram (+ 40-byte GRH) longer than the receive
                                      // WQE (IBA 11.4.2; the WQE is kept, SRQ: completed in error)
+  // RC SENDs to a tag-matching SRQ whose TMH was cut short or named no known operation (not a
+  // drop: the WQE completes in error and the requester gets an Invalid Request NAK).
+  uint64_t tm_header_err = 0;
 
   uint64_t drops() const {
     uint64_t n = drop_truncated + drop_icrc + drop_pkey + drop_unknown_qpn + drop_address +

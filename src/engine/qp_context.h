@@ -14,6 +14,7 @@
 // out through Engine::request_sent. (Setting up at modify time and flushing in ERR reset both.)
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -171,6 +172,41 @@ struct ReadReply {
 // (EngineCounters::drop_request_queue_full) and the requester's go-back-N resends it.
 inline constexpr size_t kMaxWaitingRequests = 256;
 
+// A SEND arriving on a tag-matching SRQ (provider/srq.h), as its first packet classified it
+// (responder.cc tm_classify): delivered whole to an ordinary SRQ WQE (no tag, unexpected) or
+// matched to a tagged buffer (eager: the payload after the TMH lands there; rendezvous: the
+// SEND's payload is discarded and the engine READs the data the RVH names).
+enum class TmKind : uint8_t { kNone, kNoTag, kUnexpected, kEager, kRndv };
+struct TmRecv {
+  TmKind kind = TmKind::kNone;
+  bool sync_req = false;  // unexpected: its completion asks for a sync
+  uint32_t skip = 0;      // bytes at the start of the next packet not placed (the TMH)
+  uint32_t handle = 0;    // matched: the tag's handle
+  uint64_t tag = 0;       // matched: the TMH's tag and user data
+  uint32_t priv = 0;
+  uint64_t rndv_va = 0;   // rendezvous: the RVH
+  uint32_t rndv_rkey = 0;
+  uint32_t rndv_len = 0;
+  bool matched() const { return kind == TmKind::kEager || kind == TmKind::kRndv; }
+};
+
+// A rendezvous the engine carries out for a matched tag (Documentation/tag_matching.md): an
+// RDMA READ of the sender's data into the tagged buffer, then a SEND of a FIN TMH back to the
+// sender, as WQEs of the engine's own on the QP's send queue (provider::kSendFlagEngine; their
+// completions reach rndv_wqe_done, never the application's CQ); the tagged buffer's second
+// completion (IBV_WC_TM_DATA_VALID) when the READ is done.
+struct Rendezvous {
+  bool active = false;
+  bool read_done = false;
+  uint32_t handle = 0;
+  uint64_t wr_id = 0;  // the tag's recv_wr_id
+  uint64_t tag = 0;
+  uint32_t priv = 0;
+  uint32_t length = 0;
+};
+// Rendezvous in progress per QP; beyond it a rendezvous request is answered RNR NAK.
+inline constexpr uint32_t kMaxRendezvous = 4;
+
 struct Responder {
   uint32_t epsn = 0;  // expected PSN
   // The PSN of the last SEND/WRITE packet received in sequence: what the ACK of a duplicate
@@ -205,6 +241,8 @@ struct Responder {
   // Engine::srq_destroyed clears it, and the WQE with it, before the SRQ goes.
   provider::Srq* recv_srq = nullptr;
   uint64_t recv_offset = 0;
+  TmRecv tm;  // the SEND in progress on a tag-matching SRQ
+  std::array<Rendezvous, kMaxRendezvous> rndv{};
   // The RDMA WRITE being placed: its R_Key and VA, checked again for every packet, so a region
   // deregistered or a window invalidated mid-message is never written through.
   uint32_t write_rkey = 0;

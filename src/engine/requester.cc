@@ -376,8 +376,12 @@ void Engine::retire(QpContext& ctx) {
     const bool signaled =
         w.status != IBV_WC_SUCCESS || ctx.qp->sq_sig_all() || (wqe->send_flags & IBV_SEND_SIGNALED);
     const ibv_wc wc = send_wc(ctx, *wqe, w.status);
+    const provider::SendWqe done = *wqe;
     ctx.qp->sq_pop_st();
-    if (signaled) push_send_cqe(ctx, wc);
+    if (done.send_flags & provider::kSendFlagEngine)
+      engine_wqe_done(ctx, done, w.status);  // the engine's own: no CQ entry
+    else if (signaled)
+      push_send_cqe(ctx, wc);
     ++req.head_seq;
     --req.started;
     if (req.cur > 0) {

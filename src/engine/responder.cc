@@ -25,6 +25,7 @@
 #include "engine/sge_copy.h"
 #include "wire/grh.h"
 #include "wire/psn.h"
+#include "wire/tm.h"
 
 namespace urdma::engine {
 
@@ -55,6 +56,7 @@ enum class RespState : uint8_t {
   kErrInvalidateRkey,
   kErrCqOverflow,
   kErrXrcSrq,
+  kErrTmHeader,
   kDrop,
   kDone,
   kCount,
@@ -80,6 +82,7 @@ constexpr std::array<const char*, static_cast<size_t>(RespState::kCount)> kRespS
     "ERR_INVALIDATE_RKEY",
     "ERR_CQ_OVERFLOW",
     "ERR_XRC_SRQ",
+    "ERR_TM_HEADER",
     "DROP",
     "DONE",
 };
@@ -191,6 +194,8 @@ struct ResponderSteps {
         return err_cq_overflow();
       case RespState::kErrXrcSrq:
         return err_xrc_srq();
+      case RespState::kErrTmHeader:
+        return err_tm_header();
       case RespState::kDrop:
         return RespState::kDone;
       default:
@@ -279,6 +284,10 @@ struct ResponderSteps {
     if ((is_read() || is_atomic() || is_atomic_write()) && ctx.attr.max_dest_rd_atomic == 0)
       return RespState::kErrTooManyRdAtomic;
     // The opcode table says which packets take a WQE (SEND First/Only, WRITE with immediate).
+    // A SEND to a tag-matching SRQ is matched first (tm_classify).
+    if (info.is(wire::kConsumesRecv) && !resp.has_recv && rc && is_send() &&
+        ctx.qp->srq() != nullptr && ctx.qp->srq()->tm())
+      return tm_classify(*ctx.qp->srq());
     if (info.is(wire::kConsumesRecv) && !resp.has_recv) {
       const bool taken =
           xrc_srq != nullptr ? xrc_srq->take_st(resp.recv) : ctx.qp->take_recv_st(resp.recv);
@@ -294,6 +303,72 @@ struct ResponderSteps {
     return RespState::kCheckLength;
   }
 
+  // ---- tag matching (Documentation/tag_matching.md, provider/srq.h): the first packet of a
+  // SEND to a TM-SRQ opens with a TMH. NO_TAG and FIN messages go whole to an ordinary SRQ WQE
+  // (IBV_WC_TM_NO_TAG; a FIN is the answer to a rendezvous this side sent, as mlx5 reports it).
+  // EAGER and RNDV messages are matched against the tag list: an eager message matched lands
+  // in the tagged buffer without its TMH, a rendezvous request matched starts the engine's
+  // READ of the data (Engine::start_rendezvous); unmatched, either goes whole to an ordinary
+  // WQE and counts as unexpected. A payload too short for its headers or an unknown operation
+  // is a completion error (ERR_TM_HEADER). Matching takes a tag only when it finds one, so an
+  // RNR NAK for want of an ordinary WQE leaves the list as it was for the resent SEND.
+  RespState tm_classify(provider::Srq& srq) {
+    const std::span<const uint8_t> data = pkt.payload();
+    resp.tm = TmRecv{};
+    if (data.size() < wire::Tmh::kSize) return tm_take_ordinary(TmKind::kNone);
+    const wire::TmhView tmh(data.data());
+    const auto op = static_cast<wire::TmOp>(tmh.opcode());
+    if (op == wire::TmOp::kNoTag || op == wire::TmOp::kFin) return tm_take_ordinary(TmKind::kNoTag);
+    if (op != wire::TmOp::kEager && op != wire::TmOp::kRndv) return tm_take_ordinary(TmKind::kNone);
+    const bool rndv = op == wire::TmOp::kRndv;
+    if (rndv && data.size() < wire::Tmh::kSize + wire::Rvh::kSize)
+      return tm_take_ordinary(TmKind::kNone);
+    // A rendezvous needs a slot for the engine's READ and FIN; none free: the sender retries
+    // (asked before matching, which would take the tag).
+    if (rndv && !e.rendezvous_slot_free(ctx)) return RespState::kRnrNak;
+    std::optional<provider::TagMatch> m = srq.match_st(tmh.tag());
+    if (!m) {
+      const RespState next = tm_take_ordinary(TmKind::kUnexpected);
+      if (resp.has_recv) resp.tm.sync_req = srq.count_unexpected_st();
+      return next;
+    }
+    resp.recv = m->buffer;
+    resp.has_recv = true;
+    resp.recv_offset = 0;
+    resp.tm.kind = rndv ? TmKind::kRndv : TmKind::kEager;
+    resp.tm.handle = m->handle;
+    resp.tm.tag = tmh.tag();
+    resp.tm.priv = tmh.app_ctx();
+    resp.tm.skip = wire::Tmh::kSize;
+    if (rndv) {
+      const wire::RvhView rvh(data.data() + wire::Tmh::kSize);
+      resp.tm.rndv_va = rvh.va();
+      resp.tm.rndv_rkey = rvh.rkey();
+      resp.tm.rndv_len = rvh.len();
+    }
+    return RespState::kCheckLength;
+  }
+  // An ordinary SRQ WQE for the whole message; kNone: a malformed one, completed in error.
+  RespState tm_take_ordinary(TmKind kind) {
+    if (!ctx.qp->take_recv_st(resp.recv)) return RespState::kRnrNak;
+    resp.has_recv = true;
+    resp.recv_offset = 0;
+    resp.tm.kind = kind;
+    if (kind == TmKind::kNone) {
+      resp.tm.kind = TmKind::kUnexpected;  // its completion is the TM-SRQ's
+      ++e.counters_.tm_header_err;
+      return RespState::kErrTmHeader;
+    }
+    return RespState::kCheckLength;
+  }
+  // Bytes of this packet placed in the receive buffer: a matched message skips its TMH (the
+  // first packet's) and a rendezvous request places nothing of its own.
+  std::span<const uint8_t> placed_payload() const {
+    const std::span<const uint8_t> data = pkt.payload();
+    if (resp.tm.kind == TmKind::kRndv) return {};
+    return data.subspan(std::min<size_t>(resp.tm.skip, data.size()));
+  }
+
   // ---- CHECK_LENGTH: IBA 9.5 / 9.7.5.2.x: First/Middle carry exactly PMTU bytes, Last/Only at
   // most PMTU; a SEND may not overflow its receive WQE (too long → Invalid Request NAK and a
   // Local Length Error completion); an RDMA WRITE carries exactly its RETH DMA length.
@@ -304,7 +379,7 @@ struct ResponderSteps {
       if (!pmtu_ok) return rc ? RespState::kErrInvalidRequest : uc_reject();
     }
     if (is_send()) {
-      if (len > resp.recv.length - std::min(resp.recv_offset, resp.recv.length))
+      if (placed_payload().size() > resp.recv.length - std::min(resp.recv_offset, resp.recv.length))
         return rc ? RespState::kErrLocalLength : uc_reject();
     }
     if (is_write()) {
@@ -389,13 +464,16 @@ struct ResponderSteps {
     const std::span<const uint8_t> data = pkt.payload();
     if (!is_read()) e.flush_tx_before_placement();
     if (is_send()) {
-      if (!copy_sges(e.device_.mr_table(), recv_pd(), resp.recv.sges(), resp.recv_offset,
-                     std::span<uint8_t>(const_cast<uint8_t*>(data.data()), data.size()),
+      const std::span<const uint8_t> placed = placed_payload();
+      resp.tm.skip = 0;
+      if (resp.tm.kind != TmKind::kRndv &&
+          !copy_sges(e.device_.mr_table(), recv_pd(), resp.recv.sges(), resp.recv_offset,
+                     std::span<uint8_t>(const_cast<uint8_t*>(placed.data()), placed.size()),
                      SgeDirection::kToSges)) {
         recv_status = IBV_WC_LOC_PROT_ERR;
         return rc ? RespState::kErrRemoteOperational : uc_reject();
       }
-      resp.recv_offset += data.size();
+      resp.recv_offset += placed.size();
       resp.msg = last() ? MsgState::kIdle : MsgState::kInSend;
       return last() ? RespState::kComplete : RespState::kAcknowledge;
     }
@@ -486,10 +564,29 @@ struct ResponderSteps {
     resp.msn = (resp.msn + 1) & wire::kPsnMask;  // IBA 9.7.5.2.x: MSN counts messages
     resp.has_recv = false;
     resp.recv_offset = 0;
+    const TmRecv tm = resp.tm;
+    resp.tm = TmRecv{};
+    if (tm.kind != TmKind::kNone) tm_completion(tm, wc);
     const bool pushed = e.push_recv_cqe(ctx, wc, pkt.bth().se());
     resp.recv_srq = nullptr;
     if (!pushed) return RespState::kErrCqOverflow;
+    if (tm.kind == TmKind::kEager) ctx.qp->srq()->release_tag_st(tm.handle);
+    if (tm.kind == TmKind::kRndv) e.start_rendezvous(ctx, tm, resp.recv);
     return RespState::kAcknowledge;
+  }
+
+  // The completion of a SEND to a TM-SRQ (ibv_create_cq_ex(3), ibv_wc_read_tm_info): a matched
+  // eager message IBV_WC_TM_RECV with TM_MATCH | TM_DATA_VALID, a matched rendezvous request
+  // TM_RECV with TM_MATCH (its DATA_VALID completion follows the READ), an unexpected message
+  // TM_RECV without them (TM_SYNC_REQ when a sync is due), a NO_TAG or FIN message
+  // IBV_WC_TM_NO_TAG. Matched ones carry the tag's recv_wr_id, tag and user data.
+  static void tm_completion(const TmRecv& tm, ibv_wc& wc) {
+    wc.opcode = tm.kind == TmKind::kNoTag ? IBV_WC_TM_NO_TAG : IBV_WC_TM_RECV;
+    if (tm.kind == TmKind::kEager) wc.wc_flags |= IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID;
+    if (tm.kind == TmKind::kRndv) wc.wc_flags |= IBV_WC_TM_MATCH;
+    if (tm.kind == TmKind::kUnexpected && tm.sync_req) wc.wc_flags |= IBV_WC_TM_SYNC_REQ;
+    if (tm.matched() && wc.status == IBV_WC_SUCCESS)
+      provider::set_tm_info(wc, {.tag = tm.tag, .priv = tm.priv});
   }
 
   // ---- ACKNOWLEDGE: advance the expected PSN; RC acknowledges when the requester asked
@@ -634,6 +731,14 @@ struct ResponderSteps {
     return resp.recv_srq != nullptr ? resp.recv_srq->pd() : ctx.qp->pd();
   }
 
+  // A SEND to a TM-SRQ whose TMH is cut short or names no known operation: the ordinary WQE it
+  // took completes with Remote Invalid Request Error, the requester gets an Invalid Request NAK
+  // and the QP enters ERR, as for any request this responder cannot execute (IBA 9.7.5.2.x).
+  RespState err_tm_header() {
+    complete_recv_with_error(IBV_WC_REM_INV_REQ_ERR);
+    return fatal(wire::NakCode::kInvalidRequest, IBV_EVENT_QP_REQ_ERR);
+  }
+
   void complete_recv_with_error(ibv_wc_status status) {
     if (!resp.has_recv) return;
     ibv_wc wc = {};
@@ -642,7 +747,11 @@ struct ResponderSteps {
     wc.opcode = IBV_WC_RECV;
     wc.qp_num = ctx.qpn;
     resp.has_recv = false;
+    const TmRecv tm = resp.tm;
+    resp.tm = TmRecv{};
+    if (tm.kind != TmKind::kNone) tm_completion(tm, wc);
     e.push_recv_cqe(ctx, wc, false);
+    if (tm.matched()) ctx.qp->srq()->release_tag_st(tm.handle);
   }
 
   uint32_t packets(uint64_t length) const {
@@ -782,6 +891,104 @@ void Engine::send_atomic_ack(QpContext& ctx, uint32_t psn, uint64_t orig) {
   h.aeth()->set_msn(ctx.resp.msn & wire::kPsnMask);
   h.atomic_ack_eth()->set_orig_data(orig);
   send_packet(ctx.route);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tag-matching rendezvous (Documentation/tag_matching.md): for a matched rendezvous request the
+// receiver READs the sender's data into the tagged buffer and then SENDs it a FIN TMH (its tag
+// and user data), ordinary RC packets of this QP. They are WQEs of the engine's own on the
+// QP's send queue (provider::Qp::post_engine_st, in slots the application's max_send_wr does
+// not count), so the requester and completer give them PSNs, retries and ordering like any
+// other; their completions come to engine_wqe_done instead of a CQ, by the WQE's
+// kSendFlagEngine, its wr_id naming the Rendezvous.
+
+bool Engine::rendezvous_slot_free(const QpContext& ctx) const {
+  for (const Rendezvous& r : ctx.resp.rndv)
+    if (!r.active) return ctx.qp->engine_wqes() + 2 <= ctx.qp->engine_wqe_slots();
+  return false;
+}
+
+void Engine::start_rendezvous(QpContext& ctx, const TmRecv& tm, const provider::RecvWork& buffer) {
+  Rendezvous* r = nullptr;
+  uint64_t index = 0;
+  for (; index < ctx.resp.rndv.size(); ++index) {
+    if (!ctx.resp.rndv[index].active) {
+      r = &ctx.resp.rndv[index];
+      break;
+    }
+  }
+  base::check(r != nullptr, "rendezvous started without a free slot");
+  *r = Rendezvous{.active = true,
+                  .read_done = false,
+                  .handle = tm.handle,
+                  .wr_id = buffer.wr_id,
+                  .tag = tm.tag,
+                  .priv = tm.priv,
+                  .length = tm.rndv_len};
+  // More than the tagged buffer holds: nothing is read; the tag completes with Local Length
+  // Error and the sender still gets its FIN (its buffer is free either way).
+  if (tm.rndv_len > buffer.length) {
+    finish_rendezvous_read(ctx, *r, IBV_WC_LOC_LEN_ERR);
+    return;
+  }
+  if (tm.rndv_len == 0) {
+    finish_rendezvous_read(ctx, *r, IBV_WC_SUCCESS);
+    return;
+  }
+  provider::SendWqe read = {};
+  read.wr_id = index;
+  read.opcode = IBV_WR_RDMA_READ;
+  read.length = tm.rndv_len;
+  read.remote_addr = tm.rndv_va;
+  read.rkey = tm.rndv_rkey;
+  const bool posted = ctx.qp->post_engine_st(read, buffer.sges(), {});
+  base::check(posted, "rendezvous READ without a send queue slot");
+  activate(ctx);
+}
+
+void Engine::finish_rendezvous_read(QpContext& ctx, Rendezvous& r, ibv_wc_status status) {
+  r.read_done = true;
+  // The tagged buffer's second completion: the data is in place (IBV_WC_TM_DATA_VALID), or
+  // the READ failed with `status`.
+  ibv_wc wc = {};
+  wc.wr_id = r.wr_id;
+  wc.status = status;
+  wc.opcode = IBV_WC_TM_RECV;
+  wc.qp_num = ctx.qpn;
+  if (status == IBV_WC_SUCCESS) {
+    wc.byte_len = r.length;
+    wc.wc_flags = IBV_WC_TM_DATA_VALID;
+  }
+  ctx.qp->srq()->release_tag_st(r.handle);
+  push_recv_cqe(ctx, wc, false);
+  // A failed READ put the QP in ERR (or it is there already): no FIN can follow.
+  if ((status != IBV_WC_SUCCESS && status != IBV_WC_LOC_LEN_ERR) || !post_rendezvous_fin(ctx, r))
+    r.active = false;
+}
+
+bool Engine::post_rendezvous_fin(QpContext& ctx, Rendezvous& r) {
+  std::array<uint8_t, wire::Tmh::kSize> fin{};
+  wire::Tmh tmh(fin.data());
+  tmh.set_opcode(static_cast<uint8_t>(wire::TmOp::kFin));
+  tmh.set_app_ctx(r.priv);
+  tmh.set_tag(r.tag);
+  provider::SendWqe send = {};
+  send.wr_id = static_cast<uint64_t>(&r - ctx.resp.rndv.data());
+  send.opcode = IBV_WR_SEND;
+  if (!ctx.qp->post_engine_st(send, {}, fin)) return false;
+  activate(ctx);
+  return true;
+}
+
+void Engine::engine_wqe_done(QpContext& ctx, const provider::SendWqe& wqe, ibv_wc_status status) {
+  if (wqe.wr_id >= ctx.resp.rndv.size()) return;
+  Rendezvous& r = ctx.resp.rndv[wqe.wr_id];
+  if (!r.active) return;
+  if (wqe.opcode == IBV_WR_RDMA_READ && !r.read_done) {
+    finish_rendezvous_read(ctx, r, status);
+    return;
+  }
+  r.active = false;  // the FIN was sent (or flushed)
 }
 
 // ---------------------------------------------------------------------------------------------

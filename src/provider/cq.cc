@@ -38,7 +38,8 @@ int Cq::poll(int max_entries, ibv_wc* out) {
   while (n < max_entries) {
     const Completion* c = ring_->peek();
     if (c == nullptr) break;
-    out[n++] = c->wc;
+    out[n] = c->wc;
+    scrub_tm_info(out[n++]);
     ring_->pop();
   }
   return n;

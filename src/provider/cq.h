@@ -50,6 +50,40 @@ struct Completion {
 };
 static_assert(sizeof(Completion) == 64);
 
+// Tag matching (ibv_wc_read_tm_info): a completion of a tag-matching SRQ (opcodes
+// IBV_WC_TM_*) carries the TMH's tag and user data. The record keeps its 64 bytes: they travel in
+// ibv_wc fields that have no meaning on such a completion — tag matching is RC only, and
+// src_qp, slid and pkey_index are defined for UD and GSI QPs alone; vendor_err only for a
+// failed completion, whose tag information is zero. src_qp holds the tag's high 32 bits, slid
+// and pkey_index its low 32, vendor_err the user data. scrub_tm_info clears them again for a
+// reader of plain ibv_wc records (ibv_poll_cq).
+struct TmInfo {
+  uint64_t tag = 0;
+  uint32_t priv = 0;
+};
+inline bool is_tm_opcode(ibv_wc_opcode opcode) {
+  return opcode == IBV_WC_TM_ADD || opcode == IBV_WC_TM_DEL || opcode == IBV_WC_TM_SYNC ||
+         opcode == IBV_WC_TM_RECV || opcode == IBV_WC_TM_NO_TAG;
+}
+inline void set_tm_info(ibv_wc& wc, TmInfo info) {
+  wc.src_qp = static_cast<uint32_t>(info.tag >> 32);
+  wc.slid = static_cast<uint16_t>(info.tag >> 16);
+  wc.pkey_index = static_cast<uint16_t>(info.tag);
+  wc.vendor_err = info.priv;
+}
+inline TmInfo tm_info(const ibv_wc& wc) {
+  if (!is_tm_opcode(wc.opcode) || wc.status != IBV_WC_SUCCESS) return {};
+  return {.tag = (uint64_t{wc.src_qp} << 32) | (uint64_t{wc.slid} << 16) | wc.pkey_index,
+          .priv = wc.vendor_err};
+}
+inline void scrub_tm_info(ibv_wc& wc) {
+  if (!is_tm_opcode(wc.opcode)) return;
+  wc.src_qp = 0;
+  wc.slid = 0;
+  wc.pkey_index = 0;
+  wc.vendor_err = 0;
+}
+
 struct CqOptions {
   bool completion_timestamp = false;          // stamp completion_ts
   bool wallclock_timestamp = false;           // stamp wallclock_ns

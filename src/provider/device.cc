@@ -215,18 +215,24 @@ Status Device::dealloc_xrcd(Xrcd* xrcd) {
 }
 
 Result<Srq*> Device::create_srq(Pd* pd, const ibv_srq_attr& attr,
-                                std::shared_ptr<QueueAllocator> allocator, Xrcd* xrcd, Cq* cq) {
+                                std::shared_ptr<QueueAllocator> allocator, Xrcd* xrcd, Cq* cq,
+                                std::optional<SrqTmAttr> tm) {
   if (pd == nullptr) return Status(EINVAL);
   if ((xrcd == nullptr) != (cq == nullptr)) return Status(EINVAL);
   if (Status s = check_srq_init_attr(attr); !s.ok()) return s;
+  if (tm) {
+    if (xrcd != nullptr) return Status(EINVAL);
+    if (Status s = check_srq_tm_attr(*tm); !s.ok()) return s;
+  }
   Result<Srq*> srq =
-      srqs_.create(pd, attr, &events_, doorbell_, std::move(allocator), xrcd, cq);
+      srqs_.create(pd, attr, &events_, doorbell_, std::move(allocator), xrcd, cq, tm);
   if (!srq.ok()) return srq;
   pd->add_user();
   if (xrcd != nullptr) {
     xrcd->add_user();
     cq->add_user();
   }
+  if (tm) tm->cq->add_user();
   return srq;
 }
 
@@ -236,6 +242,7 @@ Status Device::destroy_srq(Srq* srq) {
   Pd* pd = srq->pd();
   Xrcd* xrcd = srq->xrcd();
   Cq* cq = srq->cq();
+  Cq* tm_cq = srq->tm_cq();
   if (xrcd != nullptr) {
     // No QP holds an XRC SRQ; the engine finds it by number for each request. Once marked, no
     // lookup finds it; srq_destroyed waits for a turn that found it before and drops the WQEs
@@ -250,6 +257,7 @@ Status Device::destroy_srq(Srq* srq) {
     xrcd->remove_user();
     cq->remove_user();
   }
+  if (tm_cq != nullptr) tm_cq->remove_user();
   return kOk;
 }
 

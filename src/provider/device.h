@@ -120,10 +120,12 @@ class Device {
 
   // ---- SRQ ----
   // The queue from `allocator` (queue_memory.h; null: malloc). An XRC SRQ names its XRC domain
-  // and CQ (both or neither: EINVAL).
+  // and CQ (both or neither: EINVAL). `tm`: a tag-matching SRQ (IBV_SRQT_TM), its attributes
+  // checked by check_srq_tm_attr; its CQ is in use while it lives.
   Result<Srq*> create_srq(Pd* pd, const ibv_srq_attr& attr,
                           std::shared_ptr<QueueAllocator> allocator = nullptr,
-                          Xrcd* xrcd = nullptr, Cq* cq = nullptr);
+                          Xrcd* xrcd = nullptr, Cq* cq = nullptr,
+                          std::optional<SrqTmAttr> tm = std::nullopt);
   Status destroy_srq(Srq* srq);
   Srq* srq_by_handle(uint32_t handle) const { return srqs_.get(handle); }
   // The engine's lookup of an XRCETH's SRQ number: a live XRC SRQ, or nullptr.

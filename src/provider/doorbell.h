@@ -25,6 +25,9 @@ class Doorbell {
   virtual void ring_rq(Qp& /*qp*/) {}
   // New receive WQEs were posted to srq.
   virtual void ring_srq(Srq& /*srq*/) {}
+  // Tag-matching list operations were queued on srq (Srq::post_ops): the engine runs them
+  // (Srq::run_ops_st) before this returns, ordered against the messages it matches.
+  virtual void srq_ops_posted(Srq& /*srq*/) {}
   // ibv_modify_qp changed the QP's state or attributes (from == to for a same-state modify).
   // Called after the new attributes are visible and outside the QP's locks. When `to` is
   // IBV_QPS_RESET or the QP is about to be destroyed (qp_destroyed), the call must not return

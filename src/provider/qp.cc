@@ -139,6 +139,10 @@ Status check_and_round_qp_init(QpInitAttr& init) {
   init.xrcd = nullptr;
   if (init.srq != nullptr && init.srq->type() != IBV_SRQT_BASIC) return Status(EINVAL);
   if (init.srq != nullptr && init.srq->pd() == nullptr) return Status(EINVAL);
+  // Tag matching is defined for RC (Documentation/tag_matching.md; IBV_TM_CAP_RC is the only
+  // transport ibv_query_device_ex reports).
+  if (init.srq != nullptr && init.srq->tm() && init.qp_type != IBV_QPT_RC)
+    return Status(EOPNOTSUPP);
   ibv_qp_cap& cap = init.cap;
   if (cap.max_send_wr > kLimits.max_qp_wr || cap.max_send_sge > kLimits.max_sge ||
       cap.max_inline_data > kLimits.max_inline_data_bytes)
@@ -168,8 +172,13 @@ Qp::Qp(uint32_t handle, const QpInitAttr& init, Device& device)
       init_(init),
       device_(device),
       attr_(default_attr()),
-      wqe_size_(init.cap.max_inline_data),
-      sq_ring_(init.cap.max_send_wr, QueueBuffer::kQp, init.allocator),
+      engine_slots_(init.srq != nullptr && init.srq->tm() ? kEngineSendWqes : 0),
+      // The engine's WQEs need room for a tagged buffer's SGEs or a TMH inline.
+      wqe_size_(engine_slots_ == 0 ? init.cap.max_inline_data
+                                   : std::max({init.cap.max_inline_data,
+                                               uint32_t{kTmMaxSge * sizeof(ibv_sge)},
+                                               uint32_t{kEngineInlineBytes}})),
+      sq_ring_(init.cap.max_send_wr + engine_slots_, QueueBuffer::kQp, init.allocator),
       sq_side_(make_queue_array<uint8_t>(size_t{sq_ring_.slots()} * wqe_size_ + 1, init.allocator,
                                          QueueBuffer::kQp)) {
   assert(qp_num_ <= wire::kQpnMask);
@@ -280,6 +289,7 @@ void Qp::empty_queues() {
   {
     std::lock_guard lock(sq_mutex_);
     sq_ring_.clear();
+    engine_wqes_.store(0, std::memory_order_relaxed);
   }
   if (rq_ != nullptr) {
     std::lock_guard lock(rq_mutex_);
@@ -461,7 +471,10 @@ Status Qp::post_send(ibv_send_wr* wr, ibv_send_wr** bad_wr) {
         status = validate_send(*wr, r);
         if (!status.ok()) break;
         SendWqe* wqe = sq_ring_.producer_slot();
-        if (wqe == nullptr) {
+        // The application's WQEs fill cap().max_send_wr; the rest of the ring is the engine's.
+        if (wqe == nullptr ||
+            sq_ring_.size() - engine_wqes_.load(std::memory_order_relaxed) >=
+                init_.cap.max_send_wr) {
           status = Status(ENOMEM);
           break;
         }
@@ -538,6 +551,30 @@ Status Qp::post_recv(ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   return status;
 }
 
+bool Qp::post_engine_st(const SendWqe& wqe, std::span<const ibv_sge> sges,
+                        std::span<const uint8_t> inline_data) {
+  URDMA_ASSERT_ENGINE_TURN();
+  assert(sges.size_bytes() <= wqe_size_ && inline_data.size() <= wqe_size_);
+  std::lock_guard lock(sq_mutex_);
+  if (engine_wqes_.load(std::memory_order_relaxed) >= engine_slots_) return false;
+  SendWqe* slot = sq_ring_.producer_slot();
+  if (slot == nullptr) return false;
+  const uint32_t index = sq_ring_.producer_slot_index();
+  *slot = wqe;
+  slot->slot = index;
+  slot->send_flags |= kSendFlagEngine;
+  slot->num_sge = static_cast<uint32_t>(sges.size());
+  if (!sges.empty()) std::memcpy(side_area(index), sges.data(), sges.size_bytes());
+  if (!inline_data.empty()) {
+    std::memcpy(side_area(index), inline_data.data(), inline_data.size());
+    slot->send_flags |= IBV_SEND_INLINE;
+    slot->length = inline_data.size();
+  }
+  engine_wqes_.fetch_add(1, std::memory_order_relaxed);
+  sq_ring_.publish();
+  return true;
+}
+
 std::span<const ibv_sge> Qp::sq_sges_st(const SendWqe& wqe) const {
   URDMA_ASSERT_ENGINE_TURN();
   return {reinterpret_cast<const ibv_sge*>(side_area(wqe.slot)), wqe.num_sge};
@@ -568,7 +605,8 @@ uint32_t Qp::flush_st() {
   ibv_wc wc = {};
   wc.status = IBV_WC_WR_FLUSH_ERR;
   wc.qp_num = qp_num_;
-  for (const SendWqe* wqe; (wqe = sq_ring_.peek()) != nullptr; sq_ring_.pop()) {
+  for (const SendWqe* wqe; (wqe = sq_ring_.peek()) != nullptr; sq_pop_st()) {
+    if (wqe->send_flags & kSendFlagEngine) continue;  // the engine's own: no CQ entry
     wc.wr_id = wqe->wr_id;
     wc.opcode = kOpcodes[wqe->opcode]->wc_opcode;
     (void)init_.send_cq->push_st(wc, false);  // an overflow is the CQ's own error

@@ -54,6 +54,15 @@ bool modify_qp_is_ok(ibv_qp_state cur, ibv_qp_state next, ibv_qp_type type, int 
 // Send flags a WR may carry (IBV_SEND_IP_CSUM is accepted and ignored).
 inline constexpr unsigned kSendFlagsKnown =
     IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE | IBV_SEND_IP_CSUM;
+// A WQE the engine posted for itself (post_engine_st): no posted WR can carry it (post_send
+// refuses flags beyond kSendFlagsKnown), and its completion goes to the engine, not to a CQ.
+inline constexpr unsigned kSendFlagEngine = 1u << 31;
+static_assert((kSendFlagsKnown & kSendFlagEngine) == 0);
+// Send queue slots kept for the engine's own WQEs on an RC QP of a tag-matching SRQ: each
+// rendezvous takes a READ and then a FIN (engine/qp_context.h kMaxRendezvous).
+inline constexpr uint32_t kEngineSendWqes = 8;
+// Inline bytes an engine WQE may carry: a FIN's TMH.
+inline constexpr uint32_t kEngineInlineBytes = 16;
 
 // What each send opcode is, for validation here and for the engine.
 // Rows are written with designated initializers naming the properties that hold; the rest are
@@ -140,9 +149,21 @@ class Qp {
   std::span<const uint8_t> sq_inline_st(const SendWqe& wqe) const;
   void sq_pop_st() {
     URDMA_ASSERT_ENGINE_TURN();
+    const SendWqe* wqe = sq_ring_.peek();
+    if (wqe != nullptr && (wqe->send_flags & kSendFlagEngine))
+      engine_wqes_.fetch_sub(1, std::memory_order_relaxed);
     sq_ring_.pop();
   }
   uint32_t sq_size() const { return sq_ring_.size(); }
+  // Entries the send queue holds: the application's cap().max_send_wr and the engine's slots.
+  uint32_t sq_capacity() const { return sq_ring_.capacity(); }
+  // Appends a WQE of the engine's own (kSendFlagEngine is added) behind those posted so far,
+  // with its SGE list or inline data in the side area (at most engine_wqe_bytes()). False when
+  // the engine's slots are taken. Posting threads are held off by the send queue's lock.
+  bool post_engine_st(const SendWqe& wqe, std::span<const ibv_sge> sges,
+                      std::span<const uint8_t> inline_data);
+  uint32_t engine_wqe_slots() const { return engine_slots_; }
+  uint32_t engine_wqes() const { return engine_wqes_.load(std::memory_order_relaxed); }
   // Receive queue (the SRQ's when attached; none on XRC QPs: false).
   bool take_recv_st(RecvWork& out);
   // Called after the QP entered ERR, before its receive queue is flushed: orders the state
@@ -200,6 +221,8 @@ class Qp {
   AddressVector av_ = {};
   bool sq_draining_ = false;
 
+  const uint32_t engine_slots_;  // kEngineSendWqes on an RC QP of a TM-SRQ, else 0
+  std::atomic<uint32_t> engine_wqes_{0};  // engine WQEs in the ring (engine writes, posters read)
   const uint32_t wqe_size_;  // side-area bytes per send slot
   std::mutex sq_mutex_;
   SpscRing<SendWqe> sq_ring_;

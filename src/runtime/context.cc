@@ -179,13 +179,14 @@ Status Context::dealloc_mw(provider::Mw* mw) {
 
 provider::Result<provider::Srq*> Context::create_srq(
     provider::Pd* pd, const ibv_srq_attr& attr, std::shared_ptr<provider::QueueAllocator> allocator,
-    provider::Xrcd* xrcd, provider::Cq* cq) {
+    provider::Xrcd* xrcd, provider::Cq* cq, std::optional<provider::SrqTmAttr> tm) {
   std::lock_guard lock(mutex_);
   if (!pds_.contains(pd)) return Status(EINVAL);
   if ((xrcd != nullptr && !xrcds_.contains(xrcd)) || (cq != nullptr && !cqs_.contains(cq)))
     return Status(EINVAL);
+  if (tm && !cqs_.contains(tm->cq)) return Status(EINVAL);
   provider::Result<provider::Srq*> srq =
-      dev().create_srq(pd, attr, std::move(allocator), xrcd, cq);
+      dev().create_srq(pd, attr, std::move(allocator), xrcd, cq, tm);
   if (srq.ok()) srqs_.insert(srq.value());
   return srq;
 }

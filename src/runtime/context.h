@@ -49,7 +49,8 @@ class Context {
   provider::Result<provider::Srq*> create_srq(
       provider::Pd* pd, const ibv_srq_attr& attr,
       std::shared_ptr<provider::QueueAllocator> allocator = nullptr,
-      provider::Xrcd* xrcd = nullptr, provider::Cq* cq = nullptr);
+      provider::Xrcd* xrcd = nullptr, provider::Cq* cq = nullptr,
+      std::optional<provider::SrqTmAttr> tm = std::nullopt);
   provider::Status destroy_srq(provider::Srq* srq);
   provider::Result<provider::Ah*> create_ah(provider::Pd* pd, const ibv_ah_attr& attr);
   provider::Status destroy_ah(provider::Ah* ah);

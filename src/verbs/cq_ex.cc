@@ -16,9 +16,11 @@
 // * wc_flags: the standard fields (IBV_WC_STANDARD_FLAGS) and the completion timestamps
 //   (IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: the device clock, 1 tick = 1 ns;
 //   IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: CLOCK_REALTIME ns), stamped by the provider
-//   CQ when the engine generates the completion (provider/cq.h, completion_clock.h). CVLAN,
-//   flow tags and tag-matching info are not produced: asking for them is EOPNOTSUPP
-//   (ibv_create_cq_ex(3)).
+//   CQ when the engine generates the completion (provider/cq.h, completion_clock.h), and the
+//   tag-matching information of a TM-SRQ's completions (IBV_WC_EX_WITH_TM_INFO,
+//   ibv_wc_read_tm_info: the TMH's tag and user data, provider/cq.h TmInfo; zero on other
+//   completions and on those that matched no tag). CVLAN and flow tags are not produced:
+//   asking for them is EOPNOTSUPP (ibv_create_cq_ex(3)).
 // * IBV_CQ_INIT_ATTR_MASK_PD names a parent domain (ibv_alloc_parent_domain(3); any other PD is
 //   EINVAL, as in mlx5): the CQ's ring comes from its allocators (domain.cc).
 #include <cerrno>
@@ -39,7 +41,7 @@ namespace {
 
 constexpr uint64_t kSupportedWcFlags =
     uint64_t{IBV_WC_STANDARD_FLAGS} | uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP} |
-    uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK};
+    uint64_t{IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK} | uint64_t{IBV_WC_EX_WITH_TM_INFO};
 constexpr uint32_t kKnownCompMask = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
 // SINGLE_THREADED is a hint (the lock stays); IGNORE_OVERRUN changes semantics we don't offer.
 constexpr uint32_t kSupportedCreateFlags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
@@ -74,14 +76,30 @@ int next_poll(ibv_cq_ex* cq) { return take_one(cq) ? 0 : ENOENT; }
 void end_poll(ibv_cq_ex* cq) { state(cq).poll_lock.unlock(); }
 
 ibv_wc_opcode read_opcode(ibv_cq_ex* cq) { return state(cq).cur.wc.opcode; }
-uint32_t read_vendor_err(ibv_cq_ex* cq) { return state(cq).cur.wc.vendor_err; }
+// A tag-matching completion's vendor_err, src_qp, slid and pkey_index hold its TmInfo
+// (provider/cq.h): they read as zero, as on any RC completion.
+uint32_t read_vendor_err(ibv_cq_ex* cq) {
+  const ibv_wc& wc = state(cq).cur.wc;
+  return provider::is_tm_opcode(wc.opcode) ? 0 : wc.vendor_err;
+}
 uint32_t read_byte_len(ibv_cq_ex* cq) { return state(cq).cur.wc.byte_len; }
 // IBV_WC_WITH_INV completions carry the invalidated rkey in the same field (ibv_wc's union).
 __be32 read_imm_data(ibv_cq_ex* cq) { return state(cq).cur.wc.imm_data; }
 uint32_t read_qp_num(ibv_cq_ex* cq) { return state(cq).cur.wc.qp_num; }
-uint32_t read_src_qp(ibv_cq_ex* cq) { return state(cq).cur.wc.src_qp; }
+uint32_t read_src_qp(ibv_cq_ex* cq) {
+  const ibv_wc& wc = state(cq).cur.wc;
+  return provider::is_tm_opcode(wc.opcode) ? 0 : wc.src_qp;
+}
 unsigned int read_wc_flags(ibv_cq_ex* cq) { return state(cq).cur.wc.wc_flags; }
-uint32_t read_slid(ibv_cq_ex* cq) { return state(cq).cur.wc.slid; }
+uint32_t read_slid(ibv_cq_ex* cq) {
+  const ibv_wc& wc = state(cq).cur.wc;
+  return provider::is_tm_opcode(wc.opcode) ? 0 : wc.slid;
+}
+void read_tm_info(ibv_cq_ex* cq, ibv_wc_tm_info* info) {
+  const provider::TmInfo tm = provider::tm_info(state(cq).cur.wc);
+  info->tag = tm.tag;
+  info->priv = tm.priv;
+}
 uint8_t read_sl(ibv_cq_ex* cq) { return state(cq).cur.wc.sl; }
 uint8_t read_dlid_path_bits(ibv_cq_ex* cq) { return state(cq).cur.wc.dlid_path_bits; }
 uint64_t read_completion_ts(ibv_cq_ex* cq) { return state(cq).cur.completion_ts; }
@@ -136,6 +154,7 @@ ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr) {
   x.read_dlid_path_bits = read_dlid_path_bits;
   x.read_completion_ts = read_completion_ts;
   x.read_completion_wallclock_ns = read_completion_wallclock_ns;
+  x.read_tm_info = read_tm_info;
   return &c->cq_ex;
 }
 

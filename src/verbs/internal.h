@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -271,8 +272,8 @@ Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr);
 // Fills the verbs_context ops of XRC: open_xrcd, close_xrcd, create_srq_ex, get_srq_num.
 void fill_xrc_ops(verbs_context& v);
 // ibv_create_srq_ex(3) for what verbs.h's inline does not send to ibv_create_srq: XRC SRQs
-// (IBV_SRQT_XRC with PD, XRC domain and CQ), a basic SRQ named with extra mask bits; tag
-// matching → EOPNOTSUPP.
+// (IBV_SRQT_XRC with PD, XRC domain and CQ), tag-matching SRQs (IBV_SRQT_TM with PD, CQ and
+// tm_cap), a basic SRQ named with extra mask bits.
 ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr);
 // An XRC target QP (IBV_QPT_XRC_RECV) in attr->xrcd, for create_qp_ex.
 ibv_qp* create_xrc_target(ibv_context* context, ibv_qp_init_attr_ex* attr);
@@ -294,6 +295,11 @@ void fill_domain_ops(verbs_context& v);
 
 // ---- the extended entry points (cq_ex.cc / qp_ex.cc) ----
 ibv_cq_ex* create_cq_ex(ibv_context* context, ibv_cq_init_attr_ex* attr);
+// ibv_create_srq and ibv_create_srq_ex: `attr` comes back as created; `xrcd` and `cq` for
+// IBV_SRQT_XRC, `tm` for IBV_SRQT_TM.
+ibv_srq* create_srq_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context,
+                           provider::Xrcd* xrcd, provider::Cq* cq,
+                           std::optional<provider::SrqTmAttr> tm);
 ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr);
 
 // Whether two contexts name the same device context (one opened, the others imported from its

@@ -241,7 +241,7 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   // ODP (address 0, SIZE_MAX bytes) where the kernel can fault a range in on request: every
   // access through such an MR is checked page by page first, so an address the process has
   // not mapped is a remote access error, not a crash (provider/mr_table.h). No TSO, RSS,
-  // packet pacing, tag matching or CQ moderation: zeros.
+  // packet pacing or CQ moderation: zeros.
   full.odp_caps.general_caps = IBV_ODP_SUPPORT;
   // Completion timestamps: a 64-bit counter of the device clock at 1 GHz (one tick = 1 ns;
   // provider/completion_clock.h).
@@ -249,6 +249,12 @@ int op_query_device_ex(ibv_context* context, const ibv_query_device_ex_input* in
   full.hca_core_clock = provider::kDeviceClockKhz;
   if (provider::implicit_odp_supported()) full.odp_caps.general_caps |= IBV_ODP_SUPPORT_IMPLICIT;
   full.max_dm_size = provider::kMaxDmBytes;
+  // Tag matching on RC (IBV_SRQT_TM, provider/srq.h).
+  full.tm_caps.max_rndv_hdr_size = provider::kTmMaxRndvHdrBytes;
+  full.tm_caps.max_num_tags = provider::kTmMaxNumTags;
+  full.tm_caps.flags = IBV_TM_CAP_RC;
+  full.tm_caps.max_ops = provider::kTmMaxOps;
+  full.tm_caps.max_sge = provider::kTmMaxSge;
   full.odp_caps.per_transport_caps.rc_odp_caps =
       IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
       IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
@@ -326,6 +332,43 @@ int op_query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr, s
 
 }  // namespace
 
+// ---- SRQ ----
+
+ibv_srq* create_srq_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context,
+                           provider::Xrcd* xrcd, provider::Cq* cq,
+                           std::optional<provider::SrqTmAttr> tm) {
+  Pd* p = Pd::from(pd);
+  provider::Result<provider::Srq*> r =
+      p->ctx->rt->create_srq(p->p, attr, queue_allocator(pd), xrcd, cq, tm);
+  if (!r.ok()) return fail<ibv_srq>(r.error());
+  auto* w = new Srq{};
+  w->p = r.value();
+  w->ctx = p->ctx;
+  w->srq.context = pd->context;
+  w->srq.srq_context = srq_context;
+  w->srq.pd = pd;
+  w->srq.handle = w->p->handle();
+  init_sync(&w->srq.mutex, &w->srq.cond);
+  w->p->user_context = &w->srq;
+  // ibv_create_srq(3): attr.max_wr and max_sge come back as created (at least as requested).
+  const ibv_srq_attr got = w->p->query();
+  attr.max_wr = got.max_wr;
+  attr.max_sge = got.max_sge;
+  remember(w->ctx, w);
+  return &w->srq;
+}
+
+namespace {
+
+// ibv_post_srq_ops(3): list operations of a tag-matching SRQ (EOPNOTSUPP on a basic one).
+int op_post_srq_ops(ibv_srq* srq, ibv_ops_wr* wr, ibv_ops_wr** bad_wr) {
+  if (!srq) return EINVAL;
+  ibv_ops_wr* dummy = nullptr;
+  return Srq::from(srq)->p->post_ops(wr, bad_wr ? bad_wr : &dummy).error();
+}
+
+}  // namespace
+
 void remember_object(Context* c, void* w, void (*free_fn)(void*)) {
   std::lock_guard lock(c->live->mutex);
   c->live->objects.emplace(w, free_fn);
@@ -374,7 +417,8 @@ void fill_context(Context& c, ibv_device* device, int async_fd, int cmd_fd) {
   c.vctx.reg_dm_mr = op_reg_dm_mr;
   c.vctx.create_cq_ex = create_cq_ex;
   c.vctx.create_qp_ex = create_qp_ex;
-  fill_xrc_ops(c.vctx);
+  fill_xrc_ops(c.vctx);  // create_srq_ex among them
+  c.vctx.post_srq_ops = op_post_srq_ops;
   c.vctx.query_rt_values = op_query_rt_values;
   fill_domain_ops(c.vctx);
 }
@@ -661,25 +705,8 @@ int ibv_destroy_cq(ibv_cq* cq) {
 
 ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
   if (!pd || !init) return fail<ibv_srq>(EINVAL);
-  verbs::Pd* p = verbs::Pd::from(pd);
-  provider::Result<provider::Srq*> r =
-      p->ctx->rt->create_srq(p->p, init->attr, verbs::queue_allocator(pd));
-  if (!r.ok()) return fail<ibv_srq>(r.error());
-  auto* w = new verbs::Srq{};
-  w->p = r.value();
-  w->ctx = p->ctx;
-  w->srq.context = pd->context;
-  w->srq.srq_context = init->srq_context;
-  w->srq.pd = pd;
-  w->srq.handle = w->p->handle();
-  verbs::init_sync(&w->srq.mutex, &w->srq.cond);
-  w->p->user_context = &w->srq;
-  // ibv_create_srq(3): attr.max_wr and max_sge come back as created (at least as requested).
-  const ibv_srq_attr got = w->p->query();
-  init->attr.max_wr = got.max_wr;
-  init->attr.max_sge = got.max_sge;
-  verbs::remember(w->ctx, w);
-  return &w->srq;
+  return verbs::create_srq_common(pd, init->attr, init->srq_context, nullptr, nullptr,
+                                   std::nullopt);
 }
 
 }  // extern "C"
@@ -694,39 +721,31 @@ ibv_srq* create_srq_ex(ibv_context* context, ibv_srq_init_attr_ex* attr) {
   const uint32_t mask = attr->comp_mask;
   if (mask & ~kKnown) return fail<ibv_srq>(EINVAL);
   const ibv_srq_type type = (mask & IBV_SRQ_INIT_ATTR_TYPE) ? attr->srq_type : IBV_SRQT_BASIC;
-  if (type == IBV_SRQT_TM || (mask & IBV_SRQ_INIT_ATTR_TM)) return fail<ibv_srq>(EOPNOTSUPP);
-  if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC) return fail<ibv_srq>(EINVAL);
+  if (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC && type != IBV_SRQT_TM)
+    return fail<ibv_srq>(EINVAL);
   // ibv_create_srq_ex(3): every SRQ is on a PD; an XRC SRQ also names its XRC domain and the CQ
-  // its completions go to.
+  // its completions go to; a tag-matching one its CQ and tm_cap (EINVAL without them or beyond
+  // tm_caps). A basic SRQ ignores the CQ and TM bits, as mlx5 does.
   if (!(mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) return fail<ibv_srq>(EINVAL);
   if (!same_device(attr->pd->context, context)) return fail<ibv_srq>(EINVAL);
-  static_assert(offsetof(ibv_srq_init_attr_ex, attr) == offsetof(ibv_srq_init_attr, attr));
   if (type == IBV_SRQT_BASIC)
-    return ibv_create_srq(attr->pd, reinterpret_cast<ibv_srq_init_attr*>(attr));
-  if (!(mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd || !(mask & IBV_SRQ_INIT_ATTR_CQ) ||
-      !attr->cq)
+    return create_srq_common(attr->pd, attr->attr, attr->srq_context, nullptr, nullptr,
+                             std::nullopt);
+  if (!(mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq || !same_device(attr->cq->context, context))
     return fail<ibv_srq>(EINVAL);
-  if (!same_device(attr->xrcd->context, context) || !same_device(attr->cq->context, context))
+  if (type == IBV_SRQT_TM) {
+    if (!(mask & IBV_SRQ_INIT_ATTR_TM)) return fail<ibv_srq>(EINVAL);
+    return create_srq_common(attr->pd, attr->attr, attr->srq_context, nullptr, nullptr,
+                             provider::SrqTmAttr{.max_num_tags = attr->tm_cap.max_num_tags,
+                                                 .max_ops = attr->tm_cap.max_ops,
+                                                 .cq = Cq::from(attr->cq)->p});
+  }
+  if (!(mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd ||
+      !same_device(attr->xrcd->context, context))
     return fail<ibv_srq>(EINVAL);
-  Pd* p = Pd::from(attr->pd);
-  provider::Result<provider::Srq*> r =
-      p->ctx->rt->create_srq(p->p, attr->attr, queue_allocator(attr->pd),
-                             Xrcd::from(attr->xrcd)->share->p, Cq::from(attr->cq)->p);
-  if (!r.ok()) return fail<ibv_srq>(r.error());
-  auto* w = new Srq{};
-  w->p = r.value();
-  w->ctx = p->ctx;
-  w->srq.context = context;
-  w->srq.srq_context = attr->srq_context;
-  w->srq.pd = attr->pd;
-  w->srq.handle = w->p->handle();
-  init_sync(&w->srq.mutex, &w->srq.cond);
-  w->p->user_context = &w->srq;
-  const ibv_srq_attr got = w->p->query();
-  attr->attr.max_wr = got.max_wr;
-  attr->attr.max_sge = got.max_sge;
-  remember(w->ctx, w);
-  return &w->srq;
+  return create_srq_common(attr->pd, attr->attr, attr->srq_context,
+                           Xrcd::from(attr->xrcd)->share->p, Cq::from(attr->cq)->p,
+                           std::nullopt);
 }
 
 }  // namespace urdma::verbs

@@ -13,6 +13,11 @@ call that fails raises PyverbsRDMAError (with the errno) and the script exits no
   cm_server PORT, cm_client PORT
           pyverbs.cmid's synchronous RDMA CM on 127.0.0.1: the client connects to the server,
           each sends the other a 4 KiB message (the server once it printed "listening")
+  tm_server DIR, tm_client DIR
+          tag matching between two processes (the QP numbers exchanged as files in DIR): the
+          server's RC QP is on a tag-matching SRQ and has no send queue; the client sends an
+          eager message to a posted tag, one nobody posted (unexpected) and a rendezvous
+          request whose data the server's engine reads; the client waits for the FIN
 """
 import ipaddress
 import os
@@ -24,12 +29,13 @@ import pyverbs.cm_enums as ce
 import pyverbs.enums as e
 from pyverbs.addr import AHAttr, GlobalRoute
 from pyverbs.cmid import CMID, AddrInfo
-from pyverbs.cq import CQ, CompChannel
+from pyverbs.cq import CQ, CQEX, CompChannel, CqInitAttrEx, PollCqAttr
 from pyverbs.device import Context, get_device_list
 from pyverbs.mr import MR
 from pyverbs.pd import PD, ParentDomain, ParentDomainInitAttr
 from pyverbs.pyverbs_error import PyverbsRDMAError
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.srq import SRQ, OpsWr, SrqInitAttrEx
 from pyverbs.wr import SGE, RecvWR, SendWR
 from pyverbs.xrcd import XRCD, XRCDInitAttr
 
@@ -253,8 +259,153 @@ def cm_client(port):
     cmid.close()
 
 
+TM_EAGER_LEN = 6000
+TM_UNEXPECTED_LEN = 3000
+TM_RNDV_LEN = 30000
+TM_RNDV_OFFSET = 32768  # where the client's rendezvous data is
+TM_TAG_EAGER, TM_TAG_RNDV, TM_TAG_NOBODY = 0x1111, 0x2222, 0x9999
+TMH = 16
+
+
+def publish(dirname, name, value):
+    path = os.path.join(dirname, name)
+    with open(path + ".tmp", "w") as f:
+        f.write(str(value))
+    os.rename(path + ".tmp", path)
+
+
+def wait_for(dirname, name):
+    deadline = time.monotonic() + 30
+    path = os.path.join(dirname, name)
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} never appeared")
+        time.sleep(0.01)
+    with open(path) as f:
+        return int(f.read())
+
+
+def tm_connect(ctx, qp, peer_qpn):
+    attr = QPAttr(port_num=1)
+    attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ
+    attr.dest_qp_num = peer_qpn
+    attr.path_mtu = ctx.query_port(1).active_mtu
+    attr.rq_psn = 0
+    attr.sq_psn = 0
+    attr.max_dest_rd_atomic = 1
+    attr.max_rd_atomic = 1
+    attr.min_rnr_timer = 12
+    attr.timeout = 14
+    attr.retry_cnt = 7
+    attr.rnr_retry = 7
+    attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=ctx.query_gid(1, 0), sgid_index=0), is_global=1,
+                          port_num=1)
+    qp.to_rts(attr)
+
+
+def poll_ex(cq):
+    """One completion of an extended CQ as a dict (the tag from ibv_wc_read_tm_info)."""
+    deadline = time.monotonic() + POLL_DEADLINE_S
+    while cq.start_poll(PollCqAttr()) != 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError("no completion")
+    wc = {"status": cq.status, "wr_id": cq.wr_id, "opcode": cq.read_opcode(),
+          "flags": cq.read_wc_flags(), "byte_len": cq.read_byte_len(),
+          "tag": cq.read_tm_info().tag}
+    cq.end_poll()
+    return wc
+
+
+def tm_header(mr, opcode, tag, offset=0):
+    mr.write(bytes([opcode, 0, 0, 0]) + (0xC0DE).to_bytes(4, "big") + tag.to_bytes(8, "big"),
+             TMH, offset)
+
+
+def tm_server(dirname):
+    ctx = Context(name="urdma0")
+    pd = PD(ctx)
+    cq = CQEX(ctx, CqInitAttrEx(cqe=64, wc_flags=e.IBV_WC_EX_WITH_TM_INFO |
+                                e.IBV_WC_STANDARD_FLAGS))
+    attr = SrqInitAttrEx(max_wr=16, max_sge=1)
+    attr.comp_mask = (e.IBV_SRQ_INIT_ATTR_TYPE | e.IBV_SRQ_INIT_ATTR_PD |
+                      e.IBV_SRQ_INIT_ATTR_CQ | e.IBV_SRQ_INIT_ATTR_TM)
+    attr.srq_type = e.IBV_SRQT_TM
+    attr.pd = pd
+    attr.cq = cq
+    attr.max_num_tags = 16
+    attr.max_ops = 8
+    srq = SRQ(ctx, attr)
+    cap = QPCap(max_send_wr=0, max_recv_wr=0, max_send_sge=0, max_recv_sge=0)
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, srq=srq, cap=cap))
+    mr = MR(pd, SIZE, e.IBV_ACCESS_LOCAL_WRITE)
+    publish(dirname, "server", qp.qp_num)
+    tm_connect(ctx, qp, wait_for(dirname, "client"))
+    # The unexpected message's ordinary buffer, then the two tagged buffers.
+    srq.post_recv(RecvWR(wr_id=500, num_sge=1, sg=[SGE(mr.buf + 49152, 16384, mr.lkey)]))
+    for wr_id, tag, offset, length in ((1, TM_TAG_EAGER, 0, 16384),
+                                       (2, TM_TAG_RNDV, 16384, 32768)):
+        srq.post_srq_ops(OpsWr(wr_id=wr_id, recv_wr_id=wr_id, num_sge=1, tag=tag,
+                               mask=0xFFFFFFFFFFFFFFFF,
+                               sg_list=[SGE(mr.buf + offset, length, mr.lkey)]))
+        wc = poll_ex(cq)
+        say(f"add{wr_id}_opcode", e.ibv_wc_opcode(wc["opcode"]).name)
+    publish(dirname, "ready", 1)
+    for name in ("eager", "unexpected", "rndv_match", "rndv_data"):
+        wc = poll_ex(cq)
+        for field in ("status", "wr_id", "flags", "byte_len", "tag"):
+            say(f"{name}_{field}", wc[field])
+        say(f"{name}_opcode", e.ibv_wc_opcode(wc["opcode"]).name)
+    say("eager_crc", zlib.crc32(mr.read(TM_EAGER_LEN - TMH, 0)))
+    say("unexpected_crc", zlib.crc32(mr.read(TM_UNEXPECTED_LEN, 49152)))
+    say("rndv_crc", zlib.crc32(mr.read(TM_RNDV_LEN, 16384)))
+    wait_for(dirname, "done")  # the FIN reached the client before this QP goes
+    for obj in (qp, srq, mr, cq, pd, ctx):
+        obj.close()
+
+
+def tm_client(dirname):
+    ctx = Context(name="urdma0")
+    pd = PD(ctx)
+    cq = CQ(ctx, 16)
+    cap = QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap))
+    mr = MR(pd, SIZE, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ)
+    fin = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
+    server_qpn = wait_for(dirname, "server")
+    publish(dirname, "client", qp.qp_num)
+    tm_connect(ctx, qp, server_qpn)
+    qp.post_recv(RecvWR(wr_id=900, num_sge=1, sg=[SGE(fin.buf, 64, fin.lkey)]))
+    wait_for(dirname, "ready")
+
+    def send(length):
+        qp.post_send(SendWR(wr_id=length, opcode=e.IBV_WR_SEND, num_sge=1,
+                            sg=[SGE(mr.buf, length, mr.lkey)], send_flags=e.IBV_SEND_SIGNALED))
+        say_wc(f"send{length}", poll_one(cq))
+
+    mr.write(os.urandom(SIZE), SIZE, 0)
+    tm_header(mr, 3, TM_TAG_EAGER)  # IBV_TMH_EAGER
+    say("eager_crc", zlib.crc32(mr.read(TM_EAGER_LEN - TMH, TMH)))
+    send(TM_EAGER_LEN)
+    tm_header(mr, 3, TM_TAG_NOBODY)
+    say("unexpected_crc", zlib.crc32(mr.read(TM_UNEXPECTED_LEN, 0)))
+    send(TM_UNEXPECTED_LEN)
+    tm_header(mr, 1, TM_TAG_RNDV)  # IBV_TMH_RNDV, then the RVH
+    mr.write((mr.buf + TM_RNDV_OFFSET).to_bytes(8, "big") + mr.rkey.to_bytes(4, "big") +
+             TM_RNDV_LEN.to_bytes(4, "big"), 16, TMH)
+    say("rndv_crc", zlib.crc32(mr.read(TM_RNDV_LEN, TM_RNDV_OFFSET)))
+    send(64)
+    say_wc("fin", poll_one(cq))
+    header = fin.read(TMH, 0)
+    say("fin_tmh_opcode", header[0])
+    say("fin_tmh_tag", int.from_bytes(header[8:16], "big"))
+    publish(dirname, "done", 1)
+    for obj in (qp, mr, fin, cq, pd, ctx):
+        obj.close()
+
+
 def main():
-    modes = {"device": device, "rc": rc, "cm_server": cm_server, "cm_client": cm_client}
+    modes = {"device": device, "rc": rc, "cm_server": cm_server, "cm_client": cm_client,
+             "tm_server": tm_server, "tm_client": tm_client}
     modes[sys.argv[1]](*sys.argv[2:])
     print("done", flush=True)
 

@@ -7,9 +7,12 @@
 // The script prints what pyverbs returned as `name=value` lines; the assertions are here:
 // the device list, query_device(_ex)/query_port/query_gid(_ex), the device clock, the EOPNOTSUPP answers; an RC SEND with immediate, RDMA WRITE and
 // WRITE with immediate of 64 KiB between two QPs of one process (CQE fields, CRC-32 of the
-// buffers; the receiver waits on a completion channel); and a pyverbs.cmid client and server exchanging a SEND each way. Skipped when
+// buffers; the receiver waits on a completion channel); a pyverbs.cmid client and server exchanging a SEND each way; and tag matching
+// between two processes (a TM-SRQ receiver without a send queue of its own: eager, unexpected
+// and rendezvous messages, the FIN its engine sends). Skipped when
 // /usr/bin/python3 cannot import pyverbs (scripts/deps.sh installs python3-pyverbs).
 #include <gtest/gtest.h>
+#include <infiniband/verbs.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -149,6 +152,56 @@ TEST(Pyverbs, CmidClientAndServerSendEachWay) {
     EXPECT_EQ(text(c, "client_received_crc"), text(s, "server_sent_crc"));
     EXPECT_EQ(text(s, "server_received_crc"), text(c, "client_sent_crc"));
     EXPECT_NE(text(c, "client_sent_crc"), text(s, "server_sent_crc"));
+  }, 120);
+}
+
+// Tag matching between two processes (rdma-core's Documentation/tag_matching.md): the receiver's
+// RC QP is on a TM-SRQ with max_send_wr 0. An eager message to a posted tag lands in the tagged
+// buffer without its 16-byte TMH (TM_RECV, MATCH | DATA_VALID, the tag); one to a tag nobody
+// posted lands whole in the ordinary SRQ buffer (TM_RECV, no flags, tag 0); a rendezvous request
+// completes MATCH, the receiver's engine READs 30000 bytes from the sender and sends it a FIN
+// TMH (the sender's ordinary receive), then DATA_VALID. Every byte is checked by CRC-32.
+TEST(Pyverbs, TagMatchingEagerUnexpectedAndRendezvousBetweenTwoProcesses) {
+  in_fresh_netns([] {
+    skip_without_pyverbs();
+    char dir[] = "/tmp/urdma-tm-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    const Started server = start(script(std::string("tm_server ") + dir));
+    const ToolRun client = run(script(std::string("tm_client ") + dir), 60000);
+    const ToolRun served = finish(server, 60000);
+    std::system((std::string("rm -rf ") + dir).c_str());
+    ASSERT_EQ(client.exit_code, 0) << client.output << "\n--- server:\n" << served.output;
+    ASSERT_EQ(served.exit_code, 0) << served.output;
+    const auto c = fields_of(client.output);
+    const auto s = fields_of(served.output);
+    constexpr long long kMatch = IBV_WC_TM_MATCH, kDataValid = IBV_WC_TM_DATA_VALID;
+    EXPECT_EQ(text(s, "add1_opcode"), "IBV_WC_TM_ADD");
+    EXPECT_EQ(text(s, "eager_opcode"), "IBV_WC_TM_RECV");
+    EXPECT_EQ(number(s, "eager_status"), 0);
+    EXPECT_EQ(number(s, "eager_wr_id"), 1);
+    EXPECT_EQ(number(s, "eager_flags"), kMatch | kDataValid);
+    EXPECT_EQ(number(s, "eager_byte_len"), 6000 - 16);
+    EXPECT_EQ(number(s, "eager_tag"), 0x1111);
+    EXPECT_EQ(text(s, "unexpected_opcode"), "IBV_WC_TM_RECV");
+    EXPECT_EQ(number(s, "unexpected_wr_id"), 500);
+    EXPECT_EQ(number(s, "unexpected_flags"), 0);
+    EXPECT_EQ(number(s, "unexpected_byte_len"), 3000);
+    EXPECT_EQ(number(s, "unexpected_tag"), 0);
+    EXPECT_EQ(number(s, "rndv_match_wr_id"), 2);
+    EXPECT_EQ(number(s, "rndv_match_flags"), kMatch);
+    EXPECT_EQ(number(s, "rndv_match_tag"), 0x2222);
+    EXPECT_EQ(number(s, "rndv_data_status"), 0);
+    EXPECT_EQ(number(s, "rndv_data_wr_id"), 2);
+    EXPECT_EQ(number(s, "rndv_data_flags"), kDataValid);
+    EXPECT_EQ(number(s, "rndv_data_byte_len"), 30000);
+    for (const std::string what : {"eager", "unexpected", "rndv"}) {
+      EXPECT_NE(text(c, what + "_crc"), "(missing)") << client.output;
+      EXPECT_EQ(text(s, what + "_crc"), text(c, what + "_crc")) << what;
+    }
+    expect_wc(c, "fin", "IBV_WC_RECV");
+    EXPECT_EQ(number(c, "fin_byte_len"), 16);
+    EXPECT_EQ(number(c, "fin_tmh_opcode"), 2);  // IBV_TMH_FIN
+    EXPECT_EQ(number(c, "fin_tmh_tag"), 0x2222);
   }, 120);
 }
 
