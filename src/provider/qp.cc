@@ -137,7 +137,7 @@ Status check_and_round_qp_init(QpInitAttr& init) {
     return Status(EINVAL);
   }
   init.xrcd = nullptr;
-  if (init.srq != nullptr && init.srq->type() != IBV_SRQT_BASIC) return Status(EINVAL);
+  if (init.srq != nullptr && init.srq->type() == IBV_SRQT_XRC) return Status(EINVAL);
   if (init.srq != nullptr && init.srq->pd() == nullptr) return Status(EINVAL);
   // Tag matching is defined for RC (Documentation/tag_matching.md; IBV_TM_CAP_RC is the only
   // transport ibv_query_device_ex reports).
