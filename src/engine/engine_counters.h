@@ -59,12 +59,16 @@ struct EngineCounters {
                                          // kMaxWaitingRequests already waiting (qp_context.h)
   uint64_t drop_ud_recv_length = 0;      // UD: datagram (+ 40-byte GRH) longer than the receive
                                      // WQE (IBA 11.4.2; the WQE is kept, SRQ: completed in error)
+  uint64_t drop_mcast_invalid = 0;     // DestQP 0xFFFFFF but not a UD SEND to a multicast address
+  uint64_t drop_mcast_unattached = 0;  // a multicast datagram for a group no QP here is attached
+                                       // to (or none of whose QPs can receive it)
 
   uint64_t drops() const {
     uint64_t n = drop_truncated + drop_icrc + drop_pkey + drop_unknown_qpn + drop_address +
                  drop_qp_type + drop_qp_state + drop_qkey + drop_no_recv_wqe + drop_bad_response +
                  drop_uc_message + drop_uc_invalid + drop_uc_access + drop_ud_length +
-                 drop_ud_recv_length + drop_request_queue_full;
+                 drop_ud_recv_length + drop_request_queue_full + drop_mcast_invalid +
+                 drop_mcast_unattached;
     for (uint64_t d : drop_parse) n += d;
     return n;
   }

@@ -708,7 +708,7 @@ int ibv_destroy_srq(ibv_srq* srq) {
 
 namespace urdma::verbs {
 
-Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr) {
+Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr, uint32_t create_flags) {
   if (!pd || !attr) return fail<Qp>(EINVAL);
   if (!attr->send_cq || !attr->recv_cq) return fail<Qp>(EINVAL);
   Pd* p = Pd::from(pd);
@@ -724,6 +724,7 @@ Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr) {
   init.srq = attr->srq ? Srq::from(attr->srq)->p : nullptr;
   init.cap = attr->cap;
   init.sq_sig_all = attr->sq_sig_all != 0;
+  init.block_self_mcast_lb = (create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) != 0;
   init.allocator = queue_allocator(pd);
   provider::Result<provider::Qp*> r = p->ctx->rt->create_qp(init);
   if (!r.ok()) return fail<Qp>(r.error());
