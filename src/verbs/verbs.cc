@@ -794,6 +794,23 @@ int ibv_destroy_qp(ibv_qp* qp) {
   return 0;
 }
 
+// ---- multicast (ibv_attach_mcast(3)) ----
+// RoCE has no LIDs: the LID is ignored, as rxe ignores it. EINVAL: not a UD QP, not a multicast
+// GID, or (detach) not attached to it; ENOMEM: a limit of ibv_query_device's max_mcast_*, or
+// the host's (the kernel refused the group membership).
+
+int ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  if (!qp || !gid) return EINVAL;
+  verbs::Qp* w = verbs::Qp::from(qp);
+  return w->ctx->rt->attach_mcast(w->p, *gid).error();
+}
+
+int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  if (!qp || !gid) return EINVAL;
+  verbs::Qp* w = verbs::Qp::from(qp);
+  return w->ctx->rt->detach_mcast(w->p, *gid).error();
+}
+
 // ---- AH ----
 
 ibv_ah* ibv_create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
@@ -889,8 +906,6 @@ ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh, uint8_t port
 
 // ---- what urdma does not offer: the errno the man pages give ----
 
-int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 // ---- imported objects (ibv_import_pd(3), ibv_import_mr(3), ibv_import_dm(3)) ----
