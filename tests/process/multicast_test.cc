@@ -9,6 +9,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <sstream>
+
 #include <cstdlib>
 #include <string>
 
@@ -78,6 +81,55 @@ TEST(Multicast, AReceiverOnAnotherHostAndOneOnTheSendersHostBothGetEveryDatagram
     ASSERT_TRUE(status.has_value());
     EXPECT_EQ(*status, 0) << "host B's receiver (its output above)";
   }, 90);
+}
+
+// The wire: captured on the veth the group's datagrams leave by, each is a UD SEND Only to the
+// group's address, port 4791, DestQP 0xFFFFFF, with a correct ICRC (urdma decode) and decoded by
+// tshark's InfiniBand dissector without a malformed packet or an expert warning.
+TEST(Multicast, OnTheWireADatagramGoesToTheGroupWithTheMulticastQpnAndACorrectIcrc) {
+  if (!have_tool("tcpdump") || !have_tool("tshark")) GTEST_SKIP() << "no tcpdump or tshark";
+  in_fresh_netns([] {
+    ASSERT_TRUE(sh("ip link add mc0 type veth peer name mc1 && ip addr add 10.96.0.1/24 dev mc0 "
+                   "&& ip link set mc0 up && ip link set mc1 up"));
+    char dir[] = "/tmp/urdma-mcast-wire-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    const std::string pcap = std::string(dir) + "/mc.pcap";
+    // tcpdump exits after the 8 datagrams (-c 8).
+    const Started cap = start("timeout 20 tcpdump -i mc0 -U -c 8 -w " + pcap + " udp port 4791");
+    usleep(1000000);  // tcpdump is listening
+    const Started r = start(peer("recv 230.96.0.5 10.96.0.1 8 21"));
+    ASSERT_TRUE(wait_output(r, "ready", 10000)) << finish(r, 0).output;
+    const ToolRun sender = finish(start(peer("send 230.96.0.5 10.96.0.1 8 21")), 20000);
+    EXPECT_NE(sender.output.find("sent 8"), std::string::npos) << sender.output;
+    const ToolRun got = finish(r, 20000);
+    EXPECT_NE(got.output.find("received 8 checked 8"), std::string::npos) << got.output;
+    const ToolRun captured = finish(cap, 20000);
+    EXPECT_EQ(captured.exit_code, 0) << captured.output;
+    const ToolRun decode = run(std::string(URDMA_TOOL_PATH) + " decode " + pcap);
+    EXPECT_EQ(decode.exit_code, 0) << decode.output;
+    EXPECT_NE(decode.output.find("8 RoCEv2 packets, 0 malformed, 0 with a bad ICRC"),
+              std::string::npos)
+        << decode.output;
+    const ToolRun fields =
+        run("tshark -r " + pcap +
+            " -o ip.check_checksum:TRUE -T fields -e ip.dst -e udp.dstport -e infiniband.bth.opcode "
+            "-e infiniband.bth.destqp");
+    EXPECT_EQ(fields.exit_code, 0) << fields.output;
+    std::istringstream in(fields.output);
+    std::string line;
+    int lines = 0;
+    while (std::getline(in, line)) {
+      if (line.rfind("Running as user", 0) == 0) continue;  // tshark's note to root
+      ++lines;
+      EXPECT_EQ(line, "230.96.0.5\t4791\t100\t0xffffff") << "UD SEND Only (100) to the group";
+    }
+    EXPECT_EQ(lines, 8);
+    const ToolRun bad = run("tshark -r " + pcap +
+                            " -Y '_ws.malformed || _ws.expert.severity >= warning' -T fields "
+                            "-e frame.number");
+    EXPECT_EQ(bad.output.find_first_of("0123456789"), std::string::npos) << bad.output;
+    std::filesystem::remove_all(dir);
+  }, 60);
 }
 
 // Debian's mckey (rdma_join_multicast, RDMA_PS_UDP): two receivers and a sender on one host
