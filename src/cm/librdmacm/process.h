@@ -22,10 +22,11 @@
 // resolve_route, connect and accept wait for their event on it (rdma-core's ucma_complete).
 //
 // Port spaces: RDMA_PS_TCP and RDMA_PS_IB are RC connections (REQ/REP/RTU), RDMA_PS_UDP and
-// RDMA_PS_IPOIB UD QPs found by SIDR. Not built, with rdma-core's error for an unsupported
-// operation: ECE (EOPNOTSUPP), rdma_create_qp_ex beyond a PD (ENOSYS), rsockets (every r* call: -1, errno
-// ENOSYS). rdma_set_option: TOS and ACK_TIMEOUT take effect,
-// REUSEADDR and AFONLY are accepted without effect; other options are ENOSYS.
+// RDMA_PS_IPOIB UD QPs found by SIDR; the UD port spaces join multicast groups
+// (api_multicast.cc). Not built, with rdma-core's error for an unsupported operation: ECE
+// (EOPNOTSUPP), rdma_create_qp_ex beyond a PD (ENOSYS), rsockets (every r* call: -1, errno
+// ENOSYS). rdma_set_option: TOS and ACK_TIMEOUT take effect, REUSEADDR and AFONLY are accepted
+// without effect; other options are ENOSYS.
 //
 // FILES: this header is what they share (the process object, ids, channels, events, helpers);
 // process.cc and cm_thread.cc are the process object and its CM thread, api_*.cc the exported
