@@ -111,6 +111,11 @@ provider::Result<provider::Qp*> Context::create_qp(const provider::QpInitAttr& i
 Status Context::destroy_qp(provider::Qp* qp) {
   std::lock_guard lock(mutex_);
   if (!qps_.contains(qp)) return Status(EINVAL);
+  // An unreliable QP's posted sends leave before it goes, as they do on rxe, whose
+  // ibv_post_send transmits before it returns: a program may post datagrams and destroy the QP
+  // at once (mckey's sender leaves its group and exits), and without a turn here a busy host's
+  // engine thread had not run yet.
+  if (qp->type() == IBV_QPT_UD || qp->type() == IBV_QPT_UC) runtime_.progress_now();
   Status s = dev().destroy_qp(qp);
   if (s.ok()) qps_.erase(qp);
   return s;

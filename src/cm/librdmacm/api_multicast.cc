@@ -33,7 +33,8 @@ bool same_addr(const sockaddr_storage& a, const sockaddr* b) {
   return gid_of(reinterpret_cast<const sockaddr*>(&a)) == gid_of(b);
 }
 
-void queue_join_event(Cma& c, Id* x, const McJoin& m, int status) {
+// Under mu: the join's event on the id's channel (Cma::queue_event's bookkeeping).
+void queue_join_event(Id* x, const McJoin& m, int status) {
   if (!x->chan) return;
   auto* e = new Event();
   e->ev.id = &x->id;
@@ -55,7 +56,6 @@ void queue_join_event(Cma& c, Id* x, const McJoin& m, int status) {
   x->chan->queue.push_back(&e->ev);
   uint64_t one = 1;
   (void)!write(x->chan->ch.fd, &one, sizeof one);
-  (void)c;
 }
 
 int join_async(rdma_cm_id* id, const sockaddr* addr, uint32_t join_flags, void* context) {
@@ -89,7 +89,7 @@ int join_async(rdma_cm_id* id, const sockaddr* addr, uint32_t join_flags, void* 
       m.attached = x->id.qp;
   }
   if (status == 0) x->mc.push_back(m);
-  queue_join_event(c, x, m, status);
+  queue_join_event(x, m, status);
   return 0;
 }
 
