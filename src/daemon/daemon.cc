@@ -682,7 +682,8 @@ int Daemon::mcast_request(Client& c, MsgType type, std::span<const uint8_t> rec)
     const McastMembers::Change change = mcast_.detach(slot, qpn, group);
     if (change.err) return change.err;
     if (change.last)
-      for (const uint32_t ifindex : joined) (void)set_group_membership(fd, group_.family, group, ifindex, false);
+      for (const uint32_t ifindex : joined)
+        (void)set_group_membership(fd, group_.family, group, ifindex, false);
     return 0;
   }
   const McastMembers::Change change = mcast_.attach(slot, c.qpn_base, c.qpn_count, qpn, group);

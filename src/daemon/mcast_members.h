@@ -34,9 +34,9 @@ inline constexpr size_t kMaxMcastAttachPerSlot = 4096;
 class McastMembers {
  public:
   struct Change {
-    int err = 0;             // 0 or an errno (attach: EINVAL, ENOSPC; detach: ENOENT)
-    bool first = false;      // attach: the slot's first QP in the group (join it)
-    bool last = false;       // detach: the slot's last QP left the group (leave it)
+    int err = 0;         // 0 or an errno (attach: EINVAL, ENOSPC; detach: ENOENT)
+    bool first = false;  // attach: the slot's first QP in the group (join it)
+    bool last = false;   // detach: the slot's last QP left the group (leave it)
   };
   // `qpn_base`/`qpn_count`: the slot's QPN range (the QPN must lie in it).
   Change attach(unsigned slot, uint32_t qpn_base, uint32_t qpn_count, uint32_t qpn,

@@ -533,7 +533,8 @@ void Engine::handle_multicast(const wire::PacketView& pkt, const net::RxDatagram
     // As for a unicast request (handle_datagram): the receive side works in RTR..SQE.
     const ibv_qp_state st = qp_state(*ctx);
     if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) continue;
-    if (ctx->qp->block_self_mcast_lb() && src_qp == ctx->qpn && device_.has_gid(d.src.address.bytes()))
+    if (ctx->qp->block_self_mcast_lb() && src_qp == ctx->qpn &&
+        device_.has_gid(d.src.address.bytes()))
       continue;
     activate(*ctx);
     delivered = true;

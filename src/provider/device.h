@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <shared_mutex>
+#include <span>
 #include <thread>
 #include <vector>
 

@@ -38,8 +38,8 @@
 
 #include <infiniband/verbs.h>
 
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>

@@ -123,8 +123,8 @@ URDMA_EXPORT int rdma_join_multicast_ex(rdma_cm_id* id, rdma_cm_join_mc_attr_ex*
   // rdma-core: the address and the join flags must both be given.
   if (!mc_join_attr || !(mc_join_attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS) ||
       !(mc_join_attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) ||
-      (mc_join_attr->comp_mask & ~uint32_t{RDMA_CM_JOIN_MC_ATTR_ADDRESS |
-                                           RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS}))
+      (mc_join_attr->comp_mask &
+       ~uint32_t{RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS}))
     return fail(EINVAL);
   return join(id, mc_join_attr->addr, mc_join_attr->join_flags, context);
 }

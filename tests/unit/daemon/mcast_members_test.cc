@@ -56,8 +56,8 @@ TEST(McastMembers, OnlyTheSlotsQpnsAndMulticastAddresses) {
 TEST(McastMembers, GroupsAndAttachmentsPerSlotAreBounded) {
   McastMembers m;
   for (size_t i = 0; i < kMaxMcastGroupsPerSlot; ++i) {
-    const net::Address g = net::Address::from_v4(230, 0, static_cast<uint8_t>(i >> 8),
-                                                 static_cast<uint8_t>(i));
+    const net::Address g =
+        net::Address::from_v4(230, 0, static_cast<uint8_t>(i >> 8), static_cast<uint8_t>(i));
     ASSERT_EQ(m.attach(1, kBase, kCount, kBase, g).err, 0);
   }
   EXPECT_EQ(m.attach(1, kBase, kCount, kBase, net::Address::from_v4(231, 0, 0, 1)).err, ENOSPC);

@@ -222,7 +222,7 @@ TEST_F(MulticastTest, ASendToAGroupLeavesForItsAddressWithTheMulticastQpn) {
 // ibv_attach_mcast(3) / the kernel's ib_attach_mcast and rxe: the errors.
 TEST_F(MulticastTest, AttachAndDetachErrors) {
   Receiver a = make_receiver();
-  make_qp();  // RC
+  make_qp();                                                                  // RC
   EXPECT_EQ(dev_.attach_mcast(qp_, gid_of_address(kGroup)).error(), EINVAL);  // not UD
   EXPECT_EQ(dev_.attach_mcast(a.qp, gid_of_address(kPeer)).error(), EINVAL);  // not a group
   ibv_gid v6 = {};
@@ -257,7 +257,8 @@ TEST_F(MulticastTest, AGroupHoldsAtMostMaxMcastQpAttachQps) {
   for (int i = 0; i < attr.max_mcast_qp_attach; ++i)
     ASSERT_TRUE(dev_.attach_mcast(qps[static_cast<size_t>(i)], gid_of_address(kGroup)).ok());
   EXPECT_EQ(dev_.attach_mcast(qps.back(), gid_of_address(kGroup)).error(), ENOMEM);
-  EXPECT_TRUE(dev_.attach_mcast(qps.back(), gid_of_address(net::Address::from_v4(239, 0, 0, 1))).ok());
+  EXPECT_TRUE(
+      dev_.attach_mcast(qps.back(), gid_of_address(net::Address::from_v4(239, 0, 0, 1))).ok());
 }
 
 }  // namespace

@@ -56,8 +56,7 @@ ibv_gid loopback_v4_gid() {
 // never takes more than `n`.
 std::vector<ibv_wc> poll_n(ibv_cq* cq, size_t n, int timeout_ms = 10000) {
   std::vector<ibv_wc> out;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
     ibv_wc wc[16];
     const int got = ibv_poll_cq(cq, static_cast<int>(std::min<size_t>(16, n - out.size())), wc);
@@ -987,7 +986,7 @@ TEST_F(Verbs, MulticastReachesEveryAttachedQpAndNoOther) {
   EXPECT_EQ(ibv_attach_mcast(a, &unicast, 0), EINVAL);  // not a multicast GID
   ASSERT_EQ(ibv_attach_mcast(a, &group, 0), 0);
   ASSERT_EQ(ibv_attach_mcast(b, &group, 0), 0);
-  ASSERT_EQ(ibv_attach_mcast(b, &group, 0), 0);  // again: nothing changes
+  ASSERT_EQ(ibv_attach_mcast(b, &group, 0), 0);       // again: nothing changes
   EXPECT_EQ(ibv_detach_mcast(c, &group, 0), EINVAL);  // not attached
   EXPECT_EQ(ibv_destroy_qp(b), EBUSY);                // attached: in use
 
