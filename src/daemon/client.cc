@@ -537,6 +537,26 @@ int Client::conn_down(uint32_t local_comm_id) {
   return err ? err : decode_ok(reply);
 }
 
+int Client::mcast_attach(uint32_t qpn, const net::Address& group) {
+  std::unique_lock<std::mutex> lock;
+  if (keeper_) lock = std::unique_lock(keeper_->mu);
+  std::vector<uint8_t> reply;
+  int err = call_record_locked(encode_mcast(MsgType::kMcastAttach, qpn, group), &reply, nullptr);
+  if (err == 0) err = decode_ok(reply);
+  if (err == 0) mcast_.emplace(qpn, group);
+  return err;
+}
+
+int Client::mcast_detach(uint32_t qpn, const net::Address& group) {
+  std::unique_lock<std::mutex> lock;
+  if (keeper_) lock = std::unique_lock(keeper_->mu);
+  mcast_.erase({qpn, group});
+  std::vector<uint8_t> reply;
+  const int err =
+      call_record_locked(encode_mcast(MsgType::kMcastDetach, qpn, group), &reply, nullptr);
+  return err ? err : decode_ok(reply);
+}
+
 // ---- the keeper ----
 
 Client::Client() = default;
@@ -546,6 +566,7 @@ Client::Client(Client&& other) noexcept
       options_(std::move(other.options_)),
       listening_(std::move(other.listening_)),
       conns_(std::move(other.conns_)),
+      mcast_(std::move(other.mcast_)),
       hello_(other.hello_),
       socket_path_(std::move(other.socket_path_)) {
   // Moved only before keep(): the keeper thread holds `this`.
@@ -558,6 +579,7 @@ Client& Client::operator=(Client&& other) noexcept {
   options_ = std::move(other.options_);
   listening_ = std::move(other.listening_);
   conns_ = std::move(other.conns_);
+  mcast_ = std::move(other.mcast_);
   hello_ = other.hello_;
   socket_path_ = std::move(other.socket_path_);
   return *this;
@@ -639,6 +661,7 @@ void Client::keep_loop() {
           // taken one meanwhile), and its established connections.
           for (const uint64_t id : listening_) (void)fresh.listen(id);
           for (const auto& [id, conn] : conns_) (void)fresh.conn_up(conn);
+          for (const auto& [qpn, group] : mcast_) (void)fresh.mcast_attach(qpn, group);
           fd_ = std::move(fresh.fd_);
           hello_ = fresh.hello_;
           socket_path_ = fresh.socket_path_;

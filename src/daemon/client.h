@@ -82,6 +82,12 @@ class Client {
   // to a restarted daemon. 0 or an errno (EINVAL, ENOSPC, ENOENT).
   int conn_up(const ConnRecord& conn);
   int conn_down(uint32_t local_comm_id);
+  // A UD QP of this process's slot attached to / detached from a multicast group (protocol.h,
+  // kMcastAttach): the daemon joins the group on the slot's socket for the first and leaves it
+  // after the last. Remembered, so the keeper attaches them again to a restarted daemon.
+  // 0 or an errno (EINVAL, ENOSPC, ENOMEM, ENODEV; detach: ENOENT).
+  int mcast_attach(uint32_t qpn, const net::Address& group);
+  int mcast_detach(uint32_t qpn, const net::Address& group);
   // The daemon this client greeted (pid, keeper, uid, mode, namespace).
   const HelloInfo& daemon_info() const { return hello_; }
   // The socket it connected to.
@@ -145,6 +151,7 @@ class Client {
   ClientOptions options_;
   std::set<uint64_t> listening_;          // service IDs this connection listens on
   std::map<uint32_t, ConnRecord> conns_;  // connections reported up, by local comm ID
+  std::set<std::pair<uint32_t, net::Address>> mcast_;  // (QPN, group) attached
   HelloInfo hello_{};
   std::string socket_path_;
   std::unique_ptr<Keeper> keeper_;

@@ -659,6 +659,64 @@ int Daemon::conn_request(Client& c, MsgType type, std::span<const uint8_t> rec) 
                                       .peer = net::Address(peer)});
 }
 
+std::vector<uint32_t> Daemon::mcast_interfaces(bool v4) const {
+  std::vector<uint32_t> all, loopback;
+  for (const GidEntry& e : gids_.entries()) {
+    if (e.gid.is_v4() != v4) continue;
+    std::vector<uint32_t>& to = e.gid.is_loopback() ? loopback : all;
+    if (std::ranges::find(to, e.ifindex) == to.end()) to.push_back(e.ifindex);
+  }
+  return all.empty() ? loopback : all;
+}
+
+int Daemon::mcast_request(Client& c, MsgType type, std::span<const uint8_t> rec) {
+  McastBody body;
+  if (const int err = decode_request_body(rec, &body)) return err;
+  if (!c.slot) return EINVAL;
+  const unsigned slot = *c.slot;
+  const net::Address group(std::to_array(body.group));
+  const uint32_t qpn = body.qpn & wire::kQpnMask;
+  const int fd = group_.sockets[slot].get();
+  if (type == MsgType::kMcastDetach) {
+    const std::vector<uint32_t> joined = mcast_.interfaces(slot, group);
+    const McastMembers::Change change = mcast_.detach(slot, qpn, group);
+    if (change.err) return change.err;
+    if (change.last)
+      for (const uint32_t ifindex : joined)
+        (void)set_group_membership(fd, group_.family, group, ifindex, false);
+    return 0;
+  }
+  const McastMembers::Change change = mcast_.attach(slot, c.qpn_base, c.qpn_count, qpn, group);
+  if (change.err || !change.first) return change.err;
+  // The slot's first QP in the group: join it on the slot's socket, on every interface that
+  // has an address of the group's family (the device spans them all).
+  std::vector<uint32_t> joined;
+  int err = ENODEV;
+  for (const uint32_t ifindex : mcast_interfaces(group.is_v4())) {
+    const int r = set_group_membership(fd, group_.family, group, ifindex, true);
+    if (r == 0)
+      joined.push_back(ifindex);
+    else
+      err = r;
+  }
+  if (joined.empty()) {
+    (void)mcast_.detach(slot, qpn, group);
+    // ENOBUFS: the socket holds net.ipv4.igmp_max_memberships groups already.
+    return err == ENOBUFS ? ENOMEM : err;
+  }
+  mcast_.set_interfaces(slot, group, std::move(joined));
+  return 0;
+}
+
+void Daemon::leave_groups(unsigned slot) {
+  const int fd = group_.sockets[slot].get();
+  for (const auto& [group, ifindexes] : mcast_.reclaim(slot))
+    for (const uint32_t ifindex : ifindexes)
+      (void)set_group_membership(fd, group_.family, group, ifindex, false);
+  // Whatever the process set on its socket itself: back to its own groups only.
+  (void)accept_only_joined_groups(fd, group_.family);
+}
+
 int Daemon::channel_request(uint64_t id, Client& c, std::span<const uint8_t> rec) {
   SlotBody body;
   if (const int err = decode_request_body(rec, &body)) return err;
@@ -999,6 +1057,9 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
   } else if (type == MsgType::kConnUp || type == MsgType::kConnDown) {
     err = conn_request(c, type, rec);
     if (err == 0) reply = encode_request(MsgType::kOk);
+  } else if (type == MsgType::kMcastAttach || type == MsgType::kMcastDetach) {
+    err = mcast_request(c, type, rec);
+    if (err == 0) reply = encode_request(MsgType::kOk);
   } else if (type == MsgType::kHello) {
     err = EALREADY;
   } else if (type == MsgType::kQueryStatus) {
@@ -1075,6 +1136,7 @@ void Daemon::drop_client(uint64_t id) {
     // at the back of the free list and will hand out its next QPN range.
     const unsigned s = *c.slot;
     release_connections(s);
+    leave_groups(s);
     reset_socket(group_.sockets[s].get());
     drain(s);
     slots_.release(s);

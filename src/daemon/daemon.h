@@ -31,6 +31,7 @@
 #include "daemon/gid_table.h"
 #include "daemon/mad_backlog.h"
 #include "daemon/mad_router.h"
+#include "daemon/mcast_members.h"
 #include "daemon/paths.h"
 #include "daemon/protocol.h"
 #include "daemon/slot_table.h"
@@ -158,6 +159,12 @@ class Daemon {
   // Why a new connection of `cred` is refused (an errno), or 0.
   int refusal(uid_t uid, pid_t pid) const;
   int conn_request(Client& c, MsgType type, std::span<const uint8_t> rec);
+  // kMcastAttach / kMcastDetach (mcast_members.h); leave_groups: every group of a reclaimed slot.
+  int mcast_request(Client& c, MsgType type, std::span<const uint8_t> rec);
+  void leave_groups(unsigned slot);
+  // The interfaces an IPv4 (or IPv6) group is joined on: those with a GID of that family,
+  // loopback only when nothing else has one.
+  std::vector<uint32_t> mcast_interfaces(bool v4) const;
   bool watch(int fd, uint64_t tag, uint32_t events);
   void unwatch(int fd);
   void accept_clients();
@@ -254,6 +261,7 @@ class Daemon {
   std::unique_ptr<net::UdpSocketIo> gsi_io_;
   std::map<uint64_t, unsigned> listeners_;  // service ID -> slot
   std::map<unsigned, uint64_t> channels_;   // slot -> the client id of its MAD channel
+  McastMembers mcast_;                      // each slot's multicast groups
   ConnTable conns_;                         // each slot's connections, as its process reports
   RequesterTable requesters_;               // where a REJ with RemoteCommID 0 goes
   Releases releases_;                       // DREQs of dead processes awaiting their DREP

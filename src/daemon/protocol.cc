@@ -94,6 +94,7 @@ template int decode_request_body(std::span<const uint8_t>, CounterReport*);
 template int decode_request_body(std::span<const uint8_t>, SlotInfo*);
 template int decode_request_body(std::span<const uint8_t>, ConnRecord*);
 template int decode_request_body(std::span<const uint8_t>, CommIdBody*);
+template int decode_request_body(std::span<const uint8_t>, McastBody*);
 
 std::vector<uint8_t> encode_hello(const HelloInfo& info) {
   return record(MsgType::kHello, info);
@@ -109,6 +110,12 @@ int decode_hello(std::span<const uint8_t> rec, HelloInfo* info) {
 
 std::vector<uint8_t> encode_conn_up(const ConnRecord& conn) {
   return record(MsgType::kConnUp, conn);
+}
+
+std::vector<uint8_t> encode_mcast(MsgType type, uint32_t qpn, const net::Address& group) {
+  McastBody body{.qpn = qpn, .reserved = 0, .group = {}};
+  std::memcpy(body.group, group.bytes().data(), sizeof body.group);
+  return record(type, body);
 }
 
 std::vector<uint8_t> encode_conn_down(uint32_t local_comm_id) {

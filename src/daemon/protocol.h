@@ -38,6 +38,15 @@
 //                    (kMaxConnsPerSlot): a connection the process established, released with
 //                    a DREQ from the daemon if the process dies (cm_agent.h)
 //   kConnDown{local comm ID} -> kOk, or ENOENT
+//   kMcastAttach{McastBody}  -> kOk, or EINVAL (no slot; a QPN that is not the slot's; not a
+//                    multicast address), ENOSPC (kMaxMcastGroupsPerSlot groups or
+//                    kMaxMcastAttachPerSlot attachments), ENOMEM (the kernel refused the group
+//                    membership: net.ipv4.igmp_max_memberships), ENODEV (no interface to join
+//                    on): a UD QP of the caller's slot attached to a multicast group. The daemon
+//                    joins the group (IP_ADD_MEMBERSHIP / IPV6_JOIN_GROUP) on the slot's own
+//                    socket, so the kernel delivers the group's datagrams to that socket only
+//                    (mcast_members.h); the memberships go when the slot is reclaimed
+//   kMcastDetach{McastBody}  -> kOk, or ENOENT (not attached)
 // kError carries an errno in `status`: EBUSY (every slot is leased, or the user's share),
 // EALREADY (this connection holds a slot already), EPROTONOSUPPORT (version), EPROTO (malformed).
 // A slot belongs to its connection: when the connection closes (the process exited or died) the
@@ -71,7 +80,7 @@
 namespace urdma::daemon {
 
 inline constexpr uint32_t kProtocolMagic = 0x75724d44;  // "urMD"
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;
 // Room for the largest record (kGids with kMaxGids entries).
 inline constexpr size_t kMaxMessageBytes = 32768;
 
@@ -96,6 +105,8 @@ enum class MsgType : uint16_t {
   kReattach = 18,
   kConnUp = 19,
   kConnDown = 20,
+  kMcastAttach = 21,
+  kMcastDetach = 22,
 };
 
 // How a daemon serves (HelloInfo::mode, ClientsPage::mode).
@@ -128,6 +139,14 @@ struct CommIdBody {
   uint32_t local_comm_id;
   uint32_t reserved;
 };
+
+// The body of kMcastAttach / kMcastDetach: one QP of the caller's slot and a group.
+struct McastBody {
+  uint32_t qpn;
+  uint32_t reserved;
+  uint8_t group[16];  // IPv6 or IPv4-mapped, as net::Address
+};
+static_assert(sizeof(McastBody) == 24);
 
 // The body of kListen / kUnlisten and of kMadChannel.
 struct ServiceIdBody {
@@ -337,9 +356,10 @@ std::vector<uint8_t> encode_reattach(const SlotInfo& slot);
 std::vector<uint8_t> encode_hello(const HelloInfo& info);
 std::vector<uint8_t> encode_conn_up(const ConnRecord& conn);
 std::vector<uint8_t> encode_conn_down(uint32_t local_comm_id);
+std::vector<uint8_t> encode_mcast(MsgType type, uint32_t qpn, const net::Address& group);
 // A request's fixed body (kListen, kUnlisten: ServiceIdBody; kMadChannel: SlotBody;
 // kQueryClients: ClientsQuery; kReportCounters: CounterReport; kReattach: SlotInfo; kConnUp:
-// ConnRecord; kConnDown: CommIdBody): 0 or EPROTO.
+// ConnRecord; kConnDown: CommIdBody; kMcastAttach, kMcastDetach: McastBody): 0 or EPROTO.
 template <class Body>
 int decode_request_body(std::span<const uint8_t> record, Body* body);
 

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "base/check.h"
+#include "daemon/mcast_members.h"
 
 namespace urdma::daemon {
 
@@ -120,6 +121,11 @@ int open_slot_group(const SlotGroupOptions& options, SlotGroup* group, std::stri
     uint16_t bound = 0;
     if (const int err = bind_one(g.family, g.port, /*reuseport=*/true, &fd, &bound, error))
       return err;
+    // Multicast: each socket hears only the groups joined on it (mcast_members.h).
+    if (const int err = accept_only_joined_groups(fd.get(), g.family)) {
+      *error = errno_text("IP_MULTICAST_ALL=0", err);
+      return err;
+    }
     g.port = bound;
     g.sockets.push_back(std::move(fd));
   }

@@ -494,6 +494,12 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
   // RoCEv2 CNPs (annex A17.9.2): no congestion control yet; accepted and ignored.
   if (pkt.info().transport == wire::Transport::kCnp) return;
 
+  // IBA 9.6.1.2: DestQP 0xFFFFFF is the multicast QPN: the packet goes to every QP attached
+  // to its destination group.
+  if (pkt.bth().dest_qp() == provider::kMulticastQpn) {
+    handle_multicast(pkt, d);
+    return;
+  }
   // IBA 9.6.1.2: DestQP must name a QP of this CA.
   QpContext* ctx = find(pkt.bth().dest_qp());
   if (ctx == nullptr) {
@@ -538,6 +544,40 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
     handle_ud_request(*ctx, pkt, d);
   else
     handle_request(*ctx, pkt, d);
+}
+
+void Engine::handle_multicast(const wire::PacketView& pkt, const net::RxDatagram& d) {
+  // IBA 10.5 (multicast) / 9.6.1.2: only UD carries multicast, and a RoCEv2 multicast packet
+  // is addressed to the group's IP address (its GID), which the socket reports as the datagram's
+  // destination. Anything else with DestQP 0xFFFFFF is dropped.
+  ibv_gid dgid;
+  std::memcpy(dgid.raw, d.dst.address.bytes().data(), sizeof dgid.raw);
+  if (pkt.info().transport != wire::Transport::kUd || !pkt.info().is(wire::kRequest) ||
+      !provider::gid_is_multicast(dgid)) {
+    ++counters_.drop_mcast_invalid;
+    return;
+  }
+  std::array<uint32_t, provider::kLimits.max_mcast_qp_attach> members;
+  const size_t n = device_.mcast().members(d.dst.address.bytes(), members);
+  // A sender's own QP gets its datagram back unless it was created with
+  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: the source is this host and the source QP is this one
+  // (QPNs are unique on a host: urdmad hands out disjoint ranges).
+  const uint32_t src_qp = pkt.deth()->src_qp();
+  bool delivered = false;
+  for (size_t i = 0; i < n; ++i) {
+    QpContext* ctx = find(members[i]);
+    if (ctx == nullptr || ctx->type != IBV_QPT_UD) continue;
+    // As for a unicast request (handle_datagram): the receive side works in RTR..SQE.
+    const ibv_qp_state st = qp_state(*ctx);
+    if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD && st != IBV_QPS_SQE) continue;
+    if (ctx->qp->block_self_mcast_lb() && src_qp == ctx->qpn &&
+        device_.has_gid(d.src.address.bytes()))
+      continue;
+    activate(*ctx);
+    delivered = true;
+    handle_ud_request(*ctx, pkt, d);  // the Q_Key check is per QP (IBA 10.2.5)
+  }
+  if (!delivered) ++counters_.drop_mcast_unattached;
 }
 
 // ---------------------------------------------------------------------------------------------

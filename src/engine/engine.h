@@ -256,6 +256,8 @@ class Engine final : public provider::Doorbell {
   void receive_batch();
   void sort_active();
   void handle_datagram(const net::RxDatagram& d);
+  // DestQP 0xFFFFFF: a copy to every attached QP (provider::McastTable) that can receive it.
+  void handle_multicast(const wire::PacketView& pkt, const net::RxDatagram& d);
   void fire_timers(uint64_t now_ns);
   QpContext* find(uint32_t qp_num);
   void forget(uint32_t qp_num);

@@ -64,12 +64,16 @@ struct EngineCounters {
   // RC SENDs to a tag-matching SRQ whose TMH was cut short or named no known operation (not a
   // drop: the WQE completes in error and the requester gets an Invalid Request NAK).
   uint64_t tm_header_err = 0;
+  uint64_t drop_mcast_invalid = 0;     // DestQP 0xFFFFFF but not a UD SEND to a multicast address
+  uint64_t drop_mcast_unattached = 0;  // a multicast datagram for a group no QP here is attached
+                                       // to (or none of whose QPs can receive it)
 
   uint64_t drops() const {
     uint64_t n = drop_truncated + drop_icrc + drop_pkey + drop_unknown_qpn + drop_address +
                  drop_qp_type + drop_qp_state + drop_qkey + drop_no_recv_wqe + drop_bad_response +
                  drop_uc_message + drop_uc_invalid + drop_uc_access + drop_ud_length +
-                 drop_ud_recv_length + drop_request_queue_full;
+                 drop_ud_recv_length + drop_request_queue_full + drop_mcast_invalid +
+                 drop_mcast_unattached;
     for (uint64_t d : drop_parse) n += d;
     return n;
   }

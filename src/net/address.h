@@ -70,6 +70,11 @@ class Address {
     return bytes_ == one;
   }
 
+  // 224.0.0.0/4 (RFC 5771) or ff00::/8 (RFC 4291 2.7): a RoCEv2 multicast GID.
+  constexpr bool is_multicast() const {
+    return is_v4() ? (bytes_[12] & 0xf0) == 0xe0 : bytes_[0] == 0xff;
+  }
+
   constexpr const Bytes& bytes() const { return bytes_; }
   // The 4 address bytes of an IPv4 address (network order); only for is_v4().
   std::span<const uint8_t, 4> v4_bytes() const;

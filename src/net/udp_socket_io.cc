@@ -277,6 +277,10 @@ TxStatus UdpSocketIo::send(const TxDatagram& d) {
 size_t UdpSocketIo::gso_run(std::span<const TxDatagram> batch) const {
   if (!gso_) return 1;
   const TxDatagram& first = batch[0];
+  // Multicast goes out one datagram per send: the local members of a group get the sender's
+  // looped-back copy (IP_MULTICAST_LOOP), and a looped-back GSO super-packet reached each of two
+  // receiving processes as its first segment only (mckey, 5 datagrams: 1 arrived).
+  if (first.dst.address.is_multicast()) return 1;
   const size_t segment = first.size_bytes();
   size_t total = segment;
   size_t iovs = first.iov.size() + 1;

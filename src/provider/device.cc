@@ -37,6 +37,9 @@ void fill_device_attr(ibv_device_attr& a, uint64_t node_guid_be) {
   a.atomic_cap = IBV_ATOMIC_GLOB;
   a.max_mw = static_cast<int>(kLimits.max_mw);
   a.max_ah = static_cast<int>(kLimits.max_ah);
+  a.max_mcast_grp = static_cast<int>(kLimits.max_mcast_grp);
+  a.max_mcast_qp_attach = static_cast<int>(kLimits.max_mcast_qp_attach);
+  a.max_total_mcast_qp_attach = static_cast<int>(kLimits.max_total_mcast_qp_attach);
   a.max_srq = static_cast<int>(kLimits.max_srq);
   a.max_srq_wr = static_cast<int>(kLimits.max_srq_wr);
   a.max_srq_sge = static_cast<int>(kLimits.max_srq_sge);
@@ -127,6 +130,13 @@ bool Device::sgid_present(uint32_t index) const {
   if (index >= kLimits.gid_table_len) return false;
   std::shared_lock lock(gid_mutex_);
   return !gid_is_zero(gids_[index]);
+}
+
+bool Device::has_gid(std::span<const uint8_t, 16> gid) const {
+  std::shared_lock lock(gid_mutex_);
+  for (const ibv_gid& g : gids_)
+    if (std::memcmp(g.raw, gid.data(), sizeof g.raw) == 0 && !gid_is_zero(g)) return true;
+  return false;
 }
 
 Result<Pd*> Device::alloc_pd() {
@@ -284,6 +294,9 @@ Result<Qp*> Device::create_qp(const QpInitAttr& init) {
 
 Status Device::destroy_qp(Qp* qp) {
   if (qp == nullptr) return Status(EINVAL);
+  // The kernel's uverbs rule (ib_destroy_qp_user: the QP's usecnt, which ib_attach_mcast
+  // raises): a QP still attached to a multicast group is in use.
+  if (qp->type() == IBV_QPT_UD && mcast_.attached(qp->qp_num())) return Status(EBUSY);
   doorbell_->qp_destroyed(*qp);
   mr_table_.unbind_qp_windows(qp->qp_num());
   Pd* pd = qp->pd();
@@ -299,6 +312,21 @@ Status Device::destroy_qp(Qp* qp) {
   if (srq != nullptr) srq->remove_user();
   if (xrcd != nullptr) xrcd->remove_user();
   return kOk;
+}
+
+Status Device::attach_mcast(Qp* qp, const ibv_gid& gid, bool* added) {
+  if (added) *added = false;
+  if (qp == nullptr) return Status(EINVAL);
+  // ibv_attach_mcast(3): only UD QPs attach (the kernel's ib_attach_mcast: EINVAL).
+  if (qp->type() != IBV_QPT_UD) return Status(EINVAL);
+  return mcast_.attach(qp->qp_num(), gid, added);
+}
+
+Status Device::detach_mcast(Qp* qp, const ibv_gid& gid) {
+  if (qp == nullptr) return Status(EINVAL);
+  if (qp->type() != IBV_QPT_UD) return Status(EINVAL);
+  if (!gid_is_multicast(gid)) return Status(EINVAL);
+  return mcast_.detach(qp->qp_num(), gid);
 }
 
 Qp* Device::qp_by_num(uint32_t qp_num) const {

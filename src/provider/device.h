@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "provider/device_memory.h"
 #include "provider/doorbell.h"
 #include "provider/limits.h"
+#include "provider/mcast_table.h"
 #include "provider/mr_table.h"
 #include "provider/object_table.h"
 #include "provider/pd.h"
@@ -68,6 +70,8 @@ class Device {
   // urdmad updates the GID table as interface addresses come and go. An all-zero GID clears.
   Status set_gid(uint32_t index, const ibv_gid& gid);
   bool sgid_present(uint32_t index) const;
+  // Is `gid` in the port's GID table (an address of this host)?
+  bool has_gid(std::span<const uint8_t, 16> gid) const;
   ibv_mtu active_mtu() const { return config_.active_mtu; }
   uint32_t qpn_base() const { return config_.qpn_base; }
   AsyncEventQueue& async_events() { return events_; }
@@ -141,6 +145,14 @@ class Device {
   // The engine's demux: the QP with this number, or nullptr.
   Qp* qp_by_num(uint32_t qp_num) const;
 
+  // ---- multicast (ibv_attach_mcast(3), mcast_table.h) ----
+  // EINVAL: not a UD QP, not a multicast GID, or (detach) not attached to it; ENOMEM: a bound.
+  // *added: this call attached it (false when it was attached already). A QP attached to a
+  // group cannot be destroyed (EBUSY) until it is detached.
+  Status attach_mcast(Qp* qp, const ibv_gid& gid, bool* added = nullptr);
+  Status detach_mcast(Qp* qp, const ibv_gid& gid);
+  const McastTable& mcast() const { return mcast_; }
+
   // ---- AH ----
   Result<Ah*> create_ah(Pd* pd, const ibv_ah_attr& attr);
   Status destroy_ah(Ah* ah);
@@ -177,6 +189,7 @@ class Device {
   ObjectTable<Qp> qps_;
   ObjectTable<Ah> ahs_;
   ObjectTable<Dm> dms_;
+  McastTable mcast_;
   mutable std::mutex dm_mutex_;
   uint64_t dm_bytes_ = 0;  // allocated of kMaxDmBytes, under dm_mutex_
   std::atomic<std::thread::id> engine_thread_{};

@@ -26,6 +26,10 @@ struct DeviceLimits {
   uint32_t max_xrcd;
   uint32_t max_ah;
   uint32_t max_dm;  // device memory allocations (the bytes: device_memory.h's kMaxDmBytes)
+  // Multicast (mcast_table.h): groups, QPs per group, attachments in all.
+  uint32_t max_mcast_grp;
+  uint32_t max_mcast_qp_attach;
+  uint32_t max_total_mcast_qp_attach;
   // Queue sizes (entries, as requested by the consumer; rings round up to 2^k - 1).
   uint32_t max_qp_wr;
   uint32_t max_cqe;
@@ -59,9 +63,12 @@ inline constexpr DeviceLimits kLimits = {
     .max_mw = (1u << 19) - 1,  // handles after the MRs'; with them, 1/16 of the 2^24 key tags
     .max_srq = 1u << 20,
     .max_xrcd = 1u << 16,  // ConnectX-5's 2^log_max_xrcd (24 would do; nobody needs more)
-    .max_ah = (1u << 15) - 1,  // rxe RXE_MAX_AH
-    .max_dm = 4096,            // a DM is at least 4 bytes of 256 KiB; 4096 is plenty
-    .max_qp_wr = 1u << 20,     // rxe RXE_MAX_QP_WR
+    .max_ah = (1u << 15) - 1,              // rxe RXE_MAX_AH
+    .max_dm = 4096,                        // a DM is at least 4 bytes of 256 KiB; 4096 is plenty
+    .max_mcast_grp = 8192,                 // rxe RXE_MAX_MCAST_GRP
+    .max_mcast_qp_attach = 56,             // rxe RXE_MAX_MCAST_QP_ATTACH
+    .max_total_mcast_qp_attach = 0x70000,  // rxe RXE_MAX_TOT_MCAST_QP_ATTACH
+    .max_qp_wr = 1u << 20,                 // rxe RXE_MAX_QP_WR
     // ConnectX's (mlx5 reports 2^22 - 1), not rxe's 2^15 - 1: libfabric's ofi_rxm asks for
     // (rx + tx size) x FI_UNIVERSE_SIZE = 262144 entries by default. The ring is malloc'd and
     // untouched until written (spsc_ring.h), so a full-size CQ costs 192 MiB of address space

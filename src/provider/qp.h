@@ -92,6 +92,9 @@ struct QpInitAttr {
   Srq* srq = nullptr;
   ibv_qp_cap cap = {};
   bool sq_sig_all = false;
+  // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (UD): a multicast datagram this QP sent is not delivered
+  // back to it, though it is attached to the group.
+  bool block_self_mcast_lb = false;
   // Where the send queue and the QP's own receive queue come from (queue_memory.h); null:
   // malloc. A parent domain's allocators (ibv_alloc_parent_domain(3)).
   std::shared_ptr<QueueAllocator> allocator;
@@ -106,6 +109,7 @@ class Qp {
   uint32_t handle() const { return handle_; }
   uint32_t qp_num() const { return qp_num_; }
   ibv_qp_type type() const { return init_.qp_type; }
+  bool block_self_mcast_lb() const { return init_.block_self_mcast_lb; }
   Pd* pd() const { return init_.pd; }
   Xrcd* xrcd() const { return init_.xrcd; }
   Cq* send_cq() const { return init_.send_cq; }

@@ -2,6 +2,7 @@
 #include "runtime/context.h"
 
 #include <cerrno>
+#include <cstring>
 #include <vector>
 
 namespace urdma::runtime {
@@ -12,7 +13,12 @@ Context::~Context() {
   // Dependents first: QPs use PDs, CQs and SRQs; MWs use MRs; MRs, SRQs and AHs use PDs (the
   // Device refuses EBUSY otherwise).
   std::vector<provider::Qp*> qps(qps_.begin(), qps_.end());
-  for (provider::Qp* qp : qps) (void)destroy_qp(qp);
+  for (provider::Qp* qp : qps) {
+    // A QP attached to a multicast group is in use (EBUSY): detach it first, as the kernel
+    // does for a closed uverbs file.
+    for (const ibv_gid& gid : dev().mcast().groups_of(qp->qp_num())) (void)detach_mcast(qp, gid);
+    (void)destroy_qp(qp);
+  }
   std::vector<provider::Mw*> mws(mws_.begin(), mws_.end());
   for (provider::Mw* mw : mws) (void)dealloc_mw(mw);
   std::vector<provider::Mr*> mrs(mrs_.begin(), mrs_.end());
@@ -113,9 +119,46 @@ provider::Result<provider::Qp*> Context::create_qp(const provider::QpInitAttr& i
 Status Context::destroy_qp(provider::Qp* qp) {
   std::lock_guard lock(mutex_);
   if (!qps_.contains(qp)) return Status(EINVAL);
+  // An unreliable QP's posted sends leave before it goes, as they do on rxe, whose
+  // ibv_post_send transmits before it returns: a program may post datagrams and destroy the QP
+  // at once (mckey's sender leaves its group and exits), and without a turn here a busy host's
+  // engine thread had not run yet.
+  if (qp->type() == IBV_QPT_UD || qp->type() == IBV_QPT_UC) runtime_.progress_now();
   Status s = dev().destroy_qp(qp);
   if (s.ok()) qps_.erase(qp);
   return s;
+}
+
+Status Context::attach_mcast(provider::Qp* qp, const ibv_gid& gid) {
+  std::lock_guard lock(mutex_);
+  if (!qps_.contains(qp)) return Status(EINVAL);
+  bool added = false;
+  if (Status s = dev().attach_mcast(qp, gid, &added); !s.ok() || !added) return s;
+  // The process's slot socket must hear the group: urdmad joins it there (mcast_members.h). A
+  // runtime without urdmad (tests on an in-memory PacketIo) has no socket to join on.
+  if (daemon::Client* client = runtime_.daemon_client()) {
+    net::Address::Bytes b;
+    std::memcpy(b.data(), gid.raw, b.size());
+    if (const int err = client->mcast_attach(qp->qp_num(), net::Address(b))) {
+      (void)dev().detach_mcast(qp, gid);
+      return Status(err);
+    }
+  }
+  return provider::kOk;
+}
+
+Status Context::detach_mcast(provider::Qp* qp, const ibv_gid& gid) {
+  std::lock_guard lock(mutex_);
+  if (!qps_.contains(qp)) return Status(EINVAL);
+  if (Status s = dev().detach_mcast(qp, gid); !s.ok()) return s;
+  if (daemon::Client* client = runtime_.daemon_client()) {
+    net::Address::Bytes b;
+    std::memcpy(b.data(), gid.raw, b.size());
+    // The QP no longer receives the group whatever urdmad answers (the engine asks the table);
+    // a daemon that is away learns it from the keeper's list when it comes back.
+    (void)client->mcast_detach(qp->qp_num(), net::Address(b));
+  }
+  return provider::kOk;
 }
 
 provider::Result<provider::Mr*> Context::reg_mr(provider::Pd* pd, void* addr, uint64_t length,

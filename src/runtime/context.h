@@ -36,6 +36,10 @@ class Context {
   provider::Status destroy_cq(provider::Cq* cq);
   provider::Result<provider::Qp*> create_qp(const provider::QpInitAttr& init);
   provider::Status destroy_qp(provider::Qp* qp);
+  // ibv_attach_mcast / ibv_detach_mcast: the Device's table (provider/mcast_table.h), and
+  // urdmad's membership of the group on the process's slot socket (daemon/mcast_members.h).
+  provider::Status attach_mcast(provider::Qp* qp, const ibv_gid& gid);
+  provider::Status detach_mcast(provider::Qp* qp, const ibv_gid& gid);
   provider::Result<provider::Mr*> reg_mr(provider::Pd* pd, void* addr, uint64_t length,
                                          uint64_t iova, int access);
   provider::Status dereg_mr(provider::Mr* mr);

@@ -38,10 +38,10 @@
 
 #include <infiniband/verbs.h>
 
-#include <cstddef>
 #include <atomic>
-#include <map>
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -265,7 +265,8 @@ Cq* create_cq_common(ibv_context* context, int cqe, void* cq_context, ibv_comp_c
                      int comp_vector, provider::CqOptions options = {});
 // ibv_create_qp's work for `pd` and `attr` (attr->cap is updated to the rounded capacities).
 // errno set and null on failure.
-Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr);
+// create_flags: IBV_QP_CREATE_* (ibv_create_qp_ex), checked by the caller.
+Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr, uint32_t create_flags = 0);
 
 // ---- XRC (xrc.cc; the SRQ and QP parts in verbs.cc) ----
 

@@ -388,7 +388,7 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   if (!context || !attr) return fail<ibv_qp>(EINVAL);
   const uint32_t mask = attr->comp_mask;
   if (mask & ~kKnownQpCompMask) return fail<ibv_qp>(EINVAL);
-  // RSS (indirection tables, hashing), TSO and creation flags: not offered.
+  // RSS (indirection tables, hashing): not offered.
   if (mask & (IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH))
     return fail<ibv_qp>(EOPNOTSUPP);
   // ibv_create_qp_ex(3): an XRC target (XRC_RECV) is created in an XRC domain, without a PD;
@@ -402,8 +402,10 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   if (mask & IBV_QP_INIT_ATTR_XRCD) return fail<ibv_qp>(EINVAL);
   if (!(mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) return fail<ibv_qp>(EINVAL);
   if (!same_device(attr->pd->context, context)) return fail<ibv_qp>(EINVAL);
-  if ((mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)
-    return fail<ibv_qp>(EOPNOTSUPP);
+  // Creation flags other than blocking a UD QP's own multicast loopback: not offered.
+  const uint32_t create_flags = (mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) ? attr->create_flags : 0;
+  if (create_flags & ~uint32_t{IBV_QP_CREATE_BLOCK_SELF_MCAST_LB}) return fail<ibv_qp>(EOPNOTSUPP);
+  if (create_flags != 0 && attr->qp_type != IBV_QPT_UD) return fail<ibv_qp>(EOPNOTSUPP);
   if ((mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER) && attr->max_tso_header)
     return fail<ibv_qp>(EOPNOTSUPP);
   uint64_t ops = 0;
@@ -419,7 +421,7 @@ ibv_qp* create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   }
   // ibv_qp_init_attr_ex begins with ibv_qp_init_attr's fields, in order.
   static_assert(offsetof(ibv_qp_init_attr_ex, sq_sig_all) == offsetof(ibv_qp_init_attr, sq_sig_all));
-  Qp* q = create_qp_common(attr->pd, reinterpret_cast<ibv_qp_init_attr*>(attr));
+  Qp* q = create_qp_common(attr->pd, reinterpret_cast<ibv_qp_init_attr*>(attr), create_flags);
   if (!q) return nullptr;
   if (!(mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)) return &q->qp;
   q->ex = new QpExState{};

@@ -781,7 +781,7 @@ int ibv_destroy_srq(ibv_srq* srq) {
 
 namespace urdma::verbs {
 
-Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr) {
+Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr, uint32_t create_flags) {
   if (!pd || !attr) return fail<Qp>(EINVAL);
   // An XRC initiator has no receive side: its receive CQ and SRQ are ignored (ib_create_qp
   // clears them for XRC_INI).
@@ -804,6 +804,7 @@ Qp* create_qp_common(ibv_pd* pd, ibv_qp_init_attr* attr) {
   init.srq = attr->srq ? Srq::from(attr->srq)->p : nullptr;
   init.cap = attr->cap;
   init.sq_sig_all = attr->sq_sig_all != 0;
+  init.block_self_mcast_lb = (create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) != 0;
   init.allocator = queue_allocator(pd);
   provider::Result<provider::Qp*> r = p->ctx->rt->create_qp(init);
   if (!r.ok()) return fail<Qp>(r.error());
@@ -895,6 +896,23 @@ int ibv_destroy_qp(ibv_qp* qp) {
   verbs::destroy_sync(&qp->mutex, &qp->cond);
   delete w;
   return 0;
+}
+
+// ---- multicast (ibv_attach_mcast(3)) ----
+// RoCE has no LIDs: the LID is ignored, as rxe ignores it. EINVAL: not a UD QP, not a multicast
+// GID, or (detach) not attached to it; ENOMEM: a limit of ibv_query_device's max_mcast_*, or
+// the host's (the kernel refused the group membership).
+
+int ibv_attach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  if (!qp || !gid) return EINVAL;
+  verbs::Qp* w = verbs::Qp::from(qp);
+  return w->ctx->rt->attach_mcast(w->p, *gid).error();
+}
+
+int ibv_detach_mcast(ibv_qp* qp, const ibv_gid* gid, uint16_t) {
+  if (!qp || !gid) return EINVAL;
+  verbs::Qp* w = verbs::Qp::from(qp);
+  return w->ctx->rt->detach_mcast(w->p, *gid).error();
 }
 
 // ---- AH ----
@@ -992,8 +1010,6 @@ ibv_ah* ibv_create_ah_from_wc(ibv_pd* pd, ibv_wc* wc, ibv_grh* grh, uint8_t port
 
 // ---- what urdma does not offer: the errno the man pages give ----
 
-int ibv_attach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
-int ibv_detach_mcast(ibv_qp*, const ibv_gid*, uint16_t) { return EOPNOTSUPP; }
 int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 int ibv_set_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }
 // ---- imported objects (ibv_import_pd(3), ibv_import_mr(3), ibv_import_dm(3)) ----

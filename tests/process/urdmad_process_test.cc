@@ -495,6 +495,80 @@ TEST_F(UrdmadProcess, MalformedRequestsGetErrorsAndTheDaemonCarriesOn) {
   });
 }
 
+// The number of memberships of IPv4 group `hex` (as /proc/net/igmp prints it: 230.95.0.5 is
+// "05005FE6") on every interface of this namespace.
+int igmp_users(const std::string& hex) {
+  std::ifstream f("/proc/net/igmp");
+  std::string line;
+  int users = 0;
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    std::string group;
+    int n = 0;
+    if (in >> group >> n && group == hex) users += n;
+  }
+  return users;
+}
+
+// Multicast membership requests (kMcastAttach/kMcastDetach) are another process's input: only
+// the slot's own QPNs, only multicast addresses; the daemon joins the group on the slot's socket
+// for the first QP and leaves it after the last, and when the slot is reclaimed.
+TEST_F(UrdmadProcess, MulticastMembershipsAreTheSlotsOwnAndGoWithIt) {
+  in_fresh_netns([] {
+    ASSERT_TRUE(
+        sh("ip link add mc0 type veth peer name mc1 && ip addr add 10.95.0.1/24 dev mc0 "
+           "&& ip link set mc0 up && ip link set mc1 up"));
+    const std::string kHex = "05005FE6";  // 230.95.0.5
+    const net::Address group = net::Address::from_v4(230, 95, 0, 5);
+    Client c;
+    ASSERT_EQ(connect_client(&c), 0);
+    EXPECT_EQ(c.mcast_attach(0x1000, group), EINVAL) << "no slot yet";
+    Slot slot;
+    ASSERT_EQ(c.acquire_slot(&slot), 0);
+    const uint32_t q = slot.info.qpn_base + 1;
+    EXPECT_EQ(c.mcast_attach(slot.info.qpn_base + slot.info.qpn_count, group), EINVAL)
+        << "a QPN of another slot";
+    EXPECT_EQ(c.mcast_attach(q, net::Address::from_v4(10, 95, 0, 1)), EINVAL) << "not a group";
+    EXPECT_EQ(c.mcast_detach(q, group), ENOENT);
+    EXPECT_EQ(igmp_users(kHex), 0);
+    ASSERT_EQ(c.mcast_attach(q, group), 0);
+    ASSERT_EQ(c.mcast_attach(q + 1, group), 0);
+    ASSERT_EQ(c.mcast_attach(q + 1, group), 0) << "again: nothing changes";
+    EXPECT_EQ(igmp_users(kHex), 1) << "joined once, on mc0 (loopback has no IPv4 GID besides "
+                                      "127.0.0.1, which is not joined while mc0 exists)";
+    ASSERT_EQ(c.mcast_detach(q, group), 0);
+    EXPECT_EQ(igmp_users(kHex), 1) << "q + 1 is still attached";
+    ASSERT_EQ(c.mcast_detach(q + 1, group), 0);
+    EXPECT_EQ(igmp_users(kHex), 0) << "the last QP left";
+    // A second process's slot joins on its own socket; a slot's groups go when it is reclaimed.
+    ASSERT_EQ(c.mcast_attach(q, group), 0);
+    Pipe done;
+    const pid_t other = fork_process([&] {
+      Client o;
+      Slot s;
+      if (connect_client(&o) != 0 || o.acquire_slot(&s) != 0) return 1;
+      if (o.mcast_attach(s.info.qpn_base + 1, group) != 0) return 2;
+      done.put('j');
+      pause();  // killed below
+      return 0;
+    });
+    char ch;
+    ASSERT_TRUE(done.get(&ch, 10000));
+    EXPECT_EQ(igmp_users(kHex), 2);
+    kill(other, SIGKILL);
+    wait_exit(other, 2000);
+    bool left = false;
+    for (int i = 0; i < 100 && !left; ++i) {
+      left = igmp_users(kHex) == 1;
+      if (!left) usleep(20000);
+    }
+    EXPECT_TRUE(left) << "the killed process's membership went with its slot";
+    const pid_t d = daemon_pid(c);
+    EXPECT_TRUE(alive(d));
+    EXPECT_TRUE(stop_daemon(c));
+  });
+}
+
 // The UDP sockets of this process bound to `port` (its slot sockets).
 int sockets_on_port(uint16_t port) {
   int n = 0;

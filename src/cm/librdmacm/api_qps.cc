@@ -172,6 +172,9 @@ URDMA_EXPORT void rdma_destroy_qp(rdma_cm_id* id) {
   {
     auto [c, lock, x] = lock_id(id);
     if (!x || !x->id.qp) return;
+    // A QP attached to a group cannot be destroyed (EBUSY); the QP the id made leaves its
+    // groups with it.
+    detach_mc_locked(x);
     qp = x->id.qp;
     x->id.qp = nullptr;
     own_cqs = x->own_cqs;

@@ -1,5 +1,5 @@
 // Exported calls librdmacm.so.1 has but urdma does not build, each with rdma-core's error for an
-// unsupported operation: multicast (ENOSYS), ECE (EOPNOTSUPP), rsockets (-1, errno ENOSYS).
+// unsupported operation: ECE (EOPNOTSUPP), rsockets (-1, errno ENOSYS).
 
 #include "cm/librdmacm/process.h"
 
@@ -8,18 +8,6 @@
 #include <cerrno>
 
 using namespace urdma::rdmacm;
-
-URDMA_EXPORT int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) {
-  return fail(ENOSYS);
-}
-
-URDMA_EXPORT int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) {
-  return fail(ENOSYS);
-}
-
-URDMA_EXPORT int rdma_leave_multicast(rdma_cm_id*, sockaddr*) {
-  return fail(ENOSYS);
-}
 
 URDMA_EXPORT int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) {
   return fail(EOPNOTSUPP);

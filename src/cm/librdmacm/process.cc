@@ -353,6 +353,9 @@ void Cma::report_down_locked(Id* id) {
 }
 
 void Cma::release_locked(Id* x) {
+  // Linux leaves the id's groups when it is destroyed (cma_leave_mc_groups).
+  detach_mc_locked(x);
+  x->mc.clear();
   unclaim_locked(x);
   report_down_locked(x);
   if (x->has_conn) {

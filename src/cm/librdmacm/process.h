@@ -22,11 +22,11 @@
 // resolve_route, connect and accept wait for their event on it (rdma-core's ucma_complete).
 //
 // Port spaces: RDMA_PS_TCP and RDMA_PS_IB are RC connections (REQ/REP/RTU), RDMA_PS_UDP and
-// RDMA_PS_IPOIB UD QPs found by SIDR. Not built, with rdma-core's error for an unsupported
-// operation: multicast (rdma_join_multicast[_ex], rdma_leave_multicast: ENOSYS), ECE
+// RDMA_PS_IPOIB UD QPs found by SIDR; the UD port spaces join multicast groups
+// (api_multicast.cc). Not built, with rdma-core's error for an unsupported operation: ECE
 // (EOPNOTSUPP), rdma_create_qp_ex beyond a PD (ENOSYS), rsockets (every r* call: -1, errno
-// ENOSYS). rdma_set_option: TOS and ACK_TIMEOUT take effect,
-// REUSEADDR and AFONLY are accepted without effect; other options are ENOSYS.
+// ENOSYS). rdma_set_option: TOS and ACK_TIMEOUT take effect, REUSEADDR and AFONLY are accepted
+// without effect; other options are ENOSYS.
 //
 // FILES: this header is what they share (the process object, ids, channels, events, helpers);
 // process.cc and cm_thread.cc are the process object and its CM thread, api_*.cc the exported
@@ -92,6 +92,15 @@ enum class IdState {
   kDisconnected
 };
 
+// One multicast group an id joined (rdma_join_multicast[_ex]).
+struct McJoin {
+  Gid group{};              // the group's address as a GID: its multicast GID on RoCEv2
+  sockaddr_storage addr{};  // as the application named it (rdma_leave_multicast finds it)
+  void* context = nullptr;  // the join's context: the event's param.ud.private_data
+  uint32_t join_flags = RDMA_MC_JOIN_FLAG_FULLMEMBER;
+  ibv_qp* attached = nullptr;  // the id's QP, attached to the group (not for send-only joins)
+};
+
 struct Id {
   rdma_cm_id id;  // first
   Channel* chan = nullptr;
@@ -122,6 +131,7 @@ struct Id {
   uint8_t tos = 0;
   bool ack_timeout_set = false;
   uint8_t ack_timeout = 0;
+  std::vector<McJoin> mc;  // multicast groups joined, at most kMaxMcJoinsPerId
   static Id* from(rdma_cm_id* x) { return reinterpret_cast<Id*>(x); }
 };
 
@@ -136,6 +146,13 @@ struct Event {
   std::vector<uint8_t> private_data;
   Id* owner = nullptr;
 };
+
+// Multicast groups one id may join (Linux bounds them only by memory; the device's
+// max_mcast_grp bounds the process).
+constexpr size_t kMaxMcJoinsPerId = 1024;
+// Under mu: the id's QP leaves every group the id attached it to (rdma_leave_multicast for all,
+// at rdma_destroy_id and rdma_destroy_qp); the joins themselves stay with the id.
+void detach_mc_locked(Id* x);
 
 // rdma_cma.h RDMA_UDP_QKEY: the Q_Key of every RDMA_PS_UDP QP.
 constexpr uint32_t kUdpQkey = 0x01234567;

@@ -52,11 +52,11 @@ ibv_gid loopback_v4_gid() {
   return g;
 }
 
-// Polls until `n` completions arrived (ibv_poll_cq drives the engine) or 10 s passed; never
-// takes more than `n`.
-std::vector<ibv_wc> poll_n(ibv_cq* cq, size_t n) {
+// Polls until `n` completions arrived (ibv_poll_cq drives the engine) or `timeout_ms` passed;
+// never takes more than `n`.
+std::vector<ibv_wc> poll_n(ibv_cq* cq, size_t n, int timeout_ms = 10000) {
   std::vector<ibv_wc> out;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
     ibv_wc wc[16];
     const int got = ibv_poll_cq(cq, static_cast<int>(std::min<size_t>(16, n - out.size())), wc);
@@ -444,7 +444,10 @@ TEST_F(Verbs, QueuePairCreateModifyQueryAndErrors) {
   EXPECT_EQ(qi.qp_context, &tag);
   EXPECT_EQ(ibv_query_ece(qp, nullptr), EOPNOTSUPP);
   ibv_gid mgid{};
-  EXPECT_EQ(ibv_attach_mcast(qp, &mgid, 0), EOPNOTSUPP);
+  mgid.raw[10] = mgid.raw[11] = 0xff;
+  mgid.raw[12] = 230;
+  mgid.raw[15] = 1;
+  EXPECT_EQ(ibv_attach_mcast(qp, &mgid, 0), EINVAL);  // an RC QP: ibv_attach_mcast(3), UD only
   EXPECT_EQ(ibv_qp_to_qp_ex(qp), nullptr);  // not created with the extended interface
   EXPECT_EQ(ibv_destroy_qp(qp), 0);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
@@ -1040,6 +1043,129 @@ TEST_F(Verbs, UdLoopbackWithAhFromWc) {
   EXPECT_EQ(ibv_destroy_ah(ah), 0);
   for (ibv_qp* qp : {a, b}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
   for (ibv_mr* m : {ms, mr}) EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// ibv_attach_mcast(3) on the real path: urdmad joins the group on the process's slot socket, the
+// kernel loops the sender's datagram back to it, and the engine gives a copy to each attached
+// QP (the sender's own included: no IBV_QP_CREATE_BLOCK_SELF_MCAST_LB) and none to the others.
+TEST_F(Verbs, MulticastReachesEveryAttachedQpAndNoOther) {
+  ibv_device_attr dev{};
+  ASSERT_EQ(ibv_query_device(ctx_, &dev), 0);
+  EXPECT_GT(dev.max_mcast_grp, 0);
+  EXPECT_GT(dev.max_mcast_qp_attach, 0);
+  EXPECT_GE(dev.max_total_mcast_qp_attach, dev.max_mcast_qp_attach);
+  ibv_cq* cq = ibv_create_cq(ctx_, 64, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp* a = make_qp(IBV_QPT_UD, cq, cq);
+  ibv_qp* b = make_qp(IBV_QPT_UD, cq, cq);
+  ibv_qp* c = make_qp(IBV_QPT_UD, cq, cq);
+  ASSERT_TRUE(a && b && c);
+  for (ibv_qp* qp : {a, b, c}) connect(qp, 0);
+  ibv_gid group{};
+  group.raw[10] = group.raw[11] = 0xff;
+  group.raw[12] = 230;
+  group.raw[13] = 7;
+  group.raw[15] = 9;
+  ibv_gid unicast = loopback_v4_gid();
+  EXPECT_EQ(ibv_attach_mcast(a, &unicast, 0), EINVAL);  // not a multicast GID
+  ASSERT_EQ(ibv_attach_mcast(a, &group, 0), 0);
+  ASSERT_EQ(ibv_attach_mcast(b, &group, 0), 0);
+  ASSERT_EQ(ibv_attach_mcast(b, &group, 0), 0);       // again: nothing changes
+  EXPECT_EQ(ibv_detach_mcast(c, &group, 0), EINVAL);  // not attached
+  EXPECT_EQ(ibv_destroy_qp(b), EBUSY);                // attached: in use
+
+  constexpr size_t kMsg = 300;
+  std::vector<uint8_t> src = random_bytes(kMsg, 5);
+  std::vector<std::vector<uint8_t>> rbuf(3, std::vector<uint8_t>(40 + kMsg));
+  ibv_mr* ms = ibv_reg_mr(pd_, src.data(), src.size(), 0);
+  ASSERT_NE(ms, nullptr);
+  std::vector<ibv_mr*> mrs;
+  for (int i = 0; i < 3; ++i) {
+    mrs.push_back(ibv_reg_mr(pd_, rbuf[i].data(), rbuf[i].size(), IBV_ACCESS_LOCAL_WRITE));
+    ASSERT_NE(mrs.back(), nullptr);
+  }
+  ibv_qp* qps[3] = {a, b, c};
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(post_recv(qps[i], 100 + i, sge_of(rbuf[i].data(), rbuf[i].size(), mrs[i]->lkey)), 0);
+  ibv_ah_attr ah_attr{};
+  ah_attr.is_global = 1;
+  ah_attr.port_num = kPort;
+  ah_attr.grh.dgid = group;
+  ah_attr.grh.sgid_index = 0;  // 127.0.0.1: the namespace has only loopback
+  ah_attr.grh.hop_limit = 1;
+  ibv_ah* ah = ibv_create_ah(pd_, &ah_attr);
+  ASSERT_NE(ah, nullptr) << std::strerror(errno);
+  auto send = [&](uint64_t wr_id) {
+    ibv_sge ssge = sge_of(src.data(), kMsg, ms->lkey);
+    ibv_send_wr swr{}, *sbad = nullptr;
+    swr.wr_id = wr_id;
+    swr.opcode = IBV_WR_SEND;
+    swr.sg_list = &ssge;
+    swr.num_sge = 1;
+    swr.send_flags = IBV_SEND_SIGNALED;
+    swr.wr.ud.ah = ah;
+    swr.wr.ud.remote_qpn = 0xFFFFFF;
+    swr.wr.ud.remote_qkey = 0x11111111;
+    return ibv_post_send(a, &swr, &sbad);
+  };
+  ASSERT_EQ(send(1), 0);
+  std::vector<ibv_wc> wcs = poll_n(cq, 3);  // the send and two receives
+  ASSERT_EQ(wcs.size(), 3u);
+  std::vector<uint64_t> ids;
+  for (const ibv_wc& wc : wcs) {
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc.status);
+    ids.push_back(wc.wr_id);
+    if (wc.opcode != IBV_WC_RECV) continue;
+    EXPECT_EQ(wc.byte_len, 40 + kMsg);
+    EXPECT_EQ(wc.src_qp, a->qp_num);
+  }
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<uint64_t>{1, 100, 101}));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(fnv1a(rbuf[i].data() + 40, kMsg), fnv1a(src.data(), kMsg));
+    EXPECT_EQ(std::memcmp(rbuf[i].data() + 20 + 16, group.raw + 12, 4), 0);  // IPv4 daddr
+  }
+  // Detached, b hears the group no more; a still does.
+  ASSERT_EQ(ibv_detach_mcast(b, &group, 0), 0);
+  ASSERT_EQ(post_recv(a, 103, sge_of(rbuf[0].data(), rbuf[0].size(), mrs[0]->lkey)), 0);
+  ASSERT_EQ(send(2), 0);
+  wcs = poll_n(cq, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  ids.clear();
+  for (const ibv_wc& wc : wcs) ids.push_back(wc.wr_id);
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<uint64_t>{2, 103}));
+  EXPECT_TRUE(poll_n(cq, 1, 200).empty()) << "b (detached) and c (never attached) get nothing";
+  // c's buffer was never written.
+  EXPECT_TRUE(std::all_of(rbuf[2].begin(), rbuf[2].end(), [](uint8_t x) { return x == 0; }));
+  ASSERT_EQ(ibv_detach_mcast(a, &group, 0), 0);
+  EXPECT_EQ(ibv_destroy_ah(ah), 0);
+  for (ibv_qp* qp : {a, b, c}) EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  EXPECT_EQ(ibv_dereg_mr(ms), 0);
+  for (ibv_mr* m : mrs) EXPECT_EQ(ibv_dereg_mr(m), 0);
+  EXPECT_EQ(ibv_destroy_cq(cq), 0);
+}
+
+// IBV_QP_CREATE_BLOCK_SELF_MCAST_LB is accepted for UD QPs (rdma-core's tests may ask for it);
+// other creation flags, or the flag on another QP type, are not offered.
+TEST_F(Verbs, BlockSelfMulticastLoopbackIsAUdCreationFlag) {
+  ibv_cq* cq = ibv_create_cq(ctx_, 8, nullptr, nullptr, 0);
+  ASSERT_NE(cq, nullptr);
+  ibv_qp_init_attr_ex a{};
+  a.send_cq = a.recv_cq = cq;
+  a.cap = {4, 4, 1, 1, 0};
+  a.pd = pd_;
+  a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  a.create_flags = IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+  a.qp_type = IBV_QPT_UD;
+  ibv_qp* qp = ibv_create_qp_ex(ctx_, &a);
+  ASSERT_NE(qp, nullptr) << std::strerror(errno);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  a.qp_type = IBV_QPT_RC;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp_ex(ctx_, &a), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
   EXPECT_EQ(ibv_destroy_cq(cq), 0);
 }
 
