@@ -3,8 +3,9 @@
 // lib/ directory, so the loader gives it OUR libibverbs.so.1 and librdmacm.so.1, which start a
 // urdmad in the test's namespace by themselves.
 //
-// tool_run.cc is compiled into each test executable that uses it, with that target's
-// URDMA_LIB_DIR, URDMA_DAEMON_PATH and (under ASan) URDMA_PRELOAD definitions.
+// tool_run.cc is the library urdma_tool_run (tests/process/CMakeLists.txt), compiled once with
+// URDMA_LIB_DIR, URDMA_DAEMON_PATH, URDMA_TOOL_PATH and (under ASan) URDMA_PRELOAD, which every
+// test program linking it sees too.
 #pragma once
 
 #include <sys/types.h>
