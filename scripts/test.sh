@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds urdma and runs the whole test suite, the way CI does. Every test runs once, in one of
 # these stages (each builds only what its tests need; ctest labels say which tests run where):
-#   1. plain build (RelWithDebInfo, -Werror): the process tests (label process), the full
-#      simulation seed sweeps and the replay check (sim) and the benchmark smoke tests (bench);
+#   1. plain build (RelWithDebInfo, line tables only: -g1; -Werror): the process tests (label
+#      process), the full simulation seed sweeps and the replay check (sim) and the benchmark
+#      smoke tests (bench);
 #   2. ASan+UBSan build (-O1 -g1, assertions on; no process tests): every other test — the unit
 #      tests, the simulation's unit tests, a tenth of each seed sweep (sim_subset), the
 #      cross-checks and the fuzz seed replays;
@@ -96,7 +97,7 @@ fi
 
 # Plain: what the process tests, the sweeps, the benchmark tests and the interop suite run.
 stage "plain build"
-build build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+build build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_DEBUG_INFO=-g1 \
   -- src/all tools/all examples/all tests/process/all tests/security/all tests/middleware/all \
   bench/all urdma-sim
 plain_built=$?
@@ -126,8 +127,8 @@ build build-tsan "${sanitize_flags[@]}" -DURDMA_SANITIZE=thread \
   run_ctest build-tsan -R '^(provider|engine|runtime)[.]'
 
 stage "libFuzzer (${fuzz_seconds}s per target)"
-CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_FUZZ=ON \
-  -DURDMA_FUZZ_SECONDS="$fuzz_seconds" -DURDMA_SANITIZE=address,undefined,fuzzer-no-link \
+CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DURDMA_DEBUG_INFO=-g1 \
+  -DURDMA_FUZZ=ON -DURDMA_FUZZ_SECONDS="$fuzz_seconds" -DURDMA_SANITIZE=address,undefined,fuzzer-no-link \
   -DURDMA_BENCH=OFF && run_ctest build-fuzz -L '^fuzz$'
 
 stage "interop with Linux rxe (qemu)"
