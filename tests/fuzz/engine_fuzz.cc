@@ -750,7 +750,7 @@ void World::run_chunk(uint8_t mode, uint8_t aux, uint8_t extra, std::span<const 
   }
 
   // What the harness itself concludes about the datagram: the early drops.
-  enum class Early { kNone, kTruncated, kParse, kIcrc, kPkey, kUnknownQpn };
+  enum class Early { kNone, kTruncated, kParse, kIcrc, kPkey, kMulticast, kUnknownQpn };
   Early early = Early::kNone;
   wire::ParseError perr = wire::ParseError::kNone;
   bool request = false;  // a request opcode, sent to one of our QPs
@@ -784,6 +784,8 @@ void World::run_chunk(uint8_t mode, uint8_t aux, uint8_t extra, std::span<const 
         early = Early::kIcrc;
       } else if ((p->bth().pkey() & 0x7FFF) != 0x7FFF) {
         early = Early::kPkey;
+      } else if (p->info().transport != wire::Transport::kCnp && qpn == 0xFFFFFF) {
+        early = Early::kMulticast;  // no QP here is attached to a group
       } else if (p->info().transport != wire::Transport::kCnp && qpn != rc_->qp_num() &&
                  qpn != uc_->qp_num() && qpn != ud_->qp_num()) {
         early = Early::kUnknownQpn;
@@ -836,6 +838,12 @@ void World::run_chunk(uint8_t mode, uint8_t aux, uint8_t extra, std::span<const 
     case Early::kPkey:
       REQUIRE(after.drop_pkey == before.drop_pkey + 1, "bad P_Key not counted");
       quiet("its P_Key");
+      break;
+    case Early::kMulticast:
+      REQUIRE(after.drop_mcast_invalid + after.drop_mcast_unattached ==
+                  before.drop_mcast_invalid + before.drop_mcast_unattached + 1,
+              "multicast datagram for no attached QP not counted");
+      quiet("the multicast QPN");
       break;
     case Early::kUnknownQpn:
       REQUIRE(after.drop_unknown_qpn == before.drop_unknown_qpn + 1, "unknown QPN not counted");
