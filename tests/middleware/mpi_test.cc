@@ -110,10 +110,7 @@ void one_host(const Case& c, int ranks) {
   skip_without(c);
   in_fresh_netns(
       [&] {
-        ASSERT_TRUE(
-            sh("ip link add mpi0 type veth peer name mpi1 && "
-               "ip addr add 10.92.1.1/24 dev mpi0 && ip link set mpi1 up && "
-               "ip link set mpi0 up"));
+        ASSERT_TRUE(add_local_veth("mpi", "10.92.1.1/24"));
         const ToolRun r = run(kUrdma + " run " +
                                   mpirun(c.mpi, c.tls, ranks, "10.92.1.1:" + std::to_string(ranks),
                                          "10.92.1.0/24", "mpi0"),

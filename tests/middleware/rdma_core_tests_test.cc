@@ -149,9 +149,7 @@ TEST(RdmaCoreTests, RunTestsPyPassesWithoutFailuresOrErrors) {
 
     // An interface besides lo, as a host's: the rdmacm tests find the device's netdev in
     // device/net/ and use its address (a loopback address binds no device, as in Linux).
-    ASSERT_TRUE(sh("ip link add urdmarc0 type veth peer name urdmarc1 && "
-                   "ip addr add 10.61.0.1/24 dev urdmarc0 && ip link set urdmarc0 up && "
-                   "ip link set urdmarc1 up"));
+    ASSERT_TRUE(add_local_veth("urdmarc", "10.61.0.1/24"));
 
     std::optional<HugePageReservation> huge_pages;
     huge_pages.emplace();

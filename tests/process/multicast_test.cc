@@ -33,9 +33,7 @@ TEST(Multicast, TwoAttachedReceiversGetEveryDatagramAndADetachedOneNothing) {
   in_fresh_netns(
       [] {
         // A veth pair inside the namespace: a multicast-capable interface besides loopback.
-        ASSERT_TRUE(
-            sh("ip link add mc0 type veth peer name mc1 && ip addr add 10.92.0.1/24 dev mc0 "
-               "&& ip link set mc0 up && ip link set mc1 up"));
+        ASSERT_TRUE(add_local_veth("mc", "10.92.0.1/24"));
         const Started r1 = start(peer("recv 230.92.0.5 10.92.0.1 50 7"));
         const Started r2 = start(peer("recv 230.92.0.5 10.92.0.1 50 7"));
         const Started gone = start(peer("recv 230.92.0.5 10.92.0.1 50 7 detach"));
@@ -97,9 +95,7 @@ TEST(Multicast, OnTheWireADatagramGoesToTheGroupWithTheMulticastQpnAndACorrectIc
   if (!have_tool("tcpdump") || !have_tool("tshark")) GTEST_SKIP() << "no tcpdump or tshark";
   in_fresh_netns(
       [] {
-        ASSERT_TRUE(
-            sh("ip link add mc0 type veth peer name mc1 && ip addr add 10.96.0.1/24 dev mc0 "
-               "&& ip link set mc0 up && ip link set mc1 up"));
+        ASSERT_TRUE(add_local_veth("mc", "10.96.0.1/24"));
         char dir[] = "/tmp/urdma-mcast-wire-XXXXXX";
         ASSERT_NE(mkdtemp(dir), nullptr);
         const std::string pcap = std::string(dir) + "/mc.pcap";
@@ -149,9 +145,7 @@ TEST(Multicast, MckeyTwoReceiversAndASender) {
   if (!have_tool("mckey")) GTEST_SKIP() << "no mckey (rdmacm-utils)";
   in_fresh_netns(
       [] {
-        ASSERT_TRUE(
-            sh("ip link add mc0 type veth peer name mc1 && ip addr add 10.94.0.1/24 dev mc0 "
-               "&& ip link set mc0 up && ip link set mc1 up"));
+        ASSERT_TRUE(add_local_veth("mc", "10.94.0.1/24"));
         const Started r1 = start("stdbuf -oL mckey -m 230.94.0.7 -b 10.94.0.1 -C 20 -S 1000");
         const Started r2 = start("stdbuf -oL mckey -m 230.94.0.7 -b 10.94.0.1 -C 20 -S 1000");
         for (const Started* r : {&r1, &r2})
@@ -177,9 +171,7 @@ TEST(Multicast, MckeyOverAnIpv6Group) {
   if (!have_tool("mckey")) GTEST_SKIP() << "no mckey (rdmacm-utils)";
   in_fresh_netns(
       [] {
-        ASSERT_TRUE(
-            sh("ip link add mc0 type veth peer name mc1 && ip -6 addr add fd00:97::1/64 dev "
-               "mc0 nodad && ip link set mc0 up && ip link set mc1 up"));
+        ASSERT_TRUE(add_local_veth("mc", "fd00:97::1/64"));
         const Started r = start("stdbuf -oL mckey -m ff0e::97 -b fd00:97::1 -C 20 -S 1000");
         ASSERT_TRUE(wait_output(r, "receiving data transfers", 10000)) << finish(r, 0).output;
         const ToolRun sender =

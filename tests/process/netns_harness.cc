@@ -234,6 +234,14 @@ bool sh(const std::string& command) {
   return rc == 0;
 }
 
+bool add_local_veth(const std::string& name, const std::string& address) {
+  const std::string a = name + "0", b = name + "1";
+  const bool v6 = address.find(':') != std::string::npos;
+  return sh("ip link add " + a + " type veth peer name " + b + " && ip addr add " + address +
+            " dev " + a + (v6 ? " nodad" : "") + " && ip link set " + a + " up && ip link set " +
+            b + " up");
+}
+
 bool link_up(const char* ifname) {
   const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;

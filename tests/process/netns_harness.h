@@ -60,6 +60,11 @@ bool veth_into(pid_t pid, const std::string& here, const std::string& there,
 bool address_there(const std::string& there, const std::string& subnet);
 // Runs a shell command (iproute2); false and a message on failure.
 bool sh(const std::string& command);
+// An interface besides lo in this namespace, as a host has (multicast, the device's netdev in
+// device/net/, libfabric need one): a veth pair <name>0 and <name>1, both up, <name>0 with
+// `address` ("10.92.0.1/24", or IPv6 "fd00:97::1/64", then without duplicate address
+// detection). False and a test failure if a command fails.
+bool add_local_veth(const std::string& name, const std::string& address);
 
 // Brings an interface up with ioctls (no iproute2 needed for lo).
 bool link_up(const char* ifname);

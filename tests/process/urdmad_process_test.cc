@@ -515,9 +515,7 @@ int igmp_users(const std::string& hex) {
 // for the first QP and leaves it after the last, and when the slot is reclaimed.
 TEST_F(UrdmadProcess, MulticastMembershipsAreTheSlotsOwnAndGoWithIt) {
   in_fresh_netns([] {
-    ASSERT_TRUE(
-        sh("ip link add mc0 type veth peer name mc1 && ip addr add 10.95.0.1/24 dev mc0 "
-           "&& ip link set mc0 up && ip link set mc1 up"));
+    ASSERT_TRUE(add_local_veth("mc", "10.95.0.1/24"));
     const std::string kHex = "05005FE6";  // 230.95.0.5
     const net::Address group = net::Address::from_v4(230, 95, 0, 5);
     Client c;
