@@ -33,7 +33,7 @@
 // flush of a modify to ERR completes later, as on hardware). A modify to RESET and
 // qp_destroyed take the engine's (recursive) mutex, which poll() holds, so they return only
 // once the engine no longer touches the QP (the contract of provider/doorbell.h). In the
-// simulation there is one thread: every command runs inline, in the old order.
+// simulation there is one thread: every command runs inline, in the order it was issued.
 //
 // COST PER POLL. poll() serves only the QPs on its active list: those whose doorbell rang, that
 // received a packet, were modified, or still have requester work, READ responses to send (or
