@@ -116,6 +116,25 @@ def say_wc(prefix, wc):
         say(f"{prefix}_imm", hex(wc.imm_data))
 
 
+def rc_to_rts(qp, peer_qpn, gid, mtu, access):
+    """An RC QP to RTS towards peer_qpn at `gid` (source GID index 0): PSNs 0, one READ in
+    flight each way, 7 transport and 7 RNR retries."""
+    attr = QPAttr(port_num=1)
+    attr.qp_access_flags = access
+    attr.dest_qp_num = peer_qpn
+    attr.path_mtu = mtu
+    attr.rq_psn = 0
+    attr.sq_psn = 0
+    attr.max_dest_rd_atomic = 1
+    attr.max_rd_atomic = 1
+    attr.min_rnr_timer = 12
+    attr.timeout = 14
+    attr.retry_cnt = 7
+    attr.rnr_retry = 7
+    attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=gid, sgid_index=0), is_global=1, port_num=1)
+    qp.to_rts(attr)
+
+
 class Side:
     """One RC QP with its own CQ (on `channel` if given) and a 64 KiB MR open to remote
     writes."""
@@ -131,21 +150,8 @@ class Side:
         self.qp = QP(pd, init)
 
     def connect(self, peer, gid, mtu):
-        attr = QPAttr(port_num=1)
-        attr.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
-                                e.IBV_ACCESS_REMOTE_READ)
-        attr.dest_qp_num = peer.qp.qp_num
-        attr.path_mtu = mtu
-        attr.rq_psn = 0
-        attr.sq_psn = 0
-        attr.max_dest_rd_atomic = 1
-        attr.max_rd_atomic = 1
-        attr.min_rnr_timer = 12
-        attr.timeout = 14
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=gid, sgid_index=0), is_global=1, port_num=1)
-        self.qp.to_rts(attr)
+        rc_to_rts(self.qp, peer.qp.qp_num, gid, mtu,
+                  e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ)
 
     def sge(self):
         return SGE(self.mr.buf, SIZE, self.mr.lkey)
@@ -286,21 +292,8 @@ def wait_for(dirname, name):
 
 
 def tm_connect(ctx, qp, peer_qpn):
-    attr = QPAttr(port_num=1)
-    attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ
-    attr.dest_qp_num = peer_qpn
-    attr.path_mtu = ctx.query_port(1).active_mtu
-    attr.rq_psn = 0
-    attr.sq_psn = 0
-    attr.max_dest_rd_atomic = 1
-    attr.max_rd_atomic = 1
-    attr.min_rnr_timer = 12
-    attr.timeout = 14
-    attr.retry_cnt = 7
-    attr.rnr_retry = 7
-    attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=ctx.query_gid(1, 0), sgid_index=0), is_global=1,
-                          port_num=1)
-    qp.to_rts(attr)
+    rc_to_rts(qp, peer_qpn, ctx.query_gid(1, 0), ctx.query_port(1).active_mtu,
+              e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ)
 
 
 def poll_ex(cq):
