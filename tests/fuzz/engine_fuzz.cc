@@ -784,7 +784,7 @@ void World::run_chunk(uint8_t mode, uint8_t aux, uint8_t extra, std::span<const 
         early = Early::kIcrc;
       } else if ((p->bth().pkey() & 0x7FFF) != 0x7FFF) {
         early = Early::kPkey;
-      } else if (p->info().transport != wire::Transport::kCnp && qpn == 0xFFFFFF) {
+      } else if (p->info().transport != wire::Transport::kCnp && qpn == provider::kMulticastQpn) {
         early = Early::kMulticast;  // no QP here is attached to a group
       } else if (p->info().transport != wire::Transport::kCnp && qpn != rc_->qp_num() &&
                  qpn != uc_->qp_num() && qpn != ud_->qp_num()) {
