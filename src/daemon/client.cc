@@ -356,6 +356,7 @@ struct Client::Keeper {
   std::mutex mu;  // held across every exchange on fd_ (calls from other threads, the keeper's)
   Slot slot;
   CounterSource counters;
+  CaptureSink capture;
   UniqueFd stop;  // an eventfd: written to stop the thread
   std::atomic<uint64_t> reattachments{0};
   std::thread thread;
@@ -380,7 +381,16 @@ int Client::call_record_locked(std::span<const uint8_t> rec, std::vector<uint8_t
   // A refused client may find the connection closed already; the reason is still queued.
   if (send_err != 0 && send_err != EPIPE && send_err != ECONNRESET) return send_err;
   reply->resize(kMaxMessageBytes);
-  ssize_t n = recv_record(fd_.get(), *reply, passed);
+  // urdmad may have pushed a capturer's socket before the reply (kCaptureOn): its fd is kept
+  // even when the caller expects none.
+  std::vector<UniqueFd> pushed;
+  std::vector<UniqueFd>* into = passed != nullptr ? passed : &pushed;
+  ssize_t n = recv_record(fd_.get(), *reply, into);
+  for (int pushes = 0; n > 0 && pushes < 64; ++pushes) {
+    if (!take_capture_push({reply->data(), static_cast<size_t>(n)}, into)) break;
+    reply->resize(kMaxMessageBytes);
+    n = recv_record(fd_.get(), *reply, into);
+  }
   // A daemon that refused us closed the connection with our request unread: the kernel reports
   // ECONNRESET first (once), and the refusal record is still queued behind it.
   if (n == -ECONNRESET) n = recv_record(fd_.get(), *reply, passed, MSG_DONTWAIT);
@@ -567,6 +577,7 @@ Client::Client(Client&& other) noexcept
       listening_(std::move(other.listening_)),
       conns_(std::move(other.conns_)),
       mcast_(std::move(other.mcast_)),
+      captures_(std::move(other.captures_)),
       hello_(other.hello_),
       socket_path_(std::move(other.socket_path_)) {
   // Moved only before keep(): the keeper thread holds `this`.
@@ -580,6 +591,7 @@ Client& Client::operator=(Client&& other) noexcept {
   listening_ = std::move(other.listening_);
   conns_ = std::move(other.conns_);
   mcast_ = std::move(other.mcast_);
+  captures_ = std::move(other.captures_);
   hello_ = other.hello_;
   socket_path_ = std::move(other.socket_path_);
   return *this;
@@ -588,7 +600,28 @@ Client::~Client() {
   stop_keeping();
 }
 
-int Client::keep(Slot slot, CounterSource counters) {
+bool Client::take_capture_push(std::span<const uint8_t> record, std::vector<UniqueFd>* fds) {
+  uint32_t slot = 0;
+  if (decode_capture_on(record, &slot) != 0) return false;
+  if (fds->size() == 1) {
+    UniqueFd socket = std::move(fds->front());
+    if (keeper_ && keeper_->capture)
+      keeper_->capture(std::move(socket), slot);
+    else
+      captures_.emplace_back(std::move(socket), slot);
+  }
+  fds->clear();
+  return true;
+}
+
+int Client::capture(uint32_t filter, int socket, uint32_t* processes) {
+  std::vector<uint8_t> reply;
+  const int fds[] = {socket};
+  if (const int err = call_record_locked(encode_capture(filter), &reply, nullptr, fds)) return err;
+  return decode_capturing(reply, processes);
+}
+
+int Client::keep(Slot slot, CounterSource counters, CaptureSink capture) {
   if (keeper_) return EALREADY;
   if (!fd_.valid()) return ENOTCONN;
   if (push_only_) return EBUSY;
@@ -597,6 +630,10 @@ int Client::keep(Slot slot, CounterSource counters) {
   if (!k->stop.valid()) return errno;
   k->slot = std::move(slot);
   k->counters = std::move(counters);
+  k->capture = std::move(capture);
+  if (k->capture)
+    for (auto& [socket, at] : captures_) k->capture(std::move(socket), at);
+  captures_.clear();
   keeper_ = std::move(k);
   keeper_->thread = std::thread([this] { keep_loop(); });
   return 0;
@@ -628,11 +665,15 @@ void Client::keep_loop() {
   Keeper& k = *keeper_;
   CounterReport last{};
   bool reported = false;
+  // The next report's time: wake-ups for other reasons (pushes, other threads' replies) must
+  // not put it off.
+  int64_t report_at = now_ms() + kReportIntervalMs;
   for (;;) {
-    // Only hang-ups wake us on the connection (POLLRDHUP, never POLLIN: replies to other
-    // threads' calls are theirs to read).
-    pollfd p[2] = {{k.stop.get(), POLLIN, 0}, {fd_.get(), POLLRDHUP, 0}};
-    const int r = poll(p, 2, k.counters ? kReportIntervalMs : -1);
+    // Hang-ups and pushes wake us on the connection. A reply to another thread's call wakes us
+    // too, but that thread holds the lock until it has read it: we then find nothing.
+    pollfd p[2] = {{k.stop.get(), POLLIN, 0}, {fd_.get(), POLLIN | POLLRDHUP, 0}};
+    const int r = poll(
+        p, 2, k.counters ? static_cast<int>(std::max<int64_t>(report_at - now_ms(), 0)) : -1);
     if (r < 0 && errno != EINTR) return;
     if (p[0].revents) {
       // The process closes its device: one last report, so a run shorter than the interval
@@ -643,7 +684,17 @@ void Client::keep_loop() {
       }
       return;
     }
-    if (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
+    bool gone = (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+    if (!gone && (p[1].revents & POLLIN)) {
+      std::lock_guard lock(k.mu);
+      std::vector<uint8_t> record(kMaxMessageBytes);
+      std::vector<UniqueFd> fds;
+      const ssize_t n = recv_record(fd_.get(), record, &fds, MSG_DONTWAIT);
+      // A push is taken; anything else unsolicited (a kError for a malformed report) is dropped.
+      if (n > 0) (void)take_capture_push({record.data(), static_cast<size_t>(n)}, &fds);
+      gone = n == 0;
+    }
+    if (gone) {
       // The daemon is gone. Reconnect (starting one when nobody serves) and hand the slot over,
       // backing off while that fails; the slot's socket keeps working meanwhile.
       {
@@ -682,7 +733,8 @@ void Client::keep_loop() {
       }
       continue;
     }
-    if (r == 0 && k.counters) {
+    if (k.counters && now_ms() >= report_at) {
+      report_at = now_ms() + kReportIntervalMs;
       const CounterReport now = k.counters();
       if (reported && now == last) continue;
       if (report_counters(now) == 0) {

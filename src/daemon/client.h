@@ -19,7 +19,8 @@
 //
 // A process's runtime then hands the slot to keep(): a thread of the Client that sleeps in poll
 // on the connection. Every second it reports the engine's counters when they changed (the
-// daemon shows them in `urdma status`); when the daemon dies it reconnects — to the keeper's
+// daemon shows them in `urdma status`); it takes the capture sockets urdmad pushes (kCaptureOn,
+// `urdma capture`) to the runtime's sink; when the daemon dies it reconnects — to the keeper's
 // restarted daemon, or one it starts — checks the daemon as above and hands the slot back with
 // its CM listens and connections (protocol.h, RESTART). The slot's socket is never touched: the
 // process's QPs keep working throughout. A daemon that refuses the slot for good (EINVAL, EBUSY:
@@ -98,7 +99,11 @@ class Client {
   // they change. Calls on this Client from other threads stay allowed (one mutex). Returns 0 or
   // an errno (EALREADY: keeping already).
   using CounterSource = std::function<CounterReport()>;
-  int keep(Slot slot, CounterSource counters);
+  // `capture` (when set) takes each capturer's socket urdmad pushes for the slot (kCaptureOn:
+  // `urdma capture`), on whichever thread reads the push; one pushed before keep() is handed
+  // over by keep() itself.
+  using CaptureSink = std::function<void(UniqueFd socket, uint32_t slot)>;
+  int keep(Slot slot, CounterSource counters, CaptureSink capture = {});
   // Stops the keeper thread (the destructor does too). Call it before whatever the counter
   // source reads goes away.
   void stop_keeping();
@@ -127,6 +132,11 @@ class Client {
   // Every MAD routed to the slot comes here: REQs for its services, and messages whose
   // communication ID carries the slot (comm_id_for_slot).
   int open_mad_channel(unsigned slot);
+  // Turns this connection into a capturer (`urdma capture`): urdmad hands `socket` (one end of a
+  // SOCK_SEQPACKET pair) to every slot holder that matches `filter` (kCaptureAll, a slot number
+  // or a pid) and that this user may see, and to each that leases a slot while this connection
+  // stays open. *processes: how many got it now. 0 or an errno (EINVAL, EALREADY).
+  int capture(uint32_t filter, int socket, uint32_t* processes);
   int next_mad(MadDelivery* info, std::vector<uint8_t>* datagram);
 
   int fd() const { return fd_.get(); }
@@ -139,6 +149,9 @@ class Client {
   int call_record_locked(std::span<const uint8_t> request, std::vector<uint8_t>* reply,
                          std::vector<UniqueFd>* passed, std::span<const int> fds = {});
   int next_push(std::vector<uint8_t>* record);
+  // A record read where a reply was expected: true when it was a kCaptureOn push (taken: to the
+  // keeper's sink, or kept for keep()).
+  bool take_capture_push(std::span<const uint8_t> record, std::vector<UniqueFd>* fds);
   int service_request(MsgType type, uint64_t service_id);
   int greet();
 
@@ -152,6 +165,7 @@ class Client {
   std::set<uint64_t> listening_;          // service IDs this connection listens on
   std::map<uint32_t, ConnRecord> conns_;  // connections reported up, by local comm ID
   std::set<std::pair<uint32_t, net::Address>> mcast_;  // (QPN, group) attached
+  std::vector<std::pair<UniqueFd, uint32_t>> captures_;  // pushed before keep()
   HelloInfo hello_{};
   std::string socket_path_;
   std::unique_ptr<Keeper> keeper_;

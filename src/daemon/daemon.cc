@@ -896,6 +896,7 @@ void Daemon::answer_pending() {
       reply = encode_error(err);
       pass_fds.clear();
     }
+    if (err == 0) push_captures_to(it->second);  // ahead of the reply, as in handle_request
     if (send_record(it->second.fd.get(), reply, pass_fds) != 0) drop_client(id);
   }
 }
@@ -1022,8 +1023,9 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
     }
     return;
   }
-  // Only a reattach passes an fd (its slot's socket).
-  if (err == 0 && !fds.empty() && type != MsgType::kReattach) err = EPROTO;
+  // Only a reattach (its slot's socket) and a capture (the capturer's socket) pass an fd.
+  if (err == 0 && !fds.empty() && type != MsgType::kReattach && type != MsgType::kCapture)
+    err = EPROTO;
   if (err) {
     // (the error reply below)
   } else if (type == MsgType::kAcquireSlot) {
@@ -1060,6 +1062,10 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
   } else if (type == MsgType::kMcastAttach || type == MsgType::kMcastDetach) {
     err = mcast_request(c, type, rec);
     if (err == 0) reply = encode_request(MsgType::kOk);
+  } else if (type == MsgType::kCapture) {
+    uint32_t processes = 0;
+    err = capture_request(c, rec, fds, &processes);
+    if (err == 0) reply = encode_capturing(processes);
   } else if (type == MsgType::kHello) {
     err = EALREADY;
   } else if (type == MsgType::kQueryStatus) {
@@ -1096,7 +1102,57 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
     reply = encode_error(err);
     pass_fds.clear();
   }
+  // A holder that gains its slot now is captured from its first datagram: the captures go
+  // ahead of the reply, so the client holds them before it has the slot (Client::keep).
+  if (err == 0 && (type == MsgType::kAcquireSlot || type == MsgType::kReattach)) push_captures_to(c);
   if (send_record(c.fd.get(), reply, pass_fds) != 0) drop_client(id);
+}
+
+bool Daemon::captures(const Client& capturer, const Client& holder) {
+  if (!capturer.capture_sink.valid() || !holder.slot) return false;
+  // Another user's traffic only for root (a system daemon's users; a per-user daemon serves one).
+  if (capturer.uid != 0 && capturer.uid != holder.uid) return false;
+  const uint32_t f = capturer.capture_filter;
+  return f == kCaptureAll || f == *holder.slot || f == static_cast<uint32_t>(holder.pid);
+}
+
+void Daemon::push_captures_to(Client& holder) {
+  for (const auto& [id, capturer] : clients_) {
+    if (!captures(capturer, holder)) continue;
+    // Non-blocking, like every push: a holder that does not read is not captured.
+    const int fd = capturer.capture_sink.get();
+    (void)send_record(holder.fd.get(), encode_capture_on(*holder.slot), {&fd, 1});
+  }
+}
+
+int Daemon::capture_request(Client& c, std::span<const uint8_t> rec, std::vector<UniqueFd>& fds,
+                            uint32_t* processes) {
+  CaptureBody body;
+  if (const int err = decode_request_body(rec, &body)) return err;
+  if (c.capture_sink.valid()) return EALREADY;
+  if (c.slot || c.channel_slot || c.watches_gids || fds.size() != 1) return EINVAL;
+  // What the holders will write to: a unix SEQPACKET socket, nothing else.
+  int domain = 0, type = 0;
+  socklen_t len = sizeof domain;
+  if (getsockopt(fds[0].get(), SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0 || domain != AF_UNIX)
+    return EINVAL;
+  len = sizeof type;
+  if (getsockopt(fds[0].get(), SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET)
+    return EINVAL;
+  c.capture_sink = std::move(fds[0]);
+  c.capture_filter = body.filter;
+  const int fd = c.capture_sink.get();
+  *processes = 0;
+  for (auto& [id, holder] : clients_) {
+    if (captures(c, holder) &&
+        send_record(holder.fd.get(), encode_capture_on(*holder.slot), {&fd, 1}) == 0)
+      ++*processes;
+  }
+  log("pid " + std::to_string(c.pid) + " captures " +
+      (body.filter == kCaptureAll ? std::string("every slot")
+                                  : "slot or pid " + std::to_string(body.filter)) +
+      ": " + std::to_string(*processes) + " processes now");
+  return 0;
 }
 
 void Daemon::publish_gids() {

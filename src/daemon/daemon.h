@@ -147,6 +147,8 @@ class Daemon {
     bool reattached = false;               // the slot came back through kReattach
     std::optional<CounterReport> report;   // the latest kReportCounters
     int64_t report_ms = 0;
+    UniqueFd capture_sink;        // a capturer's socket (kCapture): pushed to matching holders
+    uint32_t capture_filter = 0;  // CaptureBody::filter
   };
 
   Daemon(const DaemonOptions& options, DaemonHandoff handoff);
@@ -159,6 +161,13 @@ class Daemon {
   // Why a new connection of `cred` is refused (an errno), or 0.
   int refusal(uid_t uid, pid_t pid) const;
   int conn_request(Client& c, MsgType type, std::span<const uint8_t> rec);
+  // kCapture: the connection becomes a capturer; *processes: the holders that got its socket.
+  int capture_request(Client& c, std::span<const uint8_t> rec, std::vector<UniqueFd>& fds,
+                      uint32_t* processes);
+  // Whether `capturer` may capture `holder`'s slot and asked for it.
+  static bool captures(const Client& capturer, const Client& holder);
+  // Pushes every matching capturer's socket to a holder that just leased or reattached a slot.
+  void push_captures_to(Client& holder);
   // kMcastAttach / kMcastDetach (mcast_members.h); leave_groups: every group of a reclaimed slot.
   int mcast_request(Client& c, MsgType type, std::span<const uint8_t> rec);
   void leave_groups(unsigned slot);

@@ -95,6 +95,7 @@ template int decode_request_body(std::span<const uint8_t>, SlotInfo*);
 template int decode_request_body(std::span<const uint8_t>, ConnRecord*);
 template int decode_request_body(std::span<const uint8_t>, CommIdBody*);
 template int decode_request_body(std::span<const uint8_t>, McastBody*);
+template int decode_request_body(std::span<const uint8_t>, CaptureBody*);
 
 std::vector<uint8_t> encode_hello(const HelloInfo& info) {
   return record(MsgType::kHello, info);
@@ -116,6 +117,40 @@ std::vector<uint8_t> encode_mcast(MsgType type, uint32_t qpn, const net::Address
   McastBody body{.qpn = qpn, .reserved = 0, .group = {}};
   std::memcpy(body.group, group.bytes().data(), sizeof body.group);
   return record(type, body);
+}
+
+std::vector<uint8_t> encode_capture(uint32_t filter) {
+  return record(MsgType::kCapture, CaptureBody{filter, 0});
+}
+
+std::vector<uint8_t> encode_capture_on(uint32_t slot) {
+  return record(MsgType::kCaptureOn, CaptureOnBody{slot, 0});
+}
+
+std::vector<uint8_t> encode_capturing(uint32_t processes) {
+  return record(MsgType::kCapturing, CapturingBody{processes, 0});
+}
+
+int decode_capturing(std::span<const uint8_t> rec, uint32_t* processes) {
+  MsgHeader h;
+  if (const int err = check_reply(rec, MsgType::kCapturing, &h)) return err;
+  CapturingBody body;
+  if (rec.size() != sizeof h + sizeof body) return EPROTO;
+  std::memcpy(&body, rec.data() + sizeof h, sizeof body);
+  *processes = body.processes;
+  return 0;
+}
+
+int decode_capture_on(std::span<const uint8_t> rec, uint32_t* slot) {
+  MsgHeader h;
+  if (const int err = decode_header(rec, &h)) return err;
+  CaptureOnBody body;
+  if (h.type != static_cast<uint16_t>(MsgType::kCaptureOn) || h.status != 0 ||
+      rec.size() != sizeof h + sizeof body)
+    return EPROTO;
+  std::memcpy(&body, rec.data() + sizeof h, sizeof body);
+  *slot = body.slot;
+  return 0;
 }
 
 std::vector<uint8_t> encode_conn_down(uint32_t local_comm_id) {

@@ -47,6 +47,19 @@
 //                    socket, so the kernel delivers the group's datagrams to that socket only
 //                    (mcast_members.h); the memberships go when the slot is reclaimed
 //   kMcastDetach{McastBody}  -> kOk, or ENOENT (not attached)
+//   kCapture{CaptureBody} (+ SCM_RIGHTS: one end of the capturer's SOCK_SEQPACKET socket pair)
+//                 -> kCapturing{how many processes got it}, or kError: EINVAL (no fd, not a
+//                    unix SEQPACKET socket; a connection that holds a slot or is a channel),
+//                    EALREADY (captures already): `urdma capture`. The daemon pushes the socket
+//                    to every slot holder that matches the filter (a slot number, a pid, or
+//                    kCaptureAll) and whose user the capturer may see (its own, or every user's
+//                    for root), and to each such holder that leases a slot while the connection
+//                    stays open; the connection does nothing else. The holders write a record
+//                    of every datagram they send and receive to it (net/capture_tap.h) until
+//                    writing fails — the capturer closed its end
+//   kCaptureOn{CaptureOnBody} (+ SCM_RIGHTS: that socket): a push on the connection holding a
+//                    slot, never a reply; Client takes it wherever it reads (a call's reply may
+//                    come after one) and hands it to the runtime (Client::keep's CaptureSink)
 // kError carries an errno in `status`: EBUSY (every slot is leased, or the user's share),
 // EALREADY (this connection holds a slot already), EPROTONOSUPPORT (version), EPROTO (malformed).
 // A slot belongs to its connection: when the connection closes (the process exited or died) the
@@ -80,7 +93,7 @@
 namespace urdma::daemon {
 
 inline constexpr uint32_t kProtocolMagic = 0x75724d44;  // "urMD"
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 4;
 // Room for the largest record (kGids with kMaxGids entries).
 inline constexpr size_t kMaxMessageBytes = 32768;
 
@@ -107,6 +120,9 @@ enum class MsgType : uint16_t {
   kConnDown = 20,
   kMcastAttach = 21,
   kMcastDetach = 22,
+  kCapture = 23,
+  kCaptureOn = 24,
+  kCapturing = 25,
 };
 
 // How a daemon serves (HelloInfo::mode, ClientsPage::mode).
@@ -147,6 +163,23 @@ struct McastBody {
   uint8_t group[16];  // IPv6 or IPv4-mapped, as net::Address
 };
 static_assert(sizeof(McastBody) == 24);
+
+// The body of kCapture: which slot holders to capture.
+inline constexpr uint32_t kCaptureAll = 0xFFFFFFFF;
+struct CaptureBody {
+  uint32_t filter;  // kCaptureAll, or a slot number or a pid: the holders that match either
+  uint32_t reserved;
+};
+// The body of a kCaptureOn push: the slot it is for.
+struct CaptureOnBody {
+  uint32_t slot;
+  uint32_t reserved;
+};
+// The body of the kCapturing reply.
+struct CapturingBody {
+  uint32_t processes;  // slot holders that got the socket now
+  uint32_t reserved;
+};
 
 // The body of kListen / kUnlisten and of kMadChannel.
 struct ServiceIdBody {
@@ -357,9 +390,17 @@ std::vector<uint8_t> encode_hello(const HelloInfo& info);
 std::vector<uint8_t> encode_conn_up(const ConnRecord& conn);
 std::vector<uint8_t> encode_conn_down(uint32_t local_comm_id);
 std::vector<uint8_t> encode_mcast(MsgType type, uint32_t qpn, const net::Address& group);
+std::vector<uint8_t> encode_capture(uint32_t filter);
+std::vector<uint8_t> encode_capture_on(uint32_t slot);
+std::vector<uint8_t> encode_capturing(uint32_t processes);
+// kCapturing: 0 with *processes; kError: its errno; anything else EPROTO.
+int decode_capturing(std::span<const uint8_t> record, uint32_t* processes);
+// A kCaptureOn push: 0 with *slot, or EPROTO (another type, malformed).
+int decode_capture_on(std::span<const uint8_t> record, uint32_t* slot);
 // A request's fixed body (kListen, kUnlisten: ServiceIdBody; kMadChannel: SlotBody;
 // kQueryClients: ClientsQuery; kReportCounters: CounterReport; kReattach: SlotInfo; kConnUp:
-// ConnRecord; kConnDown: CommIdBody; kMcastAttach, kMcastDetach: McastBody): 0 or EPROTO.
+// ConnRecord; kConnDown: CommIdBody; kMcastAttach, kMcastDetach: McastBody; kCapture:
+// CaptureBody): 0 or EPROTO.
 template <class Body>
 int decode_request_body(std::span<const uint8_t> record, Body* body);
 

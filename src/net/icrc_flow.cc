@@ -59,6 +59,12 @@ bool icrc_ok(std::span<const uint8_t> udp_payload, const Endpoint& src, const En
   return false;
 }
 
+wire::Ipv4IcrcMatch ipv4_icrc_match(std::span<const uint8_t> udp_payload, const Endpoint& src,
+                                    const Endpoint& dst, wire::Ipv4DfSearch df_search) {
+  if (!sizable(udp_payload.size()) || !src.address.is_v4() || !dst.address.is_v4()) return {};
+  return wire::verify_icrc_ipv4(ipv4_flow(src, dst), udp_payload, df_search);
+}
+
 bool icrc_exact(std::span<const uint8_t> udp_payload, const Endpoint& src, const Endpoint& dst) {
   if (!sizable(udp_payload.size())) return false;
   if (src.address.is_v4() && dst.address.is_v4())

@@ -30,6 +30,11 @@ bool seal_icrc(std::span<uint8_t> udp_payload, const Endpoint& src, const Endpoi
 // short or too long to carry an ICRC.
 bool icrc_ok(std::span<const uint8_t> udp_payload, const Endpoint& src, const Endpoint& dst,
              wire::Ipv4DfSearch df_search);
+// For an IPv4 datagram received on a socket: the (ID, DF) its ICRC was computed with, when some
+// allowed by `df_search` makes it correct (wire::verify_icrc_ipv4); not ok otherwise, and for
+// IPv6 or mixed families.
+wire::Ipv4IcrcMatch ipv4_icrc_match(std::span<const uint8_t> udp_payload, const Endpoint& src,
+                                    const Endpoint& dst, wire::Ipv4DfSearch df_search);
 
 // The same with IPv4's header taken to be exactly the one urdma sends (ID 0, DF set): for
 // checking urdma's own sender.

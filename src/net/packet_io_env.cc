@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "base/env.h"
+#include "net/capture_tap.h"
 #include "net/faulty_packet_io.h"
 #include "net/udp_socket_io.h"
 
@@ -31,7 +32,8 @@ bool env_switch(const char* name, bool* on, std::string* error) {
 
 }  // namespace
 
-std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, std::string* error) {
+std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, std::string* error,
+                                                  CaptureTap** tap) {
   // The engine offers receive buffers of rx_buffer_bytes(), so the runtime's I/O may coalesce.
   UdpSocketIoOptions options{.source_ports = kDefaultSourcePorts, .gro = true};
   if (!env_switch(kUdpGsoEnvVar, &options.gso, error) ||
@@ -41,7 +43,15 @@ std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, st
   }
   std::unique_ptr<PacketIo> io = UdpSocketIo::adopt(fd, error, options);
   if (!io) return nullptr;
-  return wrap_with_faults(std::move(io), clock, std::getenv(kFaultsEnvVar), error);
+  CaptureTap* tapped = nullptr;
+  if (tap != nullptr) {
+    auto owned = std::make_unique<CaptureTap>(std::move(io), static_cast<uint32_t>(getpid()));
+    tapped = owned.get();
+    io = std::move(owned);
+  }
+  io = wrap_with_faults(std::move(io), clock, std::getenv(kFaultsEnvVar), error);
+  if (io && tap != nullptr) *tap = tapped;
+  return io;
 }
 
 }  // namespace urdma::net

@@ -33,8 +33,11 @@ std::unique_ptr<PacketIo> wrap_with_faults(std::unique_ptr<PacketIo> io, const C
 // Adopts the bound UDP socket `fd` (a urdmad slot socket) as a UdpSocketIo with
 // kDefaultSourcePorts per-flow source ports, UDP GSO and GRO per URDMA_UDP_GSO and
 // URDMA_UDP_GRO, wrapped per
-// URDMA_FAULTS from the environment.
+// URDMA_FAULTS from the environment. With `tap`, the socket I/O is wrapped in a CaptureTap
+// (capture_tap.h: `urdma capture`), under the fault profile, and *tap points at it.
 // Null with the reason in *error when either fails (the fd is closed).
-std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, std::string* error);
+class CaptureTap;
+std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, std::string* error,
+                                                  CaptureTap** tap = nullptr);
 
 }  // namespace urdma::net

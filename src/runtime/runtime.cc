@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "net/capture_tap.h"
 #include "net/packet_io_env.h"
 #include "runtime/lazy_timer.h"
 
@@ -151,7 +152,8 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
   // The slot socket as UdpSocketIo with per-flow source ports, wrapped per URDMA_FAULTS. The
   // clock a fault wrapper keeps must outlive it: MonotonicClock is stateless, one static will do.
   static const net::MonotonicClock kFaultClock;
-  std::unique_ptr<net::PacketIo> io = net::make_packet_io_from_env(fd, kFaultClock, detail);
+  net::CaptureTap* tap = nullptr;
+  std::unique_ptr<net::PacketIo> io = net::make_packet_io_from_env(fd, kFaultClock, detail, &tap);
   if (!io) {
     *err = EIO;
     return nullptr;
@@ -161,7 +163,11 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
   // (daemon/client.h); ~Runtime stops it before the engine goes.
   Runtime* r = rt.get();
   auto report = [r] { return counter_report(r->counters(), r->device().qp_count()); };
-  if (int e = client->keep(std::move(*slot), report)) {
+  // A capturer's socket (`urdma capture`) goes to the tap, which the engine thread reads.
+  auto capture = [tap](daemon::UniqueFd socket, uint32_t at) {
+    tap->add_sink(socket.release(), at);
+  };
+  if (int e = client->keep(std::move(*slot), report, capture)) {
     *err = e;
     *detail = "could not keep the slot";
     return nullptr;

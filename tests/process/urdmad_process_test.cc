@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -513,6 +514,102 @@ int igmp_users(const std::string& hex) {
 // Multicast membership requests (kMcastAttach/kMcastDetach) are another process's input: only
 // the slot's own QPNs, only multicast addresses; the daemon joins the group on the slot's socket
 // for the first QP and leaves it after the last, and when the slot is reclaimed.
+// `urdma capture`'s request (protocol.h, kCapture): only a unix SEQPACKET socket on a
+// connection that holds nothing; urdmad hands it to the holders there are (counted in the reply)
+// and, ahead of its lease reply, to each that leases later; the holder's keeper gives it to its
+// sink. What the holder writes there, the capturer reads.
+TEST_F(UrdmadProcess, ACaptureSocketReachesEveryHolderNowAndLater) {
+  in_fresh_netns([] {
+    Client early;
+    ASSERT_EQ(connect_client(&early), 0);
+    Slot early_slot;
+    ASSERT_EQ(early.acquire_slot(&early_slot), 0);
+    const unsigned early_index = early_slot.info.slot;
+    std::mutex mu;
+    std::vector<std::pair<int, uint32_t>> got;  // (fd, slot) per push, per holder
+    auto sink_for = [&](int holder) {
+      return [&, holder](UniqueFd socket, uint32_t at) {
+        std::lock_guard lock(mu);
+        got.emplace_back(holder, at);
+        // The holder writes one record; the test reads it at the capturer's end.
+        const uint32_t word = 0xC0FFEE00u | static_cast<uint32_t>(holder);
+        (void)send(socket.get(), &word, sizeof word, MSG_DONTWAIT | MSG_NOSIGNAL);
+      };
+    };
+    ASSERT_EQ(early.keep(std::move(early_slot), nullptr, sink_for(1)), 0);
+
+    Client cap;
+    ASSERT_EQ(connect_client(&cap), 0);
+    int udp = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    uint32_t n = 99;
+    EXPECT_EQ(cap.capture(daemon::kCaptureAll, udp, &n), EINVAL) << "not a unix SEQPACKET socket";
+    close(udp);
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    EXPECT_EQ(early.capture(daemon::kCaptureAll, sv[1], &n), EINVAL) << "a slot holder cannot capture";
+    ASSERT_EQ(cap.capture(daemon::kCaptureAll, sv[1], &n), 0);
+    EXPECT_EQ(n, 1u) << "the one holder there is";
+    EXPECT_EQ(cap.capture(daemon::kCaptureAll, sv[1], &n), EALREADY);
+    close(sv[1]);
+
+    // A process that leases now has the socket before its slot.
+    Client late;
+    ASSERT_EQ(connect_client(&late), 0);
+    Slot late_slot;
+    ASSERT_EQ(late.acquire_slot(&late_slot), 0);
+    const unsigned late_index = late_slot.info.slot;
+    ASSERT_EQ(late.keep(std::move(late_slot), nullptr, sink_for(2)), 0);
+    {
+      std::lock_guard lock(mu);
+      EXPECT_TRUE(std::ranges::count(got, std::pair<int, uint32_t>{2, late_index}) == 1)
+          << "the late holder's push came before its keeper started";
+    }
+    for (int i = 0; i < 100; ++i) {
+      {
+        std::lock_guard lock(mu);
+        if (got.size() >= 2) break;
+      }
+      usleep(20000);
+    }
+    {
+      std::lock_guard lock(mu);
+      EXPECT_EQ(got.size(), 2u);
+      EXPECT_EQ(std::ranges::count(got, std::pair<int, uint32_t>{1, early_index}), 1);
+    }
+    std::set<uint32_t> words;
+    for (int i = 0; i < 2; ++i) {
+      uint32_t w = 0;
+      pollfd p{sv[0], POLLIN, 0};
+      ASSERT_EQ(poll(&p, 1, 2000), 1);
+      ASSERT_EQ(recv(sv[0], &w, sizeof w, 0), 4);
+      words.insert(w);
+    }
+    EXPECT_EQ(words, (std::set<uint32_t>{0xC0FFEE01u, 0xC0FFEE02u}));
+    close(sv[0]);
+
+    // A filter names holders by slot or by pid (both holders are this process's); anything
+    // else matches nobody.
+    for (const auto& [filter, expected] :
+         std::vector<std::pair<uint32_t, uint32_t>>{{early_index, 1},
+                                                    {static_cast<uint32_t>(getpid()), 2},
+                                                    {early_index + 1000, 0}}) {
+      Client other;
+      ASSERT_EQ(connect_client(&other), 0);
+      int pair[2];
+      ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair), 0);
+      uint32_t matched = 99;
+      EXPECT_EQ(other.capture(filter, pair[1], &matched), 0);
+      EXPECT_EQ(matched, expected) << "filter " << filter;
+      close(pair[0]);
+      close(pair[1]);
+    }
+
+    early.stop_keeping();
+    late.stop_keeping();
+    EXPECT_TRUE(stop_daemon(cap));
+  });
+}
+
 TEST_F(UrdmadProcess, MulticastMembershipsAreTheSlotsOwnAndGoWithIt) {
   in_fresh_netns([] {
     ASSERT_TRUE(add_local_veth("mc", "10.95.0.1/24"));

@@ -49,6 +49,7 @@
 #include "net/packet_io_env.h"
 #include "net/udp_socket_io.h"
 #include "netns_harness.h"
+#include "tshark.h"
 #include "provider/device.h"
 #include "support/qp_setup.h"
 
@@ -58,15 +59,6 @@ namespace {
 constexpr uint16_t kRocePort = 4791;
 constexpr auto kOpDeadline = std::chrono::seconds(10);
 
-// tshark's heuristic payload dissectors take arbitrary RDMA payload bytes for protocols they
-// are not (tests/crosscheck/wire_crosscheck_test.py explains); the InfiniBand dissector stays.
-constexpr const char* kPayloadHeuristics[] = {
-    "rpcrdma_infiniband",    "mellanox_eoib",   "eth_over_ib",
-    "iser_infiniband",       "iser_ib_private", "nvme_rdma",
-    "nvme_rdma_cm_private",  "sdp_infiniband",  "sdp_ib_private",
-    "smb_direct_infiniband", "smcr_infiniband", "lnet_ib",
-    "lnet_ib_cm_private",    "fc_infiniband",
-};
 
 bool have(const char* tool) {
   return std::system((std::string("command -v ") + tool + " >/dev/null").c_str()) == 0;
@@ -453,8 +445,7 @@ void check_capture(const std::string& pcap, const std::string& tcpdump_log,
   const size_t packets = std::strtoul(last.c_str(), nullptr, 10);
   EXPECT_GE(packets, 30u) << "the capture holds the exchange";
 
-  std::string tshark = "tshark -r " + pcap + " -o ip.check_checksum:TRUE";
-  for (const char* h : kPayloadHeuristics) tshark += std::string(" --disable-heuristic ") + h;
+  const std::string tshark = tshark_reading(pcap);
   const auto [all_rc, all] = run(tshark + " -T fields -e frame.number");
   EXPECT_EQ(all_rc, 0) << all;
   const auto [ib_rc, ib] = run(tshark + " -Y infiniband -T fields -e frame.number");

@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "capture/capture.h"
 #include "daemon/cm_agent.h"
 #include "daemon/mad_router.h"
 #include "daemon/steering.h"
@@ -1037,6 +1038,85 @@ TEST(Security, TwoUsersOfTheSystemDaemonSeeOnlyTheirOwnProcesses) {
             << "uid " << uid << " sees " << c.dump();
       EXPECT_GE(clients_of(s, "ibv_rc_pingpong", "departed").size(), 2u) << s.dump();
     }
+  });
+}
+
+// uid 65534 runs `urdma capture` under the namespace's system daemon while it and uid 65533 each
+// run an ibv_rc_pingpong pair (1024-byte and 2048-byte messages, one packet each). Its capture holds its own
+// pair's datagrams and not one of the other user's; asked for the other user's server by pid it
+// gets nothing. Root's capture of the same traffic holds both.
+TEST(Security, ACaptureHoldsItsOwnUsersTrafficOnly) {
+  attack([] {
+    need_tool("ibv_rc_pingpong", "ibverbs-utils");
+    start_system_daemon();
+    const ToolRun devinfo = run_line(env() + target().urdma + " run ibv_devinfo -v");
+    const int gid = gid_index_of(devinfo.output, "127.0.0.1");
+    ASSERT_GE(gid, 0) << devinfo.output;
+    constexpr int kIters = 100;
+    auto pingpong = [&](uid_t uid, int size, int port, const std::string& peer) {
+      return launch(env() + as(uid) + target().urdma + " run ibv_rc_pingpong -g " +
+                    std::to_string(gid) + " -n " + std::to_string(kIters) + " -s " +
+                    std::to_string(size) + " -m " + std::to_string(size) + " -c -p " +
+                    std::to_string(port) + peer);
+    };
+    // Captures as a user would start them; `tag` names the file and stops it (pkill -f).
+    auto capture = [&](uid_t uid, const std::string& tag, const std::string& args) {
+      return launch(env() + as(uid) + target().urdma + " capture " + args + " /tmp/" + tag +
+                    ".pcap");
+    };
+    const Started mine = capture(kAttacker, "mine", "");
+    const Started root = capture(0, "root", "");
+    ASSERT_TRUE(wait_output(mine, "processes now", 10000)) << finish(mine, 0).output;
+    ASSERT_TRUE(wait_output(root, "processes now", 10000)) << finish(root, 0).output;
+    Started s1 = pingpong(kAttacker, 1024, 18621, "");
+    Started s2 = pingpong(kOtherUser, 2048, 18622, "");
+    ASSERT_TRUE(wait_listening(18621, 10000)) << finish(s1, 0).output;
+    ASSERT_TRUE(wait_listening(18622, 10000)) << finish(s2, 0).output;
+    // The other user's server, by pid, as root's status shows it.
+    const json all = wait_status(
+        0, [](const json& st) { return clients_of(st, "ibv_rc_pingpong", "slot").size() == 2; },
+        5000);
+    int victim = -1;
+    for (const json& c : clients_of(all, "ibv_rc_pingpong", "slot"))
+      if (c.value("uid", -1) == static_cast<int>(kOtherUser)) victim = c.value("pid", -1);
+    ASSERT_GT(victim, 0) << all.dump();
+    const Started theirs = capture(kAttacker, "theirs", "-i " + std::to_string(victim));
+    ASSERT_TRUE(wait_output(theirs, ": 0 processes now", 10000)) << finish(theirs, 0).output;
+
+    Started c1 = pingpong(kAttacker, 1024, 18621, " 127.0.0.1");
+    Started c2 = pingpong(kOtherUser, 2048, 18622, " 127.0.0.1");
+    for (Started* p : {&s1, &s2, &c1, &c2}) {
+      const ToolRun r = finish(*p, 60000);
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+    }
+    // Ctrl-C to each capture (the [m] keeps the pattern from matching pkill's own shell).
+    for (const char* tag : {"mine", "root", "theirs"}) {
+      const std::string t = tag;
+      sh("pkill -INT -f 'capture .*/tmp/[" + t.substr(0, 1) + "]" + t.substr(1) + "[.]pcap'");
+    }
+    for (const Started* p : {&mine, &root, &theirs}) {
+      // (The shell around it may take the signal too: the tool's last line says it finished.)
+      const ToolRun r = finish(*p, 10000);
+      EXPECT_NE(r.output.find("packets written"), std::string::npos) << r.output;
+    }
+    // SEND Only datagrams by size: BTH + payload + ICRC.
+    auto sends_of = [](const std::string& pcap) {
+      std::map<size_t, int> sizes;
+      const std::string err = capture::for_each_udp(pcap, [&](const capture::UdpDatagram& d) {
+        if (!d.payload.empty() && d.payload[0] == 0x04) ++sizes[d.payload.size()];
+      });
+      EXPECT_EQ(err, "") << pcap;
+      return sizes;
+    };
+    const auto m = sends_of("/tmp/mine.pcap");
+    const auto r = sends_of("/tmp/root.pcap");
+    const auto t = sends_of("/tmp/theirs.pcap");
+    constexpr size_t kOwn = 12 + 1024 + 4, kOther = 12 + 2048 + 4;
+    EXPECT_EQ(m.count(kOther), 0u) << "the other user's messages in uid 65534's capture";
+    EXPECT_GE(m.count(kOwn) ? m.at(kOwn) : 0, 4 * kIters) << "its own pair's, sent and received";
+    EXPECT_TRUE(t.empty()) << "a capture of the other user's process by pid";
+    EXPECT_GE(r.count(kOther) ? r.at(kOther) : 0, 4 * kIters) << "root sees every user's";
+    EXPECT_GE(r.count(kOwn) ? r.at(kOwn) : 0, 4 * kIters);
   });
 }
 

@@ -1,6 +1,7 @@
-// The `urdma` subcommands other than decode (decode.h): run, status, devices.
+// The `urdma` subcommands other than decode (decode.h): run, status, devices, capture.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -33,5 +34,15 @@ struct DevicesOptions {
 };
 // `urdma devices`: urdma0 (this namespace's urdmad) and its GID table.
 int print_devices(const DevicesOptions& options);
+
+struct CaptureOptions {
+  std::string path;               // the pcap file to write
+  uint32_t filter = 0xFFFFFFFF;   // a slot number or a pid; all ones: every process
+  uint64_t count = 0;             // stop after this many packets; 0: when interrupted
+};
+// `urdma capture`: the RoCEv2 datagrams this namespace's urdma processes send and receive, as a
+// raw-IP pcap (capture/pcap_writer.h), until `count` packets or SIGINT/SIGTERM. 0, or 1 (no
+// daemon, a file that cannot be written).
+int capture_packets(const CaptureOptions& options);
 
 }  // namespace urdma::tools

@@ -4,6 +4,7 @@
 //   devices          urdma devices and their GID tables (the index for -g / -x)
 //   decode FILE      print every RoCEv2 packet of a pcap/pcapng capture; exit 1 if any is
 //                    malformed or fails its ICRC, 2 if the file cannot be read.
+//   capture FILE     record what this namespace's urdma processes send and receive as a pcap
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -46,6 +47,18 @@ int main(int argc, char** argv) {
   bool no_start = false;
   devices_cmd->add_flag("--no-start", no_start, "do not start urdmad when none runs (exit 1)");
 
+  urdma::tools::CaptureOptions capture;
+  CLI::App* capture_cmd = app.add_subcommand(
+      "capture",
+      "Record the RoCEv2 packets this network namespace's urdma processes send and receive "
+      "(each packet once as sent, once as received when both ends are here) into a pcap file "
+      "that tshark, Wireshark and `urdma decode` read; until -c packets or Ctrl-C");
+  capture_cmd->add_option("file", capture.path, "the pcap file to write")->required();
+  capture_cmd->add_option("-i,--interface", capture.filter,
+                          "only the process holding this urdmad slot, or with this pid "
+                          "(`urdma status` lists both)");
+  capture_cmd->add_option("-c,--count", capture.count, "stop after this many packets");
+
   urdma::tools::DecodeOptions decode;
   CLI::App* cmd = app.add_subcommand(
       "decode", "Decode every RoCEv2 packet of a pcap/pcapng capture (exit 1 if any is bad)");
@@ -85,6 +98,7 @@ int main(int argc, char** argv) {
     return urdma::tools::run_command(run);
   }
   if (status_cmd->parsed()) return urdma::tools::print_status(status);
+  if (capture_cmd->parsed()) return urdma::tools::capture_packets(capture);
   if (devices_cmd->parsed()) {
     devices.start_daemon = !no_start;
     return urdma::tools::print_devices(devices);

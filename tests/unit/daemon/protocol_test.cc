@@ -361,5 +361,24 @@ TEST(Protocol, RequestBodiesOfStatusAndTakeoverRoundTripAndRefuseWrongSizes) {
     for (size_t j = i + 1; j < kCounterCount; ++j) EXPECT_STRNE(kCounterNames[i], kCounterNames[j]);
 }
 
+TEST(Protocol, CaptureRequestPushAndReplyRoundTrip) {
+  CaptureBody body{};
+  ASSERT_EQ(decode_request_body(encode_capture(1234), &body), 0);
+  EXPECT_EQ(body.filter, 1234u);
+  uint32_t slot = 0;
+  ASSERT_EQ(decode_capture_on(encode_capture_on(7), &slot), 0);
+  EXPECT_EQ(slot, 7u);
+  EXPECT_EQ(decode_capture_on(encode_capturing(7), &slot), EPROTO) << "not a push";
+  EXPECT_EQ(decode_capture_on(encode_request(MsgType::kOk), &slot), EPROTO);
+  uint32_t processes = 0;
+  ASSERT_EQ(decode_capturing(encode_capturing(3), &processes), 0);
+  EXPECT_EQ(processes, 3u);
+  EXPECT_EQ(decode_capturing(encode_error(EALREADY), &processes), EALREADY);
+  EXPECT_EQ(decode_capturing(encode_capture_on(3), &processes), EPROTO);
+  auto cut = encode_capture_on(3);
+  cut.pop_back();
+  EXPECT_EQ(decode_capture_on(cut, &slot), EPROTO) << "short";
+}
+
 }  // namespace
 }  // namespace urdma::daemon

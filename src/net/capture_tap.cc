@@ -1,0 +1,166 @@
+#include "net/capture_tap.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+namespace urdma::net {
+namespace {
+
+uint64_t realtime_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace
+
+CaptureTap::CaptureTap(std::unique_ptr<PacketIo> inner, uint32_t pid)
+    : inner_(std::move(inner)), pid_(pid) {}
+
+CaptureTap::~CaptureTap() {
+  for (const Sink& k : added_) close(k.fd);
+  for (const Sink& k : sinks_) close(k.fd);
+}
+
+void CaptureTap::add_sink(int fd, uint32_t slot) {
+  if (fd < 0) return;
+  std::lock_guard lock(mu_);
+  added_.push_back({fd, slot, 0});
+  changed_.store(true, std::memory_order_release);
+}
+
+void CaptureTap::stop_all() {
+  std::lock_guard lock(mu_);
+  stop_ = true;
+  changed_.store(true, std::memory_order_release);
+}
+
+void CaptureTap::take_changes() {
+  std::lock_guard lock(mu_);
+  changed_.store(false, std::memory_order_relaxed);
+  if (stop_) {
+    for (const Sink& k : sinks_) close(k.fd);
+    sinks_.clear();
+    stop_ = false;
+  }
+  for (const Sink& k : added_) {
+    if (sinks_.size() < kMaxCaptureSinks) {
+      sinks_.push_back(k);
+      ++tap_.sinks;
+    } else {
+      close(k.fd);
+      ++tap_.refused;
+    }
+  }
+  added_.clear();
+}
+
+void CaptureTap::count_dropped(size_t n) {
+  tap_.dropped += n * sinks_.size();
+  for (Sink& k : sinks_) k.dropped_since += static_cast<uint32_t>(n);
+}
+
+void CaptureTap::write(CaptureDirection direction, const Endpoint& src, const Endpoint& dst,
+                       uint8_t traffic_class, uint8_t hop_limit, std::span<const iovec> payload,
+                       bool truncated) {
+  CaptureRecord r{};
+  r.magic = kCaptureRecordMagic;
+  r.version = kCaptureRecordVersion;
+  r.direction = static_cast<uint8_t>(direction);
+  // A socket sends with ID 0 (DF set, unconnected: docs/ARCHITECTURE.md); a receiving socket
+  // does not see the ID.
+  r.ipv4_id_known = direction == CaptureDirection::kSent;
+  r.timestamp_ns = realtime_ns();
+  std::memcpy(r.src_address, src.address.bytes().data(), sizeof r.src_address);
+  std::memcpy(r.dst_address, dst.address.bytes().data(), sizeof r.dst_address);
+  r.src_port = src.port;
+  r.dst_port = dst.port;
+  r.traffic_class = traffic_class;
+  r.hop_limit = hop_limit;
+  r.pid = pid_;
+  size_t length = 0;
+  for (const iovec& v : payload) length += v.iov_len;
+  r.length = static_cast<uint32_t>(length);
+  r.truncated = truncated;
+
+  iovec iov[kMaxTxIov + 1];
+  iov[0] = {&r, sizeof r};
+  const size_t n = std::min(payload.size(), kMaxTxIov);
+  std::copy_n(payload.begin(), n, iov + 1);
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = n + 1;
+  for (size_t i = 0; i < sinks_.size();) {
+    Sink& k = sinks_[i];
+    r.slot = k.slot;
+    r.dropped_before = k.dropped_since;
+    if (sendmsg(k.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) {
+      ++tap_.records;
+      k.dropped_since = 0;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR) {
+      ++tap_.dropped;
+      ++k.dropped_since;
+    } else {
+      // The capturer is gone (EPIPE, ECONNRESET) or the socket is not one.
+      close(k.fd);
+      sinks_.erase(sinks_.begin() + static_cast<std::ptrdiff_t>(i));
+      ++tap_.ended;
+      continue;
+    }
+    ++i;
+  }
+}
+
+void CaptureTap::record_sent(std::span<const TxDatagram> sent) {
+  for (const TxDatagram& d : sent) {
+    if (sinks_.empty()) return;
+    write(CaptureDirection::kSent, Endpoint{d.src, d.src_port}, d.dst, d.traffic_class,
+          d.hop_limit, d.iov, false);
+  }
+}
+
+TxStatus CaptureTap::send(const TxDatagram& d) {
+  if (!on()) [[likely]]
+    return inner_->send(d);
+  const TxStatus status = inner_->send(d);
+  if (status == TxStatus::kSent) record_sent({&d, 1});
+  return status;
+}
+
+size_t CaptureTap::send_batch(std::span<const TxDatagram> batch) {
+  if (!on()) [[likely]]
+    return inner_->send_batch(batch);
+  // What the inner I/O consumed was sent, or rejected (never left: not recorded). Which ones
+  // were rejected only the counter says; a batch with a rejection records none of its datagrams
+  // (they count as dropped): rejections are a bug's or a bad route's, rare.
+  const uint64_t rejected = inner_->counters().tx_rejected;
+  const size_t n = inner_->send_batch(batch);
+  if (inner_->counters().tx_rejected == rejected) {
+    record_sent(batch.first(n));
+  } else {
+    count_dropped(n);
+  }
+  return n;
+}
+
+size_t CaptureTap::recv_batch(std::span<RxDatagram> batch) {
+  const size_t n = inner_->recv_batch(batch);
+  if (n == 0 || !on()) [[likely]]
+    return n;
+  for (const RxDatagram& d : batch.first(n)) {
+    // A coalesced receive (UDP GRO) is several datagrams: one record each.
+    const size_t step = d.segment_bytes == 0 ? d.length : d.segment_bytes;
+    for (size_t at = 0; at < d.length && !sinks_.empty(); at += step) {
+      const iovec v{d.buffer.data() + at, std::min(step, d.length - at)};
+      write(CaptureDirection::kReceived, d.src, d.dst, 0, 0, {&v, 1}, d.truncated);
+    }
+  }
+  return n;
+}
+
+}  // namespace urdma::net
