@@ -24,6 +24,7 @@
 #include <numeric>
 
 #include "base/check.h"
+#include "net/capture_tap.h"
 
 namespace urdma::daemon {
 
@@ -469,7 +470,28 @@ MadDrop Daemon::forward(unsigned slot, std::span<const uint8_t> datagram, const 
   d.dst_port = dst.port;
   if (!deliver_mad(ch->second, clients_.at(ch->second), encode_mad(d, datagram)))
     return MadDrop::kChannelFull;
+  capture_received(slot, datagram, src, dst);
   return MadDrop::kNone;
+}
+
+void Daemon::capture_received(unsigned slot, std::span<const uint8_t> datagram,
+                              const net::Endpoint& src, const net::Endpoint& dst) {
+  const Client* holder = nullptr;
+  for (const auto& [id, c] : clients_)
+    if (c.slot == slot) holder = &c;
+  if (holder == nullptr) return;
+  bool any = false;
+  for (const auto& [id, capturer] : clients_) any |= captures(capturer, *holder);
+  if (!any) return;
+  net::CaptureRecord r = net::make_capture_record(
+      net::CaptureDirection::kReceived, src, dst, 0, 0, static_cast<uint32_t>(holder->pid),
+      datagram.size(), false);
+  r.slot = slot;
+  const iovec piece{const_cast<uint8_t*>(datagram.data()), datagram.size()};
+  // Non-blocking: a capturer that does not read loses the record, never the daemon its time.
+  for (const auto& [id, capturer] : clients_)
+    if (captures(capturer, *holder))
+      (void)net::write_capture_record(capturer.capture_sink.get(), r, {&piece, 1});
 }
 
 bool Daemon::wait_for_listener(const MadRoute& route, std::span<const uint8_t> datagram,

@@ -168,6 +168,10 @@ class Daemon {
   static bool captures(const Client& capturer, const Client& holder);
   // Pushes every matching capturer's socket to a holder that just leased or reattached a slot.
   void push_captures_to(Client& holder);
+  // A MAD delivered to `slot`'s process, recorded for the captures of that process: the MADs
+  // a process receives come through here, not through its engine's socket.
+  void capture_received(unsigned slot, std::span<const uint8_t> datagram,
+                        const net::Endpoint& src, const net::Endpoint& dst);
   // kMcastAttach / kMcastDetach (mcast_members.h); leave_groups: every group of a reclaimed slot.
   int mcast_request(Client& c, MsgType type, std::span<const uint8_t> rec);
   void leave_groups(unsigned slot);

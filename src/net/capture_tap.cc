@@ -65,9 +65,9 @@ void CaptureTap::count_dropped(size_t n) {
   for (Sink& k : sinks_) k.dropped_since += static_cast<uint32_t>(n);
 }
 
-void CaptureTap::write(CaptureDirection direction, const Endpoint& src, const Endpoint& dst,
-                       uint8_t traffic_class, uint8_t hop_limit, std::span<const iovec> payload,
-                       bool truncated) {
+CaptureRecord make_capture_record(CaptureDirection direction, const Endpoint& src,
+                                  const Endpoint& dst, uint8_t traffic_class, uint8_t hop_limit,
+                                  uint32_t pid, size_t length, bool truncated) {
   CaptureRecord r{};
   r.magic = kCaptureRecordMagic;
   r.version = kCaptureRecordVersion;
@@ -82,27 +82,39 @@ void CaptureTap::write(CaptureDirection direction, const Endpoint& src, const En
   r.dst_port = dst.port;
   r.traffic_class = traffic_class;
   r.hop_limit = hop_limit;
-  r.pid = pid_;
-  size_t length = 0;
-  for (const iovec& v : payload) length += v.iov_len;
+  r.pid = pid;
   r.length = static_cast<uint32_t>(length);
   r.truncated = truncated;
+  return r;
+}
 
+int write_capture_record(int fd, const CaptureRecord& header, std::span<const iovec> payload) {
   iovec iov[kMaxTxIov + 1];
-  iov[0] = {&r, sizeof r};
+  iov[0] = {const_cast<CaptureRecord*>(&header), sizeof header};
   const size_t n = std::min(payload.size(), kMaxTxIov);
   std::copy_n(payload.begin(), n, iov + 1);
   msghdr msg{};
   msg.msg_iov = iov;
   msg.msg_iovlen = n + 1;
+  return sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0 ? 0 : errno;
+}
+
+void CaptureTap::write(CaptureDirection direction, const Endpoint& src, const Endpoint& dst,
+                       uint8_t traffic_class, uint8_t hop_limit, std::span<const iovec> payload,
+                       bool truncated) {
+  size_t length = 0;
+  for (const iovec& v : payload) length += v.iov_len;
+  CaptureRecord r = make_capture_record(direction, src, dst, traffic_class, hop_limit, pid_,
+                                        length, truncated);
   for (size_t i = 0; i < sinks_.size();) {
     Sink& k = sinks_[i];
     r.slot = k.slot;
     r.dropped_before = k.dropped_since;
-    if (sendmsg(k.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) {
+    const int err = write_capture_record(k.fd, r, payload);
+    if (err == 0) {
       ++tap_.records;
       k.dropped_since = 0;
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR) {
+    } else if (err == EAGAIN || err == EWOULDBLOCK || err == ENOBUFS || err == EINTR) {
       ++tap_.dropped;
       ++k.dropped_since;
     } else {

@@ -58,6 +58,15 @@ struct CaptureRecord {
 };
 static_assert(sizeof(CaptureRecord) == 80);
 
+// A record's header for one datagram (magic, version, time now, the fields given; slot and
+// dropped_before 0).
+CaptureRecord make_capture_record(CaptureDirection direction, const Endpoint& src,
+                                  const Endpoint& dst, uint8_t traffic_class, uint8_t hop_limit,
+                                  uint32_t pid, size_t length, bool truncated);
+// Writes `header` and the datagram (at most kMaxTxIov pieces) as one record, without blocking
+// and without SIGPIPE: 0, or the errno (EAGAIN/ENOBUFS: the socket is full).
+int write_capture_record(int fd, const CaptureRecord& header, std::span<const iovec> payload);
+
 struct CaptureTapCounters {
   uint64_t records = 0;  // written to a sink
   uint64_t dropped = 0;  // a sink's socket was full, or the datagram was rejected

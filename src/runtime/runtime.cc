@@ -1,6 +1,7 @@
 // The runtime; see runtime.h for the threading design.
 #include "runtime/runtime.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
@@ -163,9 +164,10 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
   // (daemon/client.h); ~Runtime stops it before the engine goes.
   Runtime* r = rt.get();
   auto report = [r] { return counter_report(r->counters(), r->device().qp_count()); };
-  // A capturer's socket (`urdma capture`) goes to the tap, which the engine thread reads.
-  auto capture = [tap](daemon::UniqueFd socket, uint32_t at) {
-    tap->add_sink(socket.release(), at);
+  // A capturer's socket (`urdma capture`) goes to the taps: the engine's, and librdmacm's.
+  rt->engine_tap_ = tap;
+  auto capture = [r](daemon::UniqueFd socket, uint32_t at) {
+    r->capture_pushed(std::move(socket), at);
   };
   if (int e = client->keep(std::move(*slot), report, capture)) {
     *err = e;
@@ -175,6 +177,38 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
   rt->client_ = std::move(client);
   *err = 0;
   return rt;
+}
+
+namespace {
+
+// A capture whose capturer closed its end: the socket hangs up.
+bool capture_ended(int fd) {
+  pollfd p{fd, 0, 0};
+  return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
+int dup_cloexec(int fd) {
+  return fcntl(fd, F_DUPFD_CLOEXEC, 0);
+}
+
+}  // namespace
+
+void Runtime::capture_pushed(daemon::UniqueFd socket, uint32_t slot) {
+  std::lock_guard lock(capture_mu_);
+  std::erase_if(capture_sockets_, [](const auto& c) { return capture_ended(c.first.get()); });
+  for (net::CaptureTap* t : capture_taps_)
+    if (const int copy = dup_cloexec(socket.get()); copy >= 0) t->add_sink(copy, slot);
+  if (const int copy = dup_cloexec(socket.get()); copy >= 0)
+    capture_sockets_.emplace_back(daemon::UniqueFd(copy), slot);
+  if (engine_tap_ != nullptr) engine_tap_->add_sink(socket.release(), slot);
+}
+
+void Runtime::add_capture_tap(net::CaptureTap* tap) {
+  std::lock_guard lock(capture_mu_);
+  std::erase_if(capture_sockets_, [](const auto& c) { return capture_ended(c.first.get()); });
+  capture_taps_.push_back(tap);
+  for (const auto& [socket, slot] : capture_sockets_)
+    if (const int copy = dup_cloexec(socket.get()); copy >= 0) tap->add_sink(copy, slot);
 }
 
 // Poster side of the need-wakeup handshake (runtime.h).

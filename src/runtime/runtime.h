@@ -72,6 +72,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "daemon/client.h"
 #include "engine/engine.h"
@@ -80,6 +82,10 @@
 #include "provider/device.h"
 #include "runtime/busy_poll.h"
 #include "runtime/completion_channel.h"
+
+namespace urdma::net {
+class CaptureTap;
+}  // namespace urdma::net
 
 namespace urdma::runtime {
 
@@ -117,6 +123,11 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // listens on service IDs through it and reads the slot (its number, a dup of its socket for
   // sending CM MADs) from kept_slot(). Client calls are thread-safe (client.h).
   daemon::Client* daemon_client() { return client_.get(); }
+
+  // Any thread: `tap` (an I/O of this process besides the engine's: librdmacm's CM MADs) gets
+  // every capture socket urdmad pushes from now on, and the ones that capture now (`urdma
+  // capture`, net/capture_tap.h). It must outlive the runtime.
+  void add_capture_tap(net::CaptureTap* tap);
 
   // Any thread (ibv_poll_cq finding its CQ empty): runs one engine turn on this thread if
   // nobody holds the progress token; false if somebody does (the engine is being driven).
@@ -185,6 +196,13 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // The connection holding the slot when open() made the runtime (Client::keep holds the slot:
   // closing the connection returns it).
   std::unique_ptr<daemon::Client> client_;
+  // A capture socket urdmad pushed: to the engine's tap and every added one (a copy each).
+  void capture_pushed(daemon::UniqueFd socket, uint32_t slot);
+  std::mutex capture_mu_;
+  net::CaptureTap* engine_tap_ = nullptr;        // set before the keeper starts
+  std::vector<net::CaptureTap*> capture_taps_;   // under capture_mu_
+  // A copy of every pushed socket whose capturer is still there, for taps added later.
+  std::vector<std::pair<daemon::UniqueFd, uint32_t>> capture_sockets_;  // under capture_mu_
 
   net::MonotonicClock clock_;
   std::unique_ptr<net::PacketIo> io_;

@@ -161,6 +161,44 @@ TEST_F(Capture, EveryDatagramOfAPairIsRecordedBySenderAndReceiverAndDecodes) {
       90);
 }
 
+// rdma_cm's MADs are in the capture too: librdmacm's, as it sends them from its own socket, and
+// as urdmad hands them to the receiving process. Debian's rping pair: its REQ, REP, RTU, DREQ
+// and DREP, each recorded by its sender and its receiver.
+TEST_F(Capture, ConnectionManagementMadsAreRecordedBySenderAndReceiver) {
+  if (!have_tool("rping")) GTEST_SKIP() << "no rping (rdmacm-utils)";
+  in_fresh_netns(
+      [] {
+        const std::string pcap = scratch("cm.pcap");
+        const Started cap = start_capture({pcap});
+        ASSERT_TRUE(started_capturing(cap)) << read_file(cap.out_path);
+        const Started server = start("rping -s -V -C 5 -a 127.0.0.1 -p 7181");
+        usleep(500000);
+        const ToolRun client = finish(start("rping -c -V -C 5 -a 127.0.0.1 -p 7181"), 30000);
+        const ToolRun srv = finish(server, 20000);
+        ASSERT_EQ(client.exit_code, 0) << client.output;
+        ASSERT_EQ(srv.exit_code, 0) << srv.output;
+        EXPECT_EQ(stop(cap).exit_code, 0);
+
+        const auto all = frames(pcap);
+        // A GMP: BTH (DestQP 1) + DETH + the 256-byte MAD + ICRC; the CM attribute ID at MAD
+        // bytes 16-17.
+        std::map<uint16_t, int> by_attribute;
+        for (const auto& f : all) {
+          const bool gmp = f.size() == 12 + 8 + 256 + 4 && f[5] == 0 && f[6] == 0 && f[7] == 1;
+          if (gmp) ++by_attribute[static_cast<uint16_t>(f[20 + 16] << 8 | f[20 + 17])];
+        }
+        for (const auto& [name, attribute] : std::vector<std::pair<const char*, uint16_t>>{
+                 {"REQ", 0x10}, {"REP", 0x13}, {"RTU", 0x14}, {"DREQ", 0x15}, {"DREP", 0x16}}) {
+          const int n = by_attribute.count(attribute) ? by_attribute.at(attribute) : 0;
+          EXPECT_GE(n, 2) << name;
+          EXPECT_EQ(n % 2, 0) << name << " recorded " << n << " times";
+        }
+        check_decodes(pcap, all.size());
+        unlink(pcap.c_str());
+      },
+      90);
+}
+
 // -c: the capture ends by itself after exactly that many packets.
 TEST_F(Capture, CountStopsAfterExactlyThatManyPackets) {
   in_fresh_netns(

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "base/env.h"
+#include "net/capture_tap.h"
 #include "runtime/runtime.h"
 #include "verbs/internal.h"
 
@@ -151,8 +152,13 @@ int Cma::open_locked() {
   const int gmp_fd = fcntl(slot->fd.get(), F_DUPFD_CLOEXEC, 0);
   if (gmp_fd < 0) return open_errno = errno;
   std::string io_why;
-  gmp_io_ = urdma::net::UdpSocketIo::adopt(gmp_fd, &io_why, {.gso = false});
-  if (!gmp_io_) return open_errno = errno ? errno : EIO;
+  std::unique_ptr<urdma::net::PacketIo> socket_io =
+      urdma::net::UdpSocketIo::adopt(gmp_fd, &io_why, {.gso = false});
+  if (!socket_io) return open_errno = errno ? errno : EIO;
+  auto tap = std::make_unique<urdma::net::CaptureTap>(std::move(socket_io),
+                                                      static_cast<uint32_t>(getpid()));
+  rt.add_capture_tap(tap.get());  // the Cma and its I/O live as long as the process
+  gmp_io_ = std::move(tap);
 
   std::string why;
   slot_ = slot->info.slot;

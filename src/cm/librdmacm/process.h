@@ -8,8 +8,9 @@
 //  * Receiving: a second urdmad connection is the slot's MAD channel (daemon::Client::
 //    open_mad_channel): REQ/SIDR_REQ for our listened service IDs and every MAD whose
 //    communication ID carries our slot arrive there as GMPs, which gsi::check_gmp checks.
-//  * Sending: gsi::Sender on a UdpSocketIo of its own over a dup of the slot socket, from any
-//    thread holding the lock. One UDP datagram per sendmsg is atomic in the kernel, so it needs
+//  * Sending: gsi::Sender on a UdpSocketIo of its own over a dup of the slot socket (in a
+//    net::CaptureTap, which the runtime gives `urdma capture`'s sockets), from any thread
+//    holding the lock. One UDP datagram per sendmsg is atomic in the kernel, so it needs
 //    nothing from the engine thread (which owns its PacketIo and sends on the same socket); the
 //    source address is the one the kernel routes from toward the peer.
 //  * The CM thread: polls the MAD channel and a wake-up eventfd, with the Manager's next timer
@@ -229,8 +230,9 @@ class Cma {
   urdma::base::SecureRandom rng_;
   urdma::daemon::Client mad_channel_;  // the CM thread's alone once it runs
   unsigned slot_ = 0;
-  // The CM's GMPs, under mu: the slot socket's through an I/O of their own.
-  std::unique_ptr<urdma::net::UdpSocketIo> gmp_io_;
+  // The CM's GMPs, under mu: the slot socket's through an I/O of their own, tapped for `urdma
+  // capture` (the runtime hands it the capture sockets; urdmad records the MADs it delivers).
+  std::unique_ptr<urdma::net::PacketIo> gmp_io_;
   std::optional<urdma::gsi::Sender> gmp_sender_;
   int wake_fd_ = -1;
   std::thread thread_;
