@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <iostream>
 #include <vector>
 
@@ -143,6 +144,11 @@ int capture_packets(const CaptureOptions& options) {
       std::cerr << "urdma capture: " << options.path << ": " << why << '\n';
       return 1;
     }
+    // At most one wake-up a millisecond: the records wait in the socket meanwhile. Woken for
+    // every packet, this process took a core from the processes it watched (two busy-polling
+    // perftest processes on 2 cores: docs/PERFORMANCE.md, "urdma capture").
+    const timespec pause{0, 1'000'000};
+    nanosleep(&pause, nullptr);
   }
   writer.close();
   std::cerr << "urdma capture: " << written << " packets written to " << options.path << "; "
