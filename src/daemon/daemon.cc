@@ -1161,6 +1161,14 @@ int Daemon::capture_request(Client& c, std::span<const uint8_t> rec, std::vector
   len = sizeof type;
   if (getsockopt(fds[0].get(), SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET)
     return EINVAL;
+  // ...whose other end is the capturer's own: this daemon writes MADs into it, and a socket
+  // connected to some other service would carry them there with the daemon's credentials
+  // (SO_PASSCRED). One end of a pair the capturer made names the capturer as its peer.
+  ucred peer{};
+  len = sizeof peer;
+  if (getsockopt(fds[0].get(), SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.pid != c.pid ||
+      peer.uid != c.uid)
+    return EINVAL;
   c.capture_sink = std::move(fds[0]);
   c.capture_filter = body.filter;
   const int fd = c.capture_sink.get();

@@ -49,7 +49,8 @@
 //   kMcastDetach{McastBody}  -> kOk, or ENOENT (not attached)
 //   kCapture{CaptureBody} (+ SCM_RIGHTS: one end of the capturer's SOCK_SEQPACKET socket pair)
 //                 -> kCapturing{how many processes got it}, or kError: EINVAL (no fd, not a
-//                    unix SEQPACKET socket; a connection that holds a slot or is a channel),
+//                    unix SEQPACKET socket whose peer is the caller itself — one end of a pair
+//                    it made; a connection that holds a slot or is a channel),
 //                    EALREADY (captures already): `urdma capture`. The daemon pushes the socket
 //                    to every slot holder that matches the filter (a slot number, a pid, or
 //                    kCaptureAll) and whose user the capturer may see (its own, or every user's

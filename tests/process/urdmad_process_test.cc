@@ -544,6 +544,39 @@ TEST_F(UrdmadProcess, ACaptureSocketReachesEveryHolderNowAndLater) {
     uint32_t n = 99;
     EXPECT_EQ(cap.capture(daemon::kCaptureAll, udp, &n), EINVAL) << "not a unix SEQPACKET socket";
     close(udp);
+    {
+      // A SEQPACKET socket connected to another process's listener: urdmad would write into
+      // that process with its own credentials.
+      const std::string path = "/tmp/urdma_capture_victim_" + std::to_string(getpid());
+      unlink(path.c_str());
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+      int ready[2];
+      ASSERT_EQ(pipe(ready), 0);
+      // The victim makes and listens on the socket itself: its peer credentials are its own.
+      const pid_t victim = fork_process([&] {
+        const int listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (bind(listener, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 ||
+            listen(listener, 1) != 0)
+          return 1;
+        (void)!write(ready[1], "r", 1);
+        const int conn = accept(listener, nullptr, nullptr);
+        char b;
+        return conn >= 0 && recv(conn, &b, 1, 0) >= 0 ? 0 : 1;
+      });
+      char r;
+      ASSERT_EQ(read(ready[0], &r, 1), 1);
+      close(ready[0]);
+      close(ready[1]);
+      const int to_victim = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+      ASSERT_EQ(connect(to_victim, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+      EXPECT_EQ(cap.capture(daemon::kCaptureAll, to_victim, &n), EINVAL)
+          << "a socket whose peer is another process";
+      close(to_victim);
+      EXPECT_TRUE(wait_exit(victim, 2000));
+      unlink(path.c_str());
+    }
     int sv[2];
     ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
     EXPECT_EQ(early.capture(daemon::kCaptureAll, sv[1], &n), EINVAL) << "a slot holder cannot capture";
