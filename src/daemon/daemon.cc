@@ -480,18 +480,18 @@ void Daemon::capture_received(unsigned slot, std::span<const uint8_t> datagram,
   for (const auto& [id, c] : clients_)
     if (c.slot == slot) holder = &c;
   if (holder == nullptr) return;
-  bool any = false;
-  for (const auto& [id, capturer] : clients_) any |= captures(capturer, *holder);
-  if (!any) return;
-  net::CaptureRecord r = net::make_capture_record(
-      net::CaptureDirection::kReceived, src, dst, 0, 0, static_cast<uint32_t>(holder->pid),
-      datagram.size(), false);
-  r.slot = slot;
+  std::optional<net::CaptureRecord> r;  // made for the first capturer
   const iovec piece{const_cast<uint8_t*>(datagram.data()), datagram.size()};
-  // Non-blocking: a capturer that does not read loses the record, never the daemon its time.
-  for (const auto& [id, capturer] : clients_)
-    if (captures(capturer, *holder))
-      (void)net::write_capture_record(capturer.capture_sink.get(), r, {&piece, 1});
+  for (const auto& [id, capturer] : clients_) {
+    if (!captures(capturer, *holder)) continue;
+    if (!r) {
+      r = net::make_capture_record(net::CaptureDirection::kReceived, src, dst, 0, 0,
+                                   static_cast<uint32_t>(holder->pid), datagram.size(), false);
+      r->slot = slot;
+    }
+    // Non-blocking: a capturer that does not read loses the record, never the daemon its time.
+    (void)net::write_capture_record(capturer.capture_sink.get(), *r, {&piece, 1});
+  }
 }
 
 bool Daemon::wait_for_listener(const MadRoute& route, std::span<const uint8_t> datagram,

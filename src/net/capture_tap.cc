@@ -34,20 +34,9 @@ void CaptureTap::add_sink(int fd, uint32_t slot) {
   changed_.store(true, std::memory_order_release);
 }
 
-void CaptureTap::stop_all() {
-  std::lock_guard lock(mu_);
-  stop_ = true;
-  changed_.store(true, std::memory_order_release);
-}
-
 void CaptureTap::take_changes() {
   std::lock_guard lock(mu_);
   changed_.store(false, std::memory_order_relaxed);
-  if (stop_) {
-    for (const Sink& k : sinks_) close(k.fd);
-    sinks_.clear();
-    stop_ = false;
-  }
   for (const Sink& k : added_) {
     if (sinks_.size() < kMaxCaptureSinks) {
       sinks_.push_back(k);
@@ -72,9 +61,6 @@ CaptureRecord make_capture_record(CaptureDirection direction, const Endpoint& sr
   r.magic = kCaptureRecordMagic;
   r.version = kCaptureRecordVersion;
   r.direction = static_cast<uint8_t>(direction);
-  // A socket sends with ID 0 (DF set, unconnected: docs/ARCHITECTURE.md); a receiving socket
-  // does not see the ID.
-  r.ipv4_id_known = direction == CaptureDirection::kSent;
   r.timestamp_ns = realtime_ns();
   std::memcpy(r.src_address, src.address.bytes().data(), sizeof r.src_address);
   std::memcpy(r.dst_address, dst.address.bytes().data(), sizeof r.dst_address);

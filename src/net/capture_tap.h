@@ -38,9 +38,9 @@ enum class CaptureDirection : uint8_t { kSent = 0, kReceived = 1 };
 struct CaptureRecord {
   uint32_t magic;
   uint16_t version;
-  uint8_t direction;      // CaptureDirection
-  uint8_t ipv4_id_known;  // 1: ipv4_id is the packet's; 0: a received IPv4 datagram (a UDP
-                          // socket never sees the ID: the reader solves for it from the ICRC)
+  uint8_t direction;  // CaptureDirection. A sent IPv4 datagram left with ID 0 (DF set); a
+                      // received one's ID a socket never sees: the reader solves it from the ICRC
+  uint8_t truncated;  // 1: the datagram was longer than the receive buffer
   uint64_t timestamp_ns;  // CLOCK_REALTIME
   uint8_t src_address[16];  // IPv6 or IPv4-mapped, as net::Address
   uint8_t dst_address[16];
@@ -48,15 +48,13 @@ struct CaptureRecord {
   uint16_t dst_port;
   uint8_t traffic_class;  // sent: what the datagram asked for (0: the socket's default)
   uint8_t hop_limit;      // sent: likewise; received: 0 (not reported by the socket)
-  uint16_t ipv4_id;
+  uint16_t reserved;
   uint32_t pid;             // the process
   uint32_t slot;            // its urdmad slot
   uint32_t dropped_before;  // records this process could not deliver since its previous one
   uint32_t length;          // UDP payload bytes that follow
-  uint8_t truncated;        // 1: the datagram was longer than the receive buffer
-  uint8_t reserved[7];
 };
-static_assert(sizeof(CaptureRecord) == 80);
+static_assert(sizeof(CaptureRecord) == 72);
 
 // A record's header for one datagram (magic, version, time now, the fields given; slot and
 // dropped_before 0).
@@ -86,10 +84,9 @@ class CaptureTap final : public PacketIo {
   CaptureTap& operator=(const CaptureTap&) = delete;
 
   // Any thread: from the next send or receive on, records also go to `fd` (a connected
-  // SOCK_SEQPACKET socket, adopted: this I/O closes it), for slot `slot`.
+  // SOCK_SEQPACKET socket, adopted: this I/O closes it), for slot `slot`. A sink ends when its
+  // capturer closes the other end.
   void add_sink(int fd, uint32_t slot);
-  // Any thread: every sink is closed at the next send or receive.
-  void stop_all();
 
   uint16_t source_port(uint16_t wanted) const override { return inner_->source_port(wanted); }
   TxStatus send(const TxDatagram& d) override;
@@ -111,7 +108,7 @@ class CaptureTap final : public PacketIo {
     uint32_t slot;
     uint32_t dropped_since;  // records this sink missed since its last one
   };
-  // True when records are to be written (takes what add_sink / stop_all handed over first).
+  // True when records are to be written (takes the sinks add_sink handed over first).
   bool on() {
     if (changed_.load(std::memory_order_acquire)) [[unlikely]]
       take_changes();
@@ -131,7 +128,6 @@ class CaptureTap final : public PacketIo {
   std::atomic<bool> changed_{false};
   std::mutex mu_;
   std::vector<Sink> added_;  // under mu_
-  bool stop_ = false;        // under mu_
   // The I/O thread's.
   std::vector<Sink> sinks_;
   CaptureTapCounters tap_;

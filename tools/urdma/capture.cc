@@ -57,9 +57,10 @@ bool to_datagram(std::span<const uint8_t> rec, capture::IpUdpDatagram* d, uint32
   d->traffic_class = r.traffic_class;
   d->hop_limit = r.hop_limit != 0 ? r.hop_limit : 64;
   d->payload = rec.subspan(sizeof r);
-  d->ipv4_id = r.ipv4_id;
+  // Sent: as a socket sends it, ID 0 with DF set (unconnected: docs/ARCHITECTURE.md).
+  d->ipv4_id = 0;
   d->dont_fragment = true;
-  if (v4 && !r.ipv4_id_known) {
+  if (v4 && r.direction == static_cast<uint8_t>(net::CaptureDirection::kReceived)) {
     // The ICRC names the ID (and DF) the sender used; a datagram whose ICRC fails keeps ID 0,
     // and the file shows the failure as it was.
     const wire::Ipv4IcrcMatch m =
