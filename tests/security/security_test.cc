@@ -976,21 +976,35 @@ TEST(Security, ASilentConnectionFloodLeavesRoomForOtherUsers) {
 
 // ---- 7. users under one system daemon ----
 
+// `ibv_rc_pingpong -n ITERS ARGS -c -p PORT[ PEER]` as `uid` under `urdma run`, on GID `gid`.
+Started pingpong_as(uid_t uid, int gid, int iters, const std::string& args, int port,
+                    const std::string& peer) {
+  return launch(env() + as(uid) + target().urdma + " run ibv_rc_pingpong -g " +
+                std::to_string(gid) + " -n " + std::to_string(iters) + " " + args + " -c -p " +
+                std::to_string(port) + peer);
+}
+
+// The system daemon started, the GID index of 127.0.0.1 as root's `ibv_devinfo -v` shows it
+// (-1 with a failure when there is none).
+int system_daemon_loopback_gid() {
+  start_system_daemon();
+  const ToolRun devinfo = run_line(env() + target().urdma + " run ibv_devinfo -v");
+  const int gid = gid_index_of(devinfo.output, "127.0.0.1");
+  EXPECT_GE(gid, 0) << devinfo.output;
+  return gid;
+}
+
 // uids 65534 and 65533 each run an ibv_rc_pingpong pair at once through the namespace's system
 // daemon. All four finish with their data checked; each user's `urdma status` lists that user's
 // processes only, root's lists everyone's.
 TEST(Security, TwoUsersOfTheSystemDaemonSeeOnlyTheirOwnProcesses) {
   attack([] {
     need_tool("ibv_rc_pingpong", "ibverbs-utils");
-    start_system_daemon();
-    const ToolRun devinfo = run_line(env() + target().urdma + " run ibv_devinfo -v");
-    const int gid = gid_index_of(devinfo.output, "127.0.0.1");
-    ASSERT_GE(gid, 0) << devinfo.output;
+    const int gid = system_daemon_loopback_gid();
+    ASSERT_GE(gid, 0);
     constexpr int kIters = 2000;
     auto pingpong = [&](uid_t uid, int port, const std::string& peer) {
-      return launch(env() + as(uid) + target().urdma + " run ibv_rc_pingpong -g " +
-                    std::to_string(gid) + " -n " + std::to_string(kIters) + " -s 4096 -c -p " +
-                    std::to_string(port) + peer);
+      return pingpong_as(uid, gid, kIters, "-s 4096", port, peer);
     };
     Started s1 = pingpong(kAttacker, 18611, "");
     Started s2 = pingpong(kOtherUser, 18612, "");
@@ -1042,22 +1056,18 @@ TEST(Security, TwoUsersOfTheSystemDaemonSeeOnlyTheirOwnProcesses) {
 }
 
 // uid 65534 runs `urdma capture` under the namespace's system daemon while it and uid 65533 each
-// run an ibv_rc_pingpong pair (1024-byte and 2048-byte messages, one packet each). Its capture holds its own
-// pair's datagrams and not one of the other user's; asked for the other user's server by pid it
-// gets nothing. Root's capture of the same traffic holds both.
+// run an ibv_rc_pingpong pair (1024-byte and 2048-byte messages, one packet each). Its capture
+// holds its own pair's datagrams and not one of the other user's; asked for the other user's
+// server by pid it gets nothing. Root's capture of the same traffic holds both.
 TEST(Security, ACaptureHoldsItsOwnUsersTrafficOnly) {
   attack([] {
     need_tool("ibv_rc_pingpong", "ibverbs-utils");
-    start_system_daemon();
-    const ToolRun devinfo = run_line(env() + target().urdma + " run ibv_devinfo -v");
-    const int gid = gid_index_of(devinfo.output, "127.0.0.1");
-    ASSERT_GE(gid, 0) << devinfo.output;
+    const int gid = system_daemon_loopback_gid();
+    ASSERT_GE(gid, 0);
     constexpr int kIters = 100;
     auto pingpong = [&](uid_t uid, int size, int port, const std::string& peer) {
-      return launch(env() + as(uid) + target().urdma + " run ibv_rc_pingpong -g " +
-                    std::to_string(gid) + " -n " + std::to_string(kIters) + " -s " +
-                    std::to_string(size) + " -m " + std::to_string(size) + " -c -p " +
-                    std::to_string(port) + peer);
+      const std::string s = std::to_string(size);
+      return pingpong_as(uid, gid, kIters, "-s " + s + " -m " + s, port, peer);
     };
     // Captures as a user would start them; `tag` names the file and stops it (pkill -f).
     auto capture = [&](uid_t uid, const std::string& tag, const std::string& args) {
