@@ -96,6 +96,10 @@ class CaptureTap final : public PacketIo {
   size_t rx_buffer_bytes() const override { return inner_->rx_buffer_bytes(); }
   IoCounters counters() const override { return inner_->counters(); }
   uint64_t next_deadline_ns() const override { return inner_->next_deadline_ns(); }
+  bool arm_wakeup() override { return inner_->arm_wakeup(); }
+  void disarm_wakeup() override { inner_->disarm_wakeup(); }
+  bool rx_pending() override { return inner_->rx_pending(); }
+  void watch_writable(bool on) override { inner_->watch_writable(on); }
 
   // Read by the thread that sends and receives (tests).
   const CaptureTapCounters& tap_counters() const { return tap_; }

@@ -98,6 +98,10 @@ class FaultyPacketIo final : public PacketIo {
   // When the earliest held-back datagram is due by time (or the inner I/O's deadline; kNever if
   // none).
   uint64_t next_deadline_ns() const override;
+  bool arm_wakeup() override { return inner_->arm_wakeup(); }
+  void disarm_wakeup() override { inner_->disarm_wakeup(); }
+  bool rx_pending() override { return inner_->rx_pending(); }
+  void watch_writable(bool on) override { inner_->watch_writable(on); }
   size_t held() const { return held_.size(); }
   const FaultCounters& fault_counters() const { return faults_; }
   const FaultProfile& profile() const { return profile_; }

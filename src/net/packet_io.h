@@ -144,6 +144,20 @@ class PacketIo {
   // a held-back datagram's time (FaultyPacketIo). kNever for I/Os that need none. An engine
   // thread that sleeps bounds its sleep by it, as by its own timers.
   virtual uint64_t next_deadline_ns() const { return kNever; }
+
+  // Any thread, around a sleep on readable_fd(): arm_wakeup asks for datagrams that do not make
+  // the fd readable by themselves (shm_packet_io.h: a peer's ring) to do so, and is false when
+  // some wait already (do not sleep: disarm and take a turn); disarm_wakeup withdraws it. Each
+  // arm_wakeup has its disarm_wakeup, true or false. A socket's I/O needs neither.
+  virtual bool arm_wakeup() { return true; }
+  virtual void disarm_wakeup() {}
+  // Any thread: whether such datagrams wait now (a thread that spins before it sleeps looks).
+  virtual bool rx_pending() { return false; }
+
+  // The caller also waits for room to send, on readable_fd() — where that fd is not the socket
+  // itself (an epoll set of the decorator's: shm_packet_io.h), it becomes readable when the
+  // socket is writable. A socket's I/O needs nothing: the caller polls its fd for POLLOUT.
+  virtual void watch_writable(bool on) { (void)on; }
 };
 
 }  // namespace urdma::net

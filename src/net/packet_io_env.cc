@@ -7,6 +7,7 @@
 #include "base/env.h"
 #include "net/capture_tap.h"
 #include "net/faulty_packet_io.h"
+#include "net/shm_packet_io.h"
 #include "net/udp_socket_io.h"
 
 namespace urdma::net {
@@ -32,17 +33,33 @@ bool env_switch(const char* name, bool* on, std::string* error) {
 
 }  // namespace
 
+bool shm_enabled_from_env(bool* on, std::string* error) {
+  *on = true;
+  return env_switch(kShmEnvVar, on, error);
+}
+
 std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, std::string* error,
-                                                  CaptureTap** tap) {
+                                                  CaptureTap** tap, ShmSetup* shm) {
   // The engine offers receive buffers of rx_buffer_bytes(), so the runtime's I/O may coalesce.
   UdpSocketIoOptions options{.source_ports = kDefaultSourcePorts, .gro = true};
   if (!env_switch(kUdpGsoEnvVar, &options.gso, error) ||
       !env_switch(kUdpGroEnvVar, &options.gro, error)) {
     close(fd);
+    if (shm != nullptr && shm->doorbell >= 0) close(shm->doorbell);
     return nullptr;
   }
   std::unique_ptr<PacketIo> io = UdpSocketIo::adopt(fd, error, options);
-  if (!io) return nullptr;
+  if (!io) {
+    if (shm != nullptr && shm->doorbell >= 0) close(shm->doorbell);
+    return nullptr;
+  }
+  if (shm != nullptr && shm->doorbell >= 0) {
+    auto owned = std::make_unique<ShmPacketIo>(std::move(io), clock, shm->own_range,
+                                               shm->doorbell, std::move(shm->want),
+                                               std::move(shm->is_local));
+    shm->io = owned.get();
+    io = std::move(owned);
+  }
   CaptureTap* tapped = nullptr;
   if (tap != nullptr) {
     auto owned = std::make_unique<CaptureTap>(std::move(io), static_cast<uint32_t>(getpid()));
@@ -51,6 +68,7 @@ std::unique_ptr<PacketIo> make_packet_io_from_env(int fd, const Clock& clock, st
   }
   io = wrap_with_faults(std::move(io), clock, std::getenv(kFaultsEnvVar), error);
   if (io && tap != nullptr) *tap = tapped;
+  if (!io && shm != nullptr) shm->io = nullptr;
   return io;
 }
 

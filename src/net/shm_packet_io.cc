@@ -1,0 +1,365 @@
+#include "net/shm_packet_io.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "base/check.h"
+
+namespace urdma::net {
+namespace {
+
+// RoCEv2's multicast QPN (IBA 9.6.1.2): never a ring's, whatever range it falls in.
+constexpr uint32_t kMulticastQpn = 0xFFFFFF;
+constexpr unsigned kRangeShift = 12;  // daemon/steering.h's kSlotShift: 4096 QPNs per range
+
+void epoll_add(int epfd, int fd, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  base::check(epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) == 0, "epoll_ctl(ADD) on the shm set");
+}
+
+// The BTH's DestQP (bytes 5-7, wire/headers.h) of a datagram about to be sent; kMulticastQpn
+// when the first piece does not hold it (a datagram the engine did not build: not for a ring).
+uint32_t dest_qp(const TxDatagram& d) {
+  if (d.iov.empty() || d.iov[0].iov_len < 8) return kMulticastQpn;
+  const auto* b = static_cast<const uint8_t*>(d.iov[0].iov_base);
+  return (uint32_t{b[5]} << 16) | (uint32_t{b[6]} << 8) | b[7];
+}
+
+}  // namespace
+
+ShmPacketIo::Peer::~Peer() {
+  if (base != nullptr) munmap(base, kShmRegionBytes);
+  if (doorbell >= 0) close(doorbell);
+}
+
+ShmPacketIo::ShmPacketIo(std::unique_ptr<PacketIo> inner, const Clock& clock, uint32_t own_range,
+                         int doorbell, Want want, IsLocal is_local)
+    : inner_(std::move(inner)),
+      clock_(clock),
+      own_range_(own_range),
+      doorbell_(doorbell),
+      want_(std::move(want)),
+      is_local_(std::move(is_local)) {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  base::check(epoll_fd_ >= 0, "epoll_create1 for the shm set");
+  epoll_add(epoll_fd_, inner_->readable_fd(), EPOLLIN);
+  if (doorbell_ >= 0) epoll_add(epoll_fd_, doorbell_, EPOLLIN);
+}
+
+ShmPacketIo::~ShmPacketIo() {
+  close(epoll_fd_);
+  if (doorbell_ >= 0) close(doorbell_);
+}
+
+int ShmPacketIo::add_peer(uint32_t peer_range, uint32_t side, int region_fd, int peer_doorbell) {
+  auto peer = std::make_unique<Peer>();
+  peer->range = peer_range;
+  peer->doorbell = peer_doorbell;
+  struct stat st{};
+  const int seals = fcntl(region_fd, F_GET_SEALS);
+  constexpr int kNeeded = F_SEAL_SHRINK | F_SEAL_GROW;
+  if (side > 1 || fstat(region_fd, &st) != 0 ||
+      static_cast<size_t>(st.st_size) != kShmRegionBytes || seals < 0 ||
+      (seals & kNeeded) != kNeeded) {
+    close(region_fd);
+    return EINVAL;
+  }
+  void* base = mmap(nullptr, kShmRegionBytes, PROT_READ | PROT_WRITE, MAP_SHARED, region_fd, 0);
+  const int err = errno;
+  close(region_fd);
+  if (base == MAP_FAILED) return err;
+  peer->base = base;
+  peer->tx = std::make_unique<ShmProducer>(shm_ring_header(base, side), shm_ring_data(base, side));
+  peer->rx =
+      std::make_unique<ShmConsumer>(shm_ring_header(base, 1 - side), shm_ring_data(base, 1 - side));
+  std::lock_guard lock(mu_);
+  changes_.push_back({true, peer_range, std::move(peer)});
+  changed_.store(true, std::memory_order_release);
+  return 0;
+}
+
+void ShmPacketIo::remove_peer(uint32_t peer_range) {
+  std::lock_guard lock(mu_);
+  changes_.push_back({false, peer_range, nullptr});
+  changed_.store(true, std::memory_order_release);
+}
+
+void ShmPacketIo::take_changes() {
+  std::vector<std::unique_ptr<Peer>> gone;  // unmapped after the lock is let go
+  std::lock_guard lock(mu_);
+  changed_.store(false, std::memory_order_relaxed);
+  for (Change& c : changes_) {
+    auto it = std::find_if(peers_.begin(), peers_.end(),
+                           [&](const auto& p) { return p->range == c.range; });
+    if (it != peers_.end()) {
+      gone.push_back(std::move(*it));
+      peers_.erase(it);
+    }
+    if (c.add && peers_.size() < kMaxPeers) {
+      // A process that sleeps now must hear from the new ring too.
+      if (armed_ > 0) {
+        c.peer->rx->arm();
+        rung_maybe_ = true;
+      }
+      peers_.push_back(std::move(c.peer));
+      ++shm_.peers;
+    }
+  }
+  changes_.clear();
+  next_rx_ = 0;
+}
+
+ShmPacketIo::Peer* ShmPacketIo::find(uint32_t range) const {
+  for (const auto& p : peers_)
+    if (p->range == range) return p.get();
+  return nullptr;
+}
+
+bool ShmPacketIo::local(const Address& a) {
+  for (const auto& [addr, yes] : local_seen_)
+    if (addr == a) return yes;
+  const bool yes = is_local_ && is_local_(a);
+  if (local_seen_.size() >= 64) local_seen_.erase(local_seen_.begin());
+  local_seen_.emplace_back(a, yes);
+  return yes;
+}
+
+ShmPacketIo::Peer* ShmPacketIo::route(const TxDatagram& d) {
+  const uint32_t qpn = dest_qp(d);
+  const uint32_t range = qpn >> kRangeShift;
+  if (qpn == kMulticastQpn || range == 0 || range == own_range_) return nullptr;
+  Peer* p = find(range);
+  if (p != nullptr) return local(d.dst.address) ? p : nullptr;
+  if (!want_ || !local(d.dst.address)) return nullptr;
+  const uint64_t now = clock_.now_ns();
+  auto it = std::find_if(asked_.begin(), asked_.end(), [&](const auto& a) { return a.first == range; });
+  if (it != asked_.end() && now - it->second < kAskAgainNs) return nullptr;
+  if (it != asked_.end()) {
+    it->second = now;
+  } else {
+    if (asked_.size() >= 256) asked_.erase(asked_.begin());
+    asked_.emplace_back(range, now);
+  }
+  ++shm_.asked;
+  want_(d.dst.address, qpn);
+  return nullptr;
+}
+
+TxStatus ShmPacketIo::put(Peer& p, const TxDatagram& d) {
+  if (p.dropping.load(std::memory_order_relaxed)) {
+    ++shm_.tx_dropped;
+    ++io_.tx_rejected;
+    return TxStatus::kRejected;
+  }
+  const size_t length = d.size_bytes();
+  if (length > kShmMaxPayloadBytes || d.iov.size() > kMaxTxIov) {
+    ++io_.tx_rejected;
+    return TxStatus::kRejected;
+  }
+  ShmRecord r{};
+  r.src_port = d.src_port;
+  r.traffic_class = d.traffic_class;
+  r.hop_limit = d.hop_limit;
+  // A socket's kernel would pick the source for an unspecified one: for a local destination,
+  // the destination itself.
+  const Address& src = d.src.is_unspecified() ? d.dst.address : d.src;
+  std::memcpy(r.src, src.bytes().data(), sizeof r.src);
+  std::memcpy(r.dst, d.dst.address.bytes().data(), sizeof r.dst);
+  switch (p.tx->put(r, d.iov, length)) {
+    case ShmProducer::Put::kOk:
+      p.full_since_ns = 0;
+      ++shm_.tx_datagrams;
+      ++io_.tx_datagrams;
+      io_.tx_bytes += length;
+      return TxStatus::kSent;
+    case ShmProducer::Put::kFull: {
+      // Full for a moment: the engine waits. Full for long (a peer stopped or gone with its
+      // region still held): lost, as a full socket buffer loses datagrams; the ring is used
+      // again when it has room.
+      const uint64_t now = clock_.now_ns();
+      if (p.full_since_ns == 0) p.full_since_ns = now;
+      if (now - p.full_since_ns < kStuckNs) {
+        ++shm_.tx_full;
+        ++io_.tx_would_block;
+        blocked_ = true;
+        return TxStatus::kWouldBlock;
+      }
+      break;
+    }
+    case ShmProducer::Put::kBroken:
+      ++shm_.broken;
+      p.dropping.store(true, std::memory_order_relaxed);
+      break;
+  }
+  ++shm_.tx_dropped;
+  ++io_.tx_rejected;
+  return TxStatus::kRejected;
+}
+
+void ShmPacketIo::publish_all() {
+  for (const auto& p : peers_) {
+    if (!p->tx->publish()) continue;
+    const uint64_t one = 1;
+    ssize_t n = write(p->doorbell, &one, sizeof one);
+    (void)n;  // EAGAIN only near 2^64: readable anyway
+    ++shm_.doorbells;
+  }
+}
+
+TxStatus ShmPacketIo::send(const TxDatagram& d) {
+  if (changed_.load(std::memory_order_acquire)) [[unlikely]]
+    take_changes();
+  blocked_ = false;
+  Peer* p = peers_.empty() && !want_ ? nullptr : route(d);
+  if (p == nullptr) return inner_->send(d);
+  const TxStatus s = put(*p, d);
+  publish_all();
+  return s;
+}
+
+size_t ShmPacketIo::send_batch(std::span<const TxDatagram> batch) {
+  if (changed_.load(std::memory_order_acquire)) [[unlikely]]
+    take_changes();
+  blocked_ = false;
+  size_t done = 0;
+  while (done < batch.size()) {
+    // The run of datagrams for the socket goes as one batch (sendmmsg, GSO).
+    size_t run = done;
+    Peer* p = nullptr;
+    while (run < batch.size() && (p = route(batch[run])) == nullptr) ++run;
+    if (run > done) {
+      const size_t sent = inner_->send_batch(batch.subspan(done, run - done));
+      done += sent;
+      if (done < run) break;
+    }
+    if (p == nullptr) break;
+    if (put(*p, batch[done]) == TxStatus::kWouldBlock) break;
+    ++done;
+  }
+  publish_all();
+  return done;
+}
+
+size_t ShmPacketIo::recv_batch(std::span<RxDatagram> batch) {
+  if (changed_.load(std::memory_order_acquire)) [[unlikely]]
+    take_changes();
+  size_t n = 0;
+  const size_t count = peers_.size();
+  for (size_t k = 0; k < count && n < batch.size(); ++k) {
+    Peer& p = *peers_[(next_rx_ + k) % count];
+    if (p.dropping.load(std::memory_order_relaxed)) continue;
+    while (n < batch.size()) {
+      RxDatagram& d = batch[n];
+      ShmRecord r;
+      size_t length = 0;
+      const ShmConsumer::Get got = p.rx->get(&r, d.buffer, &length);
+      if (got == ShmConsumer::Get::kEmpty) break;
+      if (got == ShmConsumer::Get::kBroken) {
+        ++shm_.broken;
+        p.dropping.store(true, std::memory_order_relaxed);
+        break;
+      }
+      d.length = std::min(length, d.buffer.size());
+      d.truncated = length > d.buffer.size();
+      d.segment_bytes = 0;
+      Address::Bytes a;
+      std::memcpy(a.data(), r.src, a.size());
+      d.src = Endpoint{Address(a), r.src_port};
+      std::memcpy(a.data(), r.dst, a.size());
+      d.dst = Endpoint{Address(a), kRoceV2UdpPort};
+      ++n;
+      ++shm_.rx_datagrams;
+      ++io_.rx_datagrams;
+      io_.rx_bytes += d.length;
+      if (d.truncated) ++io_.rx_truncated;
+    }
+    p.rx->release();
+  }
+  if (count > 0) next_rx_ = (next_rx_ + 1) % count;
+  if (n == batch.size()) return n;
+  // The socket: always without regions; with them, when due (shm_packet_io.h).
+  const uint64_t now = count > 0 ? clock_.now_ns() : 0;
+  if (count > 0 && !udp_due_.load(std::memory_order_relaxed) && now - last_udp_poll_ns_ < kUdpPollNs) {
+    ++shm_.udp_polls_skipped;
+    return n;
+  }
+  udp_due_.store(false, std::memory_order_relaxed);
+  last_udp_poll_ns_ = now;
+  return n + inner_->recv_batch(batch.subspan(n));
+}
+
+IoCounters ShmPacketIo::counters() const {
+  IoCounters c = inner_->counters();
+  c.tx_datagrams += io_.tx_datagrams;
+  c.tx_bytes += io_.tx_bytes;
+  c.tx_would_block += io_.tx_would_block;
+  c.tx_rejected += io_.tx_rejected;
+  c.rx_datagrams += io_.rx_datagrams;
+  c.rx_bytes += io_.rx_bytes;
+  c.rx_truncated += io_.rx_truncated;
+  return c;
+}
+
+uint64_t ShmPacketIo::next_deadline_ns() const {
+  const uint64_t inner = inner_->next_deadline_ns();
+  if (!blocked_) return inner;
+  return std::min(inner, clock_.now_ns() + kRetryNs);
+}
+
+bool ShmPacketIo::arm_wakeup() {
+  std::lock_guard lock(mu_);
+  ++armed_;
+  // A doorbell written for an earlier sleep, whose records a turn has taken since: read now,
+  // or it would end this sleep at once (and every later one: epoll is level-triggered). Only
+  // a ring this I/O armed can have rung it.
+  if (rung_maybe_) {
+    uint64_t v;
+    ssize_t n = read(doorbell_, &v, sizeof v);
+    (void)n;
+    rung_maybe_ = false;
+  }
+  bool idle = true;
+  for (const auto& p : peers_) {
+    if (p->dropping.load(std::memory_order_relaxed)) continue;
+    idle = p->rx->arm() && idle;
+    rung_maybe_ = true;
+  }
+  for (const Change& c : changes_)
+    if (c.add) idle = false;  // a region came: take it first
+  return idle;
+}
+
+bool ShmPacketIo::rx_pending() {
+  std::lock_guard lock(mu_);
+  for (const auto& p : peers_)
+    if (!p->dropping.load(std::memory_order_relaxed) && p->rx->pending()) return true;
+  return !changes_.empty();
+}
+
+void ShmPacketIo::disarm_wakeup() {
+  std::lock_guard lock(mu_);
+  if (armed_ > 0) --armed_;
+  // Whatever woke the thread, the socket is read on its next receive.
+  udp_due_.store(true, std::memory_order_relaxed);
+  if (armed_ > 0) return;
+  for (const auto& p : peers_) p->rx->disarm();
+}
+
+void ShmPacketIo::watch_writable(bool on) {
+  inner_->watch_writable(on);
+  epoll_event ev{};
+  ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
+  ev.data.fd = inner_->readable_fd();
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, inner_->readable_fd(), &ev);
+}
+
+}  // namespace urdma::net

@@ -1,0 +1,146 @@
+// The shared-memory rings two urdma processes of one host exchange RoCEv2 datagrams through
+// (net/shm_packet_io.h routes to them; urdmad sets them up: daemon/protocol.h, kShmConnect).
+//
+// A REGION is one sealed memfd that urdmad makes for a pair of slots: two rings, one per
+// direction. Side 0 (the slot that asked) writes ring 0 and reads ring 1; side 1 the other way.
+//
+//   [ring 0 header, 4 KiB][ring 0 data, kShmRingDataBytes][ring 1 header][ring 1 data]
+//
+// Each ring is single-producer, single-consumer (liburing's SQ/CQ rings are the model): the
+// producer owns `head`, the consumer owns `tail`, both count bytes since the start and only
+// grow; (position & (kShmRingDataBytes - 1)) is where a byte lives. A record is a ShmRecord
+// header followed by the UDP payload, padded to 8 bytes; a record never wraps: when it does not
+// fit before the end of the data area, the producer writes kShmWrap there and the record starts
+// at the beginning.
+//
+// NOTHING IN THE REGION IS TRUSTED. The peer maps the same pages and may write any byte at any
+// time (a bug, a dying process, a hostile one of the same user). So:
+//  * each side keeps its own index in private memory and only publishes it; the other side's
+//    index is read once per call and checked (0 <= head - tail <= capacity) before use;
+//  * a record header is copied out before it is checked, and the payload copied out before the
+//    engine parses it: a scribble can only make a bad packet, dropped and counted as any;
+//  * every write stays inside this process's mapping of the data area, by construction;
+//  * a ring whose indices or records make no sense is broken: it is not used again (counted),
+//    and the RC timers end the peer's connections as a vanished wire peer's.
+// The memfd is sealed against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+// before either side maps it, so no peer can truncate it under the other's feet (SIGBUS).
+//
+// WAKE-UP: the consumer, about to sleep, stores `wake` = 1 (seq_cst) and reads `head` again; the
+// producer stores `head` (seq_cst) and, if it reads `wake` == 1, swaps it to 0 and writes the
+// consumer's doorbell (an eventfd urdmad made for the consumer's slot). One side sees the other:
+// a datagram is never left unnoticed by a sleeping consumer, and a polling one costs the
+// producer no syscall (the runtime's own doorbell is the same handshake: runtime.h).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace urdma::net {
+
+inline constexpr size_t kShmRingHeaderBytes = 4096;
+inline constexpr size_t kShmRingDataBytes = size_t{4} << 20;  // a power of two
+inline constexpr size_t kShmRingBytes = kShmRingHeaderBytes + kShmRingDataBytes;
+// The memfd's size: two rings.
+inline constexpr size_t kShmRegionBytes = 2 * kShmRingBytes;
+static_assert((kShmRingDataBytes & (kShmRingDataBytes - 1)) == 0);
+
+// The header page of one ring; the three fields on cache lines of their own.
+struct ShmRingHeader {
+  alignas(64) std::atomic<uint64_t> head;  // producer: bytes published
+  alignas(64) std::atomic<uint64_t> tail;  // consumer: bytes consumed
+  alignas(64) std::atomic<uint32_t> wake;  // consumer: 1 = asleep, write the doorbell
+};
+static_assert(sizeof(ShmRingHeader) <= kShmRingHeaderBytes);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+// One record's header, 8-byte aligned in the data area. Addresses as net::Address stores them
+// (16 bytes, IPv4 as IPv4-mapped).
+struct ShmRecord {
+  uint32_t length;  // UDP payload bytes that follow; kShmWrap: the rest of the area is unused
+  uint16_t src_port;
+  uint8_t traffic_class;
+  uint8_t hop_limit;
+  uint8_t src[16];
+  uint8_t dst[16];
+};
+static_assert(sizeof(ShmRecord) == 40);
+inline constexpr uint32_t kShmWrap = 0xFFFFFFFF;
+inline constexpr size_t kShmRecordAlign = 8;
+// The largest payload a record carries (a UDP payload's limit, packet_io.h's
+// kMaxUdpPayloadBytes); a record claiming more is a scribble.
+inline constexpr size_t kShmMaxPayloadBytes = 65'507;
+
+// Ring `i` of a region mapped at `base`.
+inline ShmRingHeader* shm_ring_header(void* base, unsigned i) {
+  return static_cast<ShmRingHeader*>(
+      static_cast<void*>(static_cast<uint8_t*>(base) + i * kShmRingBytes));
+}
+inline uint8_t* shm_ring_data(void* base, unsigned i) {
+  return static_cast<uint8_t*>(base) + i * kShmRingBytes + kShmRingHeaderBytes;
+}
+
+// The producer's view of one ring. Not thread-safe: one thread at a time (the engine's).
+class ShmProducer {
+ public:
+  ShmProducer(ShmRingHeader* header, uint8_t* data);
+
+  enum class Put : uint8_t {
+    kOk,      // written; visible to the consumer after publish()
+    kFull,    // no room now (the consumer is behind); nothing written
+    kBroken,  // the consumer's index makes no sense: the ring is not used again
+  };
+  // Writes one record: `record` (its length field is set here) and `length` payload bytes
+  // gathered from `payload`. length <= kShmMaxPayloadBytes.
+  Put put(const ShmRecord& record, std::span<const iovec> payload, size_t length);
+  // Makes what put() wrote visible. True when the consumer sleeps and its doorbell must be
+  // written (the flag is taken: one write per sleep).
+  bool publish();
+  bool broken() const { return broken_; }
+
+ private:
+  ShmRingHeader* const h_;
+  uint8_t* const data_;
+  uint64_t head_;        // private; published to h_->head
+  uint64_t tail_seen_;   // the consumer's tail when last read
+  bool dirty_ = false;   // written since the last publish
+  bool broken_ = false;
+};
+
+// The consumer's view of one ring. get() and release() are one thread's at a time (the
+// engine's); arm() and disarm() only touch the shared header and may run on any thread.
+class ShmConsumer {
+ public:
+  ShmConsumer(ShmRingHeader* header, const uint8_t* data);
+
+  enum class Get : uint8_t { kEmpty, kOk, kBroken };
+  // Copies the next record out: its header into *record, its payload into `into` (at most
+  // into.size() bytes; *length is the payload's full length, so a longer one is truncated).
+  Get get(ShmRecord* record, std::span<uint8_t> into, size_t* length);
+  // Gives what get() copied out back to the producer.
+  void release();
+  bool broken() const { return broken_; }
+
+  // Before the consumer sleeps: asks for the doorbell. False when records wait already (the
+  // request is withdrawn: do not sleep).
+  bool arm();
+  // Awake again: the producer need not write the doorbell.
+  void disarm();
+  // Whether records wait (any thread: the shared indices only).
+  bool pending() const {
+    return h_->head.load(std::memory_order_acquire) != h_->tail.load(std::memory_order_relaxed);
+  }
+
+ private:
+  ShmRingHeader* const h_;
+  const uint8_t* const data_;
+  uint64_t tail_;       // private; published to h_->tail by release()
+  uint64_t head_seen_;  // the producer's head when last read
+  bool dirty_ = false;
+  bool broken_ = false;
+};
+
+}  // namespace urdma::net
