@@ -21,6 +21,7 @@
 #include "base/check.h"
 #include "daemon/daemon.h"
 #include "daemon/paths.h"
+#include "net/shm_ring.h"
 
 #ifndef URDMA_LIB_TO_BIN
 #define URDMA_LIB_TO_BIN "../../bin"
@@ -71,6 +72,29 @@ bool trusted_binary(const std::string& path, std::string* why) {
     *why = "not running " + path + ": " + *why;
     return false;
   }
+  return true;
+}
+
+// A kShmReady's or kShmOn's body and fds as a pair: false unless the fds are a region, sealed
+// against shrinking and growing and net::kShmRegionBytes long (a peer maps it whole: anything
+// else could end in SIGBUS), and a doorbell. The fds are taken either way.
+bool shm_pair_of(const ShmPairBody& body, std::vector<UniqueFd>* fds, ShmPair* pair) {
+  std::vector<UniqueFd> taken = std::move(*fds);
+  fds->clear();
+  if (taken.size() != kShmPairFds) return false;
+  constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+  struct stat st {};
+  const int seals = fcntl(taken[0].get(), F_GET_SEALS);
+  if (fstat(taken[0].get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<size_t>(st.st_size) != net::kShmRegionBytes || seals < 0 ||
+      (seals & kSeals) != kSeals)
+    return false;
+  pair->peer_range = body.peer_range;
+  pair->side = body.side;
+  pair->peer_pid = body.peer_pid;
+  pair->peer_slot = body.peer_slot;
+  pair->region = std::move(taken[0]);
+  pair->peer_doorbell = std::move(taken[1]);
   return true;
 }
 
@@ -357,6 +381,7 @@ struct Client::Keeper {
   Slot slot;
   CounterSource counters;
   CaptureSink capture;
+  ShmSink shm;
   UniqueFd stop;  // an eventfd: written to stop the thread
   std::atomic<uint64_t> reattachments{0};
   std::thread thread;
@@ -381,19 +406,19 @@ int Client::call_record_locked(std::span<const uint8_t> rec, std::vector<uint8_t
   // A refused client may find the connection closed already; the reason is still queued.
   if (send_err != 0 && send_err != EPIPE && send_err != ECONNRESET) return send_err;
   reply->resize(kMaxMessageBytes);
-  // urdmad may have pushed a capturer's socket before the reply (kCaptureOn): its fd is kept
-  // even when the caller expects none.
+  // urdmad may have pushed a capturer's socket or a region before the reply (kCaptureOn,
+  // kShmOn): their fds are kept even when the caller expects none.
   std::vector<UniqueFd> pushed;
   std::vector<UniqueFd>* into = passed != nullptr ? passed : &pushed;
-  ssize_t n = recv_record(fd_.get(), *reply, into);
+  ssize_t n = recv_record(fd_.get(), *reply, into, 0, kShmPairFds);
   for (int pushes = 0; n > 0 && pushes < 64; ++pushes) {
-    if (!take_capture_push({reply->data(), static_cast<size_t>(n)}, into)) break;
+    if (!take_push({reply->data(), static_cast<size_t>(n)}, into)) break;
     reply->resize(kMaxMessageBytes);
-    n = recv_record(fd_.get(), *reply, into);
+    n = recv_record(fd_.get(), *reply, into, 0, kShmPairFds);
   }
   // A daemon that refused us closed the connection with our request unread: the kernel reports
   // ECONNRESET first (once), and the refusal record is still queued behind it.
-  if (n == -ECONNRESET) n = recv_record(fd_.get(), *reply, passed, MSG_DONTWAIT);
+  if (n == -ECONNRESET) n = recv_record(fd_.get(), *reply, passed, MSG_DONTWAIT, kShmPairFds);
   if (n == -EAGAIN && send_err) return send_err;
   if (n < 0) return -n == EAGAIN ? ETIMEDOUT : static_cast<int>(-n);
   if (n == 0) return send_err ? send_err : ECONNRESET;
@@ -567,6 +592,25 @@ int Client::mcast_detach(uint32_t qpn, const net::Address& group) {
   return err ? err : decode_ok(reply);
 }
 
+int Client::shm_accept(UniqueFd* doorbell) {
+  std::vector<uint8_t> reply;
+  std::vector<UniqueFd> fds;
+  if (const int err = call(MsgType::kShmAccept, &reply, &fds)) return err;
+  if (const int err = decode_shm_accepted(reply)) return err;
+  if (fds.size() != 1) return EPROTO;
+  *doorbell = std::move(fds.front());
+  return 0;
+}
+
+int Client::shm_connect(const net::Address& address, uint32_t qpn, ShmPair* pair) {
+  std::vector<uint8_t> reply;
+  std::vector<UniqueFd> fds;
+  if (const int err = call_record(encode_shm_connect(address, qpn), &reply, &fds)) return err;
+  ShmPairBody body;
+  if (const int err = decode_shm_ready(reply, &body)) return err;
+  return shm_pair_of(body, &fds, pair) ? 0 : EPROTO;
+}
+
 // ---- the keeper ----
 
 Client::Client() = default;
@@ -578,6 +622,7 @@ Client::Client(Client&& other) noexcept
       conns_(std::move(other.conns_)),
       mcast_(std::move(other.mcast_)),
       captures_(std::move(other.captures_)),
+      shm_pushes_(std::move(other.shm_pushes_)),
       hello_(other.hello_),
       socket_path_(std::move(other.socket_path_)) {
   // Moved only before keep(): the keeper thread holds `this`.
@@ -592,6 +637,7 @@ Client& Client::operator=(Client&& other) noexcept {
   conns_ = std::move(other.conns_);
   mcast_ = std::move(other.mcast_);
   captures_ = std::move(other.captures_);
+  shm_pushes_ = std::move(other.shm_pushes_);
   hello_ = other.hello_;
   socket_path_ = std::move(other.socket_path_);
   return *this;
@@ -600,28 +646,56 @@ Client::~Client() {
   stop_keeping();
 }
 
-bool Client::take_capture_push(std::span<const uint8_t> record, std::vector<UniqueFd>* fds) {
+bool Client::take_push(std::span<const uint8_t> record, std::vector<UniqueFd>* fds) {
   uint32_t slot = 0;
-  if (decode_capture_on(record, &slot) != 0) return false;
-  if (fds->size() == 1) {
-    UniqueFd socket = std::move(fds->front());
-    if (keeper_ && keeper_->capture)
-      keeper_->capture(std::move(socket), slot);
-    else
-      captures_.emplace_back(std::move(socket), slot);
+  ShmPairBody body;
+  uint32_t peer_range = 0;
+  if (decode_capture_on(record, &slot) == 0) {
+    if (fds->size() == 1) {
+      UniqueFd socket = std::move(fds->front());
+      if (keeper_ && keeper_->capture)
+        keeper_->capture(std::move(socket), slot);
+      else
+        captures_.emplace_back(std::move(socket), slot);
+    }
+  } else if (decode_shm_on(record, &body) == 0) {
+    ShmPush push{.on = true, .pair = {}};
+    if (shm_pair_of(body, fds, &push.pair)) take_shm_push(std::move(push));
+  } else if (decode_shm_off(record, &peer_range) == 0) {
+    ShmPush push{.on = false, .pair = {}};
+    push.pair.peer_range = peer_range;
+    take_shm_push(std::move(push));
+  } else {
+    return false;
   }
   fds->clear();
   return true;
 }
 
+void Client::take_shm_push(ShmPush push) {
+  if (keeper_ && keeper_->shm) {
+    keeper_->shm(std::move(push));
+    return;
+  }
+  // Kept for keep(). The end of a peer's lease replaces what was kept about it (a region made
+  // and gone before anyone looked), so at most one push per range waits here.
+  if (!push.on)
+    std::erase_if(shm_pushes_,
+                  [&](const ShmPush& p) { return p.pair.peer_range == push.pair.peer_range; });
+  shm_pushes_.push_back(std::move(push));
+}
+
 int Client::capture(uint32_t filter, int socket, uint32_t* processes) {
+  // A kept connection's keeper thread reads it too: without the lock it may take the reply.
+  std::unique_lock<std::mutex> lock;
+  if (keeper_) lock = std::unique_lock(keeper_->mu);
   std::vector<uint8_t> reply;
   const int fds[] = {socket};
   if (const int err = call_record_locked(encode_capture(filter), &reply, nullptr, fds)) return err;
   return decode_capturing(reply, processes);
 }
 
-int Client::keep(Slot slot, CounterSource counters, CaptureSink capture) {
+int Client::keep(Slot slot, CounterSource counters, CaptureSink capture, ShmSink shm) {
   if (keeper_) return EALREADY;
   if (!fd_.valid()) return ENOTCONN;
   if (push_only_) return EBUSY;
@@ -631,9 +705,13 @@ int Client::keep(Slot slot, CounterSource counters, CaptureSink capture) {
   k->slot = std::move(slot);
   k->counters = std::move(counters);
   k->capture = std::move(capture);
+  k->shm = std::move(shm);
   if (k->capture)
     for (auto& [socket, at] : captures_) k->capture(std::move(socket), at);
   captures_.clear();
+  if (k->shm)
+    for (ShmPush& push : shm_pushes_) k->shm(std::move(push));
+  shm_pushes_.clear();
   keeper_ = std::move(k);
   keeper_->thread = std::thread([this] { keep_loop(); });
   return 0;
@@ -689,9 +767,9 @@ void Client::keep_loop() {
       std::lock_guard lock(k.mu);
       std::vector<uint8_t> record(kMaxMessageBytes);
       std::vector<UniqueFd> fds;
-      const ssize_t n = recv_record(fd_.get(), record, &fds, MSG_DONTWAIT);
+      const ssize_t n = recv_record(fd_.get(), record, &fds, MSG_DONTWAIT, kShmPairFds);
       // A push is taken; anything else unsolicited (a kError for a malformed report) is dropped.
-      if (n > 0) (void)take_capture_push({record.data(), static_cast<size_t>(n)}, &fds);
+      if (n > 0) (void)take_push({record.data(), static_cast<size_t>(n)}, &fds);
       gone = n == 0;
     }
     if (gone) {

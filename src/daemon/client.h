@@ -20,7 +20,8 @@
 // A process's runtime then hands the slot to keep(): a thread of the Client that sleeps in poll
 // on the connection. Every second it reports the engine's counters when they changed (the
 // daemon shows them in `urdma status`); it takes the capture sockets urdmad pushes (kCaptureOn,
-// `urdma capture`) to the runtime's sink; when the daemon dies it reconnects — to the keeper's
+// `urdma capture`) and the shared-memory regions and their ends (kShmOn, kShmOff) to the
+// runtime's sinks; when the daemon dies it reconnects — to the keeper's
 // restarted daemon, or one it starts — checks the daemon as above and hands the slot back with
 // its CM listens and connections (protocol.h, RESTART). The slot's socket is never touched: the
 // process's QPs keep working throughout. A daemon that refuses the slot for good (EINVAL, EBUSY:
@@ -60,6 +61,23 @@ struct Slot {
   SlotInfo info{};
 };
 
+// A shared-memory ring pair to another slot of this host (protocol.h, kShmConnect; the layout:
+// net/shm_ring.h).
+struct ShmPair {
+  uint32_t peer_range = 0;  // the other slot's QPN range
+  uint32_t side = 0;        // 0: this process writes ring 0; 1: ring 1
+  uint32_t peer_pid = 0;
+  uint32_t peer_slot = 0;
+  UniqueFd region;         // the sealed memfd, net::kShmRegionBytes long
+  UniqueFd peer_doorbell;  // the other slot's eventfd: written to wake its engine
+};
+// What urdmad pushes about regions: one made by a peer that asked (on: the whole pair), or the
+// end of a peer's lease (off: only pair.peer_range is set).
+struct ShmPush {
+  bool on = false;
+  ShmPair pair;
+};
+
 class Client {
  public:
   // 0 or an errno: ECONNREFUSED (no daemon and spawn off), EACCES (a socket or daemon that
@@ -89,6 +107,16 @@ class Client {
   // 0 or an errno (EINVAL, ENOSPC, ENOMEM, ENODEV; detach: ENOENT).
   int mcast_attach(uint32_t qpn, const net::Address& group);
   int mcast_detach(uint32_t qpn, const net::Address& group);
+  // On the connection holding the slot: this process's engine reads shared-memory rings
+  // (protocol.h, kShmAccept). *doorbell: the slot's eventfd, which peers write to wake it. 0 or
+  // an errno (EINVAL: no slot; EALREADY). After a daemon restart the new daemon knows none:
+  // regions made before keep working, new ones need shm_accept again (a new doorbell).
+  int shm_accept(UniqueFd* doorbell);
+  // The ring pair to the slot holding `qpn`'s range, reached at `address` (kShmConnect): the
+  // same region every time while both leases live. 0 or an errno (EINVAL, EADDRNOTAVAIL, ENOENT,
+  // EPERM, EOPNOTSUPP, EMFILE, ENOMEM, EAGAIN: protocol.h), EPROTO when what came is not a
+  // sealed region of net::kShmRegionBytes and a doorbell.
+  int shm_connect(const net::Address& address, uint32_t qpn, ShmPair* pair);
   // The daemon this client greeted (pid, keeper, uid, mode, namespace).
   const HelloInfo& daemon_info() const { return hello_; }
   // The socket it connected to.
@@ -103,7 +131,11 @@ class Client {
   // `urdma capture`), on whichever thread reads the push; one pushed before keep() is handed
   // over by keep() itself.
   using CaptureSink = std::function<void(UniqueFd socket, uint32_t slot)>;
-  int keep(Slot slot, CounterSource counters, CaptureSink capture = {});
+  // `shm` (when set) takes the regions peers asked for (kShmOn) and the ends of peers' leases
+  // (kShmOff), likewise on whichever thread reads them; those pushed before keep() are handed
+  // over by keep() itself. A kShmOn whose fds are not a sealed region and a doorbell is dropped.
+  using ShmSink = std::function<void(ShmPush push)>;
+  int keep(Slot slot, CounterSource counters, CaptureSink capture = {}, ShmSink shm = {});
   // Stops the keeper thread (the destructor does too). Call it before whatever the counter
   // source reads goes away.
   void stop_keeping();
@@ -149,9 +181,10 @@ class Client {
   int call_record_locked(std::span<const uint8_t> request, std::vector<uint8_t>* reply,
                          std::vector<UniqueFd>* passed, std::span<const int> fds = {});
   int next_push(std::vector<uint8_t>* record);
-  // A record read where a reply was expected: true when it was a kCaptureOn push (taken: to the
-  // keeper's sink, or kept for keep()).
-  bool take_capture_push(std::span<const uint8_t> record, std::vector<UniqueFd>* fds);
+  // A record read where a reply was expected: true when it was a push, kCaptureOn, kShmOn or
+  // kShmOff (taken, its fds with it: to the keeper's sink, or kept for keep()).
+  bool take_push(std::span<const uint8_t> record, std::vector<UniqueFd>* fds);
+  void take_shm_push(ShmPush push);
   int service_request(MsgType type, uint64_t service_id);
   int greet();
 
@@ -166,6 +199,7 @@ class Client {
   std::map<uint32_t, ConnRecord> conns_;  // connections reported up, by local comm ID
   std::set<std::pair<uint32_t, net::Address>> mcast_;  // (QPN, group) attached
   std::vector<std::pair<UniqueFd, uint32_t>> captures_;  // pushed before keep()
+  std::vector<ShmPush> shm_pushes_;                      // pushed before keep()
   HelloInfo hello_{};
   std::string socket_path_;
   std::unique_ptr<Keeper> keeper_;

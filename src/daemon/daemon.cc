@@ -4,7 +4,9 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -25,6 +27,7 @@
 
 #include "base/check.h"
 #include "net/capture_tap.h"
+#include "net/shm_ring.h"
 
 namespace urdma::daemon {
 
@@ -79,6 +82,12 @@ bool same_socket(int a, int b) {
   struct stat sa, sb;
   return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_ino == sb.st_ino &&
          sa.st_dev == sb.st_dev;
+}
+
+// The errno of a failed eventfd, memfd_create, ftruncate or seal, as kShmAccept and kShmConnect
+// say.
+int shm_errno(int err) {
+  return err == EMFILE || err == ENFILE ? EMFILE : ENOMEM;
 }
 
 }  // namespace
@@ -140,6 +149,10 @@ bool Daemon::setup(int* err, std::string* error) {
   };
   // 0. Room for every client's connection: the soft fd limit up to the hard one, and never more
   // clients than fds (an accept failing with EMFILE would leave the listener readable forever).
+  // Shared-memory regions (kShmConnect) take what the clients leave, up to one per pair of slots
+  // that can be leased: a memfd failing with EMFILE then refuses one pair, never an accept.
+  const size_t leasable = slots_.slot_count() - 1;
+  shm_regions_max_ = leasable * (leasable - 1) / 2;
   rlimit nofile{};
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
     if (nofile.rlim_cur < nofile.rlim_max) {
@@ -147,10 +160,12 @@ bool Daemon::setup(int* err, std::string* error) {
       setrlimit(RLIMIT_NOFILE, &nofile);
       getrlimit(RLIMIT_NOFILE, &nofile);
     }
-    // Reserve the group, the loop's own fds, stdio and one in-flight accept.
-    const rlim_t reserved = options_.slot_count + 16;
+    // Reserve the group, a doorbell per slot (kShmAccept), the loop's own fds, stdio and one
+    // in-flight accept.
+    const rlim_t reserved = 2 * rlim_t{slots_.slot_count()} + 16;
     const rlim_t room = nofile.rlim_cur > reserved ? nofile.rlim_cur - reserved : 1;
     if (room < options_.max_clients) options_.max_clients = static_cast<unsigned>(room);
+    shm_regions_max_ = std::min<size_t>(shm_regions_max_, room - options_.max_clients);
   }
 
   // After a restart, survivors reattach their slots before anyone else is given one.
@@ -1088,6 +1103,15 @@ void Daemon::handle_request(uint64_t id, Client& c, std::span<const uint8_t> rec
     uint32_t processes = 0;
     err = capture_request(c, rec, fds, &processes);
     if (err == 0) reply = encode_capturing(processes);
+  } else if (type == MsgType::kShmAccept) {
+    int doorbell = -1;
+    err = rec.size() == sizeof(MsgHeader) ? shm_accept_request(c, &doorbell) : EPROTO;
+    if (err == 0) {
+      reply = encode_request(MsgType::kShmAccepted);
+      pass_fds.push_back(doorbell);
+    }
+  } else if (type == MsgType::kShmConnect) {
+    err = shm_connect_request(c, rec, &reply, &pass_fds);
   } else if (type == MsgType::kHello) {
     err = EALREADY;
   } else if (type == MsgType::kQueryStatus) {
@@ -1185,6 +1209,94 @@ int Daemon::capture_request(Client& c, std::span<const uint8_t> rec, std::vector
   return 0;
 }
 
+Daemon::Client* Daemon::holder_of(unsigned slot) {
+  for (auto& [id, c] : clients_)
+    if (c.slot == slot) return &c;
+  return nullptr;
+}
+
+int Daemon::shm_accept_request(Client& c, int* doorbell) {
+  if (!c.slot) return EINVAL;
+  if (c.doorbell.valid()) return EALREADY;
+  // Reserved in setup: one per slot.
+  c.doorbell.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!c.doorbell.valid()) return shm_errno(errno);
+  *doorbell = c.doorbell.get();
+  log("pid " + std::to_string(c.pid) + " of slot " + std::to_string(*c.slot) +
+      " accepts shared-memory rings");
+  return 0;
+}
+
+int Daemon::shm_connect_request(Client& c, std::span<const uint8_t> rec,
+                                std::vector<uint8_t>* reply, std::vector<int>* pass_fds) {
+  ShmConnectBody body;
+  if (const int err = decode_request_body(rec, &body)) return err;
+  if (!c.slot || !c.doorbell.valid()) return EINVAL;
+  const uint32_t range = range_of_qpn(body.qpn);
+  // A QPN of 24 bits, not the multicast one, not range 0 (QP0, QP1), not the caller's own.
+  if ((body.qpn & ~wire::kQpnMask) != 0 || body.qpn == wire::kQpnMask || range == 0 ||
+      range == range_of_qpn(c.qpn_base))
+    return EINVAL;
+  // The rings stand for the wire between two addresses of this namespace: a peer reached at any
+  // other address is on another host, or behind a route this device does not own.
+  const net::Address address(std::to_array(body.address));
+  const auto gids = gids_.entries();
+  if (std::ranges::none_of(gids, [&](const GidEntry& e) { return e.gid == address; }))
+    return EADDRNOTAVAIL;
+  // The lease holding exactly that range now: its slot's holder, if its current range is it.
+  const unsigned slot = slot_of_range(range, slots_.slot_count());
+  Client* peer = slot == 0 ? nullptr : holder_of(slot);
+  if (peer == nullptr || range_of_qpn(peer->qpn_base) != range) return ENOENT;
+  // Each maps the other's pages and writes the other's doorbell: one user's processes only.
+  if (peer->uid != c.uid) return EPERM;
+  if (!peer->doorbell.valid()) return EOPNOTSUPP;
+  const std::pair<unsigned, unsigned> key = std::minmax(*c.slot, slot);
+  auto it = shm_regions_.find(key);
+  if (it == shm_regions_.end()) {
+    if (shm_regions_.size() >= shm_regions_max_) return EMFILE;
+    // Sealed before anyone maps it: neither side can shrink it under the other (SIGBUS) or grow
+    // it, and no one can add or remove a seal later. The daemon never maps it.
+    UniqueFd memfd(memfd_create("urdma-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!memfd.valid()) return shm_errno(errno);
+    if (ftruncate(memfd.get(), static_cast<off_t>(net::kShmRegionBytes)) != 0 ||
+        fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+      return shm_errno(errno);
+    // The peer holds the region before the caller can write to it. Non-blocking, like every
+    // push: a holder whose connection is full gets none, and the caller none either.
+    const int on_fds[] = {memfd.get(), c.doorbell.get()};
+    const ShmPairBody on{.peer_range = range_of_qpn(c.qpn_base),
+                         .side = 1,
+                         .peer_pid = static_cast<uint32_t>(c.pid),
+                         .peer_slot = *c.slot};
+    if (send_record(peer->fd.get(), encode_shm_pair(MsgType::kShmOn, on), on_fds) != 0)
+      return EAGAIN;
+    it = shm_regions_.emplace(key, ShmRegion{std::move(memfd), *c.slot}).first;
+    log("slots " + std::to_string(*c.slot) + " and " + std::to_string(slot) + " (pid " +
+        std::to_string(c.pid) + ", " + std::to_string(peer->pid) + ") share a region");
+  }
+  *reply = encode_shm_pair(MsgType::kShmReady,
+                           ShmPairBody{.peer_range = range,
+                                       .side = it->second.first_slot == *c.slot ? 0u : 1u,
+                                       .peer_pid = static_cast<uint32_t>(peer->pid),
+                                       .peer_slot = slot});
+  pass_fds->push_back(it->second.memfd.get());
+  pass_fds->push_back(peer->doorbell.get());
+  return 0;
+}
+
+void Daemon::end_shm_regions(const Client& c) {
+  const uint32_t range = range_of_qpn(c.qpn_base);
+  std::erase_if(shm_regions_, [&](const auto& entry) {
+    const auto& [slots, region] = entry;
+    if (slots.first != *c.slot && slots.second != *c.slot) return false;
+    const unsigned other = slots.first == *c.slot ? slots.second : slots.first;
+    // Non-blocking: a holder that does not read misses it, as its engine would a vanished peer.
+    if (const Client* holder = holder_of(other))
+      (void)send_record(holder->fd.get(), encode_shm_off(range));
+    return true;
+  });
+}
+
 void Daemon::publish_gids() {
   const auto record = encode_gids(gids_.entries());
   std::vector<uint64_t> lagging;
@@ -1221,6 +1333,7 @@ void Daemon::drop_client(uint64_t id) {
     // Reclaim: whatever the dead process left queued is read and dropped, then the slot waits
     // at the back of the free list and will hand out its next QPN range.
     const unsigned s = *c.slot;
+    end_shm_regions(c);
     release_connections(s);
     leave_groups(s);
     reset_socket(group_.sockets[s].get());

@@ -149,6 +149,12 @@ class Daemon {
     int64_t report_ms = 0;
     UniqueFd capture_sink;        // a capturer's socket (kCapture): pushed to matching holders
     uint32_t capture_filter = 0;  // CaptureBody::filter
+    UniqueFd doorbell;            // the slot's eventfd once it sent kShmAccept; goes with the lease
+  };
+  // A shared-memory region of two slots (kShmConnect), kept while both leases live.
+  struct ShmRegion {
+    UniqueFd memfd;
+    unsigned first_slot = 0;  // the slot that asked: side 0
   };
 
   Daemon(const DaemonOptions& options, DaemonHandoff handoff);
@@ -172,6 +178,16 @@ class Daemon {
   // a process receives come through here, not through its engine's socket.
   void capture_received(unsigned slot, std::span<const uint8_t> datagram,
                         const net::Endpoint& src, const net::Endpoint& dst);
+  // kShmAccept: the slot's doorbell, made and kept; *doorbell: the fd to pass.
+  int shm_accept_request(Client& c, int* doorbell);
+  // kShmConnect: the region to the slot the QPN names (made, and pushed to its holder, the first
+  // time); *reply and *pass_fds: the kShmReady and its fds.
+  int shm_connect_request(Client& c, std::span<const uint8_t> rec, std::vector<uint8_t>* reply,
+                          std::vector<int>* pass_fds);
+  // A lease ended: kShmOff to the holder of every slot that shared a region with it.
+  void end_shm_regions(const Client& c);
+  // The connection holding `slot`, or null.
+  Client* holder_of(unsigned slot);
   // kMcastAttach / kMcastDetach (mcast_members.h); leave_groups: every group of a reclaimed slot.
   int mcast_request(Client& c, MsgType type, std::span<const uint8_t> rec);
   void leave_groups(unsigned slot);
@@ -275,6 +291,10 @@ class Daemon {
   std::map<uint64_t, unsigned> listeners_;  // service ID -> slot
   std::map<unsigned, uint64_t> channels_;   // slot -> the client id of its MAD channel
   McastMembers mcast_;                      // each slot's multicast groups
+  // The regions, by their two slots (the lower first), and how many may be open at once: what
+  // fds the clients leave (setup), at most one per pair of slots.
+  std::map<std::pair<unsigned, unsigned>, ShmRegion> shm_regions_;
+  size_t shm_regions_max_ = 0;
   ConnTable conns_;                         // each slot's connections, as its process reports
   RequesterTable requesters_;               // where a REJ with RemoteCommID 0 goes
   Releases releases_;                       // DREQs of dead processes awaiting their DREP

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace urdma::daemon {
@@ -38,6 +39,21 @@ struct GidsBody {
   uint32_t count;
   uint32_t reserved;
 };
+
+// A ShmPairBody after its header has been checked: the size, a side, a range of the QPN space.
+int shm_pair_body(std::span<const uint8_t> rec, ShmPairBody* body) {
+  if (rec.size() != sizeof(MsgHeader) + sizeof *body) return EPROTO;
+  std::memcpy(body, rec.data() + sizeof(MsgHeader), sizeof *body);
+  return body->side <= 1 && body->peer_range < kRangeCount ? 0 : EPROTO;
+}
+
+// The type of a record, as far as it has one (0 when shorter than a header).
+uint16_t type_of(std::span<const uint8_t> rec) {
+  if (rec.size() < sizeof(MsgHeader)) return 0;
+  MsgHeader h;
+  std::memcpy(&h, rec.data(), sizeof h);
+  return h.type;
+}
 
 }  // namespace
 
@@ -96,6 +112,7 @@ template int decode_request_body(std::span<const uint8_t>, ConnRecord*);
 template int decode_request_body(std::span<const uint8_t>, CommIdBody*);
 template int decode_request_body(std::span<const uint8_t>, McastBody*);
 template int decode_request_body(std::span<const uint8_t>, CaptureBody*);
+template int decode_request_body(std::span<const uint8_t>, ShmConnectBody*);
 
 std::vector<uint8_t> encode_hello(const HelloInfo& info) {
   return record(MsgType::kHello, info);
@@ -150,6 +167,52 @@ int decode_capture_on(std::span<const uint8_t> rec, uint32_t* slot) {
     return EPROTO;
   std::memcpy(&body, rec.data() + sizeof h, sizeof body);
   *slot = body.slot;
+  return 0;
+}
+
+std::vector<uint8_t> encode_shm_connect(const net::Address& address, uint32_t qpn) {
+  ShmConnectBody body{.address = {}, .qpn = qpn, .reserved = 0};
+  std::memcpy(body.address, address.bytes().data(), sizeof body.address);
+  return record(MsgType::kShmConnect, body);
+}
+
+std::vector<uint8_t> encode_shm_pair(MsgType type, const ShmPairBody& body) {
+  return record(type, body);
+}
+
+std::vector<uint8_t> encode_shm_off(uint32_t peer_range) {
+  return record(MsgType::kShmOff, ShmOffBody{peer_range, 0});
+}
+
+int decode_shm_accepted(std::span<const uint8_t> rec) {
+  MsgHeader h;
+  if (const int err = check_reply(rec, MsgType::kShmAccepted, &h)) return err;
+  return rec.size() == sizeof h ? 0 : EPROTO;
+}
+
+int decode_shm_ready(std::span<const uint8_t> rec, ShmPairBody* body) {
+  MsgHeader h;
+  if (const int err = check_reply(rec, MsgType::kShmReady, &h)) return err;
+  return shm_pair_body(rec, body);
+}
+
+int decode_shm_on(std::span<const uint8_t> rec, ShmPairBody* body) {
+  MsgHeader h;
+  if (const int err = decode_header(rec, &h)) return err;
+  if (h.type != static_cast<uint16_t>(MsgType::kShmOn) || h.status != 0) return EPROTO;
+  return shm_pair_body(rec, body);
+}
+
+int decode_shm_off(std::span<const uint8_t> rec, uint32_t* peer_range) {
+  MsgHeader h;
+  if (const int err = decode_header(rec, &h)) return err;
+  ShmOffBody body;
+  if (h.type != static_cast<uint16_t>(MsgType::kShmOff) || h.status != 0 ||
+      rec.size() != sizeof h + sizeof body)
+    return EPROTO;
+  std::memcpy(&body, rec.data() + sizeof h, sizeof body);
+  if (body.peer_range >= kRangeCount) return EPROTO;
+  *peer_range = body.peer_range;
   return 0;
 }
 
@@ -292,13 +355,20 @@ int decode_gids(std::span<const uint8_t> rec, std::vector<GidEntry>* gids) {
   return 0;
 }
 
+size_t max_fds_of(uint16_t type) {
+  return type == static_cast<uint16_t>(MsgType::kShmReady) ||
+                 type == static_cast<uint16_t>(MsgType::kShmOn)
+             ? kShmPairFds
+             : kMaxPassedFds;
+}
+
 int send_record(int sock, std::span<const uint8_t> rec, std::span<const int> fds) {
-  if (fds.size() > kMaxPassedFds) return EINVAL;
+  if (fds.size() > max_fds_of(type_of(rec))) return EINVAL;
   iovec iov{const_cast<uint8_t*>(rec.data()), rec.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(kMaxPassedFds * sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(kShmPairFds * sizeof(int))] = {};
   if (!fds.empty()) {
     msg.msg_control = control;
     msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
@@ -316,14 +386,15 @@ int send_record(int sock, std::span<const uint8_t> rec, std::span<const int> fds
   }
 }
 
-ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* fds, int flags) {
+ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* fds, int flags,
+                    size_t max_fds) {
   iovec iov{buffer.data(), buffer.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  // Room for one fd more than a record may carry, so that a record with too many is seen as such
-  // (CMSG_SPACE rounds up: the kernel fills what fits and truncates the rest).
-  alignas(cmsghdr) char control[CMSG_SPACE((kMaxPassedFds + 1) * sizeof(int))];
+  // Room for one fd more than any record may carry, so that a record with too many is seen as
+  // such (CMSG_SPACE rounds up: the kernel fills what fits and truncates the rest).
+  alignas(cmsghdr) char control[CMSG_SPACE((kShmPairFds + 1) * sizeof(int))];
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
   ssize_t n;
@@ -341,7 +412,10 @@ ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* 
       passed.emplace_back(fd);
     }
   }
-  if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || passed.size() > kMaxPassedFds) return -EMSGSIZE;
+  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) return -EMSGSIZE;
+  // Whatever the caller takes, only the types that carry more may.
+  const auto record = std::span<const uint8_t>(buffer.data(), static_cast<size_t>(n));
+  if (passed.size() > std::min(max_fds, max_fds_of(type_of(record)))) return -EMSGSIZE;
   if (fds)
     for (auto& fd : passed) fds->push_back(std::move(fd));
   return n;

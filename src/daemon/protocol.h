@@ -7,8 +7,9 @@
 // run on the same host, so fields are host-endian. Before anything else each side checks the
 // other by the kernel's word (SO_PEERCRED): a client believes only a daemon of its own euid or
 // root, a per-user daemon serves only its own euid, a system daemon serves every user and keeps
-// them apart. A record carries at most one fd (SCM_RIGHTS); a record with more is refused, its
-// fds closed unread, and the daemon closes the connection. A request:
+// them apart. A record carries at most one fd (SCM_RIGHTS), but the daemon's kShmReady and
+// kShmOn carry two; any other record with more is refused, its fds closed unread, and the daemon
+// closes the connection. A request:
 //   kHello (+ the client's /proc/self/ns/net) -> kHello{HelloInfo}, or kError: EXDEV (the daemon
 //                    serves another network namespace), EACCES (another user's daemon), EMFILE
 //                    (too many connections of this process, this user or in all). The first
@@ -61,6 +62,35 @@
 //   kCaptureOn{CaptureOnBody} (+ SCM_RIGHTS: that socket): a push on the connection holding a
 //                    slot, never a reply; Client takes it wherever it reads (a call's reply may
 //                    come after one) and hands it to the runtime (Client::keep's CaptureSink)
+//   kShmAccept    -> kShmAccepted (+ SCM_RIGHTS: the slot's DOORBELL, an eventfd), or kError:
+//                    EINVAL (the connection holds no slot), EALREADY (accepted already on this
+//                    lease): "my engine reads shared-memory rings" (net/shm_ring.h). The daemon
+//                    makes the doorbell and keeps a copy for as long as the lease lives; it hands
+//                    that copy to every slot that shares a region with this one, whose engine
+//                    writes it to wake this process
+//   kShmConnect{ShmConnectBody} -> kShmReady{ShmPairBody} (+ SCM_RIGHTS: the region's memfd,
+//                    then the peer's doorbell), or kError: EINVAL (the connection holds no slot
+//                    or has not sent kShmAccept; a QPN of its own range, of range 0, 0xFFFFFF or
+//                    beyond 24 bits), EADDRNOTAVAIL (the address is not in the GID table: not
+//                    one of this namespace), ENOENT (no lease holds that QPN's range now), EPERM
+//                    (the holder is another user; checked before EOPNOTSUPP, so whether another
+//                    user's process accepts is not told), EOPNOTSUPP (the holder has not sent
+//                    kShmAccept), EMFILE, ENOMEM (no region: the daemon's fds or the kernel's
+//                    memory), EAGAIN (the holder's connection is full: kShmOn could not go). The
+//                    ring pair to the slot holding the QPN, which the caller reaches at the
+//                    address. The daemon makes one REGION per pair of slots for as long as both
+//                    leases live: a memfd of net::kShmRegionBytes, sealed against shrinking and
+//                    growing (and against new seals) before anyone maps it, never mapped by the
+//                    daemon. The slot that asked first is side 0; the peer gets the region by
+//                    kShmOn before the caller's reply goes out. Asked again, from either side,
+//                    it answers the same region with that side and pushes nothing
+//   kShmOn{ShmPairBody} (+ SCM_RIGHTS: the region's memfd, then the asking slot's doorbell): a
+//                    push on the connection holding the peer slot, side 1, never a reply; Client
+//                    takes it wherever it reads and hands it to Client::keep's ShmSink
+//   kShmOff{ShmOffBody}: a push, no fd, to the holder of every slot that shared a region with a
+//                    lease that ended (its connection closed: the process exited or died): the
+//                    daemon forgot the region; the doorbell went with the lease. What the
+//                    processes mapped stays theirs: each unmaps when it sees kShmOff
 // kError carries an errno in `status`: EBUSY (every slot is leased, or the user's share),
 // EALREADY (this connection holds a slot already), EPROTONOSUPPORT (version), EPROTO (malformed).
 // A slot belongs to its connection: when the connection closes (the process exited or died) the
@@ -72,6 +102,13 @@
 // listening socket's backlog meanwhile. Each process's Client::keep thread sees its connection
 // hang up, reconnects, checks the new daemon's credentials and hands its slot back (kReattach);
 // new leases wait a grace period for the survivors, so nobody else is given a slot in use.
+// Shared-memory regions live in the processes, not in the daemon: those made before a restart
+// stay mapped and working, but the new daemon knows neither them nor any kShmAccept. It sends
+// no kShmOff for them (a peer that dies is a vanished peer to the other's RC timers), and it
+// makes new regions for a slot only after its process sends kShmAccept again (Client::keep does
+// not: the new doorbell would be a second one for the engine to watch), with a new doorbell;
+// until then a kShmConnect to it is EOPNOTSUPP and the pair goes over UDP. Two processes that
+// both accept again get a new region even if they share one from before.
 // Growth: a new request type or a longer record with a higher version; the daemon answers a
 // version it does not know with EPROTONOSUPPORT and its own version in the header.
 #pragma once
@@ -94,7 +131,7 @@
 namespace urdma::daemon {
 
 inline constexpr uint32_t kProtocolMagic = 0x75724d44;  // "urMD"
-inline constexpr uint16_t kProtocolVersion = 4;
+inline constexpr uint16_t kProtocolVersion = 5;
 // Room for the largest record (kGids with kMaxGids entries).
 inline constexpr size_t kMaxMessageBytes = 32768;
 
@@ -124,6 +161,12 @@ enum class MsgType : uint16_t {
   kCapture = 23,
   kCaptureOn = 24,
   kCapturing = 25,
+  kShmAccept = 26,
+  kShmAccepted = 27,
+  kShmConnect = 28,
+  kShmReady = 29,
+  kShmOn = 30,
+  kShmOff = 31,
 };
 
 // How a daemon serves (HelloInfo::mode, ClientsPage::mode).
@@ -179,6 +222,28 @@ struct CaptureOnBody {
 // The body of the kCapturing reply.
 struct CapturingBody {
   uint32_t processes;  // slot holders that got the socket now
+  uint32_t reserved;
+};
+
+// The body of kShmConnect: the slot to share rings with, by a QPN of its range, and the address
+// the caller reaches it at.
+struct ShmConnectBody {
+  uint8_t address[16];  // IPv6 or IPv4-mapped, as net::Address
+  uint32_t qpn;
+  uint32_t reserved;
+};
+static_assert(sizeof(ShmConnectBody) == 24);
+// The body of kShmReady (to the slot that asked) and kShmOn (to its peer): the other slot.
+struct ShmPairBody {
+  uint32_t peer_range;  // its QPN range: QPNs [peer_range << kSlotShift, +kQpnsPerRange)
+  uint32_t side;        // 0: this process writes ring 0 and reads ring 1 (net/shm_ring.h); or 1
+  uint32_t peer_pid;
+  uint32_t peer_slot;
+};
+static_assert(sizeof(ShmPairBody) == 16);
+// The body of kShmOff: the slot whose lease ended, by its range.
+struct ShmOffBody {
+  uint32_t peer_range;
   uint32_t reserved;
 };
 
@@ -398,10 +463,22 @@ std::vector<uint8_t> encode_capturing(uint32_t processes);
 int decode_capturing(std::span<const uint8_t> record, uint32_t* processes);
 // A kCaptureOn push: 0 with *slot, or EPROTO (another type, malformed).
 int decode_capture_on(std::span<const uint8_t> record, uint32_t* slot);
+std::vector<uint8_t> encode_shm_connect(const net::Address& address, uint32_t qpn);
+// kShmReady (the reply) or kShmOn (the push).
+std::vector<uint8_t> encode_shm_pair(MsgType type, const ShmPairBody& body);
+std::vector<uint8_t> encode_shm_off(uint32_t peer_range);
+// kShmAccepted: 0; kError: its errno; anything else EPROTO.
+int decode_shm_accepted(std::span<const uint8_t> record);
+// kShmReady: 0 with *body; kError: its errno; anything else, a side other than 0 or 1 or a
+// range beyond the QPN space: EPROTO.
+int decode_shm_ready(std::span<const uint8_t> record, ShmPairBody* body);
+// The pushes: 0 with the body, or EPROTO (another type, malformed; kShmOn checked as kShmReady).
+int decode_shm_on(std::span<const uint8_t> record, ShmPairBody* body);
+int decode_shm_off(std::span<const uint8_t> record, uint32_t* peer_range);
 // A request's fixed body (kListen, kUnlisten: ServiceIdBody; kMadChannel: SlotBody;
 // kQueryClients: ClientsQuery; kReportCounters: CounterReport; kReattach: SlotInfo; kConnUp:
 // ConnRecord; kConnDown: CommIdBody; kMcastAttach, kMcastDetach: McastBody; kCapture:
-// CaptureBody): 0 or EPROTO.
+// CaptureBody; kShmConnect: ShmConnectBody): 0 or EPROTO.
 template <class Body>
 int decode_request_body(std::span<const uint8_t> record, Body* body);
 
@@ -421,15 +498,25 @@ int decode_mad(std::span<const uint8_t> record, MadDelivery* info, std::vector<u
 int decode_clients(std::span<const uint8_t> record, ClientsPage* page,
                    std::vector<ClientEntry>* entries);
 
-// Most fds one record carries: a slot's socket, or the netns of a hello.
+// Most fds one record carries: a slot's socket, the netns of a hello, a capture socket, a
+// doorbell.
 inline constexpr size_t kMaxPassedFds = 1;
+// What kShmReady and kShmOn carry, and no other record: a region and a doorbell.
+inline constexpr size_t kShmPairFds = 2;
+// The fds a record of `type` may carry: kShmPairFds for kShmReady and kShmOn, else
+// kMaxPassedFds.
+size_t max_fds_of(uint16_t type);
 
-// One record (and up to kMaxPassedFds fds) on a SEQPACKET socket. send_record returns 0 or an
-// errno (never raises SIGPIPE). recv_record returns the record size, 0 at EOF, or -errno; passed
-// fds are appended to *fds (close-on-exec), or closed when fds is null. A record that came with
-// more fds than kMaxPassedFds or was cut short is -EMSGSIZE, every fd it carried closed.
+// One record (and its fds) on a SEQPACKET socket. send_record returns 0 or an errno (never
+// raises SIGPIPE); EINVAL for more fds than max_fds_of the record's type. recv_record returns the
+// record size, 0 at EOF, or -errno; passed fds are appended to *fds (close-on-exec), or closed
+// when fds is null. `max_fds` is what the caller takes: kMaxPassedFds (what the daemon reads),
+// or kShmPairFds (a client reading the daemon), and then still kMaxPassedFds for every type but
+// kShmReady and kShmOn. A record that came with more fds than that or was cut short is -EMSGSIZE,
+// every fd it carried closed.
 int send_record(int sock, std::span<const uint8_t> record, std::span<const int> fds = {});
-ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* fds, int flags = 0);
+ssize_t recv_record(int sock, std::span<uint8_t> buffer, std::vector<UniqueFd>* fds, int flags = 0,
+                    size_t max_fds = kMaxPassedFds);
 
 // The address of a socket file: false when the path does not fit sun_path.
 bool unix_address(const std::string& path, sockaddr_un* out, socklen_t* len);

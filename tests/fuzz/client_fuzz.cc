@@ -19,8 +19,9 @@
 //         bits 5-6 stage 2's buffer: the record's size, or 1, 8 or 64 bytes less
 // Three stages, each over every record:
 //  1. the decoders: decode_header and every reply decoder (decode_slot, decode_gids,
-//     decode_status, decode_ok, decode_hello, decode_mad, decode_clients) and request-body
-//     decoder, on an exactly-sized copy (ASan: no read outside the record);
+//     decode_status, decode_ok, decode_hello, decode_mad, decode_clients, decode_shm_accepted,
+//     decode_shm_ready), the shared-memory pushes' (decode_shm_on, decode_shm_off) and
+//     request-body decoder, on an exactly-sized copy (ASan: no read outside the record);
 //  2. recv_record over a socketpair, the record sent with its fds, into a buffer of the
 //     record's size or smaller;
 //  3. a real Client (Client::connect_or_spawn, spawn off, in a fresh trusted directory) talking
@@ -30,7 +31,8 @@
 // THE ORACLE (a violation prints it and aborts):
 //  * every decoder returns 0, a positive errno, never anything else; a record decode_header
 //    refuses is refused by every decoder with the same errno; a kError record gives its status
-//    (EPROTO for a status <= 0) from every decoder; a decoder accepts only its own type;
+//    (EPROTO for a status <= 0) from every reply decoder, EPROTO from a push's; a decoder
+//    accepts only its own type; a shared-memory pair has side 0 or 1 and a range of the QPNs;
 //  * every accepted record re-encodes (encode_slot, encode_gids, ...) to a record that decodes
 //    to the same values; decode_clients' entries' comm are NUL-terminated, count within
 //    kClientsPerPage; decode_mad's datagram is exactly `length` bytes, at most
@@ -261,6 +263,37 @@ void check_decoders(std::span<const uint8_t> rec) {
                                                 entries.size() * sizeof(ClientEntry)) == 0),
             "kClients entries re-encoded decode to other values");
   }
+  if (check_refusal(decode_shm_accepted(rec), MsgType::kShmAccepted, "decode_shm_accepted"))
+    REQUIRE(rec.size() == sizeof(MsgHeader), "decode_shm_accepted accepted a body");
+  auto same_pair = [](const ShmPairBody& a, std::vector<uint8_t> again_rec, bool push) {
+    REQUIRE(a.side <= 1 && a.peer_range < kRangeCount, "a shared-memory pair out of range");
+    ShmPairBody again{};
+    REQUIRE((push ? decode_shm_on(again_rec, &again) : decode_shm_ready(again_rec, &again)) == 0 &&
+                std::memcmp(&a, &again, sizeof a) == 0,
+            "ShmPairBody re-encoded decodes to other values");
+  };
+  ShmPairBody pair{};
+  if (check_refusal(decode_shm_ready(rec, &pair), MsgType::kShmReady, "decode_shm_ready"))
+    same_pair(pair, encode_shm_pair(MsgType::kShmReady, pair), false);
+  // The pushes: a kError is no push either.
+  auto check_push = [&](int r, MsgType own, const char* name) {
+    REQUIRE(is_errno(r), std::string(name) + " returned a negative value");
+    if (herr != 0) {
+      REQUIRE(r == herr, std::string(name) + " accepted or misjudged a bad header");
+    } else if (h.type != static_cast<uint16_t>(own) || h.status != 0) {
+      REQUIRE(r == EPROTO, std::string(name) + " accepted another type");
+    }
+    return r == 0;
+  };
+  if (check_push(decode_shm_on(rec, &pair), MsgType::kShmOn, "decode_shm_on"))
+    same_pair(pair, encode_shm_pair(MsgType::kShmOn, pair), true);
+  uint32_t off_range = 0;
+  if (check_push(decode_shm_off(rec, &off_range), MsgType::kShmOff, "decode_shm_off")) {
+    uint32_t again = 0;
+    REQUIRE(off_range < kRangeCount && decode_shm_off(encode_shm_off(off_range), &again) == 0 &&
+                again == off_range,
+            "kShmOff round trip");
+  }
 
   // The request bodies urdmad decodes (type unchecked: the daemon dispatches on it first).
   auto body_ok = [&](int r) {
@@ -314,6 +347,15 @@ void check_decoders(std::span<const uint8_t> rec) {
     REQUIRE(decode_request_body(encode_conn_down(down.local_comm_id), &again) == 0 &&
                 again.local_comm_id == down.local_comm_id,
             "CommIdBody round trip");
+  }
+  ShmConnectBody shm{};
+  if (body_ok(decode_request_body(rec, &shm))) {
+    ShmConnectBody again{};
+    const urdma::net::Address address(std::to_array(shm.address));
+    REQUIRE(decode_request_body(encode_shm_connect(address, shm.qpn), &again) == 0 &&
+                again.qpn == shm.qpn &&
+                std::memcmp(again.address, shm.address, sizeof shm.address) == 0,
+            "ShmConnectBody round trip");
   }
 }
 

@@ -20,7 +20,9 @@
 //         bit 4    records: fix the header (magic, version, size over the first 12 bytes; type
 //                  and status kept), and let 0 in a slot field mean the slot a kSlot reply
 //                  leased last (kMadChannel's slot, the top 8 bits of kConnUp / kConnDown's
-//                  comm ID; a kReattach naming slot 0 becomes that kSlot's SlotInfo)
+//                  comm ID; a kReattach naming slot 0 becomes that kSlot's SlotInfo; a
+//                  kShmConnect's QPN of range 0 becomes one of that slot's range, its address
+//                  127.0.0.1 when it is all zero)
 //                  datagrams: the first 256 bytes are a MAD, sent as a GMP (a UD SEND Only to
 //                  QP1, sealed); else the bytes as they are, sealed when ctl bit 0 is set
 //         bit 5    the daemon steps (and replies are read) right after this record
@@ -34,7 +36,8 @@
 //    kMaxRounds steps;
 //  * every reply decodes with decode_header and with its type's decoder (kHello, kSlot, kGids,
 //    kStatus, kOk, kMad, kClients; kError with a positive errno), and is of no other type;
-//    only a kSlot passes an fd, exactly one (recv_record's count); none is cut short;
+//    only a kSlot and a kShmAccepted pass an fd, exactly one, and kShmReady and kShmOn two
+//    (recv_record's count); none is cut short;
 //  * after the connections closed: the status connection sees slots_leased == 0 and itself
 //    the only client (every slot leased during the input was released with its connection);
 //  * this process holds exactly the fds it held before the input (the slot sockets replies
@@ -72,6 +75,7 @@
 #include "fuzz_check.h"
 #include "gsi/gmp.h"
 #include "net/icrc_flow.h"
+#include "net/shm_ring.h"
 
 namespace {
 
@@ -316,6 +320,13 @@ class Run {
       SlotInfo s;
       std::memcpy(&s, body, sizeof s);
       if (s.slot == 0) std::memcpy(body, &*leased_, sizeof s);
+    } else if (type == MsgType::kShmConnect && body_size == sizeof(ShmConnectBody)) {
+      ShmConnectBody b;
+      std::memcpy(&b, body, sizeof b);
+      if (range_of_qpn(b.qpn) == 0) b.qpn = leased_->qpn_base | (b.qpn & (kQpnsPerRange - 1));
+      if (std::all_of(std::begin(b.address), std::end(b.address), [](uint8_t x) { return x == 0; }))
+        std::memcpy(b.address, net::Address::from_v4(127, 0, 0, 1).bytes().data(), 16);
+      std::memcpy(body, &b, sizeof b);
     }
   }
 
@@ -411,13 +422,13 @@ class Run {
     std::vector<uint8_t> buffer(kMaxMessageBytes);
     for (;;) {
       std::vector<UniqueFd> fds;
-      const ssize_t n = recv_record(conns_[i].get(), buffer, &fds, MSG_DONTWAIT);
+      const ssize_t n = recv_record(conns_[i].get(), buffer, &fds, MSG_DONTWAIT, kShmPairFds);
       if (n == -EAGAIN) return;
       if (n == 0 || n == -ECONNRESET) {  // the daemon hung up
         conns_[i].reset();
         return;
       }
-      REQUIRE(n != -EMSGSIZE, "a reply with more than kMaxPassedFds fds, or cut short");
+      REQUIRE(n != -EMSGSIZE, "a reply with more fds than its type carries, or cut short");
       REQUIRE(n > 0, "recv_record on a reply: " + std::string(std::strerror(static_cast<int>(-n))));
       check_reply({buffer.data(), static_cast<size_t>(n)}, fds, i);
     }
@@ -427,9 +438,11 @@ class Run {
     MsgHeader h;
     REQUIRE(decode_header(rec, &h) == 0, "a reply decode_header refuses");
     const auto type = static_cast<MsgType>(h.type);
-    REQUIRE(fds.size() == (type == MsgType::kSlot ? 1u : 0u),
-            "a reply of type " + std::to_string(h.type) + " with " + std::to_string(fds.size()) +
-                " fds");
+    const size_t fds_of_type = type == MsgType::kSlot || type == MsgType::kShmAccepted ? 1
+                               : type == MsgType::kShmReady || type == MsgType::kShmOn ? 2
+                                                                                       : 0;
+    REQUIRE(fds.size() == fds_of_type, "a reply of type " + std::to_string(h.type) + " with " +
+                                           std::to_string(fds.size()) + " fds");
     switch (type) {
       case MsgType::kHello: {
         HelloInfo info;
@@ -475,6 +488,30 @@ class Run {
         ClientsPage page;
         std::vector<ClientEntry> entries;
         REQUIRE(decode_clients(rec, &page, &entries) == 0, "kClients reply");
+        break;
+      }
+      case MsgType::kShmAccepted:
+        REQUIRE(decode_shm_accepted(rec) == 0, "kShmAccepted reply");
+        break;
+      case MsgType::kShmReady:
+      case MsgType::kShmOn: {
+        // A region sealed at its size, and a doorbell.
+        ShmPairBody body;
+        REQUIRE((type == MsgType::kShmOn ? decode_shm_on(rec, &body)
+                                         : decode_shm_ready(rec, &body)) == 0,
+                "kShmReady reply or kShmOn push");
+        struct stat st {};
+        const int seals = fcntl(fds[0].get(), F_GET_SEALS);
+        REQUIRE(fstat(fds[0].get(), &st) == 0 && S_ISREG(st.st_mode) &&
+                    static_cast<size_t>(st.st_size) == net::kShmRegionBytes && seals >= 0 &&
+                    (seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) ==
+                        (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+                "a region not sealed at kShmRegionBytes");
+        break;
+      }
+      case MsgType::kShmOff: {
+        uint32_t range;
+        REQUIRE(decode_shm_off(rec, &range) == 0, "kShmOff push");
         break;
       }
       default:

@@ -11,6 +11,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -23,7 +24,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -32,10 +35,11 @@
 #include <vector>
 
 #include "daemon/client.h"
-#include "daemon/paths.h"
 #include "daemon/mad_router.h"
+#include "daemon/paths.h"
 #include "daemon/steering.h"
 #include "gsi/gmp.h"
+#include "net/shm_ring.h"
 #include "net/udp_socket_io.h"
 #include "netns_harness.h"
 #include "support/datagram.h"
@@ -640,6 +644,162 @@ TEST_F(UrdmadProcess, ACaptureSocketReachesEveryHolderNowAndLater) {
     early.stop_keeping();
     late.stop_keeping();
     EXPECT_TRUE(stop_daemon(cap));
+  });
+}
+
+// What a Client's ShmSink was handed, for a test to wait on.
+struct ShmPushes {
+  std::mutex mu;
+  std::vector<daemon::ShmPush> got;
+  daemon::Client::ShmSink sink() {
+    return [this](daemon::ShmPush push) {
+      std::lock_guard lock(mu);
+      got.push_back(std::move(push));
+    };
+  }
+  // The first push not taken yet, within 2 s.
+  std::optional<daemon::ShmPush> next() {
+    for (int i = 0; i < 200; ++i) {
+      {
+        std::lock_guard lock(mu);
+        if (!got.empty()) {
+          daemon::ShmPush p = std::move(got.front());
+          got.erase(got.begin());
+          return p;
+        }
+      }
+      usleep(10000);
+    }
+    return std::nullopt;
+  }
+  size_t size() {
+    std::lock_guard lock(mu);
+    return got.size();
+  }
+};
+
+std::string fd_link(int fd) {
+  std::error_code ec;
+  return std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(fd), ec).string();
+}
+ino_t inode_of(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+// Shared-memory ring pairs (protocol.h, kShmAccept / kShmConnect): urdmad makes one sealed
+// region per pair of slots whose holders both accept it, for an address of its own namespace;
+// the slot that asks gets it in the reply, its peer by a kShmOn push, each with the other's
+// doorbell; asked again, it is the same region; when a lease ends the peer hears kShmOff.
+TEST_F(UrdmadProcess, ShmPairsAreMadeForLocalSlotsOfOneUser) {
+  in_fresh_netns([] {
+    auto a = std::make_unique<Client>();
+    Client b, never;  // `never` holds a slot and never accepts
+    Slot sa, sb, sn;
+    for (auto [c, s] : {std::pair{a.get(), &sa}, {&b, &sb}, {&never, &sn}}) {
+      ASSERT_EQ(connect_client(c), 0);
+      ASSERT_EQ(c->acquire_slot(s), 0);
+    }
+    const uint32_t range_a = daemon::range_of_qpn(sa.info.qpn_base);
+    const uint32_t range_b = daemon::range_of_qpn(sb.info.qpn_base);
+    const uint32_t qpn_a = sa.info.qpn_base + 1, qpn_b = sb.info.qpn_base + 7;
+    const net::Address lo = net::Address::from_v4(127, 0, 0, 1);
+    daemon::ShmPair pair;
+    UniqueFd bell_a, bell_b, unused;
+    EXPECT_EQ(a->shm_connect(lo, qpn_b, &pair), EINVAL) << "before its own kShmAccept";
+    {
+      Client holds_nothing;
+      ASSERT_EQ(connect_client(&holds_nothing), 0);
+      EXPECT_EQ(holds_nothing.shm_accept(&unused), EINVAL) << "no slot on the connection";
+    }
+    ASSERT_EQ(a->shm_accept(&bell_a), 0);
+    EXPECT_EQ(fd_link(bell_a.get()), "anon_inode:[eventfd]");
+    EXPECT_EQ(a->shm_accept(&unused), EALREADY);
+    // B accepts from under its keeper, whose sink takes the pushes.
+    ShmPushes at_a, at_b;
+    ASSERT_EQ(a->keep(std::move(sa), nullptr, nullptr, at_a.sink()), 0);
+    ASSERT_EQ(b.keep(std::move(sb), nullptr, nullptr, at_b.sink()), 0);
+    ASSERT_EQ(b.shm_accept(&bell_b), 0);
+    EXPECT_EQ(fd_link(bell_b.get()), "anon_inode:[eventfd]");
+
+    EXPECT_EQ(a->shm_connect(net::Address::from_v4(192, 0, 2, 1), qpn_b, &pair), EADDRNOTAVAIL)
+        << "not an address of this namespace";
+    const uint32_t next_lease_of_b = sb.info.qpn_base + (sb.info.slot_count << daemon::kSlotShift);
+    EXPECT_EQ(a->shm_connect(lo, next_lease_of_b, &pair), ENOENT) << "B's slot, not its range";
+    EXPECT_EQ(a->shm_connect(lo, sn.info.qpn_base, &pair), EOPNOTSUPP)
+        << "a holder that did not accept";
+    EXPECT_EQ(never.shm_connect(lo, qpn_a, &pair), EINVAL) << "a caller that did not accept";
+    EXPECT_EQ(a->shm_connect(lo, qpn_a, &pair), EINVAL) << "its own range";
+    EXPECT_EQ(a->shm_connect(lo, 0xFFFFFF, &pair), EINVAL) << "the multicast QPN";
+    EXPECT_EQ(a->shm_connect(lo, 1, &pair), EINVAL) << "QP1's range";
+    EXPECT_EQ(at_b.size(), 0u) << "nothing pushed for a refused request";
+
+    // A asks for B (reached at 127.0.0.1, IPv4-mapped): side 0, B's range, a sealed region.
+    ASSERT_EQ(a->shm_connect(lo, qpn_b, &pair), 0);
+    EXPECT_EQ(pair.side, 0u);
+    EXPECT_EQ(pair.peer_range, range_b);
+    EXPECT_EQ(pair.peer_slot, b.kept_slot()->info.slot);
+    EXPECT_EQ(pair.peer_pid, static_cast<uint32_t>(getpid()));
+    struct stat st {};
+    ASSERT_EQ(fstat(pair.region.get(), &st), 0);
+    EXPECT_EQ(static_cast<size_t>(st.st_size), net::kShmRegionBytes);
+    const int seals = fcntl(pair.region.get(), F_GET_SEALS);
+    EXPECT_EQ(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+              F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    // B was handed the same region, side 1, with A's doorbell.
+    std::optional<daemon::ShmPush> on = at_b.next();
+    ASSERT_TRUE(on) << "no kShmOn at B";
+    EXPECT_TRUE(on->on);
+    EXPECT_EQ(on->pair.side, 1u);
+    EXPECT_EQ(on->pair.peer_range, range_a);
+    EXPECT_EQ(on->pair.peer_slot, a->kept_slot()->info.slot);
+    EXPECT_EQ(inode_of(on->pair.region.get()), inode_of(pair.region.get())) << "one region";
+    const uint64_t one = 1, two = 2;
+    uint64_t rang = 0;
+    ASSERT_EQ(write(on->pair.peer_doorbell.get(), &one, sizeof one), 8);
+    EXPECT_EQ(read(bell_a.get(), &rang, sizeof rang), 8);
+    EXPECT_EQ(rang, one) << "B's peer doorbell is A's";
+    ASSERT_EQ(write(pair.peer_doorbell.get(), &two, sizeof two), 8);
+    EXPECT_EQ(read(bell_b.get(), &rang, sizeof rang), 8);
+    EXPECT_EQ(rang, two) << "A's peer doorbell is B's";
+    // Both map it: what one writes, the other reads.
+    void* map_a = mmap(nullptr, net::kShmRegionBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                       pair.region.get(), 0);
+    void* map_b = mmap(nullptr, net::kShmRegionBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                       on->pair.region.get(), 0);
+    ASSERT_NE(map_a, MAP_FAILED);
+    ASSERT_NE(map_b, MAP_FAILED);
+    static_cast<volatile uint8_t*>(map_a)[net::kShmRegionBytes - 1] = 0x5A;
+    EXPECT_EQ(static_cast<volatile uint8_t*>(map_b)[net::kShmRegionBytes - 1], 0x5A);
+    static_cast<volatile uint8_t*>(map_b)[0] = 0xA5;
+    EXPECT_EQ(static_cast<volatile uint8_t*>(map_a)[0], 0xA5);
+    munmap(map_a, net::kShmRegionBytes);
+    munmap(map_b, net::kShmRegionBytes);
+    EXPECT_NE(ftruncate(pair.region.get(), 4096), 0) << "sealed against shrinking";
+
+    // Asked again from either side: the same region, each its own side, and no push. (A push to
+    // A would come before B's reply, so A's next call reads it first.)
+    daemon::ShmPair again;
+    ASSERT_EQ(b.shm_connect(lo, qpn_a, &again), 0);
+    EXPECT_EQ(again.side, 1u);
+    EXPECT_EQ(again.peer_range, range_a);
+    EXPECT_EQ(inode_of(again.region.get()), inode_of(pair.region.get()));
+    ASSERT_EQ(a->shm_connect(lo, qpn_b, &again), 0);
+    EXPECT_EQ(again.side, 0u);
+    EXPECT_EQ(inode_of(again.region.get()), inode_of(pair.region.get()));
+    EXPECT_EQ(at_a.size(), 0u) << "a region made once is pushed once";
+    EXPECT_EQ(at_b.size(), 0u);
+
+    // A's lease ends: B hears kShmOff with A's range, and A's range is nobody's.
+    a.reset();
+    std::optional<daemon::ShmPush> off = at_b.next();
+    ASSERT_TRUE(off) << "no kShmOff at B";
+    EXPECT_FALSE(off->on);
+    EXPECT_EQ(off->pair.peer_range, range_a);
+    EXPECT_FALSE(off->pair.region.valid());
+    EXPECT_EQ(b.shm_connect(lo, qpn_a, &again), ENOENT);
+    b.stop_keeping();
+    EXPECT_TRUE(stop_daemon(never));
   });
 }
 

@@ -5,8 +5,9 @@
 //
 //   local   squatting the daemon's names and directories before it starts; taking over a
 //           killed daemon's clients; a planted urdmad; a flood of silent connections to a system
-//           daemon; two users under one system daemon (and a system daemon with no privilege at
-//           all); a planted path for the daemon's log
+//           daemon; two users under one system daemon (their processes, captures and
+//           shared-memory regions; and a system daemon with no privilege at all); a planted path
+//           for the daemon's log
 //   remote  forged CM REPs that would make urdmad send DREQs to addresses of the attacker's
 //           choosing; guessing the rkey of a UC QP's memory
 //
@@ -20,6 +21,7 @@
 // libraries instead of this build's (the attackers stay this build's): with a build of a commit
 // older than the defences, the tests show that the attacks worked there.
 #include <arpa/inet.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -45,6 +47,7 @@
 #include <vector>
 
 #include "capture/capture.h"
+#include "daemon/client.h"
 #include "daemon/cm_agent.h"
 #include "daemon/mad_router.h"
 #include "daemon/steering.h"
@@ -1127,6 +1130,55 @@ TEST(Security, ACaptureHoldsItsOwnUsersTrafficOnly) {
     EXPECT_TRUE(t.empty()) << "a capture of the other user's process by pid";
     EXPECT_GE(r.count(kOther) ? r.at(kOther) : 0, 4 * kIters) << "root sees every user's";
     EXPECT_GE(r.count(kOwn) ? r.at(kOwn) : 0, 4 * kIters);
+  });
+}
+
+// uid 65534 and root each hold a slot of the namespace's system daemon and accept shared-memory
+// rings (protocol.h, kShmAccept). Neither gets a region with the other — each side maps the
+// other's pages and writes its doorbell: EPERM both ways, root included.
+TEST(Security, NoSharedMemoryRegionJoinsTwoUsers) {
+  attack([] {
+    start_system_daemon();
+    daemon::ClientOptions options;
+    options.spawn = false;
+    const net::Address lo = net::Address::from_v4(127, 0, 0, 1);
+    daemon::Client root;
+    std::string detail;
+    ASSERT_EQ(daemon::Client::connect_or_spawn(options, &root, &detail), 0) << detail;
+    daemon::Slot slot;
+    daemon::UniqueFd bell;
+    ASSERT_EQ(root.acquire_slot(&slot), 0);
+    ASSERT_EQ(root.shm_accept(&bell), 0);
+    Pipe to_test, to_user;
+    const pid_t user = fork_process([&] {
+      if (setgroups(0, nullptr) != 0 || setgid(kAttacker) != 0 || setuid(kAttacker) != 0) return 1;
+      daemon::Client c;
+      std::string why;
+      daemon::Slot own;
+      daemon::UniqueFd own_bell;
+      daemon::ShmPair pair;
+      if (daemon::Client::connect_or_spawn(options, &c, &why) != 0 || c.acquire_slot(&own) != 0 ||
+          c.shm_accept(&own_bell) != 0)
+        return 2;
+      const int err = c.shm_connect(lo, slot.info.qpn_base, &pair);
+      char done;
+      // Its slot held until root has asked for it.
+      const bool told = to_test.put(own.info.qpn_base) && to_test.put(err);
+      return told && to_user.get(&done, 10000) ? 0 : 3;
+    });
+    uint32_t user_qpn = 0;
+    int user_err = 0;
+    const bool told = to_test.get(&user_qpn) && to_test.get(&user_err);
+    daemon::ShmPair pair;
+    if (told) {
+      EXPECT_EQ(user_err, EPERM) << "uid 65534 asked for root's slot";
+      EXPECT_EQ(root.shm_connect(lo, user_qpn, &pair), EPERM) << "root asked for uid 65534's";
+    }
+    to_user.put('d');
+    const auto status = wait_exit(user, 5000);
+    ASSERT_TRUE(status);
+    EXPECT_TRUE(told && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+        << "uid 65534's process failed: " << WEXITSTATUS(*status);
   });
 }
 

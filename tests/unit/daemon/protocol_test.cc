@@ -380,5 +380,119 @@ TEST(Protocol, CaptureRequestPushAndReplyRoundTrip) {
   EXPECT_EQ(decode_capture_on(cut, &slot), EPROTO) << "short";
 }
 
+// A record with its size field patched to what it is now (cut or grown by a test).
+std::vector<uint8_t> resized(std::vector<uint8_t> rec, size_t size) {
+  rec.resize(size);
+  const uint32_t n = static_cast<uint32_t>(size);
+  std::memcpy(rec.data() + offsetof(MsgHeader, size), &n, sizeof n);
+  return rec;
+}
+
+TEST(Protocol, ShmRequestsRepliesAndPushesRoundTrip) {
+  const net::Address address = net::Address::from_v4(127, 0, 0, 1);
+  ShmConnectBody connect{};
+  ASSERT_EQ(decode_request_body(encode_shm_connect(address, 0x123456), &connect), 0);
+  EXPECT_EQ(connect.qpn, 0x123456u);
+  EXPECT_EQ(net::Address(std::to_array(connect.address)), address);
+  EXPECT_EQ(decode_request_body(encode_request(MsgType::kShmConnect), &connect), EPROTO)
+      << "no body";
+  EXPECT_EQ(decode_request_body(encode_shm_off(3), &connect), EPROTO) << "another body's size";
+
+  EXPECT_EQ(decode_shm_accepted(encode_request(MsgType::kShmAccepted)), 0);
+  EXPECT_EQ(decode_shm_accepted(encode_error(EALREADY)), EALREADY);
+  EXPECT_EQ(decode_shm_accepted(encode_request(MsgType::kOk)), EPROTO);
+  EXPECT_EQ(decode_shm_accepted(resized(encode_request(MsgType::kShmAccepted), 20)), EPROTO)
+      << "a body where none goes";
+
+  const ShmPairBody pair{.peer_range = 77, .side = 1, .peer_pid = 4242, .peer_slot = 13};
+  ShmPairBody got{};
+  ASSERT_EQ(decode_shm_ready(encode_shm_pair(MsgType::kShmReady, pair), &got), 0);
+  EXPECT_EQ(std::memcmp(&got, &pair, sizeof got), 0);
+  got = {};
+  ASSERT_EQ(decode_shm_on(encode_shm_pair(MsgType::kShmOn, pair), &got), 0);
+  EXPECT_EQ(std::memcmp(&got, &pair, sizeof got), 0);
+  // Each decoder its own type: a reply is no push, a push no reply; a kError is the reply's.
+  EXPECT_EQ(decode_shm_ready(encode_shm_pair(MsgType::kShmOn, pair), &got), EPROTO);
+  EXPECT_EQ(decode_shm_on(encode_shm_pair(MsgType::kShmReady, pair), &got), EPROTO);
+  EXPECT_EQ(decode_shm_ready(encode_error(EPERM), &got), EPERM);
+  EXPECT_EQ(decode_shm_on(encode_error(EPERM), &got), EPROTO);
+  // Malformed bodies: a side but 0 or 1, a range beyond the QPN space, a byte short or long.
+  for (const ShmPairBody& bad : {ShmPairBody{.peer_range = 77, .side = 2},
+                                 ShmPairBody{.peer_range = kRangeCount, .side = 0}}) {
+    EXPECT_EQ(decode_shm_ready(encode_shm_pair(MsgType::kShmReady, bad), &got), EPROTO);
+    EXPECT_EQ(decode_shm_on(encode_shm_pair(MsgType::kShmOn, bad), &got), EPROTO);
+  }
+  const auto ready = encode_shm_pair(MsgType::kShmReady, pair);
+  EXPECT_EQ(decode_shm_ready(resized(ready, ready.size() - 1), &got), EPROTO);
+  EXPECT_EQ(decode_shm_ready(resized(ready, ready.size() + 4), &got), EPROTO);
+  auto cut = ready;
+  cut.pop_back();  // the header's size left as it was
+  EXPECT_EQ(decode_shm_ready(cut, &got), EPROTO);
+
+  uint32_t range = 0;
+  ASSERT_EQ(decode_shm_off(encode_shm_off(4095), &range), 0);
+  EXPECT_EQ(range, 4095u);
+  EXPECT_EQ(decode_shm_off(encode_shm_off(kRangeCount), &range), EPROTO) << "beyond the QPNs";
+  EXPECT_EQ(decode_shm_off(encode_shm_pair(MsgType::kShmOn, pair), &range), EPROTO);
+  const auto off = encode_shm_off(5);
+  EXPECT_EQ(decode_shm_off(resized(off, off.size() - 1), &range), EPROTO);
+}
+
+TEST(Protocol, OnlyKShmReadyAndKShmOnCarryTwoFds) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  UniqueFd f1(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  UniqueFd f2(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  const int two[] = {f1.get(), f2.get()};
+  const int three[] = {f1.get(), f2.get(), f1.get()};
+  const auto on = encode_shm_pair(MsgType::kShmOn, ShmPairBody{.peer_range = 9});
+  const auto slot = encode_slot(SlotInfo{.slot = 2});
+  EXPECT_EQ(max_fds_of(static_cast<uint16_t>(MsgType::kShmReady)), kShmPairFds);
+  EXPECT_EQ(max_fds_of(static_cast<uint16_t>(MsgType::kSlot)), kMaxPassedFds);
+  EXPECT_EQ(send_record(a.get(), slot, two), EINVAL) << "two fds with a kSlot";
+  EXPECT_EQ(send_record(a.get(), on, three), EINVAL) << "three with a kShmOn";
+  std::vector<uint8_t> buf(kMaxMessageBytes);
+  // A client takes the two, in order.
+  ASSERT_EQ(send_record(a.get(), on, two), 0);
+  std::vector<UniqueFd> got;
+  ASSERT_EQ(recv_record(b.get(), buf, &got, 0, kShmPairFds), static_cast<ssize_t>(on.size()));
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    struct stat s1, s2;
+    ASSERT_EQ(fstat(two[i], &s1), 0);
+    ASSERT_EQ(fstat(got[i].get(), &s2), 0);
+    EXPECT_EQ(s1.st_ino, s2.st_ino) << "fd " << i;
+  }
+  got.clear();
+  auto count_fds = [] {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
+      n += !e.path().empty();
+    return n;
+  };
+  const size_t before = count_fds();
+  // The daemon's side takes one: the same record is refused there, both fds closed.
+  ASSERT_EQ(send_record(a.get(), on, two), 0);
+  EXPECT_EQ(recv_record(b.get(), buf, &got), -EMSGSIZE);
+  // Any other record with two (sent by hand) is refused even by a client.
+  iovec iov{const_cast<uint8_t*>(slot.data()), slot.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  std::memcpy(CMSG_DATA(c), two, sizeof two);
+  ASSERT_EQ(sendmsg(a.get(), &msg, 0), static_cast<ssize_t>(slot.size()));
+  EXPECT_EQ(recv_record(b.get(), buf, &got, 0, kShmPairFds), -EMSGSIZE);
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(count_fds(), before) << "every refused fd closed";
+}
+
 }  // namespace
 }  // namespace urdma::daemon
