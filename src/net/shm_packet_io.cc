@@ -84,13 +84,25 @@ int ShmPacketIo::add_peer(uint32_t peer_range, uint32_t side, int region_fd, int
   std::lock_guard lock(mu_);
   changes_.push_back({true, peer_range, std::move(peer)});
   changed_.store(true, std::memory_order_release);
+  ring_own_doorbell();
   return 0;
+}
+
+// mu_ held. A thread asleep on readable_fd() takes the change now: the peer may be writing to
+// the new ring already, and nothing else would wake it.
+void ShmPacketIo::ring_own_doorbell() {
+  if (doorbell_ < 0) return;
+  const uint64_t one = 1;
+  ssize_t n = write(doorbell_, &one, sizeof one);
+  (void)n;
+  rung_maybe_ = true;
 }
 
 void ShmPacketIo::remove_peer(uint32_t peer_range) {
   std::lock_guard lock(mu_);
   changes_.push_back({false, peer_range, nullptr});
   changed_.store(true, std::memory_order_release);
+  ring_own_doorbell();
 }
 
 void ShmPacketIo::take_changes() {

@@ -138,6 +138,7 @@ class ShmPacketIo final : public PacketIo {
   TxStatus put(Peer& p, const TxDatagram& d);
   void publish_all();
   void take_changes();
+  void ring_own_doorbell();
 
   std::unique_ptr<PacketIo> inner_;
   const Clock& clock_;

@@ -13,12 +13,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <thread>
 #include <utility>
 
 #include "base/check.h"
 #include "net/capture_tap.h"
 #include "net/packet_io_env.h"
+#include "net/shm_packet_io.h"
 #include "runtime/lazy_timer.h"
 
 namespace urdma::runtime {
@@ -84,6 +87,62 @@ void drain_fd(int fd) {
 
 }  // namespace
 
+// Asks urdmad for shared-memory regions (daemon/protocol.h, kShmConnect) on a thread of its own:
+// the I/O asks on the engine's turn, which must not wait for urdmad's reply. The thread starts
+// with the first request; a request the queue has no room for is dropped (the I/O asks again).
+class Runtime::ShmBroker {
+ public:
+  explicit ShmBroker(daemon::Client* client) : client_(client) {}
+  ~ShmBroker() {
+    {
+      std::lock_guard lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void set_io(net::ShmPacketIo* io) { io_ = io; }
+
+  // The I/O's thread (ShmPacketIo::Want).
+  void want(const net::Address& dst, uint32_t qpn) {
+    std::lock_guard lock(mu_);
+    if (stopped_ || queue_.size() >= kMaxQueued) return;
+    queue_.emplace_back(dst, qpn);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    cv_.notify_one();
+  }
+
+ private:
+  static constexpr size_t kMaxQueued = 64;
+
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stopped_ || !queue_.empty(); });
+      if (stopped_) return;
+      const auto [dst, qpn] = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      // Refused (another user's slot, a remote address, a peer without the path): the datagrams
+      // keep going by UDP, and the I/O asks again later.
+      daemon::ShmPair pair;
+      if (client_->shm_connect(dst, qpn, &pair) == 0)
+        io_->add_peer(pair.peer_range, pair.side, pair.region.release(),
+                      pair.peer_doorbell.release());
+      lock.lock();
+    }
+  }
+
+  daemon::Client* const client_;
+  net::ShmPacketIo* io_ = nullptr;  // set before the engine runs
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<net::Address, uint32_t>> queue_;  // under mu_
+  bool stopped_ = false;                                  // under mu_
+  std::thread thread_;
+};
+
 Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
     : io_(std::move(io)),
       device_(with_doorbell(std::move(config.device), &relay_)),
@@ -109,6 +168,7 @@ Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
 
 Runtime::~Runtime() {
   if (client_) client_->stop_keeping();  // its counter source reads the engine
+  shm_broker_.reset();                   // it hands regions to the I/O
   if (thread_.joinable()) {
     stop_.store(true, std::memory_order_seq_cst);
     const uint64_t one = 1;
@@ -154,12 +214,39 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
   // clock a fault wrapper keeps must outlive it: MonotonicClock is stateless, one static will do.
   static const net::MonotonicClock kFaultClock;
   net::CaptureTap* tap = nullptr;
-  std::unique_ptr<net::PacketIo> io = net::make_packet_io_from_env(fd, kFaultClock, detail, &tap);
+  // The shared-memory path: a doorbell from urdmad says this process reads rings. A urdmad that
+  // has none to give (an older protocol) leaves the process on UDP alone.
+  bool shm = true;
+  if (!net::shm_enabled_from_env(&shm, detail)) {
+    close(fd);
+    *err = EINVAL;
+    return nullptr;
+  }
+  daemon::UniqueFd doorbell;
+  if (shm && client->shm_accept(&doorbell) != 0) shm = false;
+  auto broker = shm ? std::make_unique<ShmBroker>(client.get()) : nullptr;
+  // Set once the runtime exists; the I/O asks only after a QP sent something.
+  auto device_of = std::make_shared<provider::Device*>(nullptr);
+  net::ShmSetup setup;
+  if (shm) {
+    setup.own_range = daemon::range_of_qpn(slot->info.qpn_base);
+    setup.doorbell = doorbell.release();
+    setup.want = [b = broker.get()](const net::Address& dst, uint32_t qpn) { b->want(dst, qpn); };
+    setup.is_local = [device_of](const net::Address& a) {
+      return *device_of != nullptr && (*device_of)->has_gid(a.bytes());
+    };
+  }
+  std::unique_ptr<net::PacketIo> io =
+      net::make_packet_io_from_env(fd, kFaultClock, detail, &tap, shm ? &setup : nullptr);
   if (!io) {
     *err = EIO;
     return nullptr;
   }
   auto rt = std::make_unique<Runtime>(std::move(io), std::move(config));
+  *device_of = &rt->device_;
+  if (broker) broker->set_io(setup.io);
+  rt->shm_io_ = setup.io;
+  rt->shm_broker_ = std::move(broker);
   // The client keeps the slot through daemon restarts and reports the counters to urdmad
   // (daemon/client.h); ~Runtime stops it before the engine goes.
   Runtime* r = rt.get();
@@ -169,7 +256,17 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
   auto capture = [r](daemon::UniqueFd socket, uint32_t at) {
     r->capture_pushed(std::move(socket), at);
   };
-  if (int e = client->keep(std::move(*slot), report, capture)) {
+  // Regions urdmad made for a peer that asked (kShmOn), and the end of a peer's lease (kShmOff).
+  auto shm_push = [r](daemon::ShmPush push) {
+    if (r->shm_io_ == nullptr) return;
+    if (!push.on) {
+      r->shm_io_->remove_peer(push.pair.peer_range);
+      return;
+    }
+    r->shm_io_->add_peer(push.pair.peer_range, push.pair.side, push.pair.region.release(),
+                         push.pair.peer_doorbell.release());
+  };
+  if (int e = client->keep(std::move(*slot), report, capture, shm_push)) {
     *err = e;
     *detail = "could not keep the slot";
     return nullptr;
@@ -376,7 +473,8 @@ void Runtime::run() {
       epoll_event ready[4];
       while (!more && !app_polls && clock_.now_ns() < until &&
              !stop_.load(std::memory_order_relaxed)) {
-        more = doorbell_.load(std::memory_order_seq_cst) || clock_.now_ns() >= deadline;
+        more = doorbell_.load(std::memory_order_seq_cst) || clock_.now_ns() >= deadline ||
+               io_->rx_pending();
         if (!more) {
           const int n = epoll_wait(epoll_fd_, ready, 4, 0);
           for (int i = 0; i < n; ++i)
@@ -436,7 +534,12 @@ int Runtime::wait_readable(int fd, const bool& delivered) {
   } watch(this);
   for (;;) {
     pollfd p[2] = {{fd, POLLIN, 0}, {sock, POLLIN, 0}};
-    if (poll(p, 2, -1) < 0) return errno;  // EINTR: a signal ends the wait, as it ends read()
+    // A peer's shared-memory ring rings the I/O's doorbell (in `sock`'s set) once asked to.
+    const bool idle = io_->arm_wakeup();
+    const int polled = idle ? poll(p, 2, -1) : poll(p, 2, 0);
+    const int poll_err = errno;
+    io_->disarm_wakeup();
+    if (polled < 0) return poll_err;  // EINTR: a signal ends the wait, as it ends read()
     if (p[0].revents != 0) return 0;
     // A datagram: take the turn. If somebody holds the token, its turn may have read the
     // socket before the datagram came: wait until it lets go, then look again. (Not
@@ -466,6 +569,7 @@ void Runtime::want_writable(bool on) {
   if (on == epollout_) return;  // written only by this thread
   std::lock_guard lock(watch_mutex_);
   epollout_ = on;
+  io_->watch_writable(on);
   if (socket_out_) {
     // A watcher has the socket; EPOLLOUT is this thread's to wait for: back in now.
     if (on) socket_back();
@@ -498,11 +602,21 @@ bool Runtime::sleep_until(uint64_t deadline_ns) {
   }
   set_timer(timer_fd_, &timer_ns_, deadline_ns);
   epoll_event events[4];
-  int n;
-  do {
-    n = epoll_wait(epoll_fd_, events, 4, -1);
-  } while (n < 0 && errno == EINTR);
+  int n = 0;
+  // Datagrams that do not make the socket readable (a peer's shared-memory ring) ring the I/O's
+  // doorbell instead, once asked to; some may wait already: no sleep then.
+  const bool idle = io_->arm_wakeup();
+  if (idle) {
+    do {
+      n = epoll_wait(epoll_fd_, events, 4, -1);
+    } while (n < 0 && errno == EINTR);
+  }
+  io_->disarm_wakeup();
   sleeping_.store(false, std::memory_order_seq_cst);
+  if (!idle) {
+    armed_deadline_ns_.store(0, std::memory_order_seq_cst);
+    return true;
+  }
   armed_deadline_ns_.store(0, std::memory_order_seq_cst);
   bool work = false;
   for (int i = 0; i < n; ++i) {

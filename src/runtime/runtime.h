@@ -85,6 +85,7 @@
 
 namespace urdma::net {
 class CaptureTap;
+class ShmPacketIo;
 }  // namespace urdma::net
 
 namespace urdma::runtime {
@@ -198,6 +199,11 @@ class Runtime final : public engine::Waker, public EventWaiter {
   std::unique_ptr<daemon::Client> client_;
   // A capture socket urdmad pushed: to the engine's tap and every added one (a copy each).
   void capture_pushed(daemon::UniqueFd socket, uint32_t slot);
+  // The shared-memory path (net/shm_packet_io.h) when URDMA_SHM allows it and urdmad gave a
+  // doorbell; its regions asked for on the broker's thread (runtime.cc, ShmBroker).
+  class ShmBroker;
+  std::unique_ptr<ShmBroker> shm_broker_;
+  net::ShmPacketIo* shm_io_ = nullptr;
   std::mutex capture_mu_;
   net::CaptureTap* engine_tap_ = nullptr;        // set before the keeper starts
   std::vector<net::CaptureTap*> capture_taps_;   // under capture_mu_

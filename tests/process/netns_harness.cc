@@ -242,6 +242,33 @@ bool add_local_veth(const std::string& name, const std::string& address) {
             b + " up");
 }
 
+uint64_t udp_datagrams_received() {
+  uint64_t total = 0;
+  {
+    // Two "Udp:" lines: the field names, then the values in the same order.
+    std::ifstream in("/proc/net/snmp");
+    std::string line, names;
+    while (std::getline(in, line)) {
+      if (line.rfind("Udp: ", 0) != 0) continue;
+      if (names.empty()) {
+        names = line;
+        continue;
+      }
+      std::istringstream n(names), v(line);
+      std::string name, value;
+      while (n >> name && v >> value)
+        if (name == "InDatagrams") total += std::stoull(value);
+      break;
+    }
+  }
+  std::ifstream in6("/proc/net/snmp6");
+  std::string name;
+  uint64_t value = 0;
+  while (in6 >> name >> value)
+    if (name == "Udp6InDatagrams") total += value;
+  return total;
+}
+
 bool link_up(const char* ifname) {
   const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;

@@ -69,6 +69,11 @@ bool add_local_veth(const std::string& name, const std::string& address);
 // Brings an interface up with ioctls (no iproute2 needed for lo).
 bool link_up(const char* ifname);
 
+// The kernel's count of UDP datagrams delivered in this network namespace (/proc/net/snmp,
+// "Udp: InDatagrams"; IPv4) plus its IPv6 counterpart (/proc/net/snmp6, Udp6InDatagrams):
+// the oracle for which path a transfer took, kept by code that is not ours.
+uint64_t udp_datagrams_received();
+
 // A pipe carrying fixed-size records between the test's processes (bounded reads).
 struct Pipe {
   int rd = -1, wr = -1;

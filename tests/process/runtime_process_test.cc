@@ -238,14 +238,38 @@ const std::vector<std::string> kAllOps = {"send", "write", "read", "atomic", "ud
 
 // ------------------------------------------------------------------ 1. every operation
 
+// Two urdma processes of one host exchange their datagrams through shared memory
+// (net/shm_packet_io.h): the kernel's UDP counters of the namespace see only the few that left
+// before urdmad made the region — the transfer's 16 MiB per operation are thousands.
 TEST_F(RuntimeProcess, TwoProcessesOnOneHostEveryOperation) {
   in_fresh_netns(
       [] {
         const std::string bytes = kSanitized ? "4194304" : "16777216";
+        const uint64_t udp_before = udp_datagrams_received();
         PeerProcess server(server_args("127.0.0.1", 7001, {"--qps", "2", "--bytes", bytes}));
         PeerProcess client(
             client_args("127.0.0.1", "127.0.0.1", 7001, {"--qps", "2", "--bytes", bytes}));
         expect_transfer(server, client, kAllOps, 90000);
+        const uint64_t udp = udp_datagrams_received() - udp_before;
+        std::printf("UDP datagrams in the namespace: %llu\n", static_cast<unsigned long long>(udp));
+        EXPECT_LT(udp, 500u) << "the transfer went by UDP, not shared memory";
+      },
+      100);
+}
+
+// URDMA_SHM=0: the same transfer, every datagram through the kernel (at least one UDP datagram
+// per 4 KiB of SEND, WRITE and READ data, and one per UD message).
+TEST_F(RuntimeProcess, TwoProcessesOnOneHostEveryOperationWithSharedMemoryOff) {
+  in_fresh_netns(
+      [] {
+        setenv("URDMA_SHM", "0", 1);
+        const uint64_t udp_before = udp_datagrams_received();
+        PeerProcess server(server_args("127.0.0.1", 7011, {"--bytes", "4194304"}));
+        PeerProcess client(client_args("127.0.0.1", "127.0.0.1", 7011, {"--bytes", "4194304"}));
+        expect_transfer(server, client, kAllOps, 90000);
+        const uint64_t udp = udp_datagrams_received() - udp_before;
+        std::printf("UDP datagrams in the namespace: %llu\n", static_cast<unsigned long long>(udp));
+        EXPECT_GT(udp, 3u * 4194304 / 4096);
       },
       100);
 }
@@ -300,6 +324,8 @@ TEST_F(RuntimeProcess, RcUnderLossReorderingAndDuplicationArrivesBitExact) {
           return a;
         };
         const auto start = Clock::now();
+        // Both processes are of this host: the faults act on the shared-memory path.
+        const uint64_t udp_before = udp_datagrams_received();
         {
           setenv("URDMA_FAULTS", "seed=101,loss=10000,reorder=10000,dup=1000", 1);
           PeerProcess server(args(server_args("127.0.0.1", 7003), "write", write_bytes));
@@ -314,6 +340,8 @@ TEST_F(RuntimeProcess, RcUnderLossReorderingAndDuplicationArrivesBitExact) {
           EXPECT_GT(num(c, "retries"), 0u);
           EXPECT_GT(num(server.result(), "out_of_seq"), 0u);
           EXPECT_GT(num(server.result(), "dup_requests"), 0u);
+          EXPECT_LT(udp_datagrams_received() - udp_before, 5000u)
+              << "the transfer went by UDP, not shared memory";
         }
         {
           setenv("URDMA_FAULTS", "seed=303,loss=10000,reorder=10000,dup=1000", 1);

@@ -3,8 +3,8 @@
 // byte with the endpoints a socket would report, and the socket sees none of it; everything
 // else (a remote address, the multicast QPN, its own range, a range with no region) goes to
 // the socket, and the last asks for a region once per kAskAgainNs; a full ring blocks, then
-// drops once it has been full for kStuckNs; a sleeping peer is woken through its doorbell; a
-// region that is not sealed is refused; remove_peer sends the peer's datagrams to the socket.
+// drops once it has been full for kStuckNs; a sleeping peer is woken through its doorbell, and
+// a sleeping thread by a region handed over; a region that is not sealed is refused; remove_peer sends the peer's datagrams to the socket.
 #include "net/shm_packet_io.h"
 
 #include <gtest/gtest.h>
@@ -227,6 +227,24 @@ TEST_F(ShmPacketIoTest, ASleepingPeerIsWokenThroughItsDoorbell) {
   EXPECT_EQ(io_a_->shm_counters().doorbells, 1u);
   EXPECT_EQ(receive_at_b().size(), 2u);
   // The next sleep reads the old doorbell first: the set is quiet again.
+  ASSERT_TRUE(io_b_->arm_wakeup());
+  EXPECT_EQ(poll(&p, 1, 0), 0);
+  io_b_->disarm_wakeup();
+}
+
+// The peer may write to a new region before this process's engine next runs: a thread asleep
+// on the I/O's fd is woken to take it.
+TEST_F(ShmPacketIoTest, ARegionHandedOverWakesASleepingThread) {
+  EXPECT_TRUE(receive_at_b().empty());
+  ASSERT_TRUE(io_b_->arm_wakeup());
+  pollfd p{io_b_->readable_fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 0), 0);
+  ASSERT_EQ(io_b_->add_peer(kRangeA, 1, sealed_region(), dup(bell_a_)), 0);
+  EXPECT_EQ(poll(&p, 1, 1000), 1);
+  io_b_->disarm_wakeup();
+  EXPECT_TRUE(receive_at_b().empty());
+  EXPECT_EQ(io_b_->peers(), 1u);
+  // Taken, and the doorbell read by the next sleep: quiet again.
   ASSERT_TRUE(io_b_->arm_wakeup());
   EXPECT_EQ(poll(&p, 1, 0), 0);
   io_b_->disarm_wakeup();
