@@ -3,7 +3,7 @@
 //
 //   build-bench/bench/urdma_loopback_bench [--seconds S] [--rounds N] [--tx-batch N]
 //                                          [--ack-delay-us U] [--no-engine-thread] [--no-netns]
-//                                          [--no-gso] [--no-gro]
+//                                          [--no-gso] [--no-gro] [--shm]
 //
 // Two processes (fork): host A (127.0.0.1, the requester; it prints) and host B (127.0.0.2).
 // Each runs a runtime::Runtime with its engine thread over a net::UdpSocketIo on its own UDP
@@ -19,7 +19,9 @@
 // processes run: URDMA_ACK_DELAY_US); --no-gso turns off UDP segmentation
 // offload (UdpSocketIoOptions::gso, URDMA_UDP_GSO=0 for processes), which a tx batch above 1
 // uses for the packets of one message; --no-gro turns off UDP receive offload
-// (UdpSocketIoOptions::gro, URDMA_UDP_GRO=0).
+// (UdpSocketIoOptions::gro, URDMA_UDP_GRO=0). --shm puts the shared-memory path
+// (net/shm_packet_io.h) between the two engines, over a region the benchmark makes as urdmad
+// would: the RC rows then cross shared memory, the raw rows still the kernel's UDP.
 //
 // What it measures (each RC row beside its raw-UDP limit, same processes, same run):
 //  * latency: 8-byte ping-pong. Raw: sendto + busy-polling recv(MSG_DONTWAIT) on both sides.
@@ -50,7 +52,10 @@
 #include <netinet/udp.h>
 #include <poll.h>
 #include <sched.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -67,6 +72,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "net/shm_packet_io.h"
 #include "net/udp_socket_io.h"
 #include "runtime/runtime.h"
 #include "support/checksum.h"
@@ -190,6 +196,7 @@ struct PageBuffer {
 struct Host {
   net::Address addr;
   net::Address peer;
+  bool shm = false;  // --shm: the RC rows cross shared memory
   std::unique_ptr<runtime::Runtime> rt;
   provider::Pd* pd = nullptr;
   provider::Cq* cq_lat = nullptr;
@@ -265,8 +272,30 @@ int open_shaped(const net::Address& addr, bool gso, bool gro) {
   return fd;
 }
 
+// --shm: the region and doorbells the two processes share, made before the fork as urdmad
+// makes them (a sealed memfd, one eventfd per side). A is side 0 of QPN range 1, B side 1 of
+// range 2.
+struct ShmShared {
+  bool on = false;
+  int region = -1;
+  int bell[2] = {-1, -1};
+};
+
+ShmShared make_shm_shared() {
+  ShmShared s;
+  s.on = true;
+  s.region = memfd_create("urdma-bench-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  require(s.region >= 0 && ftruncate(s.region, net::kShmRegionBytes) == 0 &&
+              fcntl(s.region, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0,
+          "memfd region");
+  for (int& b : s.bell) b = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  require(s.bell[0] >= 0 && s.bell[1] >= 0, "eventfd");
+  return s;
+}
+
 void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool engine_thread,
-               size_t tx_batch, uint64_t ack_delay_ns, bool gso, bool gro) {
+               size_t tx_batch, uint64_t ack_delay_ns, bool gso, bool gro,
+               const ShmShared& shm = {}, unsigned side = 0) {
   h.addr = addr;
   h.peer = peer;
   std::string err;
@@ -276,10 +305,23 @@ void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool
   options.socket_buffer_bytes = net::kLargeSocketBufferBytes;
   options.gso = gso;
   options.gro = gro;
-  auto io = net::UdpSocketIo::adopt(bind_udp(addr, net::kRoceV2UdpPort), &err, options);
+  std::unique_ptr<net::PacketIo> io =
+      net::UdpSocketIo::adopt(bind_udp(addr, net::kRoceV2UdpPort), &err, options);
   require(io != nullptr, "UdpSocketIo::adopt");
+  const uint32_t own_range = 1 + side;
+  if (shm.on) {
+    static const net::MonotonicClock kClock;
+    auto shm_io = std::make_unique<net::ShmPacketIo>(
+        std::move(io), kClock, own_range, dup(shm.bell[side]), nullptr,
+        [](const net::Address& a) { return a.is_loopback(); });
+    require(shm_io->add_peer(2 - side, side, dup(shm.region), dup(shm.bell[1 - side])) == 0,
+            "ShmPacketIo::add_peer");
+    io = std::move(shm_io);
+  }
   runtime::RuntimeConfig cfg;
   cfg.device = test::device_config(nullptr, addr, IBV_MTU_4096);
+  if (shm.on) cfg.device.qpn_base = own_range << 12;
+  h.shm = shm.on;
   cfg.device.max_mtu = IBV_MTU_4096;
   cfg.engine.local_address = addr;
   cfg.engine_thread = engine_thread;
@@ -817,8 +859,9 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
   const CountersMsg ca = counters_of(h);
 
   std::printf("urdma loopback benchmark: two processes, 127.0.0.1 <-> 127.0.0.2, runtime %s "
-              "over UdpSocketIo, engine tx_batch %zu ack_delay %.1f us, UDP GSO %s GRO %s\n",
+              "over %s, engine tx_batch %zu ack_delay %.1f us, UDP GSO %s GRO %s\n",
               h.rt->engine_tid() != 0 ? "with engine threads" : "without engine threads",
+              h.shm ? "shared memory (ShmPacketIo)" : "UdpSocketIo",
               tx_batch, static_cast<double>(ack_delay_ns) / 1000, gso ? "on" : "off",
               gro ? "on" : "off");
   std::printf("%-44s %14s %14s %8s %8s\n", "measurement", "RC", "raw UDP", "ratio", "target");
@@ -882,6 +925,7 @@ int main(int argc, char** argv) {
   uint64_t ack_delay_ns = 50'000;
   bool gso = true;
   bool gro = true;
+  bool shm = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--seconds" && i + 1 < argc) {
@@ -900,8 +944,10 @@ int main(int argc, char** argv) {
       gso = false;
     } else if (a == "--no-gro") {
       gro = false;
+    } else if (a == "--shm") {
+      shm = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--seconds S] [--rounds N] [--tx-batch N] [--ack-delay-us U] [--no-engine-thread] [--no-netns] [--no-gso] [--no-gro]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--seconds S] [--rounds N] [--tx-batch N] [--ack-delay-us U] [--no-engine-thread] [--no-netns] [--no-gso] [--no-gro] [--shm]\n", argv[0]);
       return 2;
     }
   }
@@ -914,6 +960,7 @@ int main(int argc, char** argv) {
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) die("socketpair");
   const net::Address a_addr = net::Address::from_v4(127, 0, 0, 1);
   const net::Address b_addr = net::Address::from_v4(127, 0, 0, 2);
+  const ShmShared shared = shm ? make_shm_shared() : ShmShared{};
   const pid_t child = fork();
   if (child < 0) die("fork");
   const bool is_a = child != 0;
@@ -921,7 +968,8 @@ int main(int argc, char** argv) {
   close(is_a ? sv[1] : sv[0]);
 
   Host h;
-  open_host(h, is_a ? a_addr : b_addr, is_a ? b_addr : a_addr, engine_thread, tx_batch, ack_delay_ns, gso, gro);
+  open_host(h, is_a ? a_addr : b_addr, is_a ? b_addr : a_addr, engine_thread, tx_batch,
+            ack_delay_ns, gso, gro, shared, is_a ? 0 : 1);
   // Exchange QPNs and keys, then bring the QPs up towards the peer.
   ctl_send(ctl, info_of(h));
   ctl_send(ctl, h.rate_mr->rkey());

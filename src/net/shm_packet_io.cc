@@ -78,9 +78,8 @@ int ShmPacketIo::add_peer(uint32_t peer_range, uint32_t side, int region_fd, int
   close(region_fd);
   if (base == MAP_FAILED) return err;
   peer->base = base;
-  peer->tx = std::make_unique<ShmProducer>(shm_ring_header(base, side), shm_ring_data(base, side));
-  peer->rx =
-      std::make_unique<ShmConsumer>(shm_ring_header(base, 1 - side), shm_ring_data(base, 1 - side));
+  peer->side = side;
+  peer->region_id = static_cast<uint64_t>(st.st_ino);
   std::lock_guard lock(mu_);
   changes_.push_back({true, peer_range, std::move(peer)});
   changed_.store(true, std::memory_order_release);
@@ -112,21 +111,60 @@ void ShmPacketIo::take_changes() {
   for (Change& c : changes_) {
     auto it = std::find_if(peers_.begin(), peers_.end(),
                            [&](const auto& p) { return p->range == c.range; });
-    if (it != peers_.end()) {
+    Peer* existing = it != peers_.end() ? it->get() : nullptr;
+    if (!c.add) {
+      if (existing != nullptr && !existing->closing) {
+        existing->closing = true;
+        ++closing_;
+      }
+      continue;
+    }
+    // The region urdmad pushed and the one it answered are the same: the first one taken
+    // stays (its indices are live).
+    if (existing != nullptr && existing->region_id == c.peer->region_id && !existing->closing) {
+      gone.push_back(std::move(c.peer));
+      continue;
+    }
+    if (existing != nullptr) {
+      if (existing->closing) --closing_;
       gone.push_back(std::move(*it));
       peers_.erase(it);
     }
-    if (c.add && peers_.size() < kMaxPeers) {
-      // A process that sleeps now must hear from the new ring too.
-      if (armed_ > 0) {
-        c.peer->rx->arm();
-        rung_maybe_ = true;
-      }
-      peers_.push_back(std::move(c.peer));
-      ++shm_.peers;
+    if (peers_.size() >= kMaxPeers) {
+      gone.push_back(std::move(c.peer));
+      continue;
     }
+    // The indices are read here, on the I/O's thread, when the ring starts being used.
+    Peer& p = *c.peer;
+    p.tx = std::make_unique<ShmProducer>(shm_ring_header(p.base, p.side),
+                                         shm_ring_data(p.base, p.side));
+    p.rx = std::make_unique<ShmConsumer>(shm_ring_header(p.base, 1 - p.side),
+                                         shm_ring_data(p.base, 1 - p.side));
+    // A process that sleeps now must hear from the new ring too.
+    if (armed_ > 0) {
+      p.rx->arm();
+      rung_maybe_ = true;
+    }
+    peers_.push_back(std::move(c.peer));
+    ++shm_.peers;
   }
   changes_.clear();
+  next_rx_ = 0;
+}
+
+void ShmPacketIo::drop_closed() {
+  std::vector<std::unique_ptr<Peer>> gone;
+  std::lock_guard lock(mu_);
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    Peer& p = **it;
+    if (p.closing && (p.dropping.load(std::memory_order_relaxed) || !p.rx->pending())) {
+      --closing_;
+      gone.push_back(std::move(*it));
+      it = peers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   next_rx_ = 0;
 }
 
@@ -150,7 +188,7 @@ ShmPacketIo::Peer* ShmPacketIo::route(const TxDatagram& d) {
   const uint32_t range = qpn >> kRangeShift;
   if (qpn == kMulticastQpn || range == 0 || range == own_range_) return nullptr;
   Peer* p = find(range);
-  if (p != nullptr) return local(d.dst.address) ? p : nullptr;
+  if (p != nullptr) return !p->closing && local(d.dst.address) ? p : nullptr;
   if (!want_ || !local(d.dst.address)) return nullptr;
   const uint64_t now = clock_.now_ns();
   auto it = std::find_if(asked_.begin(), asked_.end(), [&](const auto& a) { return a.first == range; });
@@ -297,6 +335,8 @@ size_t ShmPacketIo::recv_batch(std::span<RxDatagram> batch) {
     p.rx->release();
   }
   if (count > 0) next_rx_ = (next_rx_ + 1) % count;
+  if (closing_ > 0) [[unlikely]]
+    drop_closed();
   if (n == batch.size()) return n;
   // The socket: always without regions; with them, when due (shm_packet_io.h).
   const uint64_t now = count > 0 ? clock_.now_ns() : 0;

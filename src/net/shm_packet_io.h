@@ -92,7 +92,7 @@ class ShmPacketIo final : public PacketIo {
   // and reads the other. A second region for the same range replaces the first. 0 or an errno
   // (EINVAL: bad size, seals or side; mmap's).
   int add_peer(uint32_t peer_range, uint32_t side, int region_fd, int peer_doorbell);
-  // Any thread: the peer's lease ended; its region goes.
+  // Any thread: the peer's lease ended; its region goes once its ring is read.
   void remove_peer(uint32_t peer_range);
 
   uint16_t source_port(uint16_t wanted) const override { return inner_->source_port(wanted); }
@@ -115,8 +115,13 @@ class ShmPacketIo final : public PacketIo {
  private:
   struct Peer {
     uint32_t range = 0;
+    unsigned side = 0;
     void* base = nullptr;  // the region's mapping
+    uint64_t region_id = 0;  // the memfd's inode: the same region handed over twice is one
     int doorbell = -1;     // the peer's
+    // The peer's lease ended (remove_peer): nothing more is sent to it, and its ring is read
+    // until it is empty — the last datagrams it sent (an ACK, say) before it exited.
+    bool closing = false;
     std::unique_ptr<ShmProducer> tx;
     std::unique_ptr<ShmConsumer> rx;
     uint64_t full_since_ns = 0;  // 0: not full
@@ -139,6 +144,8 @@ class ShmPacketIo final : public PacketIo {
   void publish_all();
   void take_changes();
   void ring_own_doorbell();
+  // Drops closing peers whose rings are read (or broken).
+  void drop_closed();
 
   std::unique_ptr<PacketIo> inner_;
   const Clock& clock_;
@@ -163,6 +170,7 @@ class ShmPacketIo final : public PacketIo {
   std::vector<std::pair<uint32_t, uint64_t>> asked_;   // range -> when Want was called
   uint64_t last_udp_poll_ns_ = 0;
   size_t next_rx_ = 0;  // the peer a receive starts with (round robin)
+  size_t closing_ = 0;  // peers closing
   bool blocked_ = false;  // the last send found a ring full
   IoCounters io_;  // this path's datagrams
   ShmCounters shm_;

@@ -264,14 +264,42 @@ TEST_F(ShmPacketIoTest, AnUnsealedOrMissizedRegionIsRefused) {
   EXPECT_EQ(io_a_->peers(), 0u);
 }
 
-TEST_F(ShmPacketIoTest, ARemovedPeersDatagramsGoToTheSocket) {
+// The peer's lease ended: what it sent before it went is still read (its last ACK, say), then
+// the region goes and its range is the socket's again.
+TEST_F(ShmPacketIoTest, ARemovedPeersLastDatagramsAreReadThenItsRangeGoesToTheSocket) {
   connect();
   ASSERT_EQ(send_from_a(packet_to((kRangeB << 12) | 1, 64), kLocal), TxStatus::kSent);
   EXPECT_TRUE(sock_a_->sent.empty());
+  io_b_->remove_peer(kRangeA);
+  const auto got = receive_at_b();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], packet_to((kRangeB << 12) | 1, 64));
+  EXPECT_TRUE(receive_at_b().empty());
+  EXPECT_EQ(io_b_->peers(), 0u);
   io_a_->remove_peer(kRangeB);
   ASSERT_EQ(send_from_a(packet_to((kRangeB << 12) | 1, 64), kLocal), TxStatus::kSent);
   EXPECT_EQ(sock_a_->sent.size(), 1u);
-  EXPECT_EQ(io_a_->peers(), 0u);
+}
+
+// urdmad pushes a region to the peer and answers the same region when that peer asks too: the
+// second copy changes nothing (the ring's indices are live), nothing is read twice or lost.
+TEST_F(ShmPacketIoTest, TheSameRegionHandedOverTwiceIsOneRing) {
+  const int region = sealed_region();
+  ASSERT_EQ(io_a_->add_peer(kRangeB, 0, dup(region), dup(bell_b_)), 0);
+  ASSERT_EQ(io_b_->add_peer(kRangeA, 1, dup(region), dup(bell_a_)), 0);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_EQ(send_from_a(packet_to((kRangeB << 12) | i, 64), kLocal), TxStatus::kSent);
+  ASSERT_EQ(receive_at_b().size(), 3u);
+  ASSERT_EQ(send_from_a(packet_to((kRangeB << 12) | 3, 64), kLocal), TxStatus::kSent);
+  ASSERT_EQ(io_a_->add_peer(kRangeB, 0, dup(region), dup(bell_b_)), 0);
+  ASSERT_EQ(io_b_->add_peer(kRangeA, 1, region, dup(bell_a_)), 0);
+  ASSERT_EQ(send_from_a(packet_to((kRangeB << 12) | 4, 64), kLocal), TxStatus::kSent);
+  const auto got = receive_at_b();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], packet_to((kRangeB << 12) | 3, 64));
+  EXPECT_EQ(got[1], packet_to((kRangeB << 12) | 4, 64));
+  EXPECT_EQ(io_a_->peers(), 1u);
+  EXPECT_EQ(io_a_->shm_counters().broken + io_b_->shm_counters().broken, 0u);
 }
 
 TEST_F(ShmPacketIoTest, TheSocketIsReadAfterASleepAndNotOnEveryBusyTurn) {
