@@ -255,6 +255,12 @@ TxStatus ShmPacketIo::put(Peer& p, const TxDatagram& d) {
   return TxStatus::kRejected;
 }
 
+void ShmPacketIo::set_socket_blocked(bool blocked) {
+  if (blocked == socket_blocked_) return;
+  socket_blocked_ = blocked;
+  update_writable_watch();
+}
+
 void ShmPacketIo::publish_all() {
   for (const auto& p : peers_) {
     if (!p->tx->publish()) continue;
@@ -270,7 +276,11 @@ TxStatus ShmPacketIo::send(const TxDatagram& d) {
     take_changes();
   blocked_ = false;
   Peer* p = peers_.empty() && !want_ ? nullptr : route(d);
-  if (p == nullptr) return inner_->send(d);
+  if (p == nullptr) {
+    const TxStatus s = inner_->send(d);
+    set_socket_blocked(s == TxStatus::kWouldBlock);
+    return s;
+  }
   const TxStatus s = put(*p, d);
   publish_all();
   return s;
@@ -289,6 +299,7 @@ size_t ShmPacketIo::send_batch(std::span<const TxDatagram> batch) {
     if (run > done) {
       const size_t sent = inner_->send_batch(batch.subspan(done, run - done));
       done += sent;
+      set_socket_blocked(done < run);
       if (done < run) break;
     }
     if (p == nullptr) break;
@@ -408,8 +419,19 @@ void ShmPacketIo::disarm_wakeup() {
 
 void ShmPacketIo::watch_writable(bool on) {
   inner_->watch_writable(on);
+  want_writable_ = on;
+  update_writable_watch();
+}
+
+// EPOLLOUT on the socket only while the socket itself refused a datagram: a full ring is
+// retried by the deadline (next_deadline_ns), and a socket that is writable, as it nearly
+// always is, would keep the set readable and the caller from ever sleeping.
+void ShmPacketIo::update_writable_watch() {
+  const bool out = want_writable_ && socket_blocked_;
+  if (out == watching_out_) return;
+  watching_out_ = out;
   epoll_event ev{};
-  ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
+  ev.events = EPOLLIN | (out ? EPOLLOUT : 0u);
   ev.data.fd = inner_->readable_fd();
   epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, inner_->readable_fd(), &ev);
 }

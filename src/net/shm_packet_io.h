@@ -144,6 +144,8 @@ class ShmPacketIo final : public PacketIo {
   void publish_all();
   void take_changes();
   void ring_own_doorbell();
+  void set_socket_blocked(bool blocked);
+  void update_writable_watch();
   // Drops closing peers whose rings are read (or broken).
   void drop_closed();
 
@@ -172,6 +174,9 @@ class ShmPacketIo final : public PacketIo {
   size_t next_rx_ = 0;  // the peer a receive starts with (round robin)
   size_t closing_ = 0;  // peers closing
   bool blocked_ = false;  // the last send found a ring full
+  bool socket_blocked_ = false;  // the socket refused the last datagram sent to it
+  bool want_writable_ = false;   // watch_writable's
+  bool watching_out_ = false;    // EPOLLOUT on the socket in epoll_fd_
   IoCounters io_;  // this path's datagrams
   ShmCounters shm_;
 };

@@ -339,7 +339,9 @@ void Runtime::send_posted() {
   if (!has_thread_) return;
   if (t_event_from == this) {
     t_event_from = nullptr;
-    if (sleeping_.load(std::memory_order_seq_cst) && take_turn(kReply)) return;
+    if ((sleeping_.load(std::memory_order_seq_cst) || napping_.load(std::memory_order_seq_cst)) &&
+        take_turn(kReply))
+      return;
   }
   wake();
 }
@@ -402,6 +404,7 @@ bool Runtime::take_turn(TurnKind kind) {
   pthread_setcancelstate(cancel_state, nullptr);
   // Reply turns are not polls: inline_turns_ is how the engine thread tells a busy-polling thread.
   (kind == kReply ? reply_turns_ : inline_turns_).fetch_add(1, std::memory_order_relaxed);
+  if (kind == kPoll) last_poll_ns_.store(clock_.now_ns(), std::memory_order_relaxed);
   // Blocked on transmit: the engine thread must wait for EPOLLOUT, which only it can ask for.
   if (has_thread_ && blocked) wake();
   return true;
@@ -458,7 +461,11 @@ void Runtime::run() {
     turns_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t turn_end = clock_.now_ns();
     if (deadline <= turn_end) continue;
-    if (busy_poll_.ns() != 0) {
+    // A turn after a nap that nothing woke is the nap's look around: no spin (the application
+    // thread drove the engine, or stopped and the thread now sleeps).
+    const bool after_nap = napped_idle_;
+    napped_idle_ = false;
+    if (busy_poll_.ns() != 0 && !after_nap) {
       // Busy-poll window: keep taking turns while work may come soon.
       const uint64_t until = turn_end + busy_poll_.ns();
       // Ends at once on a post (the doorbell), a due timer, or a datagram (epoll with no
@@ -533,6 +540,10 @@ int Runtime::wait_readable(int fd, const bool& delivered) {
     }
   } watch(this);
   for (;;) {
+    // A send posted while the engine thread naps rang no eventfd: this thread, about to block,
+    // sends it (runtime.h, NAPPING).
+    if (doorbell_.load(std::memory_order_seq_cst) && !sleeping_.load(std::memory_order_seq_cst))
+      take_turn(kReply);
     pollfd p[2] = {{fd, POLLIN, 0}, {sock, POLLIN, 0}};
     // A peer's shared-memory ring rings the I/O's doorbell (in `sock`'s set) once asked to.
     const bool idle = io_->arm_wakeup();
@@ -583,10 +594,20 @@ void Runtime::want_writable(bool on) {
 
 // Engine-thread side of the need-wakeup handshake (runtime.h).
 bool Runtime::sleep_until(uint64_t deadline_ns) {
-  armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
-  sleeping_.store(true, std::memory_order_seq_cst);
+  // An application thread that took a poll turn within kNapNs drives the engine itself (it
+  // busy-polls its CQ): this thread naps instead (runtime.h, NAPPING).
+  const uint64_t now = clock_.now_ns();
+  const bool nap = now - last_poll_ns_.load(std::memory_order_relaxed) < kNapNs;
+  if (nap) {
+    deadline_ns = std::min(deadline_ns, now + kNapNs);
+    napping_.store(true, std::memory_order_seq_cst);
+  } else {
+    armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
+    sleeping_.store(true, std::memory_order_seq_cst);
+  }
   if (doorbell_.load(std::memory_order_seq_cst) || stop_.load(std::memory_order_seq_cst)) {
     sleeping_.store(false, std::memory_order_seq_cst);
+    napping_.store(false, std::memory_order_seq_cst);
     armed_deadline_ns_.store(0, std::memory_order_seq_cst);
     return true;
   }
@@ -598,21 +619,23 @@ bool Runtime::sleep_until(uint64_t deadline_ns) {
   const uint64_t now_due = engine_.next_deadline_ns();
   if (now_due < deadline_ns) {
     deadline_ns = now_due;
-    armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
+    if (!nap) armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
   }
   set_timer(timer_fd_, &timer_ns_, deadline_ns);
   epoll_event events[4];
   int n = 0;
   // Datagrams that do not make the socket readable (a peer's shared-memory ring) ring the I/O's
   // doorbell instead, once asked to; some may wait already: no sleep then.
-  const bool idle = io_->arm_wakeup();
+  // A nap asks for neither: the polling thread reads the rings.
+  const bool idle = nap || io_->arm_wakeup();
   if (idle) {
     do {
       n = epoll_wait(epoll_fd_, events, 4, -1);
     } while (n < 0 && errno == EINTR);
   }
-  io_->disarm_wakeup();
+  if (!nap) io_->disarm_wakeup();
   sleeping_.store(false, std::memory_order_seq_cst);
+  napping_.store(false, std::memory_order_seq_cst);
   if (!idle) {
     armed_deadline_ns_.store(0, std::memory_order_seq_cst);
     return true;
@@ -624,6 +647,7 @@ bool Runtime::sleep_until(uint64_t deadline_ns) {
     if (fd != io_->readable_fd()) drain_fd(fd);
     if (fd == io_->readable_fd() || fd == event_fd_) work = true;
   }
+  napped_idle_ = nap && !work;
   return work;
 }
 

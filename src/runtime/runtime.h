@@ -61,6 +61,14 @@
 //   qp_modified), so the QP's rings are not touched after they return.
 // * BACK-PRESSURE: a datagram the socket refuses with EAGAIN/ENOBUFS waits in the engine's
 //   transmit backlog (Engine::tx_blocked); the engine thread then also waits for EPOLLOUT.
+// * NAPPING: while an application thread busy-polls its CQ (a poll turn within kNapNs), the
+//   engine thread naps instead of sleeping: at most kNapNs, without the need-wakeup flag
+//   (a post rings no eventfd: the polling thread's next turn sends it, or a thread about to
+//   block in wait_readable does), without arming the I/O's rings (a peer's datagram writes no
+//   doorbell: the polling thread reads it) and without the application timer (an ACK held for
+//   a reply leaves with the reply or at the next turn). A wake-up per post or per datagram
+//   would cost a syscall on both sides and a context switch on a core the pollers need; the
+//   nap bounds what is left to the engine thread to kNapNs when the poller stops.
 // * COUNTERS for other threads: counters() is a copy the engine makes between turns.
 #pragma once
 
@@ -236,6 +244,12 @@ class Runtime final : public engine::Waker, public EventWaiter {
   std::atomic<uint32_t> token_wakes_{0};
   std::atomic<bool> doorbell_{false};
   std::atomic<bool> sleeping_{false};
+  // NAPPING (below): the engine thread sleeps at most kNapNs, woken by nobody's post.
+  std::atomic<bool> napping_{false};
+  // When an application thread last took a poll turn (try_progress).
+  std::atomic<uint64_t> last_poll_ns_{0};
+  static constexpr uint64_t kNapNs = 200'000;
+  bool napped_idle_ = false;  // engine thread only: the last sleep was a nap
   // The deadline the sleeping engine thread armed (kNever: none): a turn on an application
   // thread that leaves an earlier one wakes it.
   std::atomic<uint64_t> armed_deadline_ns_{net::kNever};
