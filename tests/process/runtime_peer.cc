@@ -4,6 +4,7 @@
 //
 //   urdma_runtime_peer --role server --addr 127.0.0.1 --listen 7001 [options]
 //   urdma_runtime_peer --role client --addr 127.0.0.1 --connect 127.0.0.1:7001 [options]
+//   urdma_runtime_peer --scribble QPN SECONDS   (a hostile peer of one host: scribble())
 //
 // The client is the active side: it posts RC SENDs, RDMA WRITEs, RDMA READs, atomics
 // (FETCH_ADD and CMP_SWP, successful and failing) and UD SENDs over `--qps` RC QPs (message i
@@ -29,10 +30,12 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -46,7 +49,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/client.h"
 #include "net/address.h"
+#include "net/shm_ring.h"
 #include "runtime/runtime.h"
 #include "support/qp_setup.h"
 
@@ -363,12 +368,31 @@ int tcp_client(const std::string& host, uint16_t port) {
 
 // ---------------------------------------------------------------- the peer
 
+// Every registered buffer ends at a PROT_NONE page and starts one page after another: a write
+// past either end of a region (a stray placement from the wire or from shared memory) kills the
+// process, and the test that runs it fails.
+struct GuardedPages {
+  uint8_t* base = nullptr;
+  size_t bytes = 0;
+  GuardedPages() = default;
+  GuardedPages(GuardedPages&& o) noexcept : base(std::exchange(o.base, nullptr)), bytes(o.bytes) {}
+  GuardedPages& operator=(GuardedPages&& o) noexcept {
+    std::swap(base, o.base);
+    std::swap(bytes, o.bytes);
+    return *this;
+  }
+  ~GuardedPages() {
+    if (base != nullptr) munmap(base, bytes);
+  }
+};
+
 struct Buffer {
-  std::unique_ptr<uint8_t[]> mem;
+  GuardedPages pages;
+  uint8_t* start = nullptr;
   size_t size = 0;
   provider::Mr* mr = nullptr;
-  uint8_t* data() const { return mem.get(); }
-  uint64_t addr() const { return reinterpret_cast<uintptr_t>(mem.get()); }
+  uint8_t* data() const { return start; }
+  uint64_t addr() const { return reinterpret_cast<uintptr_t>(start); }
 };
 
 struct OpStats {
@@ -484,10 +508,22 @@ int Peer::open_device() {
 
 Buffer Peer::make_buffer(size_t n) {
   Buffer b;
-  b.size = std::max<size_t>(n, 8);
-  b.mem = std::make_unique_for_overwrite<uint8_t[]>(b.size);
-  std::memset(b.mem.get(), 0, b.size);
-  auto mr = rt_->device().reg_mr(pd_, b.mem.get(), b.size, b.addr(),
+  b.size = (std::max<size_t>(n, 8) + 7) & ~size_t{7};  // atomics' targets stay 8-byte aligned
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t inner = (b.size + page - 1) / page * page;
+  void* all = mmap(nullptr, inner + 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (all == MAP_FAILED) {
+    fail(2, "mmap failed");
+    return b;
+  }
+  b.pages.base = static_cast<uint8_t*>(all);
+  b.pages.bytes = inner + 2 * page;
+  if (mprotect(b.pages.base + page, inner, PROT_READ | PROT_WRITE) != 0) {
+    fail(2, "mprotect failed");
+    return b;
+  }
+  b.start = b.pages.base + page + (inner - b.size);  // the last byte abuts the guard page
+  auto mr = rt_->device().reg_mr(pd_, b.start, b.size, b.addr(),
                                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
   if (!mr.ok()) {
@@ -1216,7 +1252,72 @@ int Peer::run() {
 }  // namespace
 }  // namespace urdma::peer
 
+namespace urdma::peer {
+
+// urdma_runtime_peer --scribble QPN SECONDS: a hostile process of the same user. It leases a
+// slot, asks urdmad for the shared-memory region to the process holding QPN (at 127.0.0.1) and
+// writes random bytes over all of it — both rings' indices, wake flags and data — ringing that
+// process's doorbell about once a millisecond, for SECONDS. Prints "SCRIBBLING" once the region
+// is mapped and "SCRIBBLED bytes=N" at the end; exit 2 when it gets no region.
+int scribble(uint32_t qpn, double seconds) {
+  daemon::Client client;
+  std::string detail;
+  if (const int e = daemon::Client::connect_or_spawn({}, &client, &detail)) {
+    std::printf("SCRIBBLE_FAILED step=connect errno=%d %s\n", e, detail.c_str());
+    return 2;
+  }
+  daemon::Slot slot;
+  daemon::UniqueFd doorbell;
+  daemon::ShmPair pair;
+  int e = client.acquire_slot(&slot);
+  if (e == 0) e = client.shm_accept(&doorbell);
+  if (e == 0) e = client.shm_connect(net::Address::from_v4(127, 0, 0, 1), qpn, &pair);
+  if (e != 0) {
+    std::printf("SCRIBBLE_FAILED errno=%d\n", e);
+    return 2;
+  }
+  void* mapped = mmap(nullptr, net::kShmRegionBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                      pair.region.get(), 0);
+  if (mapped == MAP_FAILED) {
+    std::printf("SCRIBBLE_FAILED step=mmap\n");
+    return 2;
+  }
+  auto* region = static_cast<uint8_t*>(mapped);
+  std::printf("SCRIBBLING\n");
+  std::fflush(stdout);
+  uint64_t x = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(getpid());
+  uint64_t bytes = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  auto next_bell = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() < end) {
+    for (int i = 0; i < 4096; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      // Every fourth write lands in a ring's header page (its indices and wake flag).
+      const size_t ring = (x >> 8) & 1;
+      const size_t at = (x & 3) == 0 ? ring * net::kShmRingBytes + ((x >> 16) % 256)
+                                     : (x >> 16) % net::kShmRegionBytes;
+      region[at] = static_cast<uint8_t>(x >> 56);
+      ++bytes;
+    }
+    if (std::chrono::steady_clock::now() >= next_bell) {
+      const uint64_t one = 1;
+      (void)!write(pair.peer_doorbell.get(), &one, sizeof one);
+      next_bell += std::chrono::milliseconds(1);
+    }
+  }
+  munmap(mapped, net::kShmRegionBytes);
+  std::printf("SCRIBBLED bytes=%" PRIu64 "\n", bytes);
+  return 0;
+}
+
+}  // namespace urdma::peer
+
 int main(int argc, char** argv) {
+  if (argc == 4 && std::string_view(argv[1]) == "--scribble")
+    return urdma::peer::scribble(static_cast<uint32_t>(std::strtoul(argv[2], nullptr, 0)),
+                                 std::atof(argv[3]));
   urdma::peer::Peer peer(urdma::peer::parse(argc, argv));
   return peer.run();
 }

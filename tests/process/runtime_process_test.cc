@@ -257,6 +257,31 @@ TEST_F(RuntimeProcess, TwoProcessesOnOneHostEveryOperation) {
       100);
 }
 
+// A process of the same user scribbles random bytes over the region it shares with the server
+// — both rings, their indices and wake flags — and rings the server's doorbell, all through a
+// transfer between the server and a client: the server's ring from it breaks (dropped and
+// counted), nothing else does. Every operation's bytes arrive checked, and each peer's
+// registered buffers sit between guard pages (runtime_peer.cc), so a stray write would have
+// killed it.
+TEST_F(RuntimeProcess, APeerScribblingOnItsSharedRegionBreaksNothingElse) {
+  in_fresh_netns(
+      [] {
+        PeerProcess server(server_args("127.0.0.1", 7013, {"--bytes", "4194304"}));
+        const auto listening = server.wait_line("LISTENING ", 20000);
+        ASSERT_TRUE(listening) << server.output();
+        const size_t at = listening->find("qpn_base=");
+        ASSERT_NE(at, std::string::npos) << *listening;
+        const std::string qpn = listening->substr(at + 9, listening->find(' ', at) - at - 9);
+        PeerProcess scribbler({"--scribble", qpn, "3"});
+        ASSERT_TRUE(scribbler.wait_line("SCRIBBLING", 20000)) << scribbler.output();
+        PeerProcess client(client_args("127.0.0.1", "127.0.0.1", 7013, {"--bytes", "4194304"}));
+        expect_transfer(server, client, kAllOps, 90000);
+        EXPECT_EQ(scribbler.exit_code(20000), 0) << scribbler.output();
+        EXPECT_NE(scribbler.output().find("SCRIBBLED bytes="), std::string::npos);
+      },
+      100);
+}
+
 // URDMA_SHM=0: the same transfer, every datagram through the kernel (at least one UDP datagram
 // per 4 KiB of SEND, WRITE and READ data, and one per UD message).
 TEST_F(RuntimeProcess, TwoProcessesOnOneHostEveryOperationWithSharedMemoryOff) {
