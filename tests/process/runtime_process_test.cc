@@ -459,6 +459,33 @@ TEST_F(RuntimeProcess, KillNineMidTransferPeerFailsSlotReclaimedNewProcessWorks)
       90);
 }
 
+// A peer that stops (SIGSTOP) mid-transfer keeps its lease and its region, so no kShmOff comes:
+// what is sent waits in its ring unread (or, once the ring has been full for kStuckNs, is
+// dropped: net/shm_packet_io.h), no ACK comes back, and the RC retry count ends the transfer
+// with RETRY_EXC_ERR — the sender neither hangs nor crashes.
+TEST_F(RuntimeProcess, APeerStoppedMidTransferEndsInRetryExceeded) {
+  in_fresh_netns(
+      [] {
+        PeerProcess server(server_args("127.0.0.1", 7014, {"--ops", "write"}));
+        PeerProcess client(client_args("127.0.0.1", "127.0.0.1", 7014,
+                                       {"--ops", "write", "--stream", "--bytes", "1099511627776",
+                                        "--timeout", "14", "--retry", "2"}));
+        ASSERT_TRUE(server.wait_line("LISTENING ", 20000)) << server.output();
+        ASSERT_TRUE(client.wait_line("STREAMING", 20000)) << client.output();
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // mid-transfer
+        kill(server.pid(), SIGSTOP);
+        const auto result = client.wait_line("RESULT ", 20000);
+        kill(server.pid(), SIGCONT);
+        ASSERT_TRUE(result) << client.output();
+        const Fields c = client.result();
+        EXPECT_EQ(c.at("status"), "transport_retry_counter_exceeded") << *result;
+        EXPECT_EQ(num(c, "exit"), 3u);
+        EXPECT_GT(num(c, "write_bytes"), 0u);
+        server.kill9();
+      },
+      60);
+}
+
 // The same slot again after a reclaim: with two client slots (URDMA_SLOTS=3, slot 0 is the
 // daemon's) and two processes per round, every round after the first runs on both reclaimed
 // slots. Regression: urdmad's reclaim used to connect(AF_UNSPEC) the slot socket, and the
