@@ -542,8 +542,9 @@ int Runtime::wait_readable(int fd, const bool& delivered) {
   for (;;) {
     // A send posted while the engine thread naps rang no eventfd: this thread, about to block,
     // sends it (runtime.h, NAPPING).
-    if (doorbell_.load(std::memory_order_seq_cst) && !sleeping_.load(std::memory_order_seq_cst))
-      take_turn(kReply);
+    if (doorbell_.load(std::memory_order_seq_cst) && !sleeping_.load(std::memory_order_seq_cst) &&
+        take_turn(kReply) && delivered)
+      return 0;  // the turn handed this thread its event (CompletionChannel::notify)
     pollfd p[2] = {{fd, POLLIN, 0}, {sock, POLLIN, 0}};
     // A peer's shared-memory ring rings the I/O's doorbell (in `sock`'s set) once asked to.
     const bool idle = io_->arm_wakeup();
