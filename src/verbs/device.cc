@@ -127,6 +127,8 @@ bool debug_enabled() {
 //   URDMA_UDP_GSO        0 or 1 (default 1): UDP segmentation offload for the packets of one
 //                        message (net/packet_io_env.h reads it)
 //   URDMA_UDP_GRO        0 or 1 (default 1): UDP receive offload (the same)
+//   URDMA_SHM            0 or 1 (default 1): the shared-memory path to processes of this host
+//                        (the same; net/shm_packet_io.h)
 // 0, or EINVAL with a sentence for a value that is not a number in range.
 constexpr uint64_t kDefaultTxBatch = 64;
 constexpr uint64_t kDefaultAckDelayUs = 50;  // longer than a reply's turnaround on one host
@@ -153,6 +155,8 @@ int engine_settings(runtime::RuntimeConfig* cfg, std::string* why) {
   uint64_t udp_offload = 1;
   if (int err = env_number(net::kUdpGsoEnvVar, 0, 1, &udp_offload, why)) return err;
   if (int err = env_number(net::kUdpGroEnvVar, 0, 1, &udp_offload, why)) return err;
+  uint64_t shm = 1;
+  if (int err = env_number(net::kShmEnvVar, 0, 1, &shm, why)) return err;
   cfg->engine.tx_batch = tx_batch;
   cfg->engine.ack_delay_ns = ack_delay_us * 1000;
   cfg->busy_poll_ns = busy_poll_us * 1000;

@@ -243,7 +243,8 @@ TEST_F(VerbsUtils, EngineSettingsComeFromTheEnvironment) {
     for (const char* bad : {"URDMA_TX_BATCH=0", "URDMA_TX_BATCH=65", "URDMA_TX_BATCH=4x",
                             "URDMA_ACK_DELAY_US=-1", "URDMA_ACK_DELAY_US=1001",
                             "URDMA_BUSY_POLL_US=1001", "URDMA_BUSY_POLL_US=x",
-                            "URDMA_UDP_GSO=2", "URDMA_UDP_GRO=yes", "URDMA_WAIT_DRIVES=2"}) {
+                            "URDMA_UDP_GSO=2", "URDMA_UDP_GRO=yes", "URDMA_WAIT_DRIVES=2",
+                            "URDMA_SHM=2"}) {
       const ToolRun r = run(std::string(bad) + " ibv_devinfo -d urdma0", 10000);
       EXPECT_NE(r.exit_code, 0) << bad << ":\n" << r.output;
       const std::string setting(bad);
