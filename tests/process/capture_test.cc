@@ -167,8 +167,10 @@ TEST_F(Capture, EveryDatagramOfAPairIsRecordedBySenderAndReceiverAndDecodes) {
 }
 
 // rdma_cm's MADs are in the capture too: librdmacm's, as it sends them from its own socket, and
-// as urdmad hands them to the receiving process. Debian's rping pair: its REQ, REP, RTU, DREQ
-// and DREP, each recorded by its sender and its receiver.
+// as urdmad hands them to the receiving process. Debian's rping pair: its REQ, REP, RTU and
+// DREQ, each recorded by its sender and its receiver, and the DREP by its sender — its receiver
+// may have exited already (rdma_disconnect does not wait for it), and a MAD urdmad delivers to
+// nobody is not captured (ARCHITECTURE.md, "Capture").
 TEST_F(Capture, ConnectionManagementMadsAreRecordedBySenderAndReceiver) {
   if (!have_tool("rping")) GTEST_SKIP() << "no rping (rdmacm-utils)";
   in_fresh_netns(
@@ -193,11 +195,13 @@ TEST_F(Capture, ConnectionManagementMadsAreRecordedBySenderAndReceiver) {
           if (gmp) ++by_attribute[static_cast<uint16_t>(f[20 + 16] << 8 | f[20 + 17])];
         }
         for (const auto& [name, attribute] : std::vector<std::pair<const char*, uint16_t>>{
-                 {"REQ", 0x10}, {"REP", 0x13}, {"RTU", 0x14}, {"DREQ", 0x15}, {"DREP", 0x16}}) {
+                 {"REQ", 0x10}, {"REP", 0x13}, {"RTU", 0x14}, {"DREQ", 0x15}}) {
           const int n = by_attribute.count(attribute) ? by_attribute.at(attribute) : 0;
           EXPECT_GE(n, 2) << name;
           EXPECT_EQ(n % 2, 0) << name << " recorded " << n << " times";
         }
+        const int dreps = by_attribute.count(0x16) ? by_attribute.at(0x16) : 0;
+        EXPECT_TRUE(dreps == 1 || dreps == 2) << "DREP recorded " << dreps << " times";
         check_decodes(pcap, all.size());
         unlink(pcap.c_str());
       },
