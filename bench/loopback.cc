@@ -61,6 +61,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -132,6 +133,8 @@ enum class Phase : uint32_t {
   kRawLat,
   kShapedLat,
   kRcLat,
+  kRingLat,
+  kLineLat,
   kRawStream,
   kRcBw,
   kRcRate,
@@ -213,6 +216,12 @@ struct Host {
   provider::Mr* rate_mr = nullptr;
   int raw_fd = -1;
   int shaped_fd = -1;
+  // --shm: the limit row's bare rings (net/shm_ring.h), this side's to write and to read.
+  std::unique_ptr<net::ShmProducer> ring_tx;
+  std::unique_ptr<net::ShmConsumer> ring_rx;
+  std::atomic<uint64_t>* line_out = nullptr;  // this side writes, the other reads
+  std::atomic<uint64_t>* line_in = nullptr;
+  uint64_t line_round = 0;  // rounds the line has carried
   bool gso = false;
   bool gro = false;
 
@@ -279,15 +288,24 @@ struct ShmShared {
   bool on = false;
   int region = -1;
   int bell[2] = {-1, -1};
+  int limit_region = -1;  // the ring ping-pong's (the limit row): two bare rings
+  // The hardware's limit: one cache line written by each side in turn (a shared anonymous page).
+  std::atomic<uint64_t>* line[2] = {nullptr, nullptr};
 };
 
 ShmShared make_shm_shared() {
   ShmShared s;
   s.on = true;
-  s.region = memfd_create("urdma-bench-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  require(s.region >= 0 && ftruncate(s.region, net::kShmRegionBytes) == 0 &&
-              fcntl(s.region, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0,
-          "memfd region");
+  for (int* fd : {&s.region, &s.limit_region}) {
+    *fd = memfd_create("urdma-bench-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    require(*fd >= 0 && ftruncate(*fd, net::kShmRegionBytes) == 0 &&
+                fcntl(*fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0,
+            "memfd region");
+  }
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  require(page != MAP_FAILED, "mmap shared page");
+  s.line[0] = static_cast<std::atomic<uint64_t>*>(page);
+  s.line[1] = s.line[0] + 64 / sizeof(uint64_t);  // the next cache line
   for (int& b : s.bell) b = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   require(s.bell[0] >= 0 && s.bell[1] >= 0, "eventfd");
   return s;
@@ -309,6 +327,7 @@ void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool
       net::UdpSocketIo::adopt(bind_udp(addr, net::kRoceV2UdpPort), &err, options);
   require(io != nullptr, "UdpSocketIo::adopt");
   const uint32_t own_range = 1 + side;
+  net::ShmPacketIo* shm_io_ptr = nullptr;
   if (shm.on) {
     static const net::MonotonicClock kClock;
     auto shm_io = std::make_unique<net::ShmPacketIo>(
@@ -316,7 +335,17 @@ void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool
         [](const net::Address& a) { return a.is_loopback(); });
     require(shm_io->add_peer(2 - side, side, dup(shm.region), dup(shm.bell[1 - side])) == 0,
             "ShmPacketIo::add_peer");
+    shm_io_ptr = shm_io.get();
     io = std::move(shm_io);
+    void* base = mmap(nullptr, net::kShmRegionBytes, PROT_READ | PROT_WRITE,
+                      MAP_SHARED, shm.limit_region, 0);
+    require(base != MAP_FAILED, "mmap limit region");
+    h.line_out = shm.line[side];
+    h.line_in = shm.line[1 - side];
+    h.ring_tx = std::make_unique<net::ShmProducer>(net::shm_ring_header(base, side),
+                                                   net::shm_ring_data(base, side));
+    h.ring_rx = std::make_unique<net::ShmConsumer>(net::shm_ring_header(base, 1 - side),
+                                                   net::shm_ring_data(base, 1 - side));
   }
   runtime::RuntimeConfig cfg;
   cfg.device = test::device_config(nullptr, addr, IBV_MTU_4096);
@@ -327,6 +356,7 @@ void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool
   cfg.engine_thread = engine_thread;
   cfg.engine.tx_batch = tx_batch;
   cfg.engine.ack_delay_ns = ack_delay_ns;
+  cfg.shm_io = shm_io_ptr;
   h.rt = std::make_unique<runtime::Runtime>(std::move(io), cfg);
   h.pd = h.dev().alloc_pd().value();
   h.cq_lat = h.dev().create_cq(kCqDepth).value();
@@ -549,6 +579,28 @@ uint64_t shaped_recv_spin(const Host& h) {
 // ---------------------------------------------------------------------------------------------
 // Host B: follows A's phases.
 
+// --shm's limit: the bare ring (net/shm_ring.h) carrying one 8-byte record each way, as
+// ShmPacketIo carries a datagram: header and payload copied in, published, copied out, released.
+void ring_send(Host& h, uint64_t round) {
+  const iovec iov{&round, sizeof round};
+  net::ShmRecord r{};
+  require(h.ring_tx->put(r, {&iov, 1}, sizeof round) == net::ShmProducer::Put::kOk, "ring put");
+  (void)h.ring_tx->publish();  // nobody sleeps: no doorbell
+}
+
+uint64_t ring_recv_spin(Host& h) {
+  net::ShmRecord r;
+  uint64_t round = ~uint64_t{0};
+  size_t length = 0;
+  net::ShmConsumer::Get g;
+  while ((g = h.ring_rx->get(&r, {reinterpret_cast<uint8_t*>(&round), sizeof round}, &length)) ==
+         net::ShmConsumer::Get::kEmpty) {
+  }
+  require(g == net::ShmConsumer::Get::kOk && length == sizeof round, "ring get");
+  h.ring_rx->release();
+  return round;
+}
+
 void run_b(Host& h, int ctl) {
   const sockaddr_in to_a = sockaddr_of(h.peer, kRawPort);
   for (int s = 0; s < kRecvDepth; ++s) post_recv_slot(h, s);
@@ -581,6 +633,23 @@ void run_b(Host& h, int ctl) {
           post_lat_send(h, round);
           h.rt->try_progress();  // send it now, from this thread (as a post that drives inline)
         }
+        break;
+      case Phase::kRingLat:
+        for (uint32_t i = 0; i < m.rounds; ++i) {
+          const uint64_t round = ring_recv_spin(h);
+          if (round != i) ++r.errors;
+          ring_send(h, round);
+        }
+        break;
+      case Phase::kLineLat:
+        // Round numbers start at 1 (0 is the line's first value): the last block's carry on.
+        for (uint32_t i = 0; i < m.rounds; ++i) {
+          const uint64_t want = h.line_round + 1 + i;
+          while (h.line_in->load(std::memory_order_acquire) != want) {
+          }
+          h.line_out->store(want, std::memory_order_release);
+        }
+        h.line_round += m.rounds;
         break;
       case Phase::kRawStream:
       case Phase::kRawRate: {
@@ -709,25 +778,54 @@ double rc_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& all) {
       all);
 }
 
+double ring_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& all) {
+  return ping_pong(
+      ctl, Phase::kRingLat, rounds, "ring ping-pong: a reply was wrong",
+      [&](uint64_t i) {
+        ring_send(h, i);
+        return ring_recv_spin(h);
+      },
+      all);
+}
+
+double line_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& all) {
+  const uint64_t base = h.line_round;
+  h.line_round += rounds;
+  return ping_pong(
+      ctl, Phase::kLineLat, rounds, "cache-line ping-pong: a reply was wrong",
+      [&](uint64_t i) {
+        h.line_out->store(base + 1 + i, std::memory_order_release);
+        while (h.line_in->load(std::memory_order_acquire) != base + 1 + i) {
+        }
+        return i;
+      },
+      all);
+}
+
 // The three latency rows in blocks of kLatBlock rounds taken in turn (raw, shaped, RC), so
 // that this VM's slow and fast spells, which come and go within minutes, fall on all three
 // alike. Each ratio is also taken block by block, and its median over the blocks is printed
 // beside the ratio of the overall medians.
 struct LatencyRows {
-  Latency raw, shaped, rc;
+  Latency raw, shaped, rc, ring, line;                // ring, line: --shm only
   double rc_raw = 0, shaped_raw = 0, rc_shaped = 0;  // medians of the per-block ratios
+  double rc_ring = 0;
   uint32_t blocks = 0;
 };
 
 LatencyRows latency_rows(Host& h, int ctl, uint32_t rounds) {
-  std::vector<double> raw, shaped, rc;
-  std::vector<double> rc_raw, shaped_raw, rc_shaped;
+  std::vector<double> raw, shaped, rc, ring, line;
+  std::vector<double> rc_raw, shaped_raw, rc_shaped, rc_ring;
   LatencyRows rows;
   for (uint32_t done = 0; done < rounds; done += kLatBlock) {
     const uint32_t n = std::min(kLatBlock, rounds - done);
     const double r = raw_latency(h, ctl, n, raw);
     const double s = shaped_latency(h, ctl, n, shaped);
     const double c = rc_latency(h, ctl, n, rc);
+    if (h.shm) {
+      rc_ring.push_back(c / ring_latency(h, ctl, n, ring));
+      (void)line_latency(h, ctl, n, line);
+    }
     rc_raw.push_back(c / r);
     shaped_raw.push_back(s / r);
     rc_shaped.push_back(c / s);
@@ -739,6 +837,11 @@ LatencyRows latency_rows(Host& h, int ctl, uint32_t rounds) {
   rows.rc_raw = summarize(rc_raw).median_us;
   rows.shaped_raw = summarize(shaped_raw).median_us;
   rows.rc_shaped = summarize(rc_shaped).median_us;
+  if (h.shm) {
+    rows.ring = summarize(ring);
+    rows.line = summarize(line);
+    rows.rc_ring = summarize(rc_ring).median_us;
+  }
   return rows;
 }
 
@@ -871,6 +974,12 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
               raw.mean_us, rc.mean_us / raw.mean_us);
   std::printf("%-44s %11.2f us %11.2f us %8.2f\n", "  raw UDP shaped as RC's datagrams, median",
               shaped.median_us, raw.median_us, shaped.median_us / raw.median_us);
+  if (h.shm) {
+    std::printf("%-44s %11.2f us %11.2f us %8.2f\n", "  bare shared-memory ring 8 B, median",
+                lat.ring.median_us, raw.median_us, lat.ring.median_us / raw.median_us);
+    std::printf("%-44s %11.2f us %11.2f us %8.2f\n", "  one cache line each way, median",
+                lat.line.median_us, raw.median_us, lat.line.median_us / raw.median_us);
+  }
   std::printf("%-44s %9.3f GB/s %9.3f GB/s %8.2f %8s\n",
               "bandwidth: WRITE 64 KiB x16 vs 4 KiB dgrams", rc_bw / 1e9, raw_bw / 1e9,
               rc_bw / raw_bw, ">= 1.0");
@@ -888,6 +997,10 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
       "latency in %u blocks of %u rounds (raw, shaped, RC in turn), median of the blocks' "
       "ratios: RC/raw %.2f, shaped/raw %.2f, RC/shaped %.2f\n",
       lat.blocks, kLatBlock, lat.rc_raw, lat.shaped_raw, lat.rc_shaped);
+  if (h.shm)
+    std::printf("RC latency median over the bare ring ping-pong, median of the blocks' ratios: "
+                "%.2f (the engine's cost above the ring it sends through)\n",
+                lat.rc_ring);
   std::printf("RC latency rounds, A per round: %.2f engine-thread turns, %.2f doorbell wake-ups, "
               "%.2f inline turns\n",
               lat_turns, lat_wakeups, lat_inline);

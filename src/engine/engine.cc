@@ -116,7 +116,7 @@ namespace {
 thread_local const Engine* tls_turn_engine = nullptr;
 }  // namespace
 
-void Engine::poll(bool hold_acks, bool receive) {
+uint64_t Engine::poll(bool hold_acks, bool receive) {
   std::lock_guard lock(mutex_);
   const provider::EngineTurnMark turn;
   hold_acks_ = hold_acks;
@@ -168,6 +168,7 @@ void Engine::poll(bool hold_acks, bool receive) {
   else
     send_delayed_acks(/*held_too=*/true);
   flush_tx();
+  return deadline_locked();
 }
 
 // What was just posted leaves before the socket is read. A thread that posts and then polls
@@ -237,6 +238,12 @@ uint64_t Engine::next_deadline_ns() const {
   if (doorbell_rung_.load(std::memory_order_acquire)) return 0;
   std::lock_guard lock(mutex_);
   const provider::EngineTurnMark turn;
+  return deadline_locked();
+}
+
+// mutex_ held.
+uint64_t Engine::deadline_locked() const {
+  if (doorbell_rung_.load(std::memory_order_acquire)) return 0;
   uint64_t t = net::kNever;
   for (const QpContext* ctx : acks_pending_)
     if (ctx->resp.ack_pending) t = std::min(t, ack_due_ns(*ctx));

@@ -7,7 +7,8 @@
 //   net::PacketIo& io = ...;         // a UDP slot socket, or SimNetwork::io(host)
 //   const net::Clock& clock = ...;   // MonotonicClock, or SimWorld::clock()
 //   engine::Engine engine(dev, io, clock, engine::EngineConfig{});
-//   engine.poll();                   // one turn: receive a batch, fire due timers, send
+//   engine.poll();                   // one turn: receive a batch, fire due timers, send;
+//                                    // returns next_deadline_ns() as the turn left it
 //   engine.next_deadline_ns();       // when poll() must run again without traffic (net::kNever:
 //                                    // only a datagram or a doorbell can create work; <= now:
 //                                    // work is waiting, poll again at once)
@@ -205,7 +206,8 @@ class Engine final : public provider::Doorbell {
   // QP's conversation — the turn of a thread that waits on a completion channel (Runtime).
   // receive false: the socket is not read this turn (it only sends what was posted): the
   // caller knows that what arrived is somebody else's to take (Runtime::send_posted).
-  void poll(bool hold_acks = true, bool receive = true);
+  // Returns next_deadline_ns() as the turn left it (one lock for both).
+  uint64_t poll(bool hold_acks = true, bool receive = true);
   // Earliest time poll() must run without new traffic; <= now when work is waiting.
   uint64_t next_deadline_ns() const;
   // The engine thread's counters (poll()'s thread). Other threads: counters_snapshot().
@@ -314,6 +316,7 @@ class Engine final : public provider::Doorbell {
   void send_delayed_acks(bool held_too);
   // When the QP's owed ACK must leave: when it became owed, plus ack_delay_ns if it is held.
   uint64_t ack_due_ns(const QpContext& ctx) const;
+  uint64_t deadline_locked() const;
   // ack_delay_ns > 0: the QP starts a request; within ack_delay_ns of owing an ACK it is a
   // reply, and the QP's ACKs are held for replies from now on (Responder::converse).
   void note_request_start(QpContext& ctx);

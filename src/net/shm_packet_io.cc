@@ -351,7 +351,9 @@ size_t ShmPacketIo::recv_batch(std::span<RxDatagram> batch) {
   if (n == batch.size()) return n;
   // The socket: always without regions; with them, when due (shm_packet_io.h).
   const uint64_t now = count > 0 ? clock_.now_ns() : 0;
-  if (count > 0 && !udp_due_.load(std::memory_order_relaxed) && now - last_udp_poll_ns_ < kUdpPollNs) {
+  const uint64_t interval =
+      socket_watched_.load(std::memory_order_relaxed) ? kUdpWatchedPollNs : kUdpPollNs;
+  if (count > 0 && !udp_due_.load(std::memory_order_relaxed) && now - last_udp_poll_ns_ < interval) {
     ++shm_.udp_polls_skipped;
     return n;
   }

@@ -19,7 +19,10 @@
 // it (shm_ring.h: nothing in the region is trusted). The UDP socket is read too, but while
 // regions exist at most every kUdpPollNs on a busy path (each read is a syscall, and on these
 // VMs a syscall costs more than a ring's whole round trip), and always on the first receive
-// after a sleep (disarm): a datagram that woke the process is read at once.
+// after a sleep (disarm): a datagram that woke the process is read at once. While another
+// thread sleeps on readable_fd() for it (watch_socket: the runtime's engine thread napping
+// beside a busy poller), the socket is read when that thread says it became readable
+// (socket_readable), and otherwise at most every kUdpWatchedPollNs.
 //
 // SLEEPING: readable_fd() is an epoll set of the wrapped I/O's fd and this process's doorbell;
 // a thread about to sleep on it calls arm_wakeup() first (false: records wait, do not sleep)
@@ -75,6 +78,7 @@ class ShmPacketIo final : public PacketIo {
 
   static constexpr uint64_t kAskAgainNs = 1'000'000'000;
   static constexpr uint64_t kUdpPollNs = 20'000;
+  static constexpr uint64_t kUdpWatchedPollNs = 1'000'000;
   static constexpr uint64_t kStuckNs = 100'000'000;
   static constexpr uint64_t kRetryNs = 20'000;
   static constexpr size_t kMaxPeers = 128;
@@ -107,6 +111,10 @@ class ShmPacketIo final : public PacketIo {
   void disarm_wakeup() override;
   bool rx_pending() override;
   void watch_writable(bool on) override;
+  // Any thread: `on` while it sleeps on readable_fd() with no ring armed (only the socket and
+  // add_peer make it readable); socket_readable() when that sleep ended readable.
+  void watch_socket(bool on) { socket_watched_.store(on, std::memory_order_relaxed); }
+  void socket_readable() { udp_due_.store(true, std::memory_order_relaxed); }
 
   // The I/O thread's (tests, `urdma status`).
   ShmCounters shm_counters() const { return shm_; }
@@ -166,6 +174,7 @@ class ShmPacketIo final : public PacketIo {
   unsigned armed_ = 0;  // under mu_: threads between arm_wakeup and disarm_wakeup
   bool rung_maybe_ = false;  // under mu_: a ring was armed since the doorbell was last read
   std::atomic<bool> udp_due_{true};
+  std::atomic<bool> socket_watched_{false};
 
   // The I/O thread's.
   std::vector<std::pair<Address, bool>> local_seen_;   // IsLocal's answers

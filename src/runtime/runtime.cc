@@ -144,7 +144,8 @@ class Runtime::ShmBroker {
 };
 
 Runtime::Runtime(std::unique_ptr<net::PacketIo> io, RuntimeConfig config)
-    : io_(std::move(io)),
+    : shm_io_(config.shm_io),
+      io_(std::move(io)),
       device_(with_doorbell(std::move(config.device), &relay_)),
       engine_(device_, *io_, clock_, config.engine),
       has_thread_(config.engine_thread),
@@ -242,10 +243,10 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
     *err = EIO;
     return nullptr;
   }
+  config.shm_io = setup.io;
   auto rt = std::make_unique<Runtime>(std::move(io), std::move(config));
   *device_of = &rt->device_;
   if (broker) broker->set_io(setup.io);
-  rt->shm_io_ = setup.io;
   rt->shm_broker_ = std::move(broker);
   // The client keeps the slot through daemon restarts and reports the counters to urdmad
   // (daemon/client.h); ~Runtime stops it before the engine goes.
@@ -396,15 +397,22 @@ bool Runtime::take_turn(TurnKind kind) {
   // back to the engine thread's epoll set (or another thread still waits and watches it), so
   // a datagram that came meanwhile wakes one of them; in a conversation the read found
   // nothing — a syscall per answer for nothing.
-  engine_.poll(/*hold_acks=*/kind != kWait, /*receive=*/kind != kReply);
-  const uint64_t deadline = std::min(engine_.next_deadline_ns(), io_->next_deadline_ns());
-  const bool blocked = engine_.tx_blocked();
-  if (has_thread_ && !blocked) set_app_timer(deadline);
+  uint64_t turn_ns;
+  bool blocked;
+  {
+    const net::TurnTime turn_time;  // the clock is read once for the turn (net/clock.h)
+    turn_ns = turn_time.ns();
+    const uint64_t deadline = std::min(engine_.poll(/*hold_acks=*/kind != kWait,
+                                                    /*receive=*/kind != kReply),
+                                       io_->next_deadline_ns());
+    blocked = engine_.tx_blocked();
+    if (has_thread_ && !blocked) set_app_timer(deadline);
+  }
   release_token();
   pthread_setcancelstate(cancel_state, nullptr);
   // Reply turns are not polls: inline_turns_ is how the engine thread tells a busy-polling thread.
   (kind == kReply ? reply_turns_ : inline_turns_).fetch_add(1, std::memory_order_relaxed);
-  if (kind == kPoll) last_poll_ns_.store(clock_.now_ns(), std::memory_order_relaxed);
+  if (kind == kPoll) last_poll_ns_.store(turn_ns, std::memory_order_relaxed);
   // Blocked on transmit: the engine thread must wait for EPOLLOUT, which only it can ask for.
   if (has_thread_ && blocked) wake();
   return true;
@@ -452,10 +460,13 @@ void Runtime::run() {
     // doorbell flags after this store).
     doorbell_.store(false, std::memory_order_seq_cst);
     // Awake, this thread reads every deadline before it sleeps again.
-    set_timer(app_timer_fd_, &app_timer_ns_, net::kNever);
-    engine_.poll();
-    // The I/O's own timers too (a fault wrapper's held datagrams: net/packet_io.h).
-    uint64_t deadline = std::min(engine_.next_deadline_ns(), io_->next_deadline_ns());
+    uint64_t deadline;
+    {
+      const net::TurnTime turn_time;  // the clock is read once for the turn (net/clock.h)
+      set_timer(app_timer_fd_, &app_timer_ns_, net::kNever);
+      // The I/O's own timers too (a fault wrapper's held datagrams: net/packet_io.h).
+      deadline = std::min(engine_.poll(), io_->next_deadline_ns());
+    }
     want_writable(engine_.tx_blocked());
     release_token();
     turns_.fetch_add(1, std::memory_order_relaxed);
@@ -629,10 +640,18 @@ bool Runtime::sleep_until(uint64_t deadline_ns) {
   // doorbell instead, once asked to; some may wait already: no sleep then.
   // A nap asks for neither: the polling thread reads the rings.
   const bool idle = nap || io_->arm_wakeup();
+  // A nap watches the socket for the polling thread, which then leaves it alone until this
+  // thread sees it readable (net/shm_packet_io.h).
+  if (nap && shm_io_ != nullptr) shm_io_->watch_socket(true);
   if (idle) {
     do {
       n = epoll_wait(epoll_fd_, events, 4, -1);
     } while (n < 0 && errno == EINTR);
+  }
+  if (nap && shm_io_ != nullptr) {
+    shm_io_->watch_socket(false);
+    for (int i = 0; i < n; ++i)
+      if (events[i].data.fd == io_->readable_fd()) shm_io_->socket_readable();
   }
   if (!nap) io_->disarm_wakeup();
   sleeping_.store(false, std::memory_order_seq_cst);

@@ -110,6 +110,9 @@ struct RuntimeConfig {
   // A thread blocked in ibv_get_cq_event drives the engine (wait_readable); false: it sleeps in
   // read() and the engine thread wakes it through the channel.
   bool waiting_thread_drives = true;
+  // The shared-memory I/O inside `io`, if there is one (net/shm_packet_io.h): a napping engine
+  // thread watches its socket for the busy poller.
+  net::ShmPacketIo* shm_io = nullptr;
 };
 
 class Runtime final : public engine::Waker, public EventWaiter {

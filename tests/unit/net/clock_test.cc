@@ -1,6 +1,9 @@
 #include "net/clock.h"
 
 #include <gtest/gtest.h>
+#include <time.h>
+
+#include <thread>
 
 namespace urdma::net {
 namespace {
@@ -32,6 +35,30 @@ TEST(ClockTest, MonotonicClockDoesNotDecrease) {
     ASSERT_GE(t, prev);
     prev = t;
   }
+}
+
+// One reading per turn: inside a TurnTime the thread's MonotonicClock stands still (a nested one
+// keeps the outer time); outside, and on other threads, it runs.
+TEST(ClockTest, ATurnReadsTheClockOnce) {
+  MonotonicClock c;
+  uint64_t turn_ns;
+  {
+    const TurnTime turn;
+    turn_ns = turn.ns();
+    EXPECT_EQ(c.now_ns(), turn_ns);
+    timespec ts{0, 200'000};
+    nanosleep(&ts, nullptr);
+    EXPECT_EQ(c.now_ns(), turn_ns);
+    {
+      const TurnTime inner;
+      EXPECT_EQ(inner.ns(), turn_ns);
+    }
+    EXPECT_EQ(c.now_ns(), turn_ns);
+    uint64_t other = 0;
+    std::thread([&] { other = c.now_ns(); }).join();
+    EXPECT_GT(other, turn_ns + 100'000);  // another thread is in no turn
+  }
+  EXPECT_GT(c.now_ns(), turn_ns + 100'000);
 }
 
 }  // namespace

@@ -318,5 +318,28 @@ TEST_F(ShmPacketIoTest, TheSocketIsReadAfterASleepAndNotOnEveryBusyTurn) {
   EXPECT_EQ(sock_b_->recvs, 3);
 }
 
+TEST_F(ShmPacketIoTest, AWatchedSocketIsReadWhenItsWatcherSaysSo) {
+  connect();
+  std::vector<RxDatagram> rx;
+  receive_at_b(&rx);  // first receive: the socket is due
+  EXPECT_EQ(sock_b_->recvs, 1);
+  io_b_->watch_socket(true);  // a napping thread sleeps on readable_fd() for the poller
+  clock_.advance(ShmPacketIo::kUdpPollNs);
+  receive_at_b(&rx);  // the unwatched interval has passed: still left to the watcher
+  EXPECT_EQ(sock_b_->recvs, 1);
+  io_b_->socket_readable();  // the watcher's sleep ended readable
+  receive_at_b(&rx);
+  EXPECT_EQ(sock_b_->recvs, 2);
+  receive_at_b(&rx);
+  EXPECT_EQ(sock_b_->recvs, 2);
+  clock_.advance(ShmPacketIo::kUdpWatchedPollNs);  // the watched interval: read anyway
+  receive_at_b(&rx);
+  EXPECT_EQ(sock_b_->recvs, 3);
+  io_b_->watch_socket(false);  // the watcher woke: the busy interval again
+  clock_.advance(ShmPacketIo::kUdpPollNs);
+  receive_at_b(&rx);
+  EXPECT_EQ(sock_b_->recvs, 4);
+}
+
 }  // namespace
 }  // namespace urdma::net
