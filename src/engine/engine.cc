@@ -137,7 +137,11 @@ uint64_t Engine::poll(bool hold_acks, bool receive) {
   } turn_end{this, outer};
   ++turn_;
   run_commands();
-  if (doorbell_rung_.exchange(false, std::memory_order_acq_rel)) {
+  // Read before it is taken: an idle busy-poll turn pays no locked instruction for it. A
+  // seq_cst load, as the exchange was: the runtime's doorbell store before this turn and this
+  // read are the two halves of its need-wakeup handshake (runtime.h).
+  if (doorbell_rung_.load(std::memory_order_seq_cst) &&
+      doorbell_rung_.exchange(false, std::memory_order_acq_rel)) {
     rung_.drain([this](uint32_t handle) {
       if (QpContext* ctx = by_handle_[handle]) {
         activate(*ctx);
@@ -322,7 +326,9 @@ void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
 }
 
 void Engine::run_commands() {
-  if (!commands_pending_.exchange(false, std::memory_order_acq_rel)) return;
+  if (!commands_pending_.load(std::memory_order_seq_cst) ||
+      !commands_pending_.exchange(false, std::memory_order_acq_rel))
+    return;
   {
     std::lock_guard lock(commands_mutex_);
     running_commands_.swap(commands_);

@@ -408,11 +408,13 @@ bool Runtime::take_turn(TurnKind kind) {
     blocked = engine_.tx_blocked();
     if (has_thread_ && !blocked) set_app_timer(deadline);
   }
+  // Reply turns are not polls: inline_turns_ is how the engine thread tells a busy-polling
+  // thread. Counted under the token, which orders the writers: no locked instruction.
+  std::atomic<uint64_t>& turns = kind == kReply ? reply_turns_ : inline_turns_;
+  turns.store(turns.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  if (kind == kPoll) last_poll_ns_.store(turn_ns, std::memory_order_relaxed);
   release_token();
   pthread_setcancelstate(cancel_state, nullptr);
-  // Reply turns are not polls: inline_turns_ is how the engine thread tells a busy-polling thread.
-  (kind == kReply ? reply_turns_ : inline_turns_).fetch_add(1, std::memory_order_relaxed);
-  if (kind == kPoll) last_poll_ns_.store(turn_ns, std::memory_order_relaxed);
   // Blocked on transmit: the engine thread must wait for EPOLLOUT, which only it can ask for.
   if (has_thread_ && blocked) wake();
   return true;

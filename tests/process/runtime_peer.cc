@@ -8,7 +8,8 @@
 //
 // The client is the active side: it posts RC SENDs, RDMA WRITEs, RDMA READs, atomics
 // (FETCH_ADD and CMP_SWP, successful and failing) and UD SENDs over `--qps` RC QPs (message i
-// on QP i % qps) and one UD QP. The server receives, exposes its memory and checks. The two
+// on QP i % qps) and one UD QP. With --mw, each side binds a type 2 memory window over its region
+// on each RC QP, and the WRITEs and READs of QP q name the peer's window of QP q. The server receives, exposes its memory and checks. The two
 // exchange QP information (QPN, PSN, GID, rkey, address) and phase markers over one TCP
 // connection; the data path is RDMA only.
 //
@@ -157,6 +158,7 @@ struct Options {
   uint8_t retry = 7;
   bool stream = false;   // WRITE without per-round checks, until done or an error (kill test)
   bool hold = false;     // after the result line, wait for EOF on stdin
+  bool mw = false;       // WRITE and READ through type 2 memory windows, one per RC QP
   uint32_t idle_ms = 0;  // client: idle this long with the QPs open before finishing
   uint32_t phase_timeout_s = 120;
 };
@@ -180,6 +182,10 @@ Options parse(int argc, char** argv) {
     const std::string_view k = argv[i];
     if (k == "--stream") {
       o.stream = true;
+      continue;
+    }
+    if (k == "--mw") {
+      o.mw = true;
       continue;
     }
     if (k == "--hold") {
@@ -410,6 +416,10 @@ class Peer {
   Buffer make_buffer(size_t n);
   provider::Qp* make_qp(ibv_qp_type type);
   int exchange_and_connect();
+  // --mw: binds a type 2 window over the region on each RC QP and trades the rkeys.
+  int exchange_windows();
+  // The rkey that reaches the peer's region from RC QP q.
+  uint32_t region_rkey(uint32_t q) const { return o_.mw ? peer_windows_[q] : peer_.region_rkey; }
 
   // The client's phases (each returns an exit code, 0 when it went well).
   int client_send();
@@ -473,6 +483,8 @@ class Peer {
   int tcp_ = -1;
   Hello peer_{};
   std::vector<QpWire> peer_qps_;
+  std::vector<provider::Mw*> windows_;   // --mw: ours, bound on qps_[q]
+  std::vector<uint32_t> peer_windows_;  // --mw: the peer's rkeys, per QP
   OpStats send_, write_, read_, atomic_, ud_;
   uint64_t ud_lost_ = 0;
   uint32_t send_qps_ = 0;  // server: RC QPs that delivered at least one SEND
@@ -525,7 +537,8 @@ Buffer Peer::make_buffer(size_t n) {
   b.start = b.pages.base + page + (inner - b.size);  // the last byte abuts the guard page
   auto mr = rt_->device().reg_mr(pd_, b.start, b.size, b.addr(),
                                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+                                     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                     IBV_ACCESS_MW_BIND);
   if (!mr.ok()) {
     fail(2, "reg_mr failed");
     return b;
@@ -610,6 +623,41 @@ int Peer::exchange_and_connect() {
   if (!made.ok()) return fail(2, "create_ah failed");
   ah_ = made.value();
   ah_ref_.handle = ah_->handle();
+  return o_.mw ? exchange_windows() : 0;
+}
+
+int Peer::exchange_windows() {
+  ibv_mr verbs_mr{};
+  verbs_mr.handle = region_.mr->handle();
+  std::vector<uint32_t> rkeys;
+  std::vector<ibv_mw> verbs_mws(o_.qps);
+  for (uint32_t q = 0; q < o_.qps; ++q) {
+    auto mw = rt_->device().alloc_mw(pd_, IBV_MW_TYPE_2);
+    if (!mw.ok()) return fail(2, "alloc_mw failed");
+    windows_.push_back(mw.value());
+    verbs_mws[q].handle = mw.value()->handle();
+    ibv_send_wr wr{};
+    wr.wr_id = q;
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.bind_mw.mw = &verbs_mws[q];
+    // A fresh key byte: the rkey the window answers to from now on (ibv_bind_mw(3)).
+    wr.bind_mw.rkey = (mw.value()->rkey() & ~0xFFu) | ((q + 0x5A) & 0xFFu);
+    wr.bind_mw.bind_info.mr = &verbs_mr;
+    wr.bind_mw.bind_info.addr = region_.addr();
+    wr.bind_mw.bind_info.length = region_.size;
+    wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    rkeys.push_back(wr.bind_mw.rkey);
+    if (!post_rc(q, wr)) return exit_code_;
+  }
+  if (!drain_sends()) return exit_code_;
+  for (uint32_t q = 0; q < o_.qps; ++q)
+    if (!windows_[q]->bound() || windows_[q]->rkey() != rkeys[q])
+      return fail(3, "a window did not bind");
+  peer_windows_.resize(o_.qps);
+  if (!write_all(tcp_, rkeys.data(), rkeys.size() * sizeof(uint32_t)) ||
+      !read_all(tcp_, peer_windows_.data(), peer_windows_.size() * sizeof(uint32_t), 30000))
+    return fail(5, "no window rkeys from the peer");
   return 0;
 }
 
@@ -765,7 +813,7 @@ int Peer::client_write() {
       wr.num_sge = 1;
       wr.send_flags = IBV_SEND_SIGNALED;
       wr.wr.rdma.remote_addr = peer_.region_addr + r.offsets[k];
-      wr.wr.rdma.rkey = peer_.region_rkey;
+      wr.wr.rdma.rkey = region_rkey(static_cast<uint32_t>(i % o_.qps));
       if (!post_rc(static_cast<uint32_t>(i % o_.qps), wr)) return exit_code_;
     }
     if (!drain_sends()) return exit_code_;
@@ -798,7 +846,7 @@ int Peer::client_stream() {
       wr.num_sge = 1;
       wr.send_flags = IBV_SEND_SIGNALED;
       wr.wr.rdma.remote_addr = peer_.region_addr + r.offsets[k];
-      wr.wr.rdma.rkey = peer_.region_rkey;
+      wr.wr.rdma.rkey = region_rkey(static_cast<uint32_t>(i % o_.qps));
       if (!post_rc(static_cast<uint32_t>(i % o_.qps), wr)) {
         drain_sends();
         return exit_code_;
@@ -830,7 +878,7 @@ int Peer::client_read() {
       wr.num_sge = 1;
       wr.send_flags = IBV_SEND_SIGNALED;
       wr.wr.rdma.remote_addr = peer_.region_addr + r.offsets[k];
-      wr.wr.rdma.rkey = peer_.region_rkey;
+      wr.wr.rdma.rkey = region_rkey(static_cast<uint32_t>(i % o_.qps));
       if (!post_rc(static_cast<uint32_t>(i % o_.qps), wr)) return exit_code_;
     }
     if (!drain_sends()) return exit_code_;

@@ -257,6 +257,26 @@ TEST_F(RuntimeProcess, TwoProcessesOnOneHostEveryOperation) {
       100);
 }
 
+// WRITE and READ through type 2 memory windows (ibv_bind_mw(3)), one bound on each RC QP over
+// the peer's whole region, across shared memory: every byte arrives checked, and the data
+// crossed no UDP socket.
+TEST_F(RuntimeProcess, TwoProcessesOnOneHostThroughMemoryWindows) {
+  in_fresh_netns(
+      [] {
+        const std::string bytes = kSanitized ? "4194304" : "16777216";
+        const std::vector<std::string> common = {"--qps", "2", "--mw", "--ops", "write,read",
+                                                 "--bytes", bytes};
+        const uint64_t udp_before = udp_datagrams_received();
+        PeerProcess server(server_args("127.0.0.1", 7015, common));
+        PeerProcess client(client_args("127.0.0.1", "127.0.0.1", 7015, common));
+        expect_transfer(server, client, {"write", "read"}, 90000);
+        const uint64_t udp = udp_datagrams_received() - udp_before;
+        std::printf("UDP datagrams in the namespace: %llu\n", static_cast<unsigned long long>(udp));
+        EXPECT_LT(udp, 500u) << "the transfer went by UDP, not shared memory";
+      },
+      100);
+}
+
 // A process of the same user scribbles random bytes over the region it shares with the server
 // — both rings, their indices and wake flags — and rings the server's doorbell, all through a
 // transfer between the server and a client: the server's ring from it breaks (dropped and
@@ -318,8 +338,13 @@ TEST_F(RuntimeProcess, TwoNamespacesJoinedByAVethPairEveryOperation) {
         ASSERT_TRUE(b_ready.get(&b_pid));
         ASSERT_TRUE(veth_into(b_pid, "va", "vb", "10.89.0"));
         veth_made.put('x');
+        const uint64_t udp_before = udp_datagrams_received();
         PeerProcess client(client_args("10.89.0.1", "10.89.0.2", 7002, common));
         expect_transfer(server, client, kAllOps, 90000);
+        // A peer in another namespace is no local slot: its datagrams stay on UDP. This
+        // namespace's socket received at least the READ responses, one per 1024 bytes.
+        const uint64_t udp = udp_datagrams_received() - udp_before;
+        EXPECT_GT(udp, std::stoull(bytes) / 1024) << "UDP datagrams received: " << udp;
         // Two hosts, two daemons: each peer leased a slot of its own namespace's urdmad, so
         // both got the first client slot's QPN range.
         EXPECT_EQ(server.result().at("qpn_base"), client.result().at("qpn_base"));
