@@ -390,9 +390,10 @@ bool Runtime::take_turn(TurnKind kind) {
   // rdma-core can be cancelled — the wait in ibv_get_cq_event — ours can too (poll, outside).
   int cancel_state;
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
-  // A post's turn sees everything rung before this exchange, as the engine thread's turn does
-  // (run()); the engine thread need not take a turn for it when it wakes.
-  if (kind == kReply) doorbell_.exchange(false, std::memory_order_seq_cst);
+  // Every turn sees everything rung before this exchange, as the engine thread's turn does
+  // (run()); the engine thread need not take a turn for it when it wakes — nor, napping beside
+  // a busy poller, queue for the token because a post rang while the poller polled.
+  if (doorbell_.load(std::memory_order_seq_cst)) doorbell_.exchange(false, std::memory_order_seq_cst);
   // A reply turn does not read the socket: it runs after this thread's wait gave the socket
   // back to the engine thread's epoll set (or another thread still waits and watches it), so
   // a datagram that came meanwhile wakes one of them; in a conversation the read found
@@ -446,6 +447,15 @@ void Runtime::run() {
     uint32_t expected = kFree;
     if (!token_.compare_exchange_strong(expected, kEngineThread, std::memory_order_acquire,
                                         std::memory_order_relaxed)) {
+      // A thread that busy-polls holds the token: nap beside it (NAPPING). Queued for the
+      // token, this thread would take a turn between two of the poller's, each costing the
+      // poller a futex wake and a core it spins on. Not when a post or a blocked transmit
+      // rang for this thread (doorbell_): that turn is its to take.
+      if (!doorbell_.load(std::memory_order_seq_cst) &&
+          clock_.now_ns() - last_poll_ns_.load(std::memory_order_relaxed) < kNapNs) {
+        (void)sleep_until(net::kNever);
+        continue;
+      }
       // An application thread drives the engine: sleep until it lets go of the token. On the
       // wake generation, not on the token: an application thread that polls in a loop has
       // taken the token again by the time this thread runs, and a wait on the token would
@@ -629,11 +639,15 @@ bool Runtime::sleep_until(uint64_t deadline_ns) {
   // above, left its deadline (an ACK held for a reply, a retransmission timer) without waking
   // this thread: it read armed_deadline_ns_ as 0, "awake". Read the engine's deadline again
   // (under its turn lock: such a turn has ended or starts after the store and compares). The
-  // I/O's own deadline is not read here: it belongs to the token's holder.
-  const uint64_t now_due = engine_.next_deadline_ns();
-  if (now_due < deadline_ns) {
-    deadline_ns = now_due;
-    if (!nap) armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
+  // I/O's own deadline is not read here: it belongs to the token's holder. A nap does not: the
+  // poller's turns fire what is due, and the nap ends within kNapNs of its last one (waiting
+  // for the turn lock, it would wait for the poller's turn).
+  if (!nap) {
+    const uint64_t now_due = engine_.next_deadline_ns();
+    if (now_due < deadline_ns) {
+      deadline_ns = now_due;
+      armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
+    }
   }
   set_timer(timer_fd_, &timer_ns_, deadline_ns);
   epoll_event events[4];
