@@ -97,7 +97,7 @@ class CaptureTap final : public PacketIo {
   IoCounters counters() const override { return inner_->counters(); }
   uint64_t next_deadline_ns() const override { return inner_->next_deadline_ns(); }
   bool arm_wakeup() override { return inner_->arm_wakeup(); }
-  void disarm_wakeup() override { inner_->disarm_wakeup(); }
+  void disarm_wakeup(bool readable) override { inner_->disarm_wakeup(readable); }
   bool rx_pending() override { return inner_->rx_pending(); }
   void watch_writable(bool on) override { inner_->watch_writable(on); }
 

@@ -147,10 +147,11 @@ class PacketIo {
 
   // Any thread, around a sleep on readable_fd(): arm_wakeup asks for datagrams that do not make
   // the fd readable by themselves (shm_packet_io.h: a peer's ring) to do so, and is false when
-  // some wait already (do not sleep: disarm and take a turn); disarm_wakeup withdraws it. Each
-  // arm_wakeup has its disarm_wakeup, true or false. A socket's I/O needs neither.
+  // some wait already (do not sleep: disarm and take a turn); disarm_wakeup withdraws it,
+  // `readable` false when the sleep saw readable_fd() not readable. Each arm_wakeup has its
+  // disarm_wakeup, true or false. A socket's I/O needs neither.
   virtual bool arm_wakeup() { return true; }
-  virtual void disarm_wakeup() {}
+  virtual void disarm_wakeup(bool readable) { (void)readable; }
   // Any thread: whether such datagrams wait now (a thread that spins before it sleeps looks).
   virtual bool rx_pending() { return false; }
 

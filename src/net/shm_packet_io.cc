@@ -385,18 +385,22 @@ uint64_t ShmPacketIo::next_deadline_ns() const {
   return std::min(inner, clock_.now_ns() + kRetryNs);
 }
 
+// mu_ held. Reads the doorbell if a ring may have rung it since it was last read; whether it had
+// rung.
+bool ShmPacketIo::take_doorbell() {
+  if (!rung_maybe_) return false;
+  rung_maybe_ = false;
+  uint64_t v;
+  return read(doorbell_, &v, sizeof v) == sizeof v;
+}
+
 bool ShmPacketIo::arm_wakeup() {
   std::lock_guard lock(mu_);
   ++armed_;
-  // A doorbell written for an earlier sleep, whose records a turn has taken since: read now,
-  // or it would end this sleep at once (and every later one: epoll is level-triggered). Only
-  // a ring this I/O armed can have rung it.
-  if (rung_maybe_) {
-    uint64_t v;
-    ssize_t n = read(doorbell_, &v, sizeof v);
-    (void)n;
-    rung_maybe_ = false;
-  }
+  // A doorbell written after the last one was read (a producer that saw this side armed just
+  // before disarm_wakeup): read now, or it would end this sleep at once (and every later one:
+  // epoll is level-triggered). Only a ring this I/O armed can have rung it.
+  take_doorbell();
   bool idle = true;
   for (const auto& p : peers_) {
     if (p->dropping.load(std::memory_order_relaxed)) continue;
@@ -415,13 +419,32 @@ bool ShmPacketIo::rx_pending() {
   return !changes_.empty();
 }
 
-void ShmPacketIo::disarm_wakeup() {
+void ShmPacketIo::disarm_wakeup(bool readable) {
   std::lock_guard lock(mu_);
   if (armed_ > 0) --armed_;
-  // Whatever woke the thread, the socket is read on its next receive.
-  udp_due_.store(true, std::memory_order_relaxed);
-  if (armed_ > 0) return;
+  // Not readable: neither the doorbell nor the socket has anything (a doorbell written since
+  // is read by the next arm_wakeup).
+  if (readable) woke();
+  if (armed_ > 0) {
+    rung_maybe_ = true;  // the other sleeper's rings still ring
+    return;
+  }
   for (const auto& p : peers_) p->rx->disarm();
+}
+
+void ShmPacketIo::woke_readable() {
+  std::lock_guard lock(mu_);
+  rung_maybe_ = true;  // the doorbell is in the set that was readable: read it
+  woke();
+}
+
+// mu_ held: a thread woke. The doorbell is read at once: left counted, it keeps readable_fd()
+// readable, and the epoll set of the runtime's engine thread — which gets the fd back when a
+// waiting application thread is done (runtime.cc, Watch) — would wake that thread for records
+// the waiter's own turn takes. A doorbell that had rung says a ring woke the thread; otherwise
+// the socket did (or a timer, a post), and it is read on the next receive.
+void ShmPacketIo::woke() {
+  if (!take_doorbell()) udp_due_.store(true, std::memory_order_relaxed);
 }
 
 void ShmPacketIo::watch_writable(bool on) {

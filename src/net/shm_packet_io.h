@@ -18,15 +18,17 @@
 // RECEIVE copies each record out of the ring into the caller's buffer before anything looks at
 // it (shm_ring.h: nothing in the region is trusted). The UDP socket is read too, but while
 // regions exist at most every kUdpPollNs on a busy path (each read is a syscall, and on these
-// VMs a syscall costs more than a ring's whole round trip), and always on the first receive
-// after a sleep (disarm): a datagram that woke the process is read at once. While another
+// VMs a syscall costs more than a ring's whole round trip), and on the first receive after a
+// sleep that the doorbell did not end (disarm): a datagram that woke the process is read at
+// once. While another
 // thread sleeps on readable_fd() for it (watch_socket: the runtime's engine thread napping
 // beside a busy poller), the socket is read when that thread says it became readable
-// (socket_readable), and otherwise at most every kUdpWatchedPollNs.
+// (woke_readable), and otherwise at most every kUdpWatchedPollNs.
 //
 // SLEEPING: readable_fd() is an epoll set of the wrapped I/O's fd and this process's doorbell;
 // a thread about to sleep on it calls arm_wakeup() first (false: records wait, do not sleep)
-// and disarm_wakeup() after. Producers write the doorbell only for an armed consumer.
+// and disarm_wakeup() after, which reads the doorbell (the set is readable no longer).
+// Producers write the doorbell only for an armed consumer.
 //
 // BACK-PRESSURE AND DEATH: a full ring is kWouldBlock (the engine keeps the datagram and retries;
 // next_deadline_ns() asks for the retry soon). A ring that has been full for kStuckNs (a peer that
@@ -108,13 +110,13 @@ class ShmPacketIo final : public PacketIo {
   IoCounters counters() const override;
   uint64_t next_deadline_ns() const override;
   bool arm_wakeup() override;
-  void disarm_wakeup() override;
+  void disarm_wakeup(bool readable) override;
   bool rx_pending() override;
   void watch_writable(bool on) override;
   // Any thread: `on` while it sleeps on readable_fd() with no ring armed (only the socket and
-  // add_peer make it readable); socket_readable() when that sleep ended readable.
+  // add_peer's doorbell make it readable); woke_readable() when that sleep ended readable.
   void watch_socket(bool on) { socket_watched_.store(on, std::memory_order_relaxed); }
-  void socket_readable() { udp_due_.store(true, std::memory_order_relaxed); }
+  void woke_readable();
 
   // The I/O thread's (tests, `urdma status`).
   ShmCounters shm_counters() const { return shm_; }
@@ -152,6 +154,8 @@ class ShmPacketIo final : public PacketIo {
   void publish_all();
   void take_changes();
   void ring_own_doorbell();
+  bool take_doorbell();
+  void woke();
   void set_socket_blocked(bool blocked);
   void update_writable_watch();
   // Drops closing peers whose rings are read (or broken).

@@ -573,7 +573,7 @@ int Runtime::wait_readable(int fd, const bool& delivered) {
     const bool idle = io_->arm_wakeup();
     const int polled = idle ? poll(p, 2, -1) : poll(p, 2, 0);
     const int poll_err = errno;
-    io_->disarm_wakeup();
+    io_->disarm_wakeup(polled < 0 || p[1].revents != 0);
     if (polled < 0) return poll_err;  // EINTR: a signal ends the wait, as it ends read()
     if (p[0].revents != 0) return 0;
     // A datagram: take the turn. If somebody holds the token, its turn may have read the
@@ -667,9 +667,13 @@ bool Runtime::sleep_until(uint64_t deadline_ns) {
   if (nap && shm_io_ != nullptr) {
     shm_io_->watch_socket(false);
     for (int i = 0; i < n; ++i)
-      if (events[i].data.fd == io_->readable_fd()) shm_io_->socket_readable();
+      if (events[i].data.fd == io_->readable_fd()) shm_io_->woke_readable();
   }
-  if (!nap) io_->disarm_wakeup();
+  if (!nap) {
+    bool readable = !idle;  // no sleep: not looked at
+    for (int i = 0; i < n; ++i) readable = readable || events[i].data.fd == io_->readable_fd();
+    io_->disarm_wakeup(readable);
+  }
   sleeping_.store(false, std::memory_order_seq_cst);
   napping_.store(false, std::memory_order_seq_cst);
   if (!idle) {

@@ -211,7 +211,7 @@ TEST_F(ShmPacketIoTest, ASleepingPeerIsWokenThroughItsDoorbell) {
   connect();
   // A region handed over and not yet taken: no sleep, take it first.
   EXPECT_FALSE(io_b_->arm_wakeup());
-  io_b_->disarm_wakeup();
+  io_b_->disarm_wakeup(true);
   EXPECT_TRUE(receive_at_b().empty());
   // B about to sleep: nothing waits, its epoll set is quiet.
   ASSERT_TRUE(io_b_->arm_wakeup());
@@ -220,7 +220,7 @@ TEST_F(ShmPacketIoTest, ASleepingPeerIsWokenThroughItsDoorbell) {
   ASSERT_EQ(send_from_a(packet_to((kRangeB << 12) | 1, 64), kLocal), TxStatus::kSent);
   EXPECT_EQ(poll(&p, 1, 1000), 1);
   EXPECT_EQ(io_a_->shm_counters().doorbells, 1u);
-  io_b_->disarm_wakeup();
+  io_b_->disarm_wakeup(true);
   EXPECT_TRUE(io_b_->rx_pending());
   // Awake (disarmed): A's next datagram rings nothing.
   ASSERT_EQ(send_from_a(packet_to((kRangeB << 12) | 1, 64), kLocal), TxStatus::kSent);
@@ -229,7 +229,7 @@ TEST_F(ShmPacketIoTest, ASleepingPeerIsWokenThroughItsDoorbell) {
   // The next sleep reads the old doorbell first: the set is quiet again.
   ASSERT_TRUE(io_b_->arm_wakeup());
   EXPECT_EQ(poll(&p, 1, 0), 0);
-  io_b_->disarm_wakeup();
+  io_b_->disarm_wakeup(true);
 }
 
 // The peer may write to a new region before this process's engine next runs: a thread asleep
@@ -241,13 +241,13 @@ TEST_F(ShmPacketIoTest, ARegionHandedOverWakesASleepingThread) {
   EXPECT_EQ(poll(&p, 1, 0), 0);
   ASSERT_EQ(io_b_->add_peer(kRangeA, 1, sealed_region(), dup(bell_a_)), 0);
   EXPECT_EQ(poll(&p, 1, 1000), 1);
-  io_b_->disarm_wakeup();
+  io_b_->disarm_wakeup(true);
   EXPECT_TRUE(receive_at_b().empty());
   EXPECT_EQ(io_b_->peers(), 1u);
   // Taken, and the doorbell read by the next sleep: quiet again.
   ASSERT_TRUE(io_b_->arm_wakeup());
   EXPECT_EQ(poll(&p, 1, 0), 0);
-  io_b_->disarm_wakeup();
+  io_b_->disarm_wakeup(true);
 }
 
 TEST_F(ShmPacketIoTest, AnUnsealedOrMissizedRegionIsRefused) {
@@ -313,7 +313,7 @@ TEST_F(ShmPacketIoTest, TheSocketIsReadAfterASleepAndNotOnEveryBusyTurn) {
   receive_at_b(&rx);
   EXPECT_EQ(sock_b_->recvs, 2);
   ASSERT_TRUE(io_b_->arm_wakeup());
-  io_b_->disarm_wakeup();  // woke: maybe by the socket
+  io_b_->disarm_wakeup(true);  // woke: maybe by the socket
   receive_at_b(&rx);
   EXPECT_EQ(sock_b_->recvs, 3);
 }
@@ -327,7 +327,7 @@ TEST_F(ShmPacketIoTest, AWatchedSocketIsReadWhenItsWatcherSaysSo) {
   clock_.advance(ShmPacketIo::kUdpPollNs);
   receive_at_b(&rx);  // the unwatched interval has passed: still left to the watcher
   EXPECT_EQ(sock_b_->recvs, 1);
-  io_b_->socket_readable();  // the watcher's sleep ended readable
+  io_b_->woke_readable();  // the watcher's sleep ended readable, not by the doorbell
   receive_at_b(&rx);
   EXPECT_EQ(sock_b_->recvs, 2);
   receive_at_b(&rx);
