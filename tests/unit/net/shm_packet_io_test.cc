@@ -316,6 +316,10 @@ TEST_F(ShmPacketIoTest, TheSocketIsReadAfterASleepAndNotOnEveryBusyTurn) {
   io_b_->disarm_wakeup(true);  // woke: maybe by the socket
   receive_at_b(&rx);
   EXPECT_EQ(sock_b_->recvs, 3);
+  ASSERT_TRUE(io_b_->arm_wakeup());
+  io_b_->disarm_wakeup(false);  // woke by something else (a timer): the set was not readable
+  receive_at_b(&rx);
+  EXPECT_EQ(sock_b_->recvs, 3);
 }
 
 TEST_F(ShmPacketIoTest, AWatchedSocketIsReadWhenItsWatcherSaysSo) {
@@ -327,7 +331,10 @@ TEST_F(ShmPacketIoTest, AWatchedSocketIsReadWhenItsWatcherSaysSo) {
   clock_.advance(ShmPacketIo::kUdpPollNs);
   receive_at_b(&rx);  // the unwatched interval has passed: still left to the watcher
   EXPECT_EQ(sock_b_->recvs, 1);
-  io_b_->woke_readable();  // the watcher's sleep ended readable, not by the doorbell
+  io_b_->woke_readable();  // the watcher's sleep ended readable: by the doorbell add_peer rang
+  receive_at_b(&rx);
+  EXPECT_EQ(sock_b_->recvs, 1);
+  io_b_->woke_readable();  // again, the doorbell quiet now: by the socket
   receive_at_b(&rx);
   EXPECT_EQ(sock_b_->recvs, 2);
   receive_at_b(&rx);
