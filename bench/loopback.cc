@@ -136,6 +136,7 @@ enum class Phase : uint32_t {
   kRingLat,
   kLineLat,
   kRawStream,
+  kRingStream,
   kRcBw,
   kRcRate,
   kRawRate,
@@ -651,6 +652,34 @@ void run_b(Host& h, int ctl) {
         }
         h.line_round += m.rounds;
         break;
+      case Phase::kRingStream: {
+        // Each 4 KiB record copied out of the ring straight into the WRITE stream's target
+        // buffer, in turn, until A says stop and the ring is empty.
+        ctl_send(ctl, r);  // ready
+        uint64_t n = 0;
+        bool stop = false;
+        for (;;) {
+          net::ShmRecord rec;
+          size_t length = 0;
+          uint8_t* to = h.bw_buf.data + (n % (h.bw_buf.size / kRawBwDatagram)) * kRawBwDatagram;
+          const auto g = h.ring_rx->get(&rec, {to, kRawBwDatagram}, &length);
+          require(g != net::ShmConsumer::Get::kBroken, "ring stream: broken");
+          if (g == net::ShmConsumer::Get::kOk) {
+            h.ring_rx->release();
+            const uint64_t t = now_ns();
+            if (n == 0) r.first_ns = t;
+            r.last_ns = t;
+            ++n;
+          } else if (stop) {
+            break;
+          }
+          if ((g == net::ShmConsumer::Get::kEmpty || (n & 255) == 0) && !stop && ctl_ready(ctl))
+            stop = true;  // A stopped putting: empty the ring
+        }
+        (void)ctl_recv<Msg>(ctl);  // stop
+        r.bytes = n;
+        break;
+      }
       case Phase::kRawStream:
       case Phase::kRawRate: {
         // One recv per datagram until A says stop on the control channel.
@@ -868,6 +897,35 @@ double raw_stream(Host& h, int ctl, Phase phase, size_t datagram, double seconds
   return static_cast<double>(r.bytes - 1) / (static_cast<double>(r.last_ns - r.first_ns) * 1e-9);
 }
 
+// --shm's streaming limit: 4 KiB records through the bare ring for `seconds`, each copied in
+// from the WRITE stream's source buffer and, by B, out into its target buffer (two copies, as
+// a WRITE's payload takes); bytes per second B received.
+double ring_stream(Host& h, int ctl, double seconds) {
+  Msg m;
+  m.phase = Phase::kRingStream;
+  ctl_send(ctl, m);
+  (void)ctl_recv<Msg>(ctl);  // B ready
+  const size_t slots = h.bw_buf.size / kRawBwDatagram;
+  uint64_t n = 0;
+  const auto t0 = Clock::now();
+  while (seconds_since(t0) < seconds) {
+    for (int i = 0; i < 64; ++i, ++n) {
+      const iovec iov{h.bw_buf.data + (n % slots) * kRawBwDatagram, kRawBwDatagram};
+      const net::ShmRecord rec{};
+      net::ShmProducer::Put p;
+      while ((p = h.ring_tx->put(rec, {&iov, 1}, kRawBwDatagram)) == net::ShmProducer::Put::kFull)
+        (void)h.ring_tx->publish();
+      require(p == net::ShmProducer::Put::kOk, "ring stream: put");
+    }
+    (void)h.ring_tx->publish();
+  }
+  ctl_send(ctl, m);  // stop
+  const Msg r = ctl_recv<Msg>(ctl);
+  require(r.bytes > 1 && r.last_ns > r.first_ns, "ring stream: B received nothing");
+  return static_cast<double>(r.bytes - 1) * kRawBwDatagram /
+         (static_cast<double>(r.last_ns - r.first_ns) * 1e-9);
+}
+
 struct Stream {
   double msgs_per_s = 0;
   uint64_t messages = 0;
@@ -933,6 +991,24 @@ Stream rc_write_stream(Host& h, int ctl, Phase phase, const HostInfo& peer, uint
   return s;
 }
 
+// The copy limit for the bandwidth row: memcpy of 64 KiB messages, the stream's window of them
+// (1 MiB) to a second buffer as large, for `seconds`; bytes per second.
+double memcpy_rate(double seconds) {
+  PageBuffer from(kBwWindow * kBwBytes), to(kBwWindow * kBwBytes);
+  std::memset(from.data, 0x5A, from.size);
+  uint64_t bytes = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  while ((elapsed = seconds_since(t0)) < seconds) {
+    for (uint32_t i = 0; i < kBwWindow; ++i) {
+      std::memcpy(to.data + i * kBwBytes, from.data + i * kBwBytes, kBwBytes);
+      asm volatile("" : : "r"(to.data) : "memory");  // the copy is not optimised away
+    }
+    bytes += kBwWindow * kBwBytes;
+  }
+  return static_cast<double>(bytes) / elapsed;
+}
+
 int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double seconds,
           uint32_t rounds, size_t tx_batch, uint64_t ack_delay_ns, bool gso, bool gro) {
   for (int s = 0; s < kRecvDepth; ++s) post_recv_slot(h, s);
@@ -953,6 +1029,8 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
       raw_stream(h, ctl, Phase::kRawStream, kRawBwDatagram, seconds) * kRawBwDatagram;
   const Stream bw = rc_write_stream(h, ctl, Phase::kRcBw, peer, peer.rkey, seconds);
   const double rc_bw = bw.msgs_per_s * kBwBytes;
+  const double copy_bw = memcpy_rate(std::min(seconds, 0.5));
+  const double ring_bw = h.shm ? ring_stream(h, ctl, seconds) : 0;
   const double raw_rate = raw_stream(h, ctl, Phase::kRawRate, kRateBytes, seconds);
   const Stream rate = rc_write_stream(h, ctl, Phase::kRcRate, peer, rate_rkey, seconds);
 
@@ -986,6 +1064,12 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
   std::printf("%-44s %9.3f GB/s %9.3f GB/s %8.2f %8s\n",
               "bandwidth: WRITE 64 KiB x16 vs 4 KiB dgrams", rc_bw / 1e9, raw_bw / 1e9,
               rc_bw / raw_bw, ">= 1.0");
+  std::printf("%-44s %9.3f GB/s %9.3f GB/s %8.2f\n", "  the same WRITEs vs memcpy of 64 KiB",
+              rc_bw / 1e9, copy_bw / 1e9, rc_bw / copy_bw);
+  if (h.shm)
+    std::printf("%-44s %9.3f GB/s %9.3f GB/s %8.2f\n",
+                "  the same WRITEs vs 4 KiB through the bare ring", rc_bw / 1e9, ring_bw / 1e9,
+                rc_bw / ring_bw);
   std::printf("%-44s %9.3f M/s  %9.3f M/s  %8.2f\n", "message rate: WRITE 64 B x64 vs 64 B dgrams",
               rate.msgs_per_s / 1e6, raw_rate / 1e6, rate.msgs_per_s / raw_rate);
   std::printf("rounds %u per latency row; %.1f s per stream row; %" PRIu64 " + %" PRIu64

@@ -473,17 +473,23 @@ void Runtime::run() {
     doorbell_.store(false, std::memory_order_seq_cst);
     // Awake, this thread reads every deadline before it sleeps again.
     uint64_t deadline;
+    uint64_t ring_records = 0;  // read from shared-memory rings this turn
     {
       const net::TurnTime turn_time;  // the clock is read once for the turn (net/clock.h)
       set_timer(app_timer_fd_, &app_timer_ns_, net::kNever);
+      const uint64_t rx_before = shm_io_ != nullptr ? shm_io_->shm_counters().rx_datagrams : 0;
       // The I/O's own timers too (a fault wrapper's held datagrams: net/packet_io.h).
       deadline = std::min(engine_.poll(), io_->next_deadline_ns());
+      if (shm_io_ != nullptr) ring_records = shm_io_->shm_counters().rx_datagrams - rx_before;
     }
     want_writable(engine_.tx_blocked());
     release_token();
     turns_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t turn_end = clock_.now_ns();
     if (deadline <= turn_end) continue;
+    // A peer streams through a ring (STREAMS, runtime.h): look at the rings a little longer
+    // before sleeping.
+    if (ring_records >= kStreamRecords && spin_on_rings(turn_end + kStreamSpinNs)) continue;
     // A turn after a nap that nothing woke is the nap's look around: no spin (the application
     // thread drove the engine, or stopped and the thread now sleeps).
     const bool after_nap = napped_idle_;
@@ -527,6 +533,18 @@ void Runtime::run() {
       busy_poll_.work_came_after(woke - turn_end, woke);
     }
   }
+}
+
+// Spins until `until` or until a ring has records, a post rings or an application thread takes
+// poll turns (it drives the engine itself); whether there is work. No syscall: a datagram on the
+// socket waits for the sleep that follows.
+bool Runtime::spin_on_rings(uint64_t until) {
+  const uint64_t inline_before = inline_turns_.load(std::memory_order_relaxed);
+  while (clock_.now_ns() < until && !stop_.load(std::memory_order_relaxed)) {
+    if (doorbell_.load(std::memory_order_seq_cst) || io_->rx_pending()) return true;
+    if (inline_turns_.load(std::memory_order_relaxed) != inline_before) return false;
+  }
+  return false;
 }
 
 // The application thread that waits for a completion event watches the socket itself (and

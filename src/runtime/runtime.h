@@ -69,6 +69,11 @@
 //   a reply leaves with the reply or at the next turn). A wake-up per post or per datagram
 //   would cost a syscall on both sides and a context switch on a core the pollers need; the
 //   nap bounds what is left to the engine thread to kNapNs when the poller stops.
+// * STREAMS: a turn of the engine thread that read kStreamRecords or more from shared-memory
+//   rings (a peer streams: its next records come within microseconds) is followed by up to
+//   kStreamSpinNs of looking at the rings before the thread sleeps. Asleep, every burst would
+//   cost the peer a doorbell write and this thread a wake-up; a ping-pong's turns read one or two
+//   records and never spin.
 // * COUNTERS for other threads: counters() is a copy the engine makes between turns.
 #pragma once
 
@@ -200,6 +205,7 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // Sleeps in epoll until a datagram, a post, the deadline or stop. True when woken by work
   // (a datagram or the doorbell), not by the timer alone.
   bool sleep_until(uint64_t deadline_ns);
+  bool spin_on_rings(uint64_t until_ns);
   // EPOLLOUT on the socket while the engine is blocked on transmit (Engine::tx_blocked).
   void want_writable(bool on);
   // The socket back into the engine thread's epoll set (watch_mutex_ held).
@@ -252,6 +258,9 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // When an application thread last took a poll turn (try_progress).
   std::atomic<uint64_t> last_poll_ns_{0};
   static constexpr uint64_t kNapNs = 200'000;
+  // STREAMS: a turn that read this many records from rings, then kStreamSpinNs of looking.
+  static constexpr uint64_t kStreamRecords = 16;
+  static constexpr uint64_t kStreamSpinNs = 20'000;
   bool napped_idle_ = false;  // engine thread only: the last sleep was a nap
   // The deadline the sleeping engine thread armed (kNever: none): a turn on an application
   // thread that leaves an earlier one wakes it.
