@@ -450,10 +450,14 @@ void Runtime::run() {
       // A thread that busy-polls holds the token: nap beside it (NAPPING). Queued for the
       // token, this thread would take a turn between two of the poller's, each costing the
       // poller a futex wake and a core it spins on. Not when a post or a blocked transmit
-      // rang for this thread (doorbell_): that turn is its to take.
-      if (!doorbell_.load(std::memory_order_seq_cst) &&
+      // rang for this thread (doorbell_): that turn is its to take; nor right after a nap that
+      // a datagram ended: the socket stays readable until the poller reads it, and napping
+      // again at once would spin.
+      const bool nap_woke = nap_woke_;
+      nap_woke_ = false;
+      if (!nap_woke && !doorbell_.load(std::memory_order_seq_cst) &&
           clock_.now_ns() - last_poll_ns_.load(std::memory_order_relaxed) < kNapNs) {
-        (void)sleep_until(net::kNever);
+        nap_woke_ = sleep_until(net::kNever);
         continue;
       }
       // An application thread drives the engine: sleep until it lets go of the token. On the

@@ -262,6 +262,7 @@ class Runtime final : public engine::Waker, public EventWaiter {
   static constexpr uint64_t kStreamRecords = 16;
   static constexpr uint64_t kStreamSpinNs = 20'000;
   bool napped_idle_ = false;  // engine thread only: the last sleep was a nap
+  bool nap_woke_ = false;     // engine thread only: its last nap beside a poller ended by work
   // The deadline the sleeping engine thread armed (kNever: none): a turn on an application
   // thread that leaves an earlier one wakes it.
   std::atomic<uint64_t> armed_deadline_ns_{net::kNever};
