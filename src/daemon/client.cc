@@ -599,6 +599,7 @@ int Client::shm_accept(UniqueFd* doorbell) {
   if (const int err = decode_shm_accepted(reply)) return err;
   if (fds.size() != 1) return EPROTO;
   *doorbell = std::move(fds.front());
+  shm_accepted_ = true;
   return 0;
 }
 
@@ -622,6 +623,7 @@ Client::Client(Client&& other) noexcept
       conns_(std::move(other.conns_)),
       mcast_(std::move(other.mcast_)),
       captures_(std::move(other.captures_)),
+      shm_accepted_(other.shm_accepted_),
       shm_pushes_(std::move(other.shm_pushes_)),
       hello_(other.hello_),
       socket_path_(std::move(other.socket_path_)) {
@@ -637,6 +639,7 @@ Client& Client::operator=(Client&& other) noexcept {
   conns_ = std::move(other.conns_);
   mcast_ = std::move(other.mcast_);
   captures_ = std::move(other.captures_);
+  shm_accepted_ = other.shm_accepted_;
   shm_pushes_ = std::move(other.shm_pushes_);
   hello_ = other.hello_;
   socket_path_ = std::move(other.socket_path_);
@@ -785,6 +788,10 @@ void Client::keep_loop() {
         int err = Client::connect_or_spawn(options_, &fresh, &detail);
         if (err == 0) err = fresh.reattach(k.slot);
         if (err == 0) {
+          // The new daemon knows no doorbell of this slot: accept again, so that peers can be
+          // given regions with it (those made before keep working with the old doorbell).
+          UniqueFd bell;
+          if (shm_accepted_ && fresh.shm_accept(&bell) != 0) bell.reset();
           std::lock_guard lock(k.mu);
           // The CM services this process listened on (best effort: another process may have
           // taken one meanwhile), and its established connections.
@@ -796,6 +803,11 @@ void Client::keep_loop() {
           socket_path_ = fresh.socket_path_;
           k.reattachments.fetch_add(1, std::memory_order_relaxed);
           reported = false;  // the new daemon has none yet
+          if (bell.valid() && k.shm) {
+            ShmPush push;
+            push.own_doorbell = std::move(bell);
+            k.shm(std::move(push));
+          }
           break;
         }
         // The daemon refused the slot for good (another group or port: EINVAL; the slot leased

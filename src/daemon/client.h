@@ -72,10 +72,13 @@ struct ShmPair {
   UniqueFd peer_doorbell;  // the other slot's eventfd: written to wake its engine
 };
 // What urdmad pushes about regions: one made by a peer that asked (on: the whole pair), or the
-// end of a peer's lease (off: only pair.peer_range is set).
+// end of a peer's lease (off: only pair.peer_range is set). Or, from the keeper after a daemon
+// restart (own_doorbell valid; neither on nor a pair): the doorbell the new daemon gave this
+// slot, which the peers of regions made from now on write.
 struct ShmPush {
   bool on = false;
   ShmPair pair;
+  UniqueFd own_doorbell;
 };
 
 class Client {
@@ -109,8 +112,9 @@ class Client {
   int mcast_detach(uint32_t qpn, const net::Address& group);
   // On the connection holding the slot: this process's engine reads shared-memory rings
   // (protocol.h, kShmAccept). *doorbell: the slot's eventfd, which peers write to wake it. 0 or
-  // an errno (EINVAL: no slot; EALREADY). After a daemon restart the new daemon knows none:
-  // regions made before keep working, new ones need shm_accept again (a new doorbell).
+  // an errno (EINVAL: no slot; EALREADY). A keeper accepts again for a restarted daemon and
+  // hands the new doorbell to its ShmSink (ShmPush::own_doorbell); regions made before keep
+  // working with the old one.
   int shm_accept(UniqueFd* doorbell);
   // The ring pair to the slot holding `qpn`'s range, reached at `address` (kShmConnect): the
   // same region every time while both leases live. 0 or an errno (EINVAL, EADDRNOTAVAIL, ENOENT,
@@ -199,7 +203,8 @@ class Client {
   std::map<uint32_t, ConnRecord> conns_;  // connections reported up, by local comm ID
   std::set<std::pair<uint32_t, net::Address>> mcast_;  // (QPN, group) attached
   std::vector<std::pair<UniqueFd, uint32_t>> captures_;  // pushed before keep()
-  std::vector<ShmPush> shm_pushes_;                      // pushed before keep()
+  bool shm_accepted_ = false;        // shm_accept succeeded: accepted again after a restart
+  std::vector<ShmPush> shm_pushes_;  // pushed before keep()
   HelloInfo hello_{};
   std::string socket_path_;
   std::unique_ptr<Keeper> keeper_;

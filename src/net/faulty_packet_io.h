@@ -100,6 +100,7 @@ class FaultyPacketIo final : public PacketIo {
   uint64_t next_deadline_ns() const override;
   bool arm_wakeup() override { return inner_->arm_wakeup(); }
   void disarm_wakeup(bool readable) override { inner_->disarm_wakeup(readable); }
+  void rearm_wakeup() override { inner_->rearm_wakeup(); }
   bool rx_pending() override { return inner_->rx_pending(); }
   void watch_writable(bool on) override { inner_->watch_writable(on); }
   size_t held() const { return held_.size(); }

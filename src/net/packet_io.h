@@ -152,6 +152,10 @@ class PacketIo {
   // disarm_wakeup, true or false. A socket's I/O needs neither.
   virtual bool arm_wakeup() { return true; }
   virtual void disarm_wakeup(bool readable) { (void)readable; }
+  // Any thread: a thread that still sleeps armed may have lost its wake-up to another that woke
+  // and read what woke both (the runtime's engine thread, while an application thread waited
+  // with the fd out of its set): ask for it again, and make the fd readable if some wait.
+  virtual void rearm_wakeup() {}
   // Any thread: whether such datagrams wait now (a thread that spins before it sleeps looks).
   virtual bool rx_pending() { return false; }
 

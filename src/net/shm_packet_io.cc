@@ -46,18 +46,31 @@ ShmPacketIo::ShmPacketIo(std::unique_ptr<PacketIo> inner, const Clock& clock, ui
     : inner_(std::move(inner)),
       clock_(clock),
       own_range_(own_range),
-      doorbell_(doorbell),
       want_(std::move(want)),
       is_local_(std::move(is_local)) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   base::check(epoll_fd_ >= 0, "epoll_create1 for the shm set");
   epoll_add(epoll_fd_, inner_->readable_fd(), EPOLLIN);
-  if (doorbell_ >= 0) epoll_add(epoll_fd_, doorbell_, EPOLLIN);
+  if (doorbell >= 0) {
+    epoll_add(epoll_fd_, doorbell, EPOLLIN);
+    doorbells_.push_back(doorbell);
+  }
 }
 
 ShmPacketIo::~ShmPacketIo() {
   close(epoll_fd_);
-  if (doorbell_ >= 0) close(doorbell_);
+  for (int fd : doorbells_) close(fd);
+}
+
+void ShmPacketIo::add_doorbell(int doorbell) {
+  std::lock_guard lock(mu_);
+  if (doorbells_.size() >= kMaxDoorbells) {
+    close(doorbell);
+    return;
+  }
+  epoll_add(epoll_fd_, doorbell, EPOLLIN);
+  doorbells_.push_back(doorbell);
+  rung_maybe_ = true;  // it may have rung already: read it with the others
 }
 
 int ShmPacketIo::add_peer(uint32_t peer_range, uint32_t side, int region_fd, int peer_doorbell) {
@@ -95,9 +108,9 @@ int ShmPacketIo::add_peer(uint32_t peer_range, uint32_t side, int region_fd, int
 // mu_ held. A thread asleep on readable_fd() takes the change now: the peer may be writing to
 // the new ring already, and nothing else would wake it.
 void ShmPacketIo::ring_own_doorbell() {
-  if (doorbell_ < 0) return;
+  if (doorbells_.empty()) return;
   const uint64_t one = 1;
-  ssize_t n = write(doorbell_, &one, sizeof one);
+  ssize_t n = write(doorbells_.back(), &one, sizeof one);
   (void)n;
   rung_maybe_ = true;
 }
@@ -390,8 +403,12 @@ uint64_t ShmPacketIo::next_deadline_ns() const {
 bool ShmPacketIo::take_doorbell() {
   if (!rung_maybe_) return false;
   rung_maybe_ = false;
-  uint64_t v;
-  return read(doorbell_, &v, sizeof v) == sizeof v;
+  bool rang = false;
+  for (int fd : doorbells_) {
+    uint64_t v;
+    rang = read(fd, &v, sizeof v) == sizeof v || rang;
+  }
+  return rang;
 }
 
 bool ShmPacketIo::arm_wakeup() {
@@ -430,6 +447,21 @@ void ShmPacketIo::disarm_wakeup(bool readable) {
     return;
   }
   for (const auto& p : peers_) p->rx->disarm();
+}
+
+// A producer writes the doorbell once per arming (it takes the ring's wake flag): when two
+// threads sleep armed and one wakes, reads the doorbell and takes a turn, the other sleeps on
+// with its flags taken and is woken by nothing that comes later.
+void ShmPacketIo::rearm_wakeup() {
+  std::lock_guard lock(mu_);
+  if (armed_ == 0) return;
+  bool waiting = false;
+  for (const auto& p : peers_) {
+    if (p->dropping.load(std::memory_order_relaxed)) continue;
+    if (!p->rx->arm()) waiting = true;
+  }
+  rung_maybe_ = true;
+  if (waiting) ring_own_doorbell();  // records the waker left: the sleeper takes them
 }
 
 void ShmPacketIo::woke_readable() {

@@ -20,10 +20,9 @@
 // regions exist at most every kUdpPollNs on a busy path (each read is a syscall, and on these
 // VMs a syscall costs more than a ring's whole round trip), and on the first receive after a
 // sleep that the doorbell did not end (disarm): a datagram that woke the process is read at
-// once. While another
-// thread sleeps on readable_fd() for it (watch_socket: the runtime's engine thread napping
-// beside a busy poller), the socket is read when that thread says it became readable
-// (woke_readable), and otherwise at most every kUdpWatchedPollNs.
+// once. While another thread sleeps on readable_fd() for it (watch_socket: the runtime's engine
+// thread napping beside a busy poller), the socket is read when that thread says it became
+// readable (woke_readable), and otherwise at most every kUdpWatchedPollNs.
 //
 // SLEEPING: readable_fd() is an epoll set of the wrapped I/O's fd and this process's doorbell;
 // a thread about to sleep on it calls arm_wakeup() first (false: records wait, do not sleep)
@@ -100,6 +99,11 @@ class ShmPacketIo final : public PacketIo {
   int add_peer(uint32_t peer_range, uint32_t side, int region_fd, int peer_doorbell);
   // Any thread: the peer's lease ended; its region goes once its ring is read.
   void remove_peer(uint32_t peer_range);
+  // Any thread: another doorbell of this process's (adopted), which peers given regions from now
+  // on write — a restarted urdmad made it (daemon/client.h, ShmPush). Peers of the regions held
+  // keep writing the ones before, which stay in the set. At most kMaxDoorbells (more: closed).
+  void add_doorbell(int doorbell);
+  static constexpr size_t kMaxDoorbells = 8;
 
   uint16_t source_port(uint16_t wanted) const override { return inner_->source_port(wanted); }
   TxStatus send(const TxDatagram& d) override;
@@ -111,6 +115,7 @@ class ShmPacketIo final : public PacketIo {
   uint64_t next_deadline_ns() const override;
   bool arm_wakeup() override;
   void disarm_wakeup(bool readable) override;
+  void rearm_wakeup() override;
   bool rx_pending() override;
   void watch_writable(bool on) override;
   // Any thread: `on` while it sleeps on readable_fd() with no ring armed (only the socket and
@@ -164,7 +169,7 @@ class ShmPacketIo final : public PacketIo {
   std::unique_ptr<PacketIo> inner_;
   const Clock& clock_;
   const uint32_t own_range_;
-  const int doorbell_;
+  std::vector<int> doorbells_;  // under mu_ after construction: this process's, oldest first
   int epoll_fd_ = -1;
   Want want_;
   IsLocal is_local_;

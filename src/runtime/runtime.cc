@@ -260,6 +260,10 @@ std::unique_ptr<Runtime> Runtime::open(const daemon::ClientOptions& options, Run
   // Regions urdmad made for a peer that asked (kShmOn), and the end of a peer's lease (kShmOff).
   auto shm_push = [r](daemon::ShmPush push) {
     if (r->shm_io_ == nullptr) return;
+    if (push.own_doorbell.valid()) {
+      r->shm_io_->add_doorbell(push.own_doorbell.release());
+      return;
+    }
     if (!push.on) {
       r->shm_io_->remove_peer(push.pair.peer_range);
       return;
@@ -582,8 +586,14 @@ int Runtime::wait_readable(int fd, const bool& delivered) {
             epoll_ctl(rt->epoll_fd_, EPOLL_CTL_DEL, rt->io_->readable_fd(), nullptr) == 0;
     }
     ~Watch() {
-      std::lock_guard lock(rt->watch_mutex_);
-      if (--rt->watchers_ == 0 && rt->socket_out_) rt->socket_back();
+      {
+        std::lock_guard lock(rt->watch_mutex_);
+        if (--rt->watchers_ == 0 && rt->socket_out_) rt->socket_back();
+      }
+      // The engine thread, or another waiting thread, may sleep armed with its wake-up taken by
+      // this thread's: the doorbell that woke this thread is read (net/shm_packet_io.cc,
+      // rearm_wakeup).
+      rt->io_->rearm_wakeup();
     }
   } watch(this);
   for (;;) {

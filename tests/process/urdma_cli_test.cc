@@ -631,5 +631,87 @@ TEST_F(UrdmaCli, KilledDaemonIsTakenOverWhileAStreamRunsAndServesANewProcess) {
       60);
 }
 
+// A process kept through urdmad's death accepts shared memory again from the restarted daemon:
+// a process that comes after the restart gets a region with it. After a first WRITE (which asks
+// for the region), 8 MiB of WRITEs between the two leave the namespace's UDP counters all but
+// untouched; by UDP they would be over 2,000 datagrams.
+TEST_F(UrdmaCli, AProcessKeptThroughARestartSharesMemoryWithANewOne) {
+  in_fresh_netns(
+      [] {
+        setenv("URDMA_TAKEOVER_GRACE_MS", "300", 1);
+        constexpr size_t kBytes = 8 << 20;
+        Pipe p_to_test, test_to_p, p_to_q, q_to_p;
+        const pid_t p = fork_process([&] {
+          Peer x;
+          if (!x.open()) return 2;
+          p_to_test.put(uint32_t{1});  // leased and accepted: the test restarts urdmad
+          Target t{};
+          if (!q_to_p.get(&t, 60000)) return 3;
+          p_to_q.put(x.qp->qp_num());
+          Target ready{};
+          if (!x.connect(t.qpn, true) || !q_to_p.get(&ready, 10000)) return 4;
+          std::vector<uint8_t> src(kBytes);
+          fill_pattern(src, 11);
+          provider::Mr* mr = x.reg(src.data(), src.size());
+          if (!mr) return 5;
+          if (const int e = x.write_all(src.data(), mr, kChunk, t.addr, t.rkey)) return e;
+          p_to_test.put(uint32_t{2});  // the first WRITE is done
+          int go = 0;
+          if (!test_to_p.get(&go, 30000)) return 7;
+          if (const int e = x.write_all(src.data() + kChunk, mr, kBytes - kChunk,
+                                        t.addr + kChunk, t.rkey))
+            return e;
+          p_to_q.put(uint32_t{1});  // done: Q checks
+          return 0;
+        });
+        uint32_t step = 0;
+        ASSERT_TRUE(p_to_test.get(&step, 20000) && step == 1);
+        const StatusView before = status();
+        ASSERT_EQ(before.rc, 0);
+        ASSERT_EQ(kill(before.daemon, SIGKILL), 0);
+        ASSERT_TRUE(wait_exit(before.daemon, 3000));
+        const StatusView after = wait_status(
+            [&](const StatusView& v) {
+              return v.rc == 0 && v.daemon != before.daemon && v.slot_holders.count(p) &&
+                     v.slot_holders.at(p).reattached;
+            },
+            10000);
+        ASSERT_TRUE(after.slot_holders.count(p) && after.slot_holders.at(p).reattached);
+        const pid_t q = fork_process([&] {
+          Peer y;
+          if (!y.open()) return 2;
+          std::vector<uint8_t> dst(kBytes, 0);
+          provider::Mr* mr = y.reg(dst.data(), dst.size());
+          if (!mr) return 3;
+          q_to_p.put(Target{y.qp->qp_num(), mr->rkey(), reinterpret_cast<uintptr_t>(dst.data())});
+          uint32_t p_qpn = 0;
+          if (!p_to_q.get(&p_qpn, 10000) || !y.connect(p_qpn, false)) return 4;
+          q_to_p.put(Target{});  // ready
+          uint32_t done = 0;
+          if (!p_to_q.get(&done, 60000) || done != 1) return 5;
+          (void)y.rt->counters();  // orders the engine's placement before our reads
+          std::vector<uint8_t> want(kBytes);
+          fill_pattern(want, 11);
+          return fnv1a(dst.data(), kBytes) == fnv1a(want.data(), kBytes) ? 0 : 6;
+        });
+        ASSERT_TRUE(p_to_test.get(&step, 30000) && step == 2);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the region comes
+        const uint64_t udp_before = udp_datagrams_received();
+        test_to_p.put(1);
+        for (pid_t pid : {p, q}) {
+          const auto st = wait_exit(pid, 60000);
+          ASSERT_TRUE(st) << "pid " << pid << " did not exit";
+          EXPECT_TRUE(WIFEXITED(*st) && WEXITSTATUS(*st) == 0)
+              << (pid == p ? "the kept process" : "the new process") << " failed: "
+              << (WIFEXITED(*st) ? WEXITSTATUS(*st) : -1);
+        }
+        const uint64_t udp = udp_datagrams_received() - udp_before;
+        std::printf("UDP datagrams in the namespace during the 8 MiB: %llu\n",
+                    static_cast<unsigned long long>(udp));
+        EXPECT_LT(udp, 200u) << "the kept process and the new one talked by UDP";
+      },
+      60);
+}
+
 }  // namespace
 }  // namespace urdma::process_test

@@ -322,6 +322,46 @@ TEST_F(ShmPacketIoTest, TheSocketIsReadAfterASleepAndNotOnEveryBusyTurn) {
   EXPECT_EQ(sock_b_->recvs, 3);
 }
 
+// A restarted urdmad gives the process another doorbell (ShmPacketIo::add_doorbell): peers given
+// regions from then on write it, and it wakes a sleeper and is read on waking as the first is.
+TEST_F(ShmPacketIoTest, ADoorbellAddedAfterARestartWakesASleeperLikeTheFirst) {
+  connect();
+  EXPECT_TRUE(receive_at_b().empty());  // takes the region
+  const int second = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(second, 0);
+  io_b_->add_doorbell(dup(second));
+  pollfd p{io_b_->readable_fd(), POLLIN, 0};
+  ASSERT_TRUE(io_b_->arm_wakeup());  // reads what add_peer rang
+  EXPECT_EQ(poll(&p, 1, 0), 0);
+  const uint64_t one = 1;
+  ASSERT_EQ(write(second, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+  EXPECT_EQ(poll(&p, 1, 0), 1);  // the sleeper wakes
+  io_b_->disarm_wakeup(true);
+  EXPECT_EQ(poll(&p, 1, 0), 0);  // and reads it: the set is quiet again
+  close(second);
+}
+
+// Two threads sleep armed (the engine thread, and an application thread waiting for an event).
+// A producer writes the doorbell once per arming; the thread that wakes reads it and takes the
+// turn. rearm_wakeup then asks again for the one still asleep: the next record rings again.
+TEST_F(ShmPacketIoTest, ASleeperWhoseWakeAnotherTookIsWokenByTheNextRecord) {
+  connect();
+  EXPECT_TRUE(receive_at_b().empty());  // takes the region
+  pollfd p{io_b_->readable_fd(), POLLIN, 0};
+  ASSERT_TRUE(io_b_->arm_wakeup());  // the engine thread
+  ASSERT_TRUE(io_b_->arm_wakeup());  // a waiting application thread
+  ASSERT_EQ(send_from_a(packet_to(kRangeB << 12, 64), kLocal), TxStatus::kSent);
+  EXPECT_EQ(poll(&p, 1, 0), 1);
+  io_b_->disarm_wakeup(true);  // the application thread wakes, reads the doorbell
+  EXPECT_EQ(receive_at_b().size(), 1u);  // and takes the record
+  EXPECT_EQ(poll(&p, 1, 0), 0);
+  io_b_->rearm_wakeup();  // it is done: the engine thread still sleeps armed
+  ASSERT_EQ(send_from_a(packet_to(kRangeB << 12, 64), kLocal), TxStatus::kSent);
+  EXPECT_EQ(poll(&p, 1, 0), 1) << "the record after it woke nobody";
+  io_b_->disarm_wakeup(true);
+  EXPECT_EQ(receive_at_b().size(), 1u);
+}
+
 TEST_F(ShmPacketIoTest, AWatchedSocketIsReadWhenItsWatcherSaysSo) {
   connect();
   std::vector<RxDatagram> rx;
