@@ -460,7 +460,7 @@ void Runtime::run() {
       const bool nap_woke = nap_woke_;
       nap_woke_ = false;
       if (!nap_woke && !doorbell_.load(std::memory_order_seq_cst) &&
-          clock_.now_ns() - last_poll_ns_.load(std::memory_order_relaxed) < kNapNs) {
+          clock_.now_ns() - last_poll_ns_.load(std::memory_order_relaxed) < kPollerNs) {
         nap_woke_ = sleep_until(net::kNever);
         continue;
       }
@@ -652,13 +652,14 @@ void Runtime::want_writable(bool on) {
 
 // Engine-thread side of the need-wakeup handshake (runtime.h).
 bool Runtime::sleep_until(uint64_t deadline_ns) {
-  // An application thread that took a poll turn within kNapNs drives the engine itself (it
+  // An application thread that took a poll turn within kPollerNs drives the engine itself (it
   // busy-polls its CQ): this thread naps instead (runtime.h, NAPPING).
   const uint64_t now = clock_.now_ns();
-  const bool nap = now - last_poll_ns_.load(std::memory_order_relaxed) < kNapNs;
+  const bool nap = now - last_poll_ns_.load(std::memory_order_relaxed) < kPollerNs;
   if (nap) {
     deadline_ns = std::min(deadline_ns, now + kNapNs);
     napping_.store(true, std::memory_order_seq_cst);
+    naps_.fetch_add(1, std::memory_order_relaxed);
   } else {
     armed_deadline_ns_.store(deadline_ns, std::memory_order_seq_cst);
     sleeping_.store(true, std::memory_order_seq_cst);
@@ -674,8 +675,8 @@ bool Runtime::sleep_until(uint64_t deadline_ns) {
   // this thread: it read armed_deadline_ns_ as 0, "awake". Read the engine's deadline again
   // (under its turn lock: such a turn has ended or starts after the store and compares). The
   // I/O's own deadline is not read here: it belongs to the token's holder. A nap does not: the
-  // poller's turns fire what is due, and the nap ends within kNapNs of its last one (waiting
-  // for the turn lock, it would wait for the poller's turn).
+  // poller's turns fire what is due, and the nap ends within kPollerNs + kNapNs of its last
+  // one (waiting for the turn lock, it would wait for the poller's turn).
   if (!nap) {
     const uint64_t now_due = engine_.next_deadline_ns();
     if (now_due < deadline_ns) {

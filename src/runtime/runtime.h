@@ -61,7 +61,7 @@
 //   qp_modified), so the QP's rings are not touched after they return.
 // * BACK-PRESSURE: a datagram the socket refuses with EAGAIN/ENOBUFS waits in the engine's
 //   transmit backlog (Engine::tx_blocked); the engine thread then also waits for EPOLLOUT.
-// * NAPPING: while an application thread busy-polls its CQ (a poll turn within kNapNs), the
+// * NAPPING: while an application thread busy-polls its CQ (a poll turn within kPollerNs), the
 //   engine thread naps instead of sleeping: at most kNapNs, without the need-wakeup flag
 //   (a post rings no eventfd: the polling thread's next turn sends it, or a thread about to
 //   block in wait_readable does), without arming the I/O's rings (a peer's datagram writes no
@@ -178,6 +178,8 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // ---- observation (any thread) ----
   engine::EngineCounters counters() const { return engine_.counters_snapshot(); }
   uint64_t engine_thread_turns() const { return turns_.load(std::memory_order_relaxed); }
+  // Naps the engine thread took beside a busy poller (NAPPING).
+  uint64_t naps() const { return naps_.load(std::memory_order_relaxed); }
   uint64_t eventfd_wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
   uint64_t inline_turns() const { return inline_turns_.load(std::memory_order_relaxed); }
   // Turns a thread took for the first send it posted after a completion event (send_posted).
@@ -255,9 +257,15 @@ class Runtime final : public engine::Waker, public EventWaiter {
   std::atomic<bool> sleeping_{false};
   // NAPPING (below): the engine thread sleeps at most kNapNs, woken by nobody's post.
   std::atomic<bool> napping_{false};
-  // When an application thread last took a poll turn (try_progress).
+  // When an application thread last took a poll turn (try_progress): within kPollerNs, it
+  // busy-polls.
   std::atomic<uint64_t> last_poll_ns_{0};
-  static constexpr uint64_t kNapNs = 200'000;
+  static constexpr uint64_t kPollerNs = 200'000;
+  // Each nap's end is a wake-up on a core a poller spins on: ~10 µs of the poller's time on
+  // these VMs (the timer, two context switches, the look around). 1 ms makes that 1% and
+  // bounds what a poller that stopped leaves waiting (a peer's ring records, a due timer) to
+  // 1 ms, as kUdpWatchedPollNs bounds the socket's reads under a nap (shm_packet_io.h).
+  static constexpr uint64_t kNapNs = 1'000'000;
   // STREAMS: a turn that read this many records from rings, then kStreamSpinNs of looking.
   static constexpr uint64_t kStreamRecords = 16;
   static constexpr uint64_t kStreamSpinNs = 20'000;
@@ -274,6 +282,7 @@ class Runtime final : public engine::Waker, public EventWaiter {
   std::atomic<bool> stop_{false};
 
   std::atomic<uint64_t> turns_{0};
+  std::atomic<uint64_t> naps_{0};
   std::atomic<uint64_t> inline_turns_{0};
   std::atomic<uint64_t> reply_turns_{0};
   std::atomic<uint64_t> wakeups_{0};

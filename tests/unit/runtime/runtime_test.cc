@@ -145,6 +145,16 @@ uint64_t thread_cpu_ticks(pid_t tid) {
   return utime + stime;
 }
 
+// How many times the kernel thread `tid` gave up its core (each sleep it woke from is one).
+uint64_t voluntary_switches(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0)
+      return std::stoull(line.substr(line.find(':') + 1));
+  ADD_FAILURE() << "no voluntary_ctxt_switches for thread " << tid;
+  return 0;
+}
+
 // Param: the busy-poll window (RuntimeConfig::busy_poll_ns): 0, or 1 ms of spinning after the
 // last work before the thread sleeps — either way an idle thread ends up asleep.
 class RuntimeIdle : public ::testing::TestWithParam<uint64_t> {};
@@ -178,6 +188,43 @@ TEST_P(RuntimeIdle, AnIdleEngineThreadSleeps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BusyPollWindow, RuntimeIdle, ::testing::Values(0u, 1'000'000u));
+
+// NAPPING (runtime.h): while an application thread busy-polls, the engine thread naps 1 ms at a
+// time, and each nap's end is a wake-up on a core the poller may need (~10 us of its time on
+// these VMs). A second of polling an idle connection wakes the engine thread about a thousand
+// times: not the five thousand that 200 us naps cost, which held 5-15% of the shared-memory
+// ping-pong's rounds up by ~10 us each (docs/PERFORMANCE.md).
+TEST(RuntimeNap, APollingThreadCostsTheEngineThreadAWakeUpPerMillisecond) {
+  auto [a, b] = make_hosts();
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  RcPair p = connect_rc(a, cqa, b, cqb);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const pid_t tid = a.rt->engine_tid();
+  ASSERT_NE(tid, 0);
+  const uint64_t switches0 = voluntary_switches(tid);
+  const uint64_t naps0 = a.rt->naps();
+  const uint64_t turns0 = a.rt->inline_turns();
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  a.rt->try_progress();
+  a.rt->wake();  // the engine thread takes a turn, finds the poller, and naps from then on
+  while (std::chrono::steady_clock::now() < end) a.rt->try_progress();
+  const uint64_t wakes = voluntary_switches(tid) - switches0;
+  const uint64_t naps = a.rt->naps() - naps0;
+  EXPECT_GT(a.rt->inline_turns() - turns0, 1000u) << "the application thread did not poll";
+  EXPECT_GE(naps, 200u) << "the engine thread did not nap beside the poller";
+  EXPECT_LE(naps, 1500u);
+  EXPECT_LE(wakes, 1500u);
+  // The connection still works once the poller stops: the engine threads take it over.
+  std::vector<uint8_t> src(4096), dst(4096);
+  fill_pattern(src, 9);
+  provider::Mr* ms = a.reg(src.data(), src.size());
+  provider::Mr* md = b.reg(dst.data(), dst.size());
+  ASSERT_TRUE(post_write_all(*p.qa, src, ms, dst, md).ok());
+  expect_success(wait_cqes(*a.rt, cqa, 1, false));
+  b.settle();
+  EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+}
 
 // A datagram ends the busy-poll window at once: with a window of 3 s on both sides, a WRITE
 // posted while B's engine thread spins (its last turn 200 ms ago) completes on A — which needs
