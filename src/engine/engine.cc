@@ -493,8 +493,12 @@ void Engine::handle_datagram(const net::RxDatagram& d) {
   }
   const wire::PacketView& pkt = *parsed;
 
-  // IBA 7.8.1 (C7-48) / annex A17.4.3.1: a packet whose ICRC does not check is dropped.
-  if (config_.verify_icrc && !net::icrc_ok(bytes, d.src, d.dst, config_.df_search)) {
+  // IBA 7.8.1 (C7-48) / annex A17.4.3.1: a packet whose ICRC does not check is dropped. One
+  // that crossed no link may come unsealed (zero: net/packet_io.h, icrc_needed); its bytes are
+  // the sender's, and the parser and the MR checks stand between them and memory as for any.
+  const bool unsealed = d.via_ring && wire::icrc_of(bytes) == 0;
+  if (config_.verify_icrc && !unsealed &&
+      !net::icrc_ok(bytes, d.src, d.dst, config_.df_search)) {
     ++counters_.drop_icrc;
     return;
   }
@@ -685,8 +689,12 @@ void Engine::send_packet(const Route& route) {
   const net::Endpoint src{route.src, io_.source_port(route.src_port)};
   const net::Endpoint dst{route.dst, net::kRoceV2UdpPort};
   // Addresses of mixed families (an IPv4 GID towards an IPv6 one) name no datagram the kernel
-  // can send; such a packet keeps a zero ICRC and the send fails.
-  wire::store_icrc(icrc_slot_owner, net::icrc_for(src, dst, gather).value_or(0));
+  // can send; such a packet keeps a zero ICRC and the send fails. A datagram that will cross no
+  // link (a shared-memory ring) goes unsealed: zero (net/packet_io.h, icrc_needed).
+  const uint32_t dest_qp = wire::BthView(slot.buf.data()).dest_qp();
+  wire::store_icrc(icrc_slot_owner, io_.icrc_needed(dst, dest_qp)
+                                        ? net::icrc_for(src, dst, gather).value_or(0)
+                                        : 0);
   net::TxDatagram& tx = tx_queue_[tx_queued_];
   tx = net::TxDatagram{};
   tx.iov = {slot.iov.data(), niov};

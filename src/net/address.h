@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <array>
+#include <bit>
 #include <compare>
 #include <cstddef>
 #include <cstdint>
@@ -83,6 +84,13 @@ class Address {
   std::string to_string() const;
 
   friend constexpr auto operator<=>(const Address&, const Address&) = default;
+  // Two 8-byte words: the engine compares a datagram's source with its QP's peer for every
+  // packet, and the defaulted comparison is a call to memcmp.
+  friend constexpr bool operator==(const Address& a, const Address& b) {
+    using Words = std::array<uint64_t, 2>;
+    const Words x = std::bit_cast<Words>(a.bytes_), y = std::bit_cast<Words>(b.bytes_);
+    return x[0] == y[0] && x[1] == y[1];
+  }
 
  private:
   Bytes bytes_{};

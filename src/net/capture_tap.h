@@ -89,6 +89,10 @@ class CaptureTap final : public PacketIo {
   void add_sink(int fd, uint32_t slot);
 
   uint16_t source_port(uint16_t wanted) const override { return inner_->source_port(wanted); }
+  // Records carry the ICRC an unsealed datagram would have had (write()).
+  bool icrc_needed(const Endpoint& dst, uint32_t dest_qp) override {
+    return inner_->icrc_needed(dst, dest_qp);
+  }
   TxStatus send(const TxDatagram& d) override;
   size_t send_batch(std::span<const TxDatagram> batch) override;
   size_t recv_batch(std::span<RxDatagram> batch) override;

@@ -92,6 +92,10 @@ class FaultyPacketIo final : public PacketIo {
   // What really left: the inner I/O's counters.
   IoCounters counters() const override { return inner_->counters(); }
   uint16_t source_port(uint16_t wanted) const override { return inner_->source_port(wanted); }
+  // A profile that corrupts needs every ICRC: the receiver finds the flipped bit by it.
+  bool icrc_needed(const Endpoint& dst, uint32_t dest_qp) override {
+    return profile_.corrupt_ppm != 0 || inner_->icrc_needed(dst, dest_qp);
+  }
 
   // Sends every held-back datagram whose time has come (also done by every call above).
   void release_due();

@@ -81,6 +81,9 @@ struct RxDatagram {
   // GRO): `buffer` holds them back to back, each segment_bytes long except the last, which may
   // be shorter. Only an I/O that says so in rx_buffer_bytes() coalesces.
   size_t segment_bytes = 0;
+  // out: it crossed no link (a shared-memory ring, shm_packet_io.h), and a zero ICRC means its
+  // sender left it unsealed (PacketIo::icrc_needed); a socket's datagram is always sealed.
+  bool via_ring = false;
 };
 
 // Per-I/O counters, the same for every implementation.
@@ -115,6 +118,18 @@ class PacketIo {
   // source_port(source_port(p)) == source_port(p). A TxDatagram whose src_port is a port this
   // returns is never rejected for its port.
   virtual uint16_t source_port(uint16_t wanted) const { return wanted; }
+
+  // Whether a datagram to `dst` whose BTH DestQP is `dest_qp` must carry its ICRC: false only
+  // where it will cross no link (a shared-memory ring) and no layer on its way changes its bytes
+  // (a fault profile that corrupts). The sender then leaves the ICRC zero (unsealed), and the
+  // receiver's I/O marks it RxDatagram::via_ring. Asked on the I/O's thread just before the
+  // datagram is sent; a route that changes in between (a region that goes) sends it unsealed
+  // by UDP, where the receiver drops it as a bad packet.
+  virtual bool icrc_needed(const Endpoint& dst, uint32_t dest_qp) {
+    (void)dst;
+    (void)dest_qp;
+    return true;
+  }
 
   // Transmits one datagram. kRejected datagrams are dropped and counted, like a lost packet.
   virtual TxStatus send(const TxDatagram& d) = 0;

@@ -201,13 +201,34 @@ bool ShmPacketIo::local(const Address& a) {
   return yes;
 }
 
-ShmPacketIo::Peer* ShmPacketIo::route(const TxDatagram& d) {
-  const uint32_t qpn = dest_qp(d);
+// The peer whose ring takes a datagram for `dst` and `qpn`; null for the wrapped I/O, and with
+// *ask set when the range has no region yet (a local destination: route() asks urdmad for one).
+ShmPacketIo::Peer* ShmPacketIo::region_for(const Address& dst, uint32_t qpn, bool* ask) {
+  *ask = false;
   const uint32_t range = qpn >> kRangeShift;
   if (qpn == kMulticastQpn || range == 0 || range == own_range_) return nullptr;
   Peer* p = find(range);
-  if (p != nullptr) return !p->closing && local(d.dst.address) ? p : nullptr;
-  if (!want_ || !local(d.dst.address)) return nullptr;
+  if (p != nullptr) return !p->closing && local(dst) ? p : nullptr;
+  *ask = want_ && local(dst);
+  return nullptr;
+}
+
+bool ShmPacketIo::icrc_needed(const Endpoint& dst, uint32_t dest_qp) {
+  if (changed_.load(std::memory_order_acquire)) [[unlikely]]
+    take_changes();
+  bool ask = false;
+  const Peer* p = peers_.empty() ? nullptr : region_for(dst.address, dest_qp, &ask);
+  // A broken ring drops what is sent to it: sealed or not, nobody reads it.
+  if (p == nullptr) return inner_->icrc_needed(dst, dest_qp);
+  return false;
+}
+
+ShmPacketIo::Peer* ShmPacketIo::route(const TxDatagram& d) {
+  const uint32_t qpn = dest_qp(d);
+  bool ask = false;
+  Peer* p = region_for(d.dst.address, qpn, &ask);
+  if (p != nullptr || !ask) return p;
+  const uint32_t range = qpn >> kRangeShift;
   const uint64_t now = clock_.now_ns();
   auto it = std::find_if(asked_.begin(), asked_.end(), [&](const auto& a) { return a.first == range; });
   if (it != asked_.end() && now - it->second < kAskAgainNs) return nullptr;
@@ -350,6 +371,7 @@ size_t ShmPacketIo::recv_batch(std::span<RxDatagram> batch) {
       d.length = std::min(length, d.buffer.size());
       d.truncated = length > d.buffer.size();
       d.segment_bytes = 0;
+      d.via_ring = true;
       Address::Bytes a;
       std::memcpy(a.data(), r.src, a.size());
       d.src = Endpoint{Address(a), r.src_port};
@@ -377,7 +399,9 @@ size_t ShmPacketIo::recv_batch(std::span<RxDatagram> batch) {
   }
   udp_due_.store(false, std::memory_order_relaxed);
   last_udp_poll_ns_ = now;
-  return n + inner_->recv_batch(batch.subspan(n));
+  const size_t from_socket = inner_->recv_batch(batch.subspan(n));
+  for (size_t i = n; i < n + from_socket; ++i) batch[i].via_ring = false;
+  return n + from_socket;
 }
 
 IoCounters ShmPacketIo::counters() const {

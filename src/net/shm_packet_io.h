@@ -5,9 +5,10 @@
 //   Udp <- ShmPacketIo <- CaptureTap <- FaultyPacketIo <- engine    (packet_io_env.h)
 //
 // A datagram takes a ring when its destination address is one of this host's (IsLocal) and its
-// BTH DestQP lies in the QPN range of a peer slot this process has a region with (add_peer);
-// the engine neither knows nor cares: the datagram is the same, ICRC and all, and so is what
-// the receiver's engine is handed (source and destination endpoints as a socket reports them).
+// BTH DestQP lies in the QPN range of a peer slot this process has a region with (add_peer).
+// The datagram is the same but for its ICRC, which the engine leaves zero for one a ring will
+// take (icrc_needed: memory is no link); the receiver's engine is handed it as a socket's,
+// with the endpoints a socket reports, marked via_ring (a zero ICRC is then no bad one).
 // The capture tap and the fault profile sit above, so they see and act on both paths alike.
 //
 // REGIONS come from urdmad (daemon/protocol.h, kShmConnect / kShmOn): the first datagram for a
@@ -106,6 +107,9 @@ class ShmPacketIo final : public PacketIo {
   static constexpr size_t kMaxDoorbells = 8;
 
   uint16_t source_port(uint16_t wanted) const override { return inner_->source_port(wanted); }
+  // False for a datagram a ring will take: memory is no link, and the receiver's copy is the
+  // sender's bytes (RxDatagram::via_ring).
+  bool icrc_needed(const Endpoint& dst, uint32_t dest_qp) override;
   TxStatus send(const TxDatagram& d) override;
   size_t send_batch(std::span<const TxDatagram> batch) override;
   size_t recv_batch(std::span<RxDatagram> batch) override;
@@ -152,6 +156,7 @@ class ShmPacketIo final : public PacketIo {
   };
   // Where datagram `d` goes: a peer, or null for the wrapped I/O.
   Peer* route(const TxDatagram& d);
+  Peer* region_for(const Address& dst, uint32_t qpn, bool* ask);
   Peer* find(uint32_t range) const;
   bool local(const Address& a);
   // One datagram into its ring.

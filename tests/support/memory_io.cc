@@ -102,6 +102,7 @@ size_t MemoryIo::recv_batch(std::span<net::RxDatagram> batch) {
     slot.truncated = len < f->length;
     slot.src = f->src;
     slot.dst = f->dst;
+    slot.via_ring = as_ring;
     ++counters_.rx_datagrams;
     counters_.rx_bytes += len;
     if (slot.truncated) ++counters_.rx_truncated;

@@ -66,12 +66,16 @@ class MemoryIo final : public net::PacketIo {
   size_t pending() const { return count_; }
 
   // net::PacketIo.
+  // As a shared-memory ring (`as_ring`): what it sends goes unsealed, and what it receives is
+  // marked via_ring (net/packet_io.h).
+  bool icrc_needed(const net::Endpoint&, uint32_t) override { return !as_ring; }
   net::TxStatus send(const net::TxDatagram& d) override;
   size_t send_batch(std::span<const net::TxDatagram> batch) override;
   size_t recv_batch(std::span<net::RxDatagram> batch) override;
   int readable_fd() const override { return -1; }
   net::IoCounters counters() const override { return counters_; }
 
+  bool as_ring = false;
   // What was sent (recording mode), oldest first. Tests may clear it.
   std::vector<Sent> sent;
   // Called for every datagram send() accepts, while its iovecs are valid, with its bytes.

@@ -69,6 +69,38 @@ TEST_F(PipelineTest, BadIcrcIsDropped) {
   EXPECT_EQ(cqes().size(), 1u);
 }
 
+// A datagram that crosses a shared-memory ring goes unsealed (ICRC zero: net/packet_io.h,
+// icrc_needed), and one that came through a ring may be unsealed; from a socket, a zero ICRC
+// is a bad one. A ring's datagram with a wrong non-zero ICRC is still dropped (a fault
+// profile's flipped bit), and what the engine sends to a socket is sealed.
+TEST_F(PipelineTest, AnUnsealedDatagramIsAcceptedOnlyFromARingAndSentOnlyToOne) {
+  const auto send_psn = [&](uint32_t psn) {
+    auto pkt = send_only(qp_->qp_num());
+    wire::Bth(pkt.data()).set_psn(psn);
+    wire::Bth(pkt.data()).set_ack_req(1);
+    return pkt;
+  };
+  inject_raw(send_psn(0x200), false);  // from a socket
+  EXPECT_EQ(engine_.counters().drop_icrc, 1u);
+  expect_nothing_happened();
+  io_.as_ring = true;
+  auto flipped = send_psn(0x200);
+  net::seal_icrc(flipped, {kPeer, kPeerPort}, {kLocal, net::kRoceV2UdpPort});
+  flipped[12] ^= 0x01;  // the first payload byte: the ICRC no longer matches
+  inject_raw(flipped, false);
+  EXPECT_EQ(engine_.counters().drop_icrc, 2u);
+  expect_nothing_happened();
+  inject_raw(send_psn(0x200), false);  // unsealed, through a ring: accepted and ACKed unsealed
+  EXPECT_EQ(cqes().size(), 1u);
+  ASSERT_EQ(sent_count(), 1u);
+  EXPECT_EQ(wire::icrc_of(io_.sent[0].bytes), 0u);
+  io_.as_ring = false;
+  inject_raw(send_psn(0x201));  // sealed, from a socket: ACKed sealed
+  EXPECT_EQ(engine_.counters().drop_icrc, 2u);
+  ASSERT_EQ(sent_count(), 2u);
+  EXPECT_EQ(sent(1).opcode(), wire::op::kRcAck);  // sent() checks the ICRC against the flow
+}
+
 // IBA 10.9.3: a P_Key whose low 15 bits differ from the port's → dropped; 0x7FFF (limited
 // member of the default partition) matches our full-member 0xFFFF.
 TEST_F(PipelineTest, PkeyMismatchIsDropped) {

@@ -170,6 +170,27 @@ TEST_F(ShmPacketIoTest, EverythingElseGoesToTheSocketAndAMissingRegionIsAskedFor
   EXPECT_TRUE(receive_at_b().empty());
 }
 
+// A datagram a ring will take needs no ICRC (memory is no link); one for the socket does, and
+// so does everything while no region exists. What comes out of a ring is marked via_ring.
+TEST_F(ShmPacketIoTest, OnlyADatagramForARingGoesUnsealed) {
+  const Endpoint local{kLocal, kRoceV2UdpPort};
+  const uint32_t in_b = (kRangeB << 12) | 17;
+  EXPECT_TRUE(io_a_->icrc_needed(local, in_b));  // no region yet
+  connect();
+  EXPECT_FALSE(io_a_->icrc_needed(local, in_b));
+  EXPECT_TRUE(io_a_->icrc_needed({kRemote, kRoceV2UdpPort}, in_b));
+  EXPECT_TRUE(io_a_->icrc_needed(local, 0xFFFFFF));
+  EXPECT_TRUE(io_a_->icrc_needed(local, (kRangeA << 12) | 1));
+  EXPECT_TRUE(io_a_->icrc_needed(local, (70u << 12) | 5));
+  EXPECT_TRUE(wants_.empty()) << "a question is no send: urdmad is not asked";
+  ASSERT_EQ(send_from_a(packet_to(in_b, 100), kLocal), TxStatus::kSent);
+  std::vector<RxDatagram> rx;
+  ASSERT_EQ(receive_at_b(&rx).size(), 1u);
+  EXPECT_TRUE(rx[0].via_ring);
+  io_a_->remove_peer(kRangeB);
+  EXPECT_TRUE(io_a_->icrc_needed(local, in_b));  // closing: the socket takes it
+}
+
 TEST_F(ShmPacketIoTest, ABatchKeepsItsOrderAcrossBothPaths) {
   connect();
   std::vector<std::vector<uint8_t>> packets;
