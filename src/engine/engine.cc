@@ -135,6 +135,8 @@ uint64_t Engine::poll(bool hold_acks, bool receive) {
       if (e->epoch_waiters_.load(std::memory_order_seq_cst) != 0) e->turn_epoch_.notify_all();
     }
   } turn_end{this, outer};
+  // The turn's lookups share one hold of the MR table's lock (provider/mr_table.h).
+  const provider::MrTable::TurnHold mr_hold(device_.mr_table());
   ++turn_;
   run_commands();
   // Read before it is taken: an idle busy-poll turn pays no locked instruction for it. A

@@ -17,6 +17,12 @@
 namespace urdma::provider {
 namespace {
 
+// The table whose lock this thread's engine turn holds shared (MrTable::TurnHold), if any, and
+// whether the turn has taken the hold yet.
+thread_local const MrTable* t_turn_table = nullptr;
+thread_local bool t_turn_held = false;
+
+
 // The host address `offset` bytes into a region starting at `base`. An implicit ODP MR starts at
 // address 0 (base nullptr): the sum is taken on integers, where pointer arithmetic on a null
 // pointer would be undefined.
@@ -65,6 +71,81 @@ bool whole_address_space(const void* addr, uint64_t length) {
 }
 
 }  // namespace
+
+TableLock::TableLock() {
+  pthread_rwlockattr_t attr;
+  pthread_rwlockattr_init(&attr);
+  pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+  pthread_rwlock_init(&rw_, &attr);
+  pthread_rwlockattr_destroy(&attr);
+}
+
+TableLock::~TableLock() { pthread_rwlock_destroy(&rw_); }
+
+void TableLock::lock() {
+  base::check(pthread_rwlock_wrlock(&rw_) == 0, "MR table lock: wrlock failed");
+}
+void TableLock::unlock() { pthread_rwlock_unlock(&rw_); }
+void TableLock::lock_shared() {
+  base::check(pthread_rwlock_rdlock(&rw_) == 0, "MR table lock: rdlock failed");
+}
+void TableLock::unlock_shared() { pthread_rwlock_unlock(&rw_); }
+
+// Shared for one call, or the turn's hold (taken now if the turn has not yet).
+class MrTable::ReadGuard {
+ public:
+  explicit ReadGuard(const MrTable& t) : t_(t), own_(t_turn_table != &t) {
+    if (own_) {
+      t.mutex_.lock_shared();
+    } else if (!t_turn_held) {
+      t.mutex_.lock_shared();
+      t_turn_held = true;
+    }
+  }
+  ~ReadGuard() {
+    if (own_) t_.mutex_.unlock_shared();
+  }
+  ReadGuard(const ReadGuard&) = delete;
+  ReadGuard& operator=(const ReadGuard&) = delete;
+
+ private:
+  const MrTable& t_;
+  const bool own_;
+};
+
+// Exclusive for one call; a turn that holds the lock shared gives its hold back first.
+class MrTable::WriteGuard {
+ public:
+  explicit WriteGuard(const MrTable& t) : t_(t) {
+    if (t_turn_table == &t && t_turn_held) {
+      t.mutex_.unlock_shared();
+      t_turn_held = false;
+    }
+    t.mutex_.lock();
+  }
+  ~WriteGuard() { t_.mutex_.unlock(); }
+  WriteGuard(const WriteGuard&) = delete;
+  WriteGuard& operator=(const WriteGuard&) = delete;
+
+ private:
+  const MrTable& t_;
+};
+
+MrTable::TurnHold::TurnHold(const MrTable& table) : outer_(t_turn_table) {
+  if (outer_ == &table) return;  // a turn inside this table's turn: its hold serves both
+  if (outer_ != nullptr && t_turn_held) outer_->mutex_.unlock_shared();
+  t_turn_table = &table;
+  t_turn_held = false;
+}
+
+MrTable::TurnHold::~TurnHold() {
+  const MrTable* const mine = t_turn_table;
+  if (outer_ == mine) return;
+  if (t_turn_held) mine->mutex_.unlock_shared();
+  // The outer turn's hold, given back above, is taken again by its next lookup.
+  t_turn_table = outer_;
+  t_turn_held = false;
+}
 
 bool pages_accessible(const uint8_t* addr, uint64_t length, bool write) {
   if (length == 0) return true;
@@ -283,7 +364,7 @@ Result<Mr*> MrTable::reg(Pd* pd, void* addr, uint64_t length, uint64_t iova, int
   if (access & IBV_ACCESS_ZERO_BASED) iova = 0;
   if (wraps(iova, length)) return Status(EINVAL);
 
-  std::unique_lock lock(mutex_);
+  const WriteGuard lock(*this);
   if (free_mrs_.empty() && !grow(mrs_, max_mr_, 1, free_mrs_)) return Status(ENOMEM);
   if (!reserve_tag()) return Status(ENOMEM);
   Mr& mr = mrs_[take_free(free_mrs_) - 1];
@@ -317,7 +398,7 @@ Status MrTable::rereg(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, ui
   const bool new_access = flags & IBV_REREG_MR_CHANGE_ACCESS;
   if (new_pd && pd == nullptr) return Status(EINVAL);
 
-  std::unique_lock lock(mutex_);
+  const WriteGuard lock(*this);
   if (!mr->live_ || mr->on_dm_) return Status(EINVAL);
   const int next_access = new_access ? (access & ~kAccessOptional) : mr->access_;
   if (new_access) {
@@ -352,7 +433,7 @@ Status MrTable::rereg(Mr* mr, int flags, Pd* pd, void* addr, uint64_t length, ui
 
 Status MrTable::dereg(Mr* mr) {
   if (mr == nullptr) return Status(EINVAL);
-  std::unique_lock lock(mutex_);
+  const WriteGuard lock(*this);
   if (!mr->live_) return Status(EINVAL);
   // IBA 10.6.7.2.6; rxe_dereg_mr returns EINVAL while windows are bound.
   if (mr->bound_mws_ != 0) return Status(EINVAL);
@@ -366,14 +447,14 @@ Status MrTable::dereg(Mr* mr) {
 }
 
 Mr* MrTable::mr_by_handle(uint32_t handle) const {
-  std::shared_lock lock(mutex_);
+  const ReadGuard lock(*this);
   Mr* mr = mr_slot(handle);
   return mr != nullptr && mr->live_ ? mr : nullptr;
 }
 
 Status MrTable::advise_ranges(const Pd* pd, bool write, std::span<const ibv_sge> sges,
                               std::vector<std::span<uint8_t>>* out) const {
-  std::shared_lock lock(mutex_);
+  const ReadGuard lock(*this);
   for (const ibv_sge& sge : sges) {
     const KeyEntry* entry = find_tag(sge.lkey >> kKeyBits);
     const Mr* mr = entry != nullptr ? mr_slot(entry->handle) : nullptr;
@@ -390,7 +471,7 @@ Status MrTable::advise_ranges(const Pd* pd, bool write, std::span<const ibv_sge>
 Result<Mw*> MrTable::alloc_mw(Pd* pd, ibv_mw_type type) {
   if (pd == nullptr) return Status(EINVAL);
   if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) return Status(EINVAL);
-  std::unique_lock lock(mutex_);
+  const WriteGuard lock(*this);
   if (free_mws_.empty() && !grow(mws_, max_mw_, max_mr_ + 1, free_mws_)) return Status(ENOMEM);
   if (!reserve_tag()) return Status(ENOMEM);
   Mw& mw = mws_[take_free(free_mws_) - max_mr_ - 1];
@@ -425,7 +506,7 @@ void MrTable::unbind_locked(Mw& mw) {
 
 Status MrTable::dealloc_mw(Mw* mw) {
   if (mw == nullptr) return Status(EINVAL);
-  std::unique_lock lock(mutex_);
+  const WriteGuard lock(*this);
   if (!mw->live_) return Status(EINVAL);
   unbind_locked(*mw);
   erase_tag(mw->key_ >> kKeyBits);
@@ -438,20 +519,20 @@ Status MrTable::dealloc_mw(Mw* mw) {
 }
 
 Mw* MrTable::mw_by_handle(uint32_t handle) const {
-  std::shared_lock lock(mutex_);
+  const ReadGuard lock(*this);
   Mw* mw = mw_slot(handle);
   return mw != nullptr && mw->live_ ? mw : nullptr;
 }
 
 uint32_t MrTable::next_mw_rkey(const Mw* mw) {
-  std::unique_lock lock(mutex_);
+  const WriteGuard lock(*this);
   // ibv_inc_rkey(3) and IBA 10.6.7: a new key byte under the window's tag.
   return (mw->key_ & ~kKeyByteMask) | fresh_key_byte(static_cast<uint8_t>(mw->key_));
 }
 
 MemRef MrTable::lookup_local(uint32_t lkey, const Pd* pd, int access, uint64_t addr,
                              uint64_t length) const {
-  std::shared_lock lock(mutex_);
+  const ReadGuard lock(*this);
   const KeyEntry* entry = find_tag(lkey >> kKeyBits);
   if (entry == nullptr) return {nullptr, MemError::kBadKey};
   // An lkey only ever names an MR: MWs have no lkey (IBA 10.6.7).
@@ -468,7 +549,7 @@ MemRef MrTable::lookup_local(uint32_t lkey, const Pd* pd, int access, uint64_t a
 
 MemRef MrTable::lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int access, uint64_t va,
                               uint64_t length) const {
-  std::shared_lock lock(mutex_);
+  const ReadGuard lock(*this);
   const KeyEntry* entry = find_tag(rkey >> kKeyBits);
   if (entry == nullptr) return {nullptr, MemError::kBadKey};
   // IBA 10.6.3.1 / C9-94: R_Key must name a valid region in the QP's PD with the right rights.
@@ -500,7 +581,7 @@ MemRef MrTable::lookup_remote(uint32_t rkey, const Pd* pd, uint32_t qp_num, int 
 
 Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op) {
   URDMA_ASSERT_ENGINE_TURN();
-  std::unique_lock lock(mutex_);
+  const WriteGuard lock(*this);
   Mw* mw = mw_slot(op.mw_handle);
   if (mw == nullptr || !mw->live_) return Status(EINVAL);
   // IBA 10.6.7.2 (C10-72 for type 2, o10-36.2.x for type 1): the QP and MW share a PD.
@@ -552,7 +633,7 @@ Status MrTable::bind_mw_st(const Pd* qp_pd, uint32_t qp_num, const MwBindOp& op)
 
 Status MrTable::invalidate_st(uint32_t rkey, const Pd* qp_pd, uint32_t qp_num, bool remote) {
   URDMA_ASSERT_ENGINE_TURN();
-  std::unique_lock lock(mutex_);
+  const WriteGuard lock(*this);
   const KeyEntry* entry = find_tag(rkey >> kKeyBits);
   Mw* mw = entry != nullptr ? mw_slot(entry->handle) : nullptr;
   // MRs of this device are never invalidated by WR: only fast-register MRs could be, and the
@@ -569,7 +650,7 @@ Status MrTable::invalidate_st(uint32_t rkey, const Pd* qp_pd, uint32_t qp_num, b
 }
 
 void MrTable::unbind_qp_windows(uint32_t qp_num) {
-  std::unique_lock lock(mutex_);
+  const WriteGuard lock(*this);
   for (uint32_t i = 0; i < mws_.size(); ++i) {
     Mw& mw = mws_[i];
     if (mw.live_ && mw.bound_ && mw.type_ == IBV_MW_TYPE_2 && mw.qp_num_ == qp_num)

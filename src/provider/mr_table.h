@@ -43,18 +43,21 @@
 //   (bound by a BIND_MW WR to one QP, invalidated by LOCAL_INV or a remote SEND_WITH_INV).
 //   The bind itself executes on the engine thread in send-queue order (bind_mw_st), as rxe's
 //   requester does, so the rules of IBA 10.6.7.2 are checked there.
-// * Locking: one shared_mutex. Lookups (engine thread, frequent) share it; reg/rereg/dereg/
-//   alloc/dealloc/next_mw_rkey (application threads) and bind/invalidate (engine thread) take
-//   it exclusively; they alone draw random bits and change the key index.
+// * Locking: one reader-writer lock that prefers writers (TableLock). Lookups (engine thread,
+//   frequent) share it; reg/rereg/dereg/alloc/dealloc/next_mw_rkey (application threads) and
+//   bind/invalidate (engine thread) take it exclusively; they alone draw random bits and change
+//   the key index. An engine turn's lookups share one hold (TurnHold): the first takes it, the
+//   turn's end gives it back, and so does a change the turn makes itself. A waiting writer goes
+//   before the next turn's lookups, never after every turn to come.
 #pragma once
 
+#include <pthread.h>
 #include <sys/types.h>
 
 #include <array>
 #include <cstdint>
 #include <optional>
 #include <random>
-#include <shared_mutex>
 #include <span>
 #include <vector>
 
@@ -103,6 +106,24 @@ struct MemRef {
 };
 
 class MrTable;
+
+// A reader-writer lock that prefers writers (glibc's PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP):
+// a writer waits for the readers it found, and readers that come after it wait for it. Not
+// recursive: a thread must not take it shared twice (a waiting writer would block the second).
+class TableLock {
+ public:
+  TableLock();
+  ~TableLock();
+  TableLock(const TableLock&) = delete;
+  TableLock& operator=(const TableLock&) = delete;
+  void lock();
+  void unlock();
+  void lock_shared();
+  void unlock_shared();
+
+ private:
+  pthread_rwlock_t rw_;
+};
 
 // One cache line (64 bytes, aligned): the access check of a lookup reads one line of its region.
 class alignas(64) Mr {
@@ -251,6 +272,21 @@ class MrTable {
   uint32_t next_mw_rkey(const Mw* mw);
 
   // ---- engine thread ----
+  // Held by Engine::poll for its turn: the lookups this thread makes on `table` meanwhile share
+  // one hold of its lock, taken by the first of them and given back at the end, or before a
+  // change this thread makes (bind, invalidate). A hold for another table (a turn of another
+  // engine around this one) is given back first and taken again by its next lookup.
+  class TurnHold {
+   public:
+    explicit TurnHold(const MrTable& table);
+    ~TurnHold();
+    TurnHold(const TurnHold&) = delete;
+    TurnHold& operator=(const TurnHold&) = delete;
+
+   private:
+    const MrTable* outer_;
+  };
+
   // Local access through an lkey (requester SGEs, responder receive SGEs). `access` is
   // IBV_ACCESS_LOCAL_WRITE when the device writes the memory, 0 when it only reads.
   MemRef lookup_local(uint32_t lkey, const Pd* pd, int access, uint64_t addr,
@@ -301,7 +337,9 @@ class MrTable {
 
   const uint32_t max_mr_;
   const uint32_t max_mw_;
-  mutable std::shared_mutex mutex_;
+  class ReadGuard;
+  class WriteGuard;
+  mutable TableLock mutex_;
   SlotChunks<Mr> mrs_;              // index i at mrs_[i - 1]
   SlotChunks<Mw> mws_;              // index max_mr_ + 1 + j at mws_[j]
   std::vector<uint32_t> free_mrs_;  // a stack

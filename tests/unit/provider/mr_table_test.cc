@@ -5,10 +5,13 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <limits>
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -302,6 +305,67 @@ TEST_F(MrTest, ChurnKeepsTagsDistinctAndUniform) {
 // A seeded table (the simulation's key_seed) gives the same keys, bit for bit, through the same
 // registrations, deregistrations and window operations; another seed gives others, and so do
 // two unseeded tables (getrandom(2)).
+// An engine turn's lookups share one hold of the table's lock (MrTable::TurnHold). A change
+// made on the turn's own thread gives the hold back first instead of waiting for itself, and
+// the lookups after it take it again and see the change.
+TEST_F(MrTest, ATurnsOwnChangeDoesNotWaitForItsHold) {
+  Mr* mr = reg(kLw | kRw, addr());
+  {
+    const MrTable::TurnHold hold(table());
+    EXPECT_TRUE(table().lookup_remote(mr->rkey(), pd(), 1, kRw, addr(), 64).ok());
+    Result<Mw*> mw = table().alloc_mw(pd(), IBV_MW_TYPE_2);  // exclusive, on this thread
+    ASSERT_TRUE(mw.ok());
+    EXPECT_EQ(table().mw_by_handle(mw.value()->handle()), mw.value());
+    EXPECT_TRUE(table().lookup_local(mr->lkey(), pd(), kLw, addr(), 64).ok());
+    EXPECT_EQ(table().dealloc_mw(mw.value()), kOk);
+  }
+  EXPECT_EQ(table().dereg(mr), kOk);  // the hold ended with the turn
+}
+
+// A registration on another thread waits for the running turn's hold (one hold for all of the
+// turn's lookups), and a thread that takes turns back to back, each with a lookup, does not
+// starve registrations.
+TEST_F(MrTest, ARegistrationWaitsForTheRunningTurnOnlyAndIsNotStarved) {
+  Mr* mr = reg(kLw | kRw, addr());
+  std::atomic<bool> holding{false}, release{false}, registered{false}, stop{false};
+  std::thread turn([&] {
+    const MrTable::TurnHold hold(table());
+    EXPECT_TRUE(table().lookup_remote(mr->rkey(), pd(), 1, kRw, addr(), 64).ok());
+    holding = true;
+    while (!release) std::this_thread::yield();
+  });
+  while (!holding) std::this_thread::yield();
+  std::thread writer([&] {
+    std::vector<uint8_t> other(4096);
+    EXPECT_TRUE(dev_.reg_mr(pd(), other.data(), other.size(), 0, kLw).ok());
+    registered = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(registered) << "a registration went through a turn's hold";
+  release = true;
+  turn.join();
+  writer.join();
+  EXPECT_TRUE(registered);
+  // Turns back to back on one thread, each holding the lock 100 us after its lookup: the
+  // registrations on another thread still finish, each after the turn it found.
+  std::thread poller([&] {
+    while (!stop) {
+      const MrTable::TurnHold hold(table());
+      EXPECT_TRUE(table().lookup_local(mr->lkey(), pd(), kLw, addr(), 64).ok());
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    }
+  });
+  std::vector<std::vector<uint8_t>> bufs(100, std::vector<uint8_t>(64));
+  const auto start = std::chrono::steady_clock::now();
+  for (auto& b : bufs) EXPECT_TRUE(dev_.reg_mr(pd(), b.data(), b.size(), 0, kLw).ok());
+  const auto took = std::chrono::steady_clock::now() - start;
+  stop = true;
+  poller.join();
+  EXPECT_LT(took, std::chrono::seconds(10)) << "registrations starved behind back-to-back turns";
+}
+
 TEST(MrTableKeys, SeededTablesRepeatTheirKeysUnseededOnesDoNot) {
   const auto keys = [](std::optional<uint64_t> seed) {
     MrTable t(kLimits.max_mr, kLimits.max_mw, seed);
