@@ -22,7 +22,6 @@ namespace {
 thread_local const MrTable* t_turn_table = nullptr;
 thread_local bool t_turn_held = false;
 
-
 // The host address `offset` bytes into a region starting at `base`. An implicit ODP MR starts at
 // address 0 (base nullptr): the sum is taken on integers, where pointer arithmetic on a null
 // pointer would be undefined.
