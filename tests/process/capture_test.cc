@@ -22,7 +22,7 @@
 namespace urdma::process_test {
 namespace {
 
-constexpr int kIters = 50;
+constexpr int kIters = 1000;  // long enough that the region, made ~1 ms in, carries most
 constexpr int kSize = 1024;  // one RC SEND Only each way per iteration (MTU 1024)
 
 std::string tool() {
