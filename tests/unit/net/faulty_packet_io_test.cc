@@ -47,8 +47,11 @@ class RecordingIo final : public PacketIo {
   int readable_fd() const override { return -1; }
   IoCounters counters() const override { return {}; }
   uint16_t source_port(uint16_t wanted) const override { return wanted | 1; }
+  // As a shared-memory ring would answer (shm_packet_io.h), when `ring` is set.
+  bool icrc_needed(const Endpoint&, uint32_t) override { return !ring; }
 
   std::vector<Sent> sent;
+  bool ring = false;
   std::vector<Sent>* log = nullptr;  // a copy of `sent` that outlives this object
   bool block = false;
 };
@@ -134,6 +137,23 @@ TEST(FaultProfileTest, MalformedProfilesAreErrorsNamingTheItem) {
 
 // 100,000 datagrams under the documented profile (no delay, so time does not move): the counts
 // are exact for the seed, and each lies within 5 standard deviations of its binomial mean.
+// A profile that corrupts needs every ICRC (the receiver finds the flipped bit by it), even for
+// a datagram a ring below would take unsealed; any other profile answers as the I/O below.
+TEST(FaultyPacketIoTest, AProfileThatCorruptsNeedsEveryIcrc) {
+  const Endpoint dst{Address::from_v4(10, 0, 0, 2), kRoceV2UdpPort};
+  FaultProfile lossy;
+  lossy.loss_ppm = 10'000;
+  Rig plain(lossy);
+  EXPECT_TRUE(plain.io->icrc_needed(dst, 0x1001));
+  plain.inner->ring = true;
+  EXPECT_FALSE(plain.io->icrc_needed(dst, 0x1001));
+  FaultProfile corrupting = lossy;
+  corrupting.corrupt_ppm = 1;
+  Rig corrupt(corrupting);
+  corrupt.inner->ring = true;
+  EXPECT_TRUE(corrupt.io->icrc_needed(dst, 0x1001));
+}
+
 TEST(FaultyPacketIoTest, CountsForAFixedSeedAreExactAndPlausible) {
   FaultProfile p;
   p.seed = 1;

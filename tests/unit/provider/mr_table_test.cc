@@ -323,11 +323,11 @@ TEST_F(MrTest, ATurnsOwnChangeDoesNotWaitForItsHold) {
 }
 
 // A registration on another thread waits for the running turn's hold (one hold for all of the
-// turn's lookups), and a thread that takes turns back to back, each with a lookup, does not
-// starve registrations.
-TEST_F(MrTest, ARegistrationWaitsForTheRunningTurnOnlyAndIsNotStarved) {
+// turn's lookups), and a lookup that comes after the waiting registration waits for it: the
+// lock prefers writers, so turns that follow each other cannot keep a registration out.
+TEST_F(MrTest, ARegistrationWaitsForTheRunningTurnAndGoesBeforeLaterLookups) {
   Mr* mr = reg(kLw | kRw, addr());
-  std::atomic<bool> holding{false}, release{false}, registered{false}, stop{false};
+  std::atomic<bool> holding{false}, release{false}, registered{false}, looked_up{false};
   std::thread turn([&] {
     const MrTable::TurnHold hold(table());
     EXPECT_TRUE(table().lookup_remote(mr->rkey(), pd(), 1, kRw, addr(), 64).ok());
@@ -335,35 +335,25 @@ TEST_F(MrTest, ARegistrationWaitsForTheRunningTurnOnlyAndIsNotStarved) {
     while (!release) std::this_thread::yield();
   });
   while (!holding) std::this_thread::yield();
+  std::vector<uint8_t> other(4096);
   std::thread writer([&] {
-    std::vector<uint8_t> other(4096);
     EXPECT_TRUE(dev_.reg_mr(pd(), other.data(), other.size(), 0, kLw).ok());
     registered = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::thread later([&] {
+    EXPECT_TRUE(table().lookup_local(mr->lkey(), pd(), kLw, addr(), 64).ok());
+    looked_up = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(registered) << "a registration went through a turn's hold";
+  EXPECT_FALSE(looked_up) << "a lookup went past a waiting registration";
   release = true;
   turn.join();
   writer.join();
+  later.join();
   EXPECT_TRUE(registered);
-  // Turns back to back on one thread, each holding the lock 100 us after its lookup: the
-  // registrations on another thread still finish, each after the turn it found.
-  std::thread poller([&] {
-    while (!stop) {
-      const MrTable::TurnHold hold(table());
-      EXPECT_TRUE(table().lookup_local(mr->lkey(), pd(), kLw, addr(), 64).ok());
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
-      while (std::chrono::steady_clock::now() < until) {
-      }
-    }
-  });
-  std::vector<std::vector<uint8_t>> bufs(100, std::vector<uint8_t>(64));
-  const auto start = std::chrono::steady_clock::now();
-  for (auto& b : bufs) EXPECT_TRUE(dev_.reg_mr(pd(), b.data(), b.size(), 0, kLw).ok());
-  const auto took = std::chrono::steady_clock::now() - start;
-  stop = true;
-  poller.join();
-  EXPECT_LT(took, std::chrono::seconds(10)) << "registrations starved behind back-to-back turns";
+  EXPECT_TRUE(looked_up);
 }
 
 TEST(MrTableKeys, SeededTablesRepeatTheirKeysUnseededOnesDoNot) {
