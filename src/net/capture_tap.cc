@@ -4,33 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
-#include <optional>
 
 #include "net/icrc_flow.h"
 #include "wire/icrc.h"
 
 namespace urdma::net {
 namespace {
-
-// `payload` without its last `trim` bytes, as pieces for the ICRC; how many (0: too short).
-size_t pieces_before(std::span<const iovec> payload, size_t trim,
-                     std::array<std::span<const uint8_t>, kMaxTxIov>& pieces) {
-  size_t total = 0;
-  for (const iovec& v : payload) total += v.iov_len;
-  if (total < trim || payload.size() > kMaxTxIov) return 0;
-  size_t keep = total - trim, n = 0;
-  for (const iovec& v : payload) {
-    if (keep == 0) break;
-    const size_t take = std::min(keep, v.iov_len);
-    pieces[n++] = {static_cast<const uint8_t*>(v.iov_base), take};
-    keep -= take;
-  }
-  return n;
-}
 
 // Whether the last kIcrcBytes of `payload` are zero: an unsealed datagram (packet_io.h).
 bool unsealed(std::span<const iovec> payload, size_t length) {
@@ -130,20 +112,17 @@ void CaptureTap::write(CaptureDirection direction, const Endpoint& src, const En
   for (const iovec& v : payload) length += v.iov_len;
   // An unsealed datagram (it crossed or crosses a shared-memory ring) is recorded with the ICRC
   // it would have had on a wire: a capture reads as one.
-  std::array<iovec, kMaxTxIov + 1> sealed;
-  std::array<uint8_t, wire::kIcrcBytes> icrc_bytes{};
+  iovec sealed{};
   if (!truncated && unsealed(payload, length)) {
-    std::array<std::span<const uint8_t>, kMaxTxIov> pieces;
-    const size_t n = pieces_before(payload, wire::kIcrcBytes, pieces);
-    std::optional<uint32_t> icrc;
-    if (n > 0 && n < kMaxTxIov)
-      icrc = icrc_for(src, dst, std::span<const std::span<const uint8_t>>(pieces.data(), n));
-    if (icrc) {
-      wire::store_icrc(icrc_bytes, *icrc);
-      for (size_t i = 0; i < n; ++i)
-        sealed[i] = iovec{const_cast<uint8_t*>(pieces[i].data()), pieces[i].size()};
-      sealed[n] = iovec{icrc_bytes.data(), icrc_bytes.size()};
-      payload = std::span<const iovec>(sealed.data(), n + 1);
+    sealed_.resize(length);
+    size_t at = 0;
+    for (const iovec& v : payload) {
+      std::memcpy(sealed_.data() + at, v.iov_base, v.iov_len);
+      at += v.iov_len;
+    }
+    if (seal_icrc(sealed_, src, dst)) {
+      sealed = iovec{sealed_.data(), sealed_.size()};
+      payload = std::span<const iovec>(&sealed, 1);
     }
   }
   CaptureRecord r = make_capture_record(direction, src, dst, traffic_class, hop_limit, pid_,

@@ -139,6 +139,7 @@ class CaptureTap final : public PacketIo {
   std::vector<Sink> added_;  // under mu_
   // The I/O thread's.
   std::vector<Sink> sinks_;
+  std::vector<uint8_t> sealed_;  // the I/O thread's: an unsealed datagram's record, sealed
   CaptureTapCounters tap_;
 };
 
