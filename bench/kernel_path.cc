@@ -4,7 +4,7 @@
 // says why urdma's own share of a hop costs what it does here (docs/PERFORMANCE.md, "Pages
 // after a syscall").
 //
-//   build-bench/bench/urdma_kernel_path_bench [--rounds N]
+//   build-bench/bench/urdma_kernel_path_bench [--rounds N] [--sleeping]
 //
 // Rows:
 //  * a syscall that does nothing (getppid), and an empty recv(MSG_DONTWAIT) on a UDP socket;
@@ -21,10 +21,19 @@
 //    of one waiting datagram that goes back to the socket for a second), and through io_uring
 //    (send and recv submitted together) spinning on io_uring_get_events with
 //    IORING_SETUP_DEFER_TASKRUN. Then, each alone after the recv spin, the io_uring ways:
-//    spinning on the completion ring in user space, and DEFER_TASKRUN again.
+//    spinning on the completion ring in user space, and DEFER_TASKRUN again;
+//  * sleeping ping-pongs (--sleeping: only these): both sides block between hops. UDP's send +
+//    blocking recv (qperf's udp_lat, the limit of rc_lat with events) interleaved with an
+//    eventfd's write + poll + read, the same with the fcntl and the epoll_ctl pair a completion
+//    channel's wait adds in urdma, and a futex's wake + wait.
 // A benchmark, not a test: nothing here asserts a speed.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/futex.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -36,6 +45,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -43,6 +53,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -508,20 +519,174 @@ void ping_pong_rows(int rounds) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Sleeping ping-pongs: both sides block between hops, as qperf's udp_lat does and as a thread
+// blocked in ibv_get_cq_event does. The UDP row is the limit of `rc_lat` with events; the
+// others are the least a completion channel's wait can cost over shared memory, each way with
+// the syscalls it adds (docs/PERFORMANCE.md, "A wait for a completion event").
+
+enum class Sleep { kUdp, kEventfd, kEventfdFcntl, kEventfdSteered, kFutex };
+
+const char* sleep_name(Sleep s) {
+  switch (s) {
+    case Sleep::kUdp:
+      return "UDP: send + blocking recv (qperf udp_lat)";
+    case Sleep::kEventfd:
+      return "eventfd: write the peer's, poll + read own";
+    case Sleep::kEventfdFcntl:
+      return "eventfd, + fcntl(F_GETFL) per wait";
+    case Sleep::kEventfdSteered:
+      return "eventfd, + fcntl + epoll_ctl DEL/ADD per wait";
+    case Sleep::kFutex:
+      return "futex: FUTEX_WAKE the peer's word, FUTEX_WAIT";
+  }
+  return "";
+}
+
+// What both processes share: eventfds, futex words (in a MAP_SHARED page), a UDP pair, and
+// an epoll set per side holding that side's socket (the set a wait steers the socket out of).
+struct SleepShared {
+  int udp[2];
+  int efd[2];
+  int epfd[2];
+  std::atomic<uint32_t>* word[2];
+};
+
+long futex(std::atomic<uint32_t>* w, int op, uint32_t v) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), op, v, nullptr, nullptr, 0);
+}
+
+// Side `me` waits for the peer's hop, then hops (sends/wakes) unless `send` is false.
+void sleep_hop(const SleepShared& sh, int me, Sleep s, bool wait, bool send) {
+  const int peer = 1 - me;
+  char buf[64];
+  uint64_t one = 1;
+  if (wait) {
+    switch (s) {
+      case Sleep::kUdp:
+        if (recv(sh.udp[me], buf, sizeof buf, 0) < 0) die("recv");
+        break;
+      case Sleep::kEventfdSteered:
+        if (epoll_ctl(sh.epfd[me], EPOLL_CTL_DEL, sh.udp[me], nullptr) != 0) die("epoll_ctl");
+        [[fallthrough]];
+      case Sleep::kEventfdFcntl:
+        if (fcntl(sh.efd[me], F_GETFL) < 0) die("fcntl");
+        [[fallthrough]];
+      case Sleep::kEventfd: {
+        pollfd p{sh.efd[me], POLLIN, 0};
+        if (poll(&p, 1, -1) != 1) die("poll");
+        if (read(sh.efd[me], &one, sizeof one) != sizeof one) die("read");
+        if (s == Sleep::kEventfdSteered) {
+          epoll_event ev{};
+          ev.events = EPOLLIN;
+          if (epoll_ctl(sh.epfd[me], EPOLL_CTL_ADD, sh.udp[me], &ev) != 0) die("epoll_ctl");
+        }
+        break;
+      }
+      case Sleep::kFutex:
+        while (sh.word[me]->load(std::memory_order_acquire) == 0) futex(sh.word[me], FUTEX_WAIT, 0);
+        sh.word[me]->store(0, std::memory_order_relaxed);
+        break;
+    }
+  }
+  if (!send) return;
+  one = 1;
+  switch (s) {
+    case Sleep::kUdp:
+      if (::send(sh.udp[me], buf, kPingBytes, 0) != kPingBytes) die("send");
+      break;
+    case Sleep::kFutex:
+      sh.word[peer]->store(1, std::memory_order_release);
+      futex(sh.word[peer], FUTEX_WAKE, 1);
+      break;
+    default:
+      if (write(sh.efd[peer], &one, sizeof one) != sizeof one) die("write");
+      break;
+  }
+}
+
+// Interleaved blocks of 1,000 rounds of each way over the same processes; prints each way's
+// median one-way and its median ratio to the UDP way of the same block.
+void sleeping_rows(int rounds) {
+  const std::vector<Sleep> ways = {Sleep::kUdp, Sleep::kEventfd, Sleep::kEventfdFcntl,
+                                   Sleep::kEventfdSteered, Sleep::kFutex};
+  SleepShared sh{};
+  socket_pair(sh.udp);
+  void* page = mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) die("mmap");
+  for (int i = 0; i < 2; ++i) {
+    sh.efd[i] = eventfd(0, 0);
+    sh.epfd[i] = epoll_create1(0);
+    if (sh.efd[i] < 0 || sh.epfd[i] < 0) die("eventfd/epoll_create1");
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    if (epoll_ctl(sh.epfd[i], EPOLL_CTL_ADD, sh.udp[i], &ev) != 0) die("epoll_ctl");
+    // A cache line each, 64 bytes apart.
+    sh.word[i] = new (static_cast<char*>(page) + i * kLine) std::atomic<uint32_t>(0);
+  }
+  const size_t kN = ways.size();
+  constexpr int kPer = 1000;
+  const int blocks = std::max(rounds / kPer / static_cast<int>(kN), 5);
+  const pid_t pid = fork();
+  if (pid < 0) die("fork");
+  if (pid == 0) {  // B: answers every hop, block by block
+    for (int b = 0; b < blocks; ++b)
+      for (Sleep s : ways)
+        for (int i = 0; i < kPer; ++i) sleep_hop(sh, 1, s, /*wait=*/true, /*send=*/true);
+    _exit(0);
+  }
+  std::vector<std::vector<double>> us(kN), ratio(kN);
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<double> block_us(kN);
+    for (size_t k = 0; k < kN; ++k) {
+      std::vector<double> rtt(kPer);
+      for (double& t : rtt) {
+        const auto t0 = Clock::now();
+        sleep_hop(sh, 0, ways[k], /*wait=*/false, /*send=*/true);
+        sleep_hop(sh, 0, ways[k], /*wait=*/true, /*send=*/false);
+        t = ns_since(t0);
+      }
+      block_us[k] = median(rtt) / 2 / 1000;
+      us[k].push_back(block_us[k]);
+    }
+    for (size_t k = 0; k < kN; ++k) ratio[k].push_back(block_us[k] / block_us[0]);
+  }
+  reap(pid);
+  std::printf("\n%-52s %12s %8s\n", "sleeping ping-pong 8 B, interleaved blocks of 1000 rounds",
+              "one-way med", "ratio");
+  for (size_t k = 0; k < kN; ++k)
+    std::printf("%-52s %9.2f us %8.3f\n", sleep_name(ways[k]), median(us[k]), median(ratio[k]));
+  std::printf("(%d blocks of each)\n", blocks);
+  for (int i = 0; i < 2; ++i) {
+    close(sh.udp[i]);
+    close(sh.efd[i]);
+    close(sh.epfd[i]);
+  }
+  munmap(page, kPage);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int rounds = 20000;
+  bool sleeping_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
       rounds = std::max(100, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--sleeping") == 0) {
+      sleeping_only = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--rounds N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--rounds N] [--sleeping]\n", argv[0]);
       return 2;
     }
+  }
+  if (sleeping_only) {
+    sleeping_rows(rounds);
+    return 0;
   }
   pages_rows();
   interleaved_rows(rounds * 4);
   ping_pong_rows(rounds);
+  sleeping_rows(rounds);
   return 0;
 }
