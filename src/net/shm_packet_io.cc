@@ -475,11 +475,13 @@ void ShmPacketIo::disarm_wakeup(bool readable) {
 
 // A producer writes the doorbell once per arming (it takes the ring's wake flag): when two
 // threads sleep armed and one wakes, reads the doorbell and takes a turn, the other sleeps on
-// with its flags taken and is woken by nothing that comes later.
+// with its flags taken and is woken by nothing that comes later. The waker may also have read
+// the doorbell add_peer rang and left without a turn (its event came): the region waits in
+// changes_, and its peer writes to a ring nobody here reads or arms until a turn takes it.
 void ShmPacketIo::rearm_wakeup() {
   std::lock_guard lock(mu_);
   if (armed_ == 0) return;
-  bool waiting = false;
+  bool waiting = !changes_.empty();
   for (const auto& p : peers_) {
     if (p->dropping.load(std::memory_order_relaxed)) continue;
     if (!p->rx->arm()) waiting = true;

@@ -383,6 +383,25 @@ TEST_F(ShmPacketIoTest, ASleeperWhoseWakeAnotherTookIsWokenByTheNextRecord) {
   EXPECT_EQ(receive_at_b().size(), 1u);
 }
 
+// The same two sleepers, and a region handed over while both sleep: the application thread
+// wakes on add_peer's doorbell, reads it, and returns without a turn (its own event came). The
+// region is not taken yet, so the engine thread's flags do not cover its ring: rearm_wakeup
+// wakes the engine thread to take it, or the peer's records would wait for the next verb.
+TEST_F(ShmPacketIoTest, ARegionAWakerLeftUntakenWakesTheOtherSleeper) {
+  pollfd p{io_b_->readable_fd(), POLLIN, 0};
+  ASSERT_TRUE(io_b_->arm_wakeup());  // the engine thread
+  ASSERT_TRUE(io_b_->arm_wakeup());  // a waiting application thread
+  ASSERT_EQ(io_b_->add_peer(kRangeA, 1, sealed_region(), dup(bell_a_)), 0);
+  EXPECT_EQ(poll(&p, 1, 0), 1);
+  io_b_->disarm_wakeup(true);  // the application thread wakes and reads the doorbell
+  EXPECT_EQ(poll(&p, 1, 0), 0);
+  io_b_->rearm_wakeup();  // and leaves with its event, taking no turn
+  EXPECT_EQ(poll(&p, 1, 0), 1) << "the region waits for a turn and nobody is woken for it";
+  io_b_->disarm_wakeup(true);  // the engine thread wakes
+  EXPECT_TRUE(receive_at_b().empty());
+  EXPECT_EQ(io_b_->peers(), 1u);
+}
+
 TEST_F(ShmPacketIoTest, AWatchedSocketIsReadWhenItsWatcherSaysSo) {
   connect();
   std::vector<RxDatagram> rx;
