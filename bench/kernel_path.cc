@@ -25,7 +25,8 @@
 //  * sleeping ping-pongs (--sleeping: only these): both sides block between hops. UDP's send +
 //    blocking recv (qperf's udp_lat, the limit of rc_lat with events) interleaved with an
 //    eventfd's write + poll + read, the same with the fcntl and the epoll_ctl pair a completion
-//    channel's wait adds in urdma, and a futex's wake + wait.
+//    channel's wait adds in urdma, and a futex's wake + wait; and what timerfd_settime costs
+//    for a timer 50 us ahead (armed, then disarmed) and for one a second ahead.
 // A benchmark, not a test: nothing here asserts a speed.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -37,6 +38,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,6 +54,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <new>
 #include <random>
@@ -605,6 +608,49 @@ void sleep_hop(const SleepShared& sh, int me, Sleep s, bool wait, bool send) {
   }
 }
 
+// What a timerfd_settime costs: arming a timer 50 us ahead (the CPU's earliest timer, which the
+// kernel programs into the clock device: on a VM, an exit or a hypercall), disarming it again,
+// and arming one a second ahead (behind an earlier timer: nothing to program). An ACK held for
+// a reply behind a timer pays the first two per reply (docs/PERFORMANCE.md, "A wait for a
+// completion event").
+void timer_rows() {
+  const int fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
+  if (fd < 0) die("timerfd_create");
+  auto at = [](uint64_t ns) {
+    itimerspec its{};
+    its.it_value.tv_sec = static_cast<time_t>(ns / 1'000'000'000);
+    its.it_value.tv_nsec = static_cast<long>(ns % 1'000'000'000);
+    return its;
+  };
+  auto now_ns = [] {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000 + static_cast<uint64_t>(t.tv_nsec);
+  };
+  constexpr int kRounds = 20000;
+  std::vector<double> near(kRounds), off(kRounds), far(kRounds);
+  const itimerspec none{};
+  for (int i = 0; i < kRounds; ++i) {
+    auto t0 = Clock::now();
+    itimerspec its = at(now_ns() + 50'000);
+    if (timerfd_settime(fd, TFD_TIMER_ABSTIME, &its, nullptr) != 0) die("timerfd_settime");
+    near[i] = ns_since(t0);
+    t0 = Clock::now();
+    timerfd_settime(fd, 0, &none, nullptr);
+    off[i] = ns_since(t0);
+    t0 = Clock::now();
+    its = at(now_ns() + 1'000'000'000);
+    timerfd_settime(fd, TFD_TIMER_ABSTIME, &its, nullptr);
+    far[i] = ns_since(t0);
+    timerfd_settime(fd, 0, &none, nullptr);
+  }
+  close(fd);
+  std::printf("\n%-52s %12s\n", "timerfd_settime, median of 20000", "");
+  std::printf("%-52s %9.0f ns\n", "arm 50 us ahead (the earliest timer)", median(near));
+  std::printf("%-52s %9.0f ns\n", "disarm it", median(off));
+  std::printf("%-52s %9.0f ns\n", "arm 1 s ahead (behind earlier timers)", median(far));
+}
+
 // Interleaved blocks of 1,000 rounds of each way over the same processes; prints each way's
 // median one-way and its median ratio to the UDP way of the same block.
 void sleeping_rows(int rounds) {
@@ -682,11 +728,13 @@ int main(int argc, char** argv) {
   }
   if (sleeping_only) {
     sleeping_rows(rounds);
+    timer_rows();
     return 0;
   }
   pages_rows();
   interleaved_rows(rounds * 4);
   ping_pong_rows(rounds);
   sleeping_rows(rounds);
+  timer_rows();
   return 0;
 }
