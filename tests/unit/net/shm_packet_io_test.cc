@@ -4,7 +4,9 @@
 // else (a remote address, the multicast QPN, its own range, a range with no region) goes to
 // the socket, and the last asks for a region once per kAskAgainNs; a full ring blocks, then
 // drops once it has been full for kStuckNs; a sleeping peer is woken through its doorbell, and
-// a sleeping thread by a region handed over; a region that is not sealed is refused; remove_peer sends the peer's datagrams to the socket.
+// a sleeping thread by a region handed over, also when another thread took that wake-up and
+// left the region untaken; a region that is not sealed is refused; remove_peer sends the
+// peer's datagrams to the socket.
 #include "net/shm_packet_io.h"
 
 #include <gtest/gtest.h>
