@@ -393,7 +393,10 @@ size_t ShmPacketIo::recv_batch(std::span<RxDatagram> batch) {
   const uint64_t now = count > 0 ? clock_.now_ns() : 0;
   const uint64_t interval =
       socket_watched_.load(std::memory_order_relaxed) ? kUdpWatchedPollNs : kUdpPollNs;
-  if (count > 0 && !udp_due_.load(std::memory_order_relaxed) && now - last_udp_poll_ns_ < interval) {
+  const bool rang = rang_awake_.load(std::memory_order_relaxed);
+  if (rang) rang_awake_.store(false, std::memory_order_relaxed);
+  if (count > 0 && !udp_due_.load(std::memory_order_relaxed) &&
+      now - last_udp_poll_ns_ < (rang ? kUdpWatchedPollNs : interval)) {
     ++shm_.udp_polls_skipped;
     return n;
   }
@@ -499,10 +502,14 @@ void ShmPacketIo::woke_readable() {
 // mu_ held: a thread woke. The doorbell is read at once: left counted, it keeps readable_fd()
 // readable, and the epoll set of the runtime's engine thread — which gets the fd back when a
 // waiting application thread is done (runtime.cc, Watch) — would wake that thread for records
-// the waiter's own turn takes. A doorbell that had rung says a ring woke the thread; otherwise
-// the socket did (or a timer, a post), and it is read on the next receive.
+// the waiter's own turn takes. A doorbell that had rung says a ring woke the thread, and the
+// next receive leaves the socket alone (shm_packet_io.h, RECEIVE); otherwise the socket did (or
+// a timer, a post), and it is read on the next receive.
 void ShmPacketIo::woke() {
-  if (!take_doorbell()) udp_due_.store(true, std::memory_order_relaxed);
+  if (take_doorbell())
+    rang_awake_.store(true, std::memory_order_relaxed);
+  else
+    udp_due_.store(true, std::memory_order_relaxed);
 }
 
 void ShmPacketIo::watch_writable(bool on) {

@@ -16,14 +16,18 @@
 // thread; the runtime asks urdmad on another thread and calls add_peer when the answer comes).
 // A range urdmad refused is asked again only after kAskAgainNs.
 //
-// RECEIVE copies each record out of the ring into the caller's buffer before anything looks at
-// it (shm_ring.h: nothing in the region is trusted). The UDP socket is read too, but while
-// regions exist at most every kUdpPollNs on a busy path (each read is a syscall, and on these
-// VMs a syscall costs more than a ring's whole round trip), and on the first receive after a
-// sleep that the doorbell did not end (disarm): a datagram that woke the process is read at
-// once. While another thread sleeps on readable_fd() for it (watch_socket: the runtime's engine
-// thread napping beside a busy poller), the socket is read when that thread says it became
-// readable (woke_readable), and otherwise at most every kUdpWatchedPollNs.
+// RECEIVE copies each record out of the ring into the caller's buffer before anything looks at it
+// (shm_ring.h: nothing in the region is trusted). The UDP socket is read too, but while regions
+// exist at most every kUdpPollNs on a busy path (each read is a syscall, and on these VMs a
+// syscall costs more than a ring's whole round trip), and on the first receive after a sleep that
+// the doorbell did not end (disarm): a datagram that woke the process is read at once. After a
+// sleep the doorbell ended, the first receive leaves the socket alone unless it was last read
+// kUdpWatchedPollNs ago: a datagram there keeps readable_fd() readable, so the next sleep ends at
+// once without the doorbell and reads it, and a conversation over a ring, whose every hop is such
+// a wake-up, makes no read of an empty socket on each. While another thread sleeps on
+// readable_fd() for it (watch_socket: the runtime's engine thread napping beside a busy poller),
+// the socket is read when that thread says it became readable (woke_readable), and otherwise at
+// most every kUdpWatchedPollNs.
 //
 // SLEEPING: readable_fd() is an epoll set of the wrapped I/O's fd and this process's doorbell;
 // a thread about to sleep on it calls arm_wakeup() first (false: records wait, do not sleep)
@@ -188,6 +192,7 @@ class ShmPacketIo final : public PacketIo {
   unsigned armed_ = 0;  // under mu_: threads between arm_wakeup and disarm_wakeup
   bool rung_maybe_ = false;  // under mu_: a ring was armed since the doorbell was last read
   std::atomic<bool> udp_due_{true};
+  std::atomic<bool> rang_awake_{false};  // the doorbell ended a sleep: skip the socket once
   std::atomic<bool> socket_watched_{false};
 
   // The I/O thread's.

@@ -343,6 +343,23 @@ TEST_F(ShmPacketIoTest, TheSocketIsReadAfterASleepAndNotOnEveryBusyTurn) {
   io_b_->disarm_wakeup(false);  // woke by something else (a timer): the set was not readable
   receive_at_b(&rx);
   EXPECT_EQ(sock_b_->recvs, 3);
+  // Woken by A's doorbell, after the busy path's interval: the ring's record is taken and the
+  // socket left alone — a datagram there would end the next sleep at once.
+  clock_.advance(10 * ShmPacketIo::kUdpPollNs);
+  ASSERT_TRUE(io_b_->arm_wakeup());
+  ASSERT_EQ(send_from_a(packet_to(kRangeB << 12, 64), kLocal), TxStatus::kSent);
+  io_b_->disarm_wakeup(true);
+  EXPECT_EQ(receive_at_b(&rx).size(), 1u);
+  EXPECT_EQ(sock_b_->recvs, 3);
+  receive_at_b(&rx);  // the next turn goes by the interval again: the socket is due
+  EXPECT_EQ(sock_b_->recvs, 4);
+  // Such wake-ups leave it for kUdpWatchedPollNs at most.
+  clock_.advance(ShmPacketIo::kUdpWatchedPollNs);
+  ASSERT_TRUE(io_b_->arm_wakeup());
+  ASSERT_EQ(send_from_a(packet_to(kRangeB << 12, 64), kLocal), TxStatus::kSent);
+  io_b_->disarm_wakeup(true);
+  EXPECT_EQ(receive_at_b(&rx).size(), 1u);
+  EXPECT_EQ(sock_b_->recvs, 5);
 }
 
 // A restarted urdmad gives the process another doorbell (ShmPacketIo::add_doorbell): peers given
