@@ -145,6 +145,7 @@ void ShmPacketIo::take_changes() {
     }
     if (existing != nullptr) {
       if (existing->closing) --closing_;
+      if (existing->rx->armed()) rung_maybe_ = true;  // it may have rung: read with the rest
       gone.push_back(std::move(*it));
       peers_.erase(it);
     }
@@ -159,10 +160,7 @@ void ShmPacketIo::take_changes() {
     p.rx = std::make_unique<ShmConsumer>(shm_ring_header(p.base, 1 - p.side),
                                          shm_ring_data(p.base, 1 - p.side));
     // A process that sleeps now must hear from the new ring too.
-    if (armed_ > 0) {
-      p.rx->arm();
-      rung_maybe_ = true;
-    }
+    if (armed_ > 0 && !p.rx->arm()) rung_maybe_ = true;
     peers_.push_back(std::move(c.peer));
     ++shm_.peers;
   }
@@ -177,6 +175,7 @@ void ShmPacketIo::drop_closed() {
     Peer& p = **it;
     if (p.closing && (p.dropping.load(std::memory_order_relaxed) || !p.rx->pending())) {
       --closing_;
+      if (p.rx->armed()) rung_maybe_ = true;  // it may have rung: read with the rest
       gone.push_back(std::move(*it));
       it = peers_.erase(it);
     } else {
@@ -425,10 +424,14 @@ uint64_t ShmPacketIo::next_deadline_ns() const {
   return std::min(inner, clock_.now_ns() + kRetryNs);
 }
 
-// mu_ held. Reads the doorbell if a ring may have rung it since it was last read; whether it had
-// rung.
+// mu_ held. Reads the doorbell if it may have been written since it was last read: by this
+// process (rung_maybe_), or by a producer that took a ring's request (ShmConsumer::settle_taken:
+// a ring whose request still stands has rung nothing); whether it had rung. An arming that
+// nobody answered costs no read.
 bool ShmPacketIo::take_doorbell() {
-  if (!rung_maybe_) return false;
+  bool due = rung_maybe_;
+  for (const auto& p : peers_) due = p->rx->settle_taken() || due;
+  if (!due) return false;
   rung_maybe_ = false;
   bool rang = false;
   for (int fd : doorbells_) {
@@ -448,8 +451,9 @@ bool ShmPacketIo::arm_wakeup() {
   bool idle = true;
   for (const auto& p : peers_) {
     if (p->dropping.load(std::memory_order_relaxed)) continue;
-    idle = p->rx->arm() && idle;
-    rung_maybe_ = true;
+    if (p->rx->arm()) continue;
+    idle = false;
+    rung_maybe_ = true;  // withdrawn, but the producer may have taken it first
   }
   for (const Change& c : changes_)
     if (c.add) idle = false;  // a region came: take it first
@@ -468,12 +472,14 @@ void ShmPacketIo::disarm_wakeup(bool readable) {
   if (armed_ > 0) --armed_;
   // Not readable: neither the doorbell nor the socket has anything (a doorbell written since
   // is read by the next arm_wakeup).
-  if (readable) woke();
-  if (armed_ > 0) {
-    rung_maybe_ = true;  // the other sleeper's rings still ring
-    return;
+  if (readable) {
+    rung_maybe_ = true;  // the doorbell is in the set that was readable: read it
+    woke();
   }
-  for (const auto& p : peers_) p->rx->disarm();
+  // The other sleeper's requests stand; one a producer takes is seen by take_doorbell.
+  if (armed_ > 0) return;
+  for (const auto& p : peers_)
+    if (p->rx->disarm()) rung_maybe_ = true;  // its doorbell write comes: the next arm reads it
 }
 
 // A producer writes the doorbell once per arming (it takes the ring's wake flag): when two
@@ -486,10 +492,12 @@ void ShmPacketIo::rearm_wakeup() {
   if (armed_ == 0) return;
   bool waiting = !changes_.empty();
   for (const auto& p : peers_) {
+    if (p->rx->settle_taken()) rung_maybe_ = true;  // taken since the waker read the doorbell
     if (p->dropping.load(std::memory_order_relaxed)) continue;
-    if (!p->rx->arm()) waiting = true;
+    if (p->rx->arm()) continue;
+    waiting = true;
+    rung_maybe_ = true;  // withdrawn, but the producer may have taken it first
   }
-  rung_maybe_ = true;
   if (waiting) ring_own_doorbell();  // records the waker left: the sleeper takes them
 }
 

@@ -190,7 +190,7 @@ class ShmPacketIo final : public PacketIo {
   std::vector<Change> changes_;  // under mu_
   std::vector<std::unique_ptr<Peer>> peers_;
   unsigned armed_ = 0;  // under mu_: threads between arm_wakeup and disarm_wakeup
-  bool rung_maybe_ = false;  // under mu_: a ring was armed since the doorbell was last read
+  bool rung_maybe_ = false;  // under mu_: the doorbell may have been written since last read
   std::atomic<bool> udp_due_{true};
   std::atomic<bool> rang_awake_{false};  // the doorbell ended a sleep: skip the socket once
   std::atomic<bool> socket_watched_{false};

@@ -135,14 +135,24 @@ void ShmConsumer::release() {
 
 bool ShmConsumer::arm() {
   h_->wake.store(1, std::memory_order_seq_cst);
+  armed_ = true;
   if (h_->head.load(std::memory_order_seq_cst) == h_->tail.load(std::memory_order_relaxed))
     return true;
   h_->wake.store(0, std::memory_order_relaxed);
+  armed_ = false;
   return false;
 }
 
-void ShmConsumer::disarm() {
-  h_->wake.store(0, std::memory_order_relaxed);
+bool ShmConsumer::disarm() {
+  if (!armed_) return false;
+  armed_ = false;
+  return h_->wake.exchange(0, std::memory_order_acq_rel) == 0;
+}
+
+bool ShmConsumer::settle_taken() {
+  if (!armed_ || h_->wake.load(std::memory_order_acquire) != 0) return false;
+  armed_ = false;
+  return true;
 }
 
 }  // namespace urdma::net

@@ -29,7 +29,9 @@
 // producer stores `head` (seq_cst) and, if it reads `wake` == 1, swaps it to 0 and writes the
 // consumer's doorbell (an eventfd urdmad made for the consumer's slot). One side sees the other:
 // a datagram is never left unnoticed by a sleeping consumer, and a polling one costs the
-// producer no syscall (the runtime's own doorbell is the same handshake: runtime.h).
+// producer no syscall (the runtime's own doorbell is the same handshake: runtime.h). A request
+// the producer took is a `wake` of 0 that the consumer still counts armed (settle_taken): only
+// then was the doorbell written, and only then need the consumer read it.
 #pragma once
 
 #include <sys/uio.h>
@@ -111,7 +113,8 @@ class ShmProducer {
 };
 
 // The consumer's view of one ring. get() and release() are one thread's at a time (the
-// engine's); arm() and disarm() only touch the shared header and may run on any thread.
+// engine's); arm(), disarm() and settle_taken() touch the shared header and armed_, and may run
+// on any thread, one at a time (ShmPacketIo calls them under its lock).
 class ShmConsumer {
  public:
   ShmConsumer(ShmRingHeader* header, const uint8_t* data);
@@ -125,10 +128,16 @@ class ShmConsumer {
   bool broken() const { return broken_; }
 
   // Before the consumer sleeps: asks for the doorbell. False when records wait already (the
-  // request is withdrawn: do not sleep).
+  // request is withdrawn — the producer may have taken it already and write the doorbell
+  // anyway: do not sleep).
   bool arm();
-  // Awake again: the producer need not write the doorbell.
-  void disarm();
+  // Awake again: the producer need not write the doorbell. Whether it had taken the request
+  // (the doorbell was written, or is about to be).
+  bool disarm();
+  // The request stands no more because the producer took it: its doorbell write came or comes.
+  // Counted once: the ring is unarmed from then on, until arm().
+  bool settle_taken();
+  bool armed() const { return armed_; }
   // Whether records wait (any thread: the shared indices only).
   bool pending() const {
     return h_->head.load(std::memory_order_acquire) != h_->tail.load(std::memory_order_relaxed);
@@ -141,6 +150,7 @@ class ShmConsumer {
   uint64_t head_seen_;  // the producer's head when last read
   bool dirty_ = false;
   bool broken_ = false;
+  bool armed_ = false;  // arm() asked for the doorbell and nothing took the request back since
 };
 
 }  // namespace urdma::net

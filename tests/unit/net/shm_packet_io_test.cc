@@ -421,6 +421,36 @@ TEST_F(ShmPacketIoTest, ARegionAWakerLeftUntakenWakesTheOtherSleeper) {
   EXPECT_EQ(io_b_->peers(), 1u);
 }
 
+// A sleep reads the doorbell first only if it may have been written: a ring's request that a
+// producer took, or this process's own write. Requests that still stand rang nothing, and the
+// read would be a syscall for nothing on every wait. (A count nobody asked for is left to end
+// the sleep at once, and is read then.)
+TEST_F(ShmPacketIoTest, ASleepReadsTheDoorbellOnlyWhenARequestWasTaken) {
+  connect();
+  EXPECT_TRUE(receive_at_b().empty());  // takes the region
+  pollfd p{io_b_->readable_fd(), POLLIN, 0};
+  ASSERT_TRUE(io_b_->arm_wakeup());  // the engine thread
+  ASSERT_TRUE(io_b_->arm_wakeup());  // a waiting application thread
+  ASSERT_EQ(send_from_a(packet_to(kRangeB << 12, 64), kLocal), TxStatus::kSent);
+  io_b_->disarm_wakeup(true);  // the application thread wakes and reads the doorbell
+  EXPECT_EQ(receive_at_b().size(), 1u);
+  io_b_->rearm_wakeup();  // done: the engine thread's requests stand again
+  const uint64_t one = 1;
+  ASSERT_EQ(write(bell_b_, &one, sizeof one), 8);  // a count no request asked for
+  ASSERT_TRUE(io_b_->arm_wakeup());  // the application thread's next wait
+  EXPECT_EQ(poll(&p, 1, 0), 1) << "the sleep read a doorbell no ring had rung";
+  io_b_->disarm_wakeup(true);  // the sleep ends at once and reads it
+  EXPECT_EQ(poll(&p, 1, 0), 0);
+  // A request A takes is seen in the ring's header: the next sleep reads its doorbell first.
+  ASSERT_EQ(send_from_a(packet_to(kRangeB << 12, 64), kLocal), TxStatus::kSent);
+  EXPECT_EQ(io_a_->shm_counters().doorbells, 2u);  // the engine thread's request, taken
+  EXPECT_EQ(receive_at_b().size(), 1u);  // a turn takes the record; nobody reads the doorbell
+  ASSERT_TRUE(io_b_->arm_wakeup());      // the application thread's next wait
+  EXPECT_EQ(poll(&p, 1, 0), 0) << "the taken request's doorbell was left unread";
+  io_b_->disarm_wakeup(false);
+  io_b_->disarm_wakeup(false);
+}
+
 TEST_F(ShmPacketIoTest, AWatchedSocketIsReadWhenItsWatcherSaysSo) {
   connect();
   std::vector<RxDatagram> rx;
