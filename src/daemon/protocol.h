@@ -131,7 +131,7 @@
 namespace urdma::daemon {
 
 inline constexpr uint32_t kProtocolMagic = 0x75724d44;  // "urMD"
-inline constexpr uint16_t kProtocolVersion = 6;
+inline constexpr uint16_t kProtocolVersion = 7;
 // Room for the largest record (kGids with kMaxGids entries).
 inline constexpr size_t kMaxMessageBytes = 32768;
 

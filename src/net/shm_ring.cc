@@ -23,6 +23,11 @@ ShmProducer::ShmProducer(ShmRingHeader* header, uint8_t* data)
   if (head_ - tail_seen_ > kShmRingDataBytes || head_ % kShmRecordAlign != 0) broken_ = true;
 }
 
+// The first word of the record at `offset`, which says whether it is there (shm_ring.h).
+std::atomic_ref<uint32_t> ShmProducer::word_at(size_t offset) {
+  return std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(data_ + offset));
+}
+
 ShmProducer::Put ShmProducer::put(const ShmRecord& record, std::span<const iovec> payload,
                                   size_t length) {
   if (broken_) return Put::kBroken;
@@ -30,10 +35,11 @@ ShmProducer::Put ShmProducer::put(const ShmRecord& record, std::span<const iovec
   const size_t offset = head_ & kMask;
   const size_t to_end = kShmRingDataBytes - offset;
   // A record that does not fit before the end starts at the beginning: the rest is skipped.
-  const size_t take = need <= to_end ? need : to_end + need;
+  // Room too for the word after it, zeroed below.
+  const size_t take = (need <= to_end ? need : to_end + need) + kShmRecordAlign;
   if (head_ + take - tail_seen_ > kShmRingDataBytes) {
     const uint64_t tail = h_->tail.load(std::memory_order_acquire);
-    // The consumer's tail may only have moved forward, and never past what was published.
+    // The consumer's tail may only have moved forward, and never past what was written.
     if (tail - tail_seen_ > head_ - tail_seen_ || tail % kShmRecordAlign != 0) {
       broken_ = true;
       return Put::kBroken;
@@ -41,33 +47,52 @@ ShmProducer::Put ShmProducer::put(const ShmRecord& record, std::span<const iovec
     tail_seen_ = tail;
     if (head_ + take - tail_seen_ > kShmRingDataBytes) return Put::kFull;
   }
-  uint8_t* at = data_ + offset;
+  size_t at = offset;
   if (need > to_end) {
-    const uint32_t wrap = kShmWrap;
-    std::memcpy(at, &wrap, sizeof wrap);  // to_end >= kShmRecordAlign: room for the marker
+    word_at(0).store(0, std::memory_order_relaxed);  // where the consumer looks after the marker
+    mark(at, kShmWrap);  // to_end >= 8: room for it
     head_ += to_end;
-    at = data_;
+    at = 0;
   }
-  ShmRecord r = record;
-  r.length = static_cast<uint32_t>(length);
-  std::memcpy(at, &r, sizeof r);
-  at += sizeof r;
+  // The header after its first word, then the payload; the word stays 0 meanwhile (zeroed
+  // when the record before was written, or by the region's creation).
+  uint8_t* const base = data_ + at;
+  std::memcpy(base + sizeof(uint32_t), reinterpret_cast<const uint8_t*>(&record) + sizeof(uint32_t),
+              sizeof(ShmRecord) - sizeof(uint32_t));
+  uint8_t* into = base + sizeof(ShmRecord);
   size_t left = length;
   for (const iovec& v : payload) {
     const size_t n = v.iov_len < left ? v.iov_len : left;
-    std::memcpy(at, v.iov_base, n);
-    at += n;
+    std::memcpy(into, v.iov_base, n);
+    into += n;
     left -= n;
   }
   head_ += need;
-  dirty_ = true;
+  word_at(head_ & kMask).store(0, std::memory_order_relaxed);
+  mark(at, kShmWritten | static_cast<uint32_t>(length));
   return Put::kOk;
+}
+
+// The first word of a run of put()s waits for publish(): the consumer, stopped there, takes the
+// run whole, as a batch, instead of chasing the producer record by record (lines that both
+// write and read at once, and a turn a record). The run's later words cannot be reached before
+// it, so they are stored at once.
+void ShmProducer::mark(size_t offset, uint32_t word) {
+  if (dirty_) {
+    word_at(offset).store(word, std::memory_order_release);
+    return;
+  }
+  held_at_ = offset;
+  held_word_ = word;
+  dirty_ = true;
 }
 
 bool ShmProducer::publish() {
   if (!dirty_) return false;
   dirty_ = false;
-  // seq_cst store, then seq_cst load of `wake`: the consumer's side is the mirror image
+  word_at(held_at_).store(held_word_, std::memory_order_release);
+  // seq_cst store, then seq_cst load of `wake`: the store is the fence between the records'
+  // words, marked before it, and the load; the consumer's side is the mirror image
   // (ShmConsumer::arm), so one of the two sees the other.
   h_->head.store(head_, std::memory_order_seq_cst);
   if (h_->wake.load(std::memory_order_seq_cst) == 0) return false;
@@ -78,53 +103,53 @@ ShmConsumer::ShmConsumer(ShmRingHeader* header, const uint8_t* data)
     : h_(header),
       data_(data),
       tail_(header->tail.load(std::memory_order_relaxed)),
-      head_seen_(tail_) {
+      next_(tail_) {
   if (tail_ % kShmRecordAlign != 0) broken_ = true;
+}
+
+uint32_t ShmConsumer::word_at(uint64_t position, std::memory_order order) const {
+  // Read through an atomic_ref: the producer writes the word from another process.
+  const auto* w = reinterpret_cast<const uint32_t*>(data_ + (position & kMask));
+  return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(w)).load(order);
 }
 
 ShmConsumer::Get ShmConsumer::get(ShmRecord* record, std::span<uint8_t> into, size_t* length) {
   if (broken_) return Get::kBroken;
   for (int wraps = 0; wraps < 2; ++wraps) {
-    if (tail_ == head_seen_) {
-      const uint64_t head = h_->head.load(std::memory_order_acquire);
-      // The producer's head may only have moved forward, by at most the ring's size.
-      if (head - tail_ > kShmRingDataBytes || head % kShmRecordAlign != 0 ||
-          head - head_seen_ > kShmRingDataBytes) {
-        broken_ = true;
-        return Get::kBroken;
-      }
-      head_seen_ = head;
-      if (tail_ == head_seen_) return Get::kEmpty;
-    }
     const size_t offset = tail_ & kMask;
     const size_t to_end = kShmRingDataBytes - offset;
-    const uint64_t avail = head_seen_ - tail_;
-    // The header is copied out once and only the copy is looked at: the peer may change the
-    // ring's bytes while this runs.
-    uint32_t first = 0;
-    std::memcpy(&first, data_ + offset, sizeof first);
-    if (first == kShmWrap) {
-      if (avail < to_end) break;
+    // The word is read once and only that copy is looked at, as the header and payload copied
+    // out after it: the peer may change the ring's bytes while this runs.
+    const uint32_t word = word_at(tail_, std::memory_order_acquire);
+    if (word == 0) return Get::kEmpty;
+    if (word == kShmWrap) {
       tail_ += to_end;
+      next_.store(tail_, std::memory_order_relaxed);
       dirty_ = true;
       continue;
     }
-    if (to_end < sizeof(ShmRecord) || avail < sizeof(ShmRecord)) break;
+    const uint32_t payload = word & ~kShmWritten;
+    if ((word & kShmWritten) == 0 || payload > kShmMaxPayloadBytes) break;
+    const size_t need = record_bytes(payload);
+    if (need > to_end) break;
     ShmRecord r;
     std::memcpy(&r, data_ + offset, sizeof r);
-    if (r.length > kShmMaxPayloadBytes) break;
-    const size_t need = record_bytes(r.length);
-    if (need > to_end || need > avail) break;
-    const size_t n = r.length < into.size() ? r.length : into.size();
+    r.length = payload;
+    const size_t n = payload < into.size() ? payload : into.size();
     std::memcpy(into.data(), data_ + offset + sizeof r, n);
     *record = r;
-    *length = r.length;
+    *length = payload;
     tail_ += need;
+    next_.store(tail_, std::memory_order_relaxed);
     dirty_ = true;
     return Get::kOk;
   }
   broken_ = true;
   return Get::kBroken;
+}
+
+bool ShmConsumer::pending() const {
+  return word_at(next_.load(std::memory_order_relaxed), std::memory_order_acquire) != 0;
 }
 
 void ShmConsumer::release() {
@@ -136,8 +161,8 @@ void ShmConsumer::release() {
 bool ShmConsumer::arm() {
   h_->wake.store(1, std::memory_order_seq_cst);
   armed_ = true;
-  if (h_->head.load(std::memory_order_seq_cst) == h_->tail.load(std::memory_order_relaxed))
-    return true;
+  // seq_cst, after the seq_cst store: the producer's publish() is the mirror image.
+  if (word_at(next_.load(std::memory_order_relaxed), std::memory_order_seq_cst) == 0) return true;
   h_->wake.store(0, std::memory_order_relaxed);
   armed_ = false;
   return false;

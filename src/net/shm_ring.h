@@ -13,10 +13,20 @@
 // fit before the end of the data area, the producer writes kShmWrap there and the record starts
 // at the beginning.
 //
+// A RECORD SAYS IT IS THERE. Its first word (ShmRecord::length) is 0 until the record is whole,
+// then kShmWritten | payload bytes (or kShmWrap), stored last with release. The producer zeroes
+// the word after a record before it marks that record written, so the word where the consumer
+// looks next is 0 until the producer finishes what goes there; the first word of a run of
+// records waits for publish(), so the consumer takes the run whole. The consumer polls that
+// word, on the line the record's bytes share, and never the producer's index: a record crosses
+// from core to core as one cache line, not as the index's line and then the record's. `head` is
+// published for the wake-up handshake's order and for observers only.
+//
 // NOTHING IN THE REGION IS TRUSTED. The peer maps the same pages and may write any byte at any
 // time (a bug, a dying process, a hostile one of the same user). So:
-//  * each side keeps its own index in private memory and only publishes it; the other side's
-//    index is read once per call and checked (0 <= head - tail <= capacity) before use;
+//  * each side keeps its own index in private memory and only publishes it; the producer reads
+//    the consumer's when it needs room and checks it (0 <= head - tail <= capacity) before use,
+//    and the consumer reads no index of the producer's: a scribbled `head` changes nothing;
 //  * a record header is copied out before it is checked, and the payload copied out before the
 //    engine parses it: a scribble can only make a bad packet, dropped and counted as any;
 //  * every write stays inside this process's mapping of the data area, by construction;
@@ -25,8 +35,9 @@
 // The memfd is sealed against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 // before either side maps it, so no peer can truncate it under the other's feet (SIGBUS).
 //
-// WAKE-UP: the consumer, about to sleep, stores `wake` = 1 (seq_cst) and reads `head` again; the
-// producer stores `head` (seq_cst) and, if it reads `wake` == 1, swaps it to 0 and writes the
+// WAKE-UP: the consumer, about to sleep, stores `wake` = 1 (seq_cst) and reads the word where its
+// next record goes; the producer marks its records written, stores `head` (seq_cst: the fence
+// between those marks and what follows) and, if it reads `wake` == 1, swaps it to 0 and writes the
 // consumer's doorbell (an eventfd urdmad made for the consumer's slot). One side sees the other:
 // a datagram is never left unnoticed by a sleeping consumer, and a polling one costs the
 // producer no syscall (the runtime's own doorbell is the same handshake: runtime.h). A request
@@ -62,7 +73,9 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 // One record's header, 8-byte aligned in the data area. Addresses as net::Address stores them
 // (16 bytes, IPv4 as IPv4-mapped).
 struct ShmRecord {
-  uint32_t length;  // UDP payload bytes that follow; kShmWrap: the rest of the area is unused
+  // 0: not written yet; kShmWritten | the UDP payload bytes that follow; kShmWrap: the rest of
+  // the area is unused. put() sets it; get() hands back the payload bytes alone.
+  uint32_t length;
   uint16_t src_port;
   uint8_t traffic_class;
   uint8_t hop_limit;
@@ -71,6 +84,7 @@ struct ShmRecord {
 };
 static_assert(sizeof(ShmRecord) == 40);
 inline constexpr uint32_t kShmWrap = 0xFFFFFFFF;
+inline constexpr uint32_t kShmWritten = 0x80000000;
 inline constexpr size_t kShmRecordAlign = 8;
 // The largest payload a record carries (a UDP payload's limit, packet_io.h's
 // kMaxUdpPayloadBytes); a record claiming more is a scribble.
@@ -96,19 +110,26 @@ class ShmProducer {
     kBroken,  // the consumer's index makes no sense: the ring is not used again
   };
   // Writes one record: `record` (its length field is set here) and `length` payload bytes
-  // gathered from `payload`. length <= kShmMaxPayloadBytes.
+  // gathered from `payload`; the consumer takes it after the next publish().
+  // length <= kShmMaxPayloadBytes.
   Put put(const ShmRecord& record, std::span<const iovec> payload, size_t length);
-  // Makes what put() wrote visible. True when the consumer sleeps and its doorbell must be
-  // written (the flag is taken: one write per sleep).
+  // Lets the consumer take what put() wrote since the last publish. True when the consumer sleeps and its
+  // doorbell must be written (the flag is taken: one write per sleep).
   bool publish();
   bool broken() const { return broken_; }
 
  private:
+  std::atomic_ref<uint32_t> word_at(size_t offset);
+  void mark(size_t offset, uint32_t word);
+
   ShmRingHeader* const h_;
   uint8_t* const data_;
   uint64_t head_;        // private; published to h_->head
   uint64_t tail_seen_;   // the consumer's tail when last read
   bool dirty_ = false;   // written since the last publish
+  // The first word of the run since the last publish, stored by the next (mark).
+  size_t held_at_ = 0;
+  uint32_t held_word_ = 0;
   bool broken_ = false;
 };
 
@@ -138,16 +159,18 @@ class ShmConsumer {
   // Counted once: the ring is unarmed from then on, until arm().
   bool settle_taken();
   bool armed() const { return armed_; }
-  // Whether records wait (any thread: the shared indices only).
-  bool pending() const {
-    return h_->head.load(std::memory_order_acquire) != h_->tail.load(std::memory_order_relaxed);
-  }
+  // Whether a record waits (any thread): the word where the next one goes. A ring that broke
+  // may say so for ever: its user stops asking (ShmPacketIo's `dropping`).
+  bool pending() const;
 
  private:
+  uint32_t word_at(uint64_t position, std::memory_order order) const;
+
   ShmRingHeader* const h_;
   const uint8_t* const data_;
-  uint64_t tail_;       // private; published to h_->tail by release()
-  uint64_t head_seen_;  // the producer's head when last read
+  uint64_t tail_;  // private; published to h_->tail by release()
+  // tail_ for other threads (pending, arm): private memory, not the peer's to scribble.
+  std::atomic<uint64_t> next_;
   bool dirty_ = false;
   bool broken_ = false;
   bool armed_ = false;  // arm() asked for the doorbell and nothing took the request back since

@@ -1,7 +1,8 @@
 // The shared-memory ring in a region mapped between PROT_NONE guard pages:
-// records come out as they went in (fields, bytes, order) across many wraps; a full ring says so
-// and takes more once the consumer gives room back; the wake-up handshake asks for exactly one
-// doorbell per sleep; and a peer that scribbles on indices or records breaks the ring — counted,
+// records come out as they went in (fields, bytes, order) across many wraps; a run of records is
+// taken by its first word once published, never what an earlier lap left beyond it; a full ring says so and takes
+// more once the consumer gives room back; the wake-up handshake asks for exactly one doorbell
+// per sleep; and a peer that scribbles on the consumer's index or on records breaks the ring —
 // never a read or write outside the region (the guard pages would fault).
 #include "net/shm_ring.h"
 
@@ -111,19 +112,20 @@ TEST(ShmRingTest, AFullRingTakesMoreOnceTheConsumerGivesRoomBack) {
   GuardedRegion region;
   ShmProducer tx(shm_ring_header(region.base(), 1), shm_ring_data(region.base(), 1));
   ShmConsumer rx(shm_ring_header(region.base(), 1), shm_ring_data(region.base(), 1));
-  std::vector<uint8_t> payload(4096, 0xAB);
+  // 4056 + 40 bytes of header: 4096 bytes a record.
+  std::vector<uint8_t> payload(4056, 0xAB);
   const iovec iov{payload.data(), payload.size()};
   size_t n = 0;
   while (tx.put(record_for(1), {&iov, 1}, payload.size()) == ShmProducer::Put::kOk) ++n;
-  // 4096 + 40 bytes of header, rounded to 8: 4136 bytes a record.
-  EXPECT_EQ(n, kShmRingDataBytes / 4136);
+  // One fewer than the area holds: the word after the last record needs room too.
+  EXPECT_EQ(n, kShmRingDataBytes / 4096 - 1);
   EXPECT_EQ(tx.put(record_for(1), {&iov, 1}, payload.size()), ShmProducer::Put::kFull);
   tx.publish();
   std::vector<uint8_t> out(100);  // shorter than the payload: truncated, length told
   ShmRecord r;
   size_t len = 0;
   ASSERT_EQ(rx.get(&r, out, &len), ShmConsumer::Get::kOk);
-  EXPECT_EQ(len, 4096u);
+  EXPECT_EQ(len, 4056u);
   EXPECT_EQ(out[99], 0xAB);
   // Not given back yet: still full.
   EXPECT_EQ(tx.put(record_for(1), {&iov, 1}, payload.size()), ShmProducer::Put::kFull);
@@ -164,17 +166,56 @@ TEST(ShmRingTest, ASleepingConsumerIsRungOncePerSleepAndAPollingOneNever) {
   EXPECT_FALSE(tx.publish());
 }
 
-TEST(ShmRingTest, ScribbledIndicesBreakTheRingOnBothSides) {
+TEST(ShmRingTest, ARunIsTakenByItsFirstWordAfterPublishAndNothingBeyondItsLast) {
+  GuardedRegion region;
+  ShmRingHeader* h = shm_ring_header(region.base(), 0);
+  uint8_t* data = shm_ring_data(region.base(), 0);
+  // What an earlier lap left past the first record: words that read as written records.
+  for (size_t at = 8; at < kShmRingDataBytes; at += 8) {
+    const uint32_t stale = kShmWritten | 8;
+    std::memcpy(data + at, &stale, sizeof stale);
+  }
+  ShmProducer tx(h, data);
+  ShmConsumer rx(h, data);
+  std::vector<uint8_t> out(64);
+  ShmRecord r;
+  size_t len = 0;
+  EXPECT_EQ(rx.get(&r, out, &len), ShmConsumer::Get::kEmpty);
+  EXPECT_FALSE(rx.pending());
+  for (uint8_t i = 1; i <= 3; ++i) {
+    const iovec iov{&i, 1};
+    ASSERT_EQ(tx.put(record_for(i), {&iov, 1}, 1), ShmProducer::Put::kOk);
+  }
+  // Not published: the run's first word still waits, so nothing is taken.
+  EXPECT_FALSE(rx.pending());
+  EXPECT_EQ(rx.get(&r, out, &len), ShmConsumer::Get::kEmpty);
+  EXPECT_FALSE(tx.publish());
+  // The producer's index says nothing yet: the consumer does not read it.
+  h->head.store(0);
+  EXPECT_TRUE(rx.pending());
+  for (uint8_t i = 1; i <= 3; ++i) {
+    ASSERT_EQ(rx.get(&r, out, &len), ShmConsumer::Get::kOk);
+    EXPECT_EQ(r.src_port, i);
+    EXPECT_EQ(len, 1u);
+    EXPECT_EQ(out[0], i);
+  }
+  EXPECT_EQ(rx.get(&r, out, &len), ShmConsumer::Get::kEmpty);
+  EXPECT_FALSE(rx.pending());
+  EXPECT_FALSE(rx.broken());
+}
+
+TEST(ShmRingTest, ScribblesBreakTheRingOnBothSidesAndAScribbledHeadIsNotRead) {
   {
     GuardedRegion region;
     ShmRingHeader* h = shm_ring_header(region.base(), 0);
     ShmConsumer rx(h, shm_ring_data(region.base(), 0));
-    h->head.store(kShmRingDataBytes + 8);  // more than the ring holds
+    h->head.store(kShmRingDataBytes + 8);  // more than the ring holds: nobody reads it
     std::vector<uint8_t> out(16);
     ShmRecord r;
     size_t len = 0;
-    EXPECT_EQ(rx.get(&r, out, &len), ShmConsumer::Get::kBroken);
-    EXPECT_TRUE(rx.broken());
+    EXPECT_EQ(rx.get(&r, out, &len), ShmConsumer::Get::kEmpty);
+    EXPECT_FALSE(rx.pending());
+    EXPECT_FALSE(rx.broken());
   }
   {
     GuardedRegion region;
@@ -184,28 +225,33 @@ TEST(ShmRingTest, ScribbledIndicesBreakTheRingOnBothSides) {
     const iovec iov{payload.data(), payload.size()};
     while (tx.put(record_for(1), {&iov, 1}, payload.size()) == ShmProducer::Put::kOk) {
     }
-    h->tail.store(uint64_t{1} << 40);  // past everything published
+    h->tail.store(uint64_t{1} << 40);  // past everything written
     EXPECT_EQ(tx.put(record_for(1), {&iov, 1}, payload.size()), ShmProducer::Put::kBroken);
     EXPECT_TRUE(tx.broken());
   }
-  {
+  // Records no producer writes: a word without kShmWritten, more than a UDP payload, more than
+  // fits before the end of the area (a consumer whose next record is the area's last 64 bytes).
+  const uint32_t words[] = {1000, kShmWritten | 70000, kShmWritten | 1000};
+  for (const uint32_t word : words) {
     GuardedRegion region;
     ShmRingHeader* h = shm_ring_header(region.base(), 0);
-    ShmConsumer rx(h, shm_ring_data(region.base(), 0));
-    // A record claiming more than the published bytes hold.
+    uint8_t* data = shm_ring_data(region.base(), 0);
+    const size_t at = word == (kShmWritten | 1000) ? kShmRingDataBytes - 64 : 0;
+    h->tail.store(at);
+    ShmConsumer rx(h, data);
     ShmRecord big = record_for(1);
-    big.length = 1000;
-    std::memcpy(shm_ring_data(region.base(), 0), &big, sizeof big);
-    h->head.store(64);
+    std::memcpy(data + at, &big, sizeof big);
+    std::memcpy(data + at, &word, sizeof word);
     std::vector<uint8_t> out(2000);
     ShmRecord r;
     size_t len = 0;
-    EXPECT_EQ(rx.get(&r, out, &len), ShmConsumer::Get::kBroken);
+    EXPECT_EQ(rx.get(&r, out, &len), ShmConsumer::Get::kBroken) << std::hex << word;
+    EXPECT_TRUE(rx.broken());
   }
 }
 
 // Random bytes over the header and the data while records flow: the consumer returns records
-// of at most the ring's published bytes, breaks at worst, and never touches a guard page.
+// of at most a UDP payload, breaks at worst, and never touches a guard page.
 TEST(ShmRingTest, RandomScribblesNeverReachOutsideTheRegion) {
   std::mt19937_64 rng(11);
   for (int round = 0; round < 200; ++round) {
