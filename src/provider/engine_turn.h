@@ -23,7 +23,7 @@ class EngineTurnMark {
 
 inline bool in_engine_turn() { return t_engine_turns > 0; }
 #else
-class EngineTurnMark {};
+class [[maybe_unused]] EngineTurnMark {};
 inline bool in_engine_turn() { return true; }
 #endif
 
