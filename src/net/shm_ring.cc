@@ -91,11 +91,11 @@ bool ShmProducer::publish() {
   if (!dirty_) return false;
   dirty_ = false;
   word_at(held_at_).store(held_word_, std::memory_order_release);
-  // seq_cst store, then seq_cst load of `wake`: the store is the fence between the records'
-  // words, marked before it, and the load; the consumer's side is the mirror image
-  // (ShmConsumer::arm), so one of the two sees the other.
-  h_->head.store(head_, std::memory_order_seq_cst);
-  if (h_->wake.load(std::memory_order_seq_cst) == 0) return false;
+  h_->head.store(head_, std::memory_order_release);
+  // The records' words, then a full fence, then `wake`: the consumer's side is the mirror
+  // image (ShmConsumer::arm), so one of the two sees the other.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (h_->wake.load(std::memory_order_relaxed) == 0) return false;
   return h_->wake.exchange(0, std::memory_order_seq_cst) != 0;
 }
 
