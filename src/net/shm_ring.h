@@ -113,8 +113,8 @@ class ShmProducer {
   // gathered from `payload`; the consumer takes it after the next publish().
   // length <= kShmMaxPayloadBytes.
   Put put(const ShmRecord& record, std::span<const iovec> payload, size_t length);
-  // Lets the consumer take what put() wrote since the last publish. True when the consumer sleeps and its
-  // doorbell must be written (the flag is taken: one write per sleep).
+  // Lets the consumer take what put() wrote since the last publish. True when the consumer
+  // sleeps and its doorbell must be written (the flag is taken: one write per sleep).
   bool publish();
   bool broken() const { return broken_; }
 

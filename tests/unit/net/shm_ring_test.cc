@@ -1,6 +1,6 @@
-// The shared-memory ring in a region mapped between PROT_NONE guard pages:
-// records come out as they went in (fields, bytes, order) across many wraps; a run of records is
-// taken by its first word once published, never what an earlier lap left beyond it; a full ring says so and takes
+// The shared-memory ring in a region mapped between PROT_NONE guard pages: records come out as
+// they went in (fields, bytes, order) across many wraps; a run of records is taken by its first
+// word once published, never what an earlier lap left beyond it; a full ring says so and takes
 // more once the consumer gives room back; the wake-up handshake asks for exactly one doorbell
 // per sleep; and a peer that scribbles on the consumer's index or on records breaks the ring —
 // never a read or write outside the region (the guard pages would fault).
@@ -190,7 +190,7 @@ TEST(ShmRingTest, ARunIsTakenByItsFirstWordAfterPublishAndNothingBeyondItsLast) 
   EXPECT_FALSE(rx.pending());
   EXPECT_EQ(rx.get(&r, out, &len), ShmConsumer::Get::kEmpty);
   EXPECT_FALSE(tx.publish());
-  // The producer's index says nothing yet: the consumer does not read it.
+  // The producer's index scribbled back to 0: the consumer does not read it.
   h->head.store(0);
   EXPECT_TRUE(rx.pending());
   for (uint8_t i = 1; i <= 3; ++i) {
