@@ -90,12 +90,12 @@ void ShmProducer::mark(size_t offset, uint32_t word) {
 bool ShmProducer::publish() {
   if (!dirty_) return false;
   dirty_ = false;
-  word_at(held_at_).store(held_word_, std::memory_order_release);
+  // The run's first word (seq_cst), then `wake` (seq_cst): the consumer's side is the mirror
+  // image (ShmConsumer::arm stores `wake`, then reads that word), so one of the two sees the
+  // other. The run's later words cannot be seen before the first.
+  word_at(held_at_).store(held_word_, std::memory_order_seq_cst);
   h_->head.store(head_, std::memory_order_release);
-  // The records' words, then a full fence, then `wake`: the consumer's side is the mirror
-  // image (ShmConsumer::arm), so one of the two sees the other.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (h_->wake.load(std::memory_order_relaxed) == 0) return false;
+  if (h_->wake.load(std::memory_order_seq_cst) == 0) return false;
   return h_->wake.exchange(0, std::memory_order_seq_cst) != 0;
 }
 

@@ -36,8 +36,8 @@
 // before either side maps it, so no peer can truncate it under the other's feet (SIGBUS).
 //
 // WAKE-UP: the consumer, about to sleep, stores `wake` = 1 (seq_cst) and reads the word where its
-// next record goes; the producer marks its records written, stores `head`, fences (seq_cst)
-// and, if it reads `wake` == 1, swaps it to 0 and writes the consumer's doorbell (an eventfd
+// next record goes; the producer marks its records written, the run's first word last (seq_cst),
+// and, if it then reads `wake` == 1, swaps it to 0 and writes the consumer's doorbell (an eventfd
 // urdmad made for the consumer's slot). One side sees the other:
 // a datagram is never left unnoticed by a sleeping consumer, and a polling one costs the
 // producer no syscall (the runtime's own doorbell is the same handshake: runtime.h). A request
