@@ -99,6 +99,15 @@ class ShmPacketIoTest : public ::testing::Test {
     ASSERT_EQ(io_a_->add_peer(kRangeB, 0, dup(region), dup(bell_b_)), 0);
     ASSERT_EQ(io_b_->add_peer(kRangeA, 1, region, dup(bell_a_)), 0);
   }
+  // connect(), B's turn taking the region, and two of B's threads asleep armed: the engine
+  // thread and an application thread waiting for an event. What they sleep on.
+  pollfd connect_with_two_sleepers() {
+    connect();
+    EXPECT_TRUE(receive_at_b().empty());  // takes the region
+    EXPECT_TRUE(io_b_->arm_wakeup());     // the engine thread
+    EXPECT_TRUE(io_b_->arm_wakeup());     // a waiting application thread
+    return pollfd{io_b_->readable_fd(), POLLIN, 0};
+  }
   TxStatus send_from_a(const std::vector<uint8_t>& bytes, const Address& dst,
                        size_t split = 20) {
     const iovec iov[2] = {{const_cast<uint8_t*>(bytes.data()), split},
@@ -385,11 +394,7 @@ TEST_F(ShmPacketIoTest, ADoorbellAddedAfterARestartWakesASleeperLikeTheFirst) {
 // A producer writes the doorbell once per arming; the thread that wakes reads it and takes the
 // turn. rearm_wakeup then asks again for the one still asleep: the next record rings again.
 TEST_F(ShmPacketIoTest, ASleeperWhoseWakeAnotherTookIsWokenByTheNextRecord) {
-  connect();
-  EXPECT_TRUE(receive_at_b().empty());  // takes the region
-  pollfd p{io_b_->readable_fd(), POLLIN, 0};
-  ASSERT_TRUE(io_b_->arm_wakeup());  // the engine thread
-  ASSERT_TRUE(io_b_->arm_wakeup());  // a waiting application thread
+  pollfd p = connect_with_two_sleepers();
   ASSERT_EQ(send_from_a(packet_to(kRangeB << 12, 64), kLocal), TxStatus::kSent);
   EXPECT_EQ(poll(&p, 1, 0), 1);
   io_b_->disarm_wakeup(true);  // the application thread wakes, reads the doorbell
@@ -426,11 +431,7 @@ TEST_F(ShmPacketIoTest, ARegionAWakerLeftUntakenWakesTheOtherSleeper) {
 // read would be a syscall for nothing on every wait. (A count nobody asked for is left to end
 // the sleep at once, and is read then.)
 TEST_F(ShmPacketIoTest, ASleepReadsTheDoorbellOnlyWhenARequestWasTaken) {
-  connect();
-  EXPECT_TRUE(receive_at_b().empty());  // takes the region
-  pollfd p{io_b_->readable_fd(), POLLIN, 0};
-  ASSERT_TRUE(io_b_->arm_wakeup());  // the engine thread
-  ASSERT_TRUE(io_b_->arm_wakeup());  // a waiting application thread
+  pollfd p = connect_with_two_sleepers();
   ASSERT_EQ(send_from_a(packet_to(kRangeB << 12, 64), kLocal), TxStatus::kSent);
   io_b_->disarm_wakeup(true);  // the application thread wakes and reads the doorbell
   EXPECT_EQ(receive_at_b().size(), 1u);
