@@ -17,7 +17,10 @@
 //  * a UDP ping-pong of 8-byte datagrams between two processes on loopback: sendto + a
 //    recv(MSG_DONTWAIT) spin (the limit of urdma_loopback_bench), interleaved in blocks with
 //    the msghdr calls urdma's UdpSocketIo makes (docs/PERFORMANCE.md, "One datagram, one
-//    recvmsg"): sendmsg + recvmsg, and sendmmsg + recvmmsg over 1 and over 32 buffers (a read
+//    recvmsg"): sendmsg + recvmsg — also with the receiving socket in an epoll set that nobody
+//    waits on, and with that set in a second one (an engine thread's epoll set, alone and
+//    around a shared-memory I/O's: the kernel runs each set's callback for every datagram
+//    queued) — and sendmmsg + recvmmsg over 1 and over 32 buffers (a read
 //    of one waiting datagram that goes back to the socket for a second), and through io_uring
 //    (send and recv submitted together) spinning on io_uring_get_events with
 //    IORING_SETUP_DEFER_TASKRUN. Then, each alone after the recv spin, the io_uring ways:
@@ -246,7 +249,16 @@ void pages_rows() {
 // ---------------------------------------------------------------------------------------------
 // UDP ping-pong between two processes.
 
-enum class Wait { kRecvSpin, kRecvmsg, kRecvmmsgOne, kRecvmmsgBatch, kRingSpin, kDeferTaskrun };
+enum class Wait {
+  kRecvSpin,
+  kRecvmsg,
+  kRecvmsgEpoll,
+  kRecvmsgNestedEpoll,
+  kRecvmmsgOne,
+  kRecvmmsgBatch,
+  kRingSpin,
+  kDeferTaskrun
+};
 
 const char* wait_name(Wait w) {
   switch (w) {
@@ -254,6 +266,10 @@ const char* wait_name(Wait w) {
       return "sendto + recv(MSG_DONTWAIT) spin";
     case Wait::kRecvmsg:
       return "sendmsg + recvmsg spin (address, cmsg space)";
+    case Wait::kRecvmsgEpoll:
+      return "the same, socket in an epoll set nobody waits on";
+    case Wait::kRecvmsgNestedEpoll:
+      return "the same, that set in a second epoll set";
     case Wait::kRecvmmsgOne:
       return "sendmmsg + recvmmsg spin, 1 buffer";
     case Wait::kRecvmmsgBatch:
@@ -287,8 +303,21 @@ void socket_pair(int fds[2]) {
 // and returns when the peer's has arrived.
 class Side {
  public:
-  Side(int fd, Wait wait) : fd_(fd), wait_(wait) {}
+  Side(int fd, Wait wait) : fd_(fd), wait_(wait) {
+    // An engine thread's epoll set holds the socket while an application thread reads it: the
+    // kernel runs the set's callback for every datagram queued, whoever waits.
+    if (wait_ == Wait::kRecvmsgEpoll || wait_ == Wait::kRecvmsgNestedEpoll) {
+      epoll_[0] = epoll_create1(EPOLL_CLOEXEC);
+      watch(epoll_[0], fd_);
+      if (wait_ == Wait::kRecvmsgNestedEpoll) {
+        epoll_[1] = epoll_create1(EPOLL_CLOEXEC);
+        watch(epoll_[1], epoll_[0]);
+      }
+    }
+  }
   ~Side() {
+    for (int e : epoll_)
+      if (e >= 0) close(e);
 #if URDMA_HAVE_LIBURING
     if (ring_ok_) io_uring_queue_exit(&ring_);
 #endif
@@ -357,8 +386,8 @@ class Side {
     mmsghdr s{};
     s.msg_hdr.msg_iov = &out;
     s.msg_hdr.msg_iovlen = 1;
-    if (send && (wait_ == Wait::kRecvmsg ? sendmsg(fd_, &s.msg_hdr, 0) != kPingBytes
-                                         : sendmmsg(fd_, &s, 1, 0) != 1))
+    const bool by_msg = wait_ != Wait::kRecvmmsgOne && wait_ != Wait::kRecvmmsgBatch;
+    if (send && (by_msg ? sendmsg(fd_, &s.msg_hdr, 0) != kPingBytes : sendmmsg(fd_, &s, 1, 0) != 1))
       die("sendmsg/sendmmsg");
     static char bufs[kBatch][64];
     static sockaddr_storage names[kBatch];
@@ -377,16 +406,24 @@ class Side {
         m[i].msg_hdr.msg_control = control[i];
         m[i].msg_hdr.msg_controllen = sizeof control[i];
       }
-      const long r = wait_ == Wait::kRecvmsg ? recvmsg(fd_, &m[0].msg_hdr, MSG_DONTWAIT)
-                                             : recvmmsg(fd_, m, n, MSG_DONTWAIT, nullptr);
+      const long r = by_msg ? recvmsg(fd_, &m[0].msg_hdr, MSG_DONTWAIT)
+                            : recvmmsg(fd_, m, n, MSG_DONTWAIT, nullptr);
       if (r > 0) return;
       if (errno != EAGAIN) die("recvmsg/recvmmsg");
     }
   }
 
+  static void watch(int epoll_fd, int fd) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_fd < 0 || epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) die("epoll");
+  }
+
   static constexpr uint64_t kRecvTag = 1;
   int fd_;
   Wait wait_;
+  int epoll_[2] = {-1, -1};
   char out_[kPingBytes] = {};
   char in_[64] = {};
 #if URDMA_HAVE_LIBURING
@@ -455,8 +492,8 @@ double ping_pong(Wait wait, int rounds) {
 // and fast spells fall on all of them. Prints each way's median over the blocks of its one-way
 // median, and the median over the blocks of its ratio to the recv spin's in the same block.
 void interleaved_rows(int rounds) {
-  std::vector<Wait> ways = {Wait::kRecvSpin, Wait::kRecvmsg, Wait::kRecvmmsgOne,
-                            Wait::kRecvmmsgBatch};
+  std::vector<Wait> ways = {Wait::kRecvSpin,           Wait::kRecvmsg,     Wait::kRecvmsgEpoll,
+                            Wait::kRecvmsgNestedEpoll, Wait::kRecvmmsgOne, Wait::kRecvmmsgBatch};
   int fds[2];
   socket_pair(fds);
   if (Side probe(fds[0], Wait::kDeferTaskrun); probe.open() == 0)
