@@ -17,6 +17,11 @@ Cq::Cq(uint32_t handle, uint32_t cqe, AsyncEventQueue* events, CqOptions options
       options_(std::move(options)),
       ring_(std::make_unique<SpscRing<Completion>>(cqe, QueueBuffer::kCq, options_.allocator)) {}
 
+Cq::~Cq() {
+  if (options_.armed_count != nullptr && armed())
+    options_.armed_count->fetch_sub(1, std::memory_order_seq_cst);
+}
+
 uint32_t Cq::cqe() const {
   std::lock_guard lock(producer_mutex_);
   return ring_->capacity();
@@ -74,6 +79,8 @@ void Cq::req_notify(bool solicited_only) {
     if (arm_.compare_exchange_weak(cur, want, std::memory_order_acq_rel, std::memory_order_relaxed))
       break;
   }
+  if (cur == kDisarmed && options_.armed_count != nullptr)
+    options_.armed_count->fetch_add(1, std::memory_order_seq_cst);
 }
 
 void Cq::set_notify(std::function<void(Cq&)> notify) {
@@ -127,6 +134,8 @@ bool Cq::push_st(const ibv_wc& wc, bool solicited) {
   uint8_t arm = arm_.fetch_add(0, std::memory_order_acq_rel);
   while (arm != kDisarmed && (arm == kArmedNext || matches_solicited)) {
     if (arm_.compare_exchange_weak(arm, kDisarmed, std::memory_order_acq_rel)) {
+      if (options_.armed_count != nullptr)
+        options_.armed_count->fetch_sub(1, std::memory_order_seq_cst);
       std::lock_guard lock(notify_mutex_);
       if (notify_) notify_(*this);
       break;

@@ -24,7 +24,9 @@
 //
 // Notification (IBA 11.4.2.2, ibv_req_notify_cq(3)): req_notify arms the CQ for the next
 // completion or for the next solicited (or unsuccessful) completion; the first matching push
-// disarms it and calls the notify hook (the completion channel), once per arming.
+// disarms it and calls the notify hook (the completion channel), once per arming. The device
+// counts its armed CQs (Device::armed_cqs): an armed CQ means a thread may sleep on its channel's
+// fd, out of the runtime's sight (runtime.h, NAPPING).
 #pragma once
 
 #include <atomic>
@@ -88,12 +90,16 @@ struct CqOptions {
   bool completion_timestamp = false;          // stamp completion_ts
   bool wallclock_timestamp = false;           // stamp wallclock_ns
   std::shared_ptr<QueueAllocator> allocator;  // null: the ring from malloc
+  std::atomic<uint32_t>* armed_count = nullptr;  // the device's armed CQs (Device::create_cq)
 };
 
 class Cq {
  public:
   // Use Device::create_cq, which checks `cqe` against the device limits.
   Cq(uint32_t handle, uint32_t cqe, AsyncEventQueue* events, CqOptions options = {});
+  ~Cq();
+  Cq(const Cq&) = delete;
+  Cq& operator=(const Cq&) = delete;
 
   uint32_t handle() const { return handle_; }
   // The usable size reported in ibv_cq.cqe (>= the requested size).
@@ -110,6 +116,7 @@ class Cq {
   int poll(int max_entries, Completion* out);
   // ibv_req_notify_cq: arm for the next completion, or only a solicited/error one.
   void req_notify(bool solicited_only);
+  bool armed() const { return arm_.load(std::memory_order_relaxed) != kDisarmed; }
   // The completion channel hook: called from the engine thread when an armed CQ fires.
   void set_notify(std::function<void(Cq&)> notify);
   // ibv_resize_cq: EINVAL if `cqe` is 0, above the device limit, or below the entries present;

@@ -206,6 +206,7 @@ Result<Mr*> Device::reg_dm_mr(Pd* pd, Dm* dm, uint64_t offset, uint64_t length, 
 Result<Cq*> Device::create_cq(int cqe, CqOptions options) {
   // ibv_create_cq(3): cqe must be at least 1 and at most the device's max_cqe.
   if (cqe < 1 || static_cast<uint32_t>(cqe) > kLimits.max_cqe) return Status(EINVAL);
+  options.armed_count = &armed_cqs_;
   return cqs_.create(static_cast<uint32_t>(cqe), &events_, std::move(options));
 }
 

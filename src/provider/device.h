@@ -115,6 +115,8 @@ class Device {
   Result<Cq*> create_cq(int cqe, CqOptions options = {});
   Status destroy_cq(Cq* cq);
   Cq* cq_by_handle(uint32_t handle) const { return cqs_.get(handle); }
+  // CQs armed for an event and not yet fired (Cq::req_notify).
+  uint32_t armed_cqs() const { return armed_cqs_.load(std::memory_order_seq_cst); }
 
   // ---- XRC domain ----
   Result<Xrcd*> alloc_xrcd() { return xrcds_.create(); }
@@ -179,6 +181,7 @@ class Device {
   Doorbell default_doorbell_;
   Doorbell* doorbell_;
   AsyncEventQueue events_;
+  std::atomic<uint32_t> armed_cqs_{0};  // before cqs_: a CQ destroyed with the device counts down
   mutable std::shared_mutex gid_mutex_;
   std::vector<ibv_gid> gids_;
   MrTable mr_table_;

@@ -186,6 +186,25 @@ TEST_F(CqTest, NotificationArming) {
   EXPECT_EQ(fired, 4);
 }
 
+// The device counts its armed CQs (the runtime keeps watching its socket while one is armed):
+// an arming counts once however often it is repeated, a firing or a destroyed CQ counts down.
+TEST_F(CqTest, TheDeviceCountsItsArmedCqs) {
+  Cq* one = make(16);
+  Cq* two = make(16);
+  EXPECT_EQ(dev_.armed_cqs(), 0u);
+  one->req_notify(true);
+  one->req_notify(false);
+  EXPECT_EQ(dev_.armed_cqs(), 1u);
+  two->req_notify(false);
+  EXPECT_EQ(dev_.armed_cqs(), 2u);
+  ASSERT_TRUE(one->push_st(make_wc(0), false));
+  EXPECT_EQ(dev_.armed_cqs(), 1u) << "a fired CQ still counted";
+  ASSERT_TRUE(one->push_st(make_wc(1), false));
+  EXPECT_EQ(dev_.armed_cqs(), 1u);
+  ASSERT_EQ(dev_.destroy_cq(two), kOk);
+  EXPECT_EQ(dev_.armed_cqs(), 0u) << "a destroyed armed CQ still counted";
+}
+
 TEST_F(CqTest, CqInUseCannotBeDestroyed) {
   Qp* qp = make_qp(IBV_QPT_RC);
   EXPECT_EQ(dev_.destroy_cq(cq()).error(), EBUSY);
