@@ -166,6 +166,7 @@ void ShmPacketIo::take_changes() {
   }
   changes_.clear();
   next_rx_ = 0;
+  peer_count_.store(peers_.size(), std::memory_order_relaxed);
 }
 
 void ShmPacketIo::drop_closed() {
@@ -183,6 +184,7 @@ void ShmPacketIo::drop_closed() {
     }
   }
   next_rx_ = 0;
+  peer_count_.store(peers_.size(), std::memory_order_relaxed);
 }
 
 ShmPacketIo::Peer* ShmPacketIo::find(uint32_t range) const {

@@ -130,6 +130,9 @@ class ShmPacketIo final : public PacketIo {
   // add_peer's doorbell make it readable); woke_readable() when that sleep ended readable.
   void watch_socket(bool on) { socket_watched_.store(on, std::memory_order_relaxed); }
   void woke_readable();
+  // Any thread: whether the I/O has a region, and so reads the socket only when due (RECEIVE);
+  // without one, every recv_batch reads it.
+  bool has_peers() const { return peer_count_.load(std::memory_order_relaxed) != 0; }
 
   // The I/O thread's (tests, `urdma status`).
   ShmCounters shm_counters() const { return shm_; }
@@ -194,6 +197,7 @@ class ShmPacketIo final : public PacketIo {
   std::atomic<bool> udp_due_{true};
   std::atomic<bool> rang_awake_{false};  // the doorbell ended a sleep: skip the socket once
   std::atomic<bool> socket_watched_{false};
+  std::atomic<size_t> peer_count_{0};  // peers_.size(), stored under mu_ when it changes
 
   // The I/O thread's.
   std::vector<std::pair<Address, bool>> local_seen_;   // IsLocal's answers

@@ -511,6 +511,7 @@ void Runtime::run() {
       // later window at once and the thread would never sleep); and when an application thread
       // is seen busy-polling its CQ — it drives the engine itself, and a spinning engine thread
       // would only take its core (2 cores).
+      nap_socket(false);  // the socket is one of them
       const uint64_t inline_before = inline_turns_.load(std::memory_order_relaxed);
       bool more = false;
       bool app_polls = false;
@@ -581,14 +582,15 @@ int Runtime::wait_readable(int fd, const bool& delivered) {
     explicit Watch(Runtime* r) : rt(r) {
       std::lock_guard lock(rt->watch_mutex_);
       // Blocked on transmit, the engine thread waits for EPOLLOUT on it: left in.
-      if (rt->watchers_++ == 0 && !rt->epollout_)
+      if (rt->watchers_++ == 0 && !rt->epollout_ && !rt->socket_out_)
         rt->socket_out_ =
             epoll_ctl(rt->epoll_fd_, EPOLL_CTL_DEL, rt->io_->readable_fd(), nullptr) == 0;
     }
     ~Watch() {
       {
         std::lock_guard lock(rt->watch_mutex_);
-        if (--rt->watchers_ == 0 && rt->socket_out_) rt->socket_back();
+        if (--rt->watchers_ == 0 && rt->socket_out_ && !rt->nap_out_.load(std::memory_order_relaxed))
+          rt->socket_back();
       }
       // The engine thread, or another waiting thread, may sleep armed with its wake-up taken by
       // this thread's: the doorbell that woke this thread is read (net/shm_packet_io.cc,
@@ -623,6 +625,27 @@ int Runtime::wait_readable(int fd, const bool& delivered) {
     if (token_.load(std::memory_order_seq_cst) != kFree)
       token_wakes_.wait(generation, std::memory_order_seq_cst);
   }
+}
+
+void Runtime::nap_socket(bool out) {
+  if (!out && !nap_out_.load(std::memory_order_relaxed)) return;
+  std::lock_guard lock(watch_mutex_);
+  // An armed CQ: a thread may sleep on its channel's fd, where no turn of ours sees it. Read
+  // under the lock: an arming counted after this read puts the socket back (req_notify).
+  if (device_.armed_cqs() != 0) out = false;
+  nap_out_.store(out, std::memory_order_relaxed);
+  if (out && !socket_out_)
+    socket_out_ = epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, io_->readable_fd(), nullptr) == 0;
+  else if (!out && socket_out_ && watchers_ == 0)
+    socket_back();  // level-triggered: a datagram that came meanwhile is reported at once
+}
+
+void Runtime::req_notify(provider::Cq& cq, bool solicited_only) {
+  cq.req_notify(solicited_only);
+  std::lock_guard lock(watch_mutex_);
+  if (!nap_out_.load(std::memory_order_relaxed)) return;
+  nap_out_.store(false, std::memory_order_relaxed);
+  if (socket_out_ && watchers_ == 0) socket_back();
 }
 
 // watch_mutex_ held.
@@ -685,21 +708,24 @@ bool Runtime::sleep_until(uint64_t deadline_ns) {
     }
   }
   set_timer(timer_fd_, &timer_ns_, deadline_ns);
+  // A poller that reads the socket on every turn needs no watch on it (NAPPING).
+  nap_socket(nap && !epollout_ && (shm_io_ == nullptr || !shm_io_->has_peers()));
   epoll_event events[4];
   int n = 0;
   // Datagrams that do not make the socket readable (a peer's shared-memory ring) ring the I/O's
   // doorbell instead, once asked to; some may wait already: no sleep then.
   // A nap asks for neither: the polling thread reads the rings.
   const bool idle = nap || io_->arm_wakeup();
-  // A nap watches the socket for the polling thread, which then leaves it alone until this
-  // thread sees it readable (net/shm_packet_io.h).
-  if (nap && shm_io_ != nullptr) shm_io_->watch_socket(true);
+  // A nap with the socket in watches it for the polling thread, which then leaves it alone
+  // until this thread sees it readable (net/shm_packet_io.h).
+  const bool watch = nap && !nap_out_.load(std::memory_order_relaxed) && shm_io_ != nullptr;
+  if (watch) shm_io_->watch_socket(true);
   if (idle) {
     do {
       n = epoll_wait(epoll_fd_, events, 4, -1);
     } while (n < 0 && errno == EINTR);
   }
-  if (nap && shm_io_ != nullptr) {
+  if (watch) {
     shm_io_->watch_socket(false);
     for (int i = 0; i < n; ++i)
       if (events[i].data.fd == io_->readable_fd()) shm_io_->woke_readable();

@@ -68,7 +68,14 @@
 //   doorbell: the polling thread reads it) and without the application timer (an ACK held for
 //   a reply leaves with the reply or at the next turn). A wake-up per post or per datagram
 //   would cost a syscall on both sides and a context switch on a core the pollers need; the
-//   nap bounds what is left to the engine thread to kNapNs when the poller stops.
+//   nap bounds what is left to the engine thread to kNapNs when the poller stops. Where the
+//   poller reads the socket on every turn (no shared-memory region: net/shm_packet_io.h), the
+//   nap also takes the socket out of the thread's epoll set (nap_socket), unless a CQ is armed
+//   for an event (a thread may sleep on its channel's fd, where no turn sees it; req_notify
+//   puts the socket back), and it goes back in when the thread stops napping: a socket in an
+//   epoll set runs the set's callback for every datagram queued on it, inside the sender's
+//   sendmsg, whether anybody waits or not, and woke the napping thread for a datagram the
+//   poller reads (docs/PERFORMANCE.md).
 // * STREAMS: a turn of the engine thread that read kStreamRecords or more from shared-memory
 //   rings (a peer streams: its next records come within microseconds) is followed by up to
 //   kStreamSpinNs of looking at the rings before the thread sleeps. Asleep, every burst would
@@ -149,6 +156,9 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // Any thread (ibv_poll_cq finding its CQ empty): runs one engine turn on this thread if
   // nobody holds the progress token; false if somebody does (the engine is being driven).
   bool try_progress();
+  // Any thread (ibv_req_notify_cq): arms `cq`, and puts the socket back in the engine thread's
+  // epoll set if a nap took it out: the caller may now sleep on the channel's fd (NAPPING).
+  void req_notify(provider::Cq& cq, bool solicited_only);
   // Any thread (ibv_resize_cq): runs one engine turn on this thread, waiting for the token
   // while another thread's turn runs, so whatever was posted before the call has executed as
   // far as the device can take it alone (a UD send has left and completed), as a kernel
@@ -204,6 +214,8 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // Sets timerfd `fd`, armed for *armed, to wake at `want` or earlier (lazy_timer.h).
   void set_timer(int fd, uint64_t* armed, uint64_t want);
   void wake_token_waiter();
+  // Engine thread: the socket out of its epoll set for a nap (NAPPING), or back in.
+  void nap_socket(bool out);
   // Sleeps in epoll until a datagram, a post, the deadline or stop. True when woken by work
   // (a datagram or the doorbell), not by the timer alone.
   bool sleep_until(uint64_t deadline_ns);
@@ -288,11 +300,13 @@ class Runtime final : public engine::Waker, public EventWaiter {
   std::atomic<uint64_t> wakeups_{0};
   std::atomic<uint64_t> busy_poll_hits_{0};
   std::atomic<pid_t> engine_tid_{0};
-  // Threads in wait_readable. While there is one, the socket is out of the engine thread's
-  // epoll set (socket_out_), unless the engine waits for EPOLLOUT. watch_mutex_ guards these
-  // and every epoll_ctl on the socket after the constructor.
+  // Threads in wait_readable. While there is one, or while the engine thread naps with the
+  // socket out (nap_out_: set by that thread, cleared by it or by req_notify), the socket is out
+  // of the engine thread's epoll set (socket_out_), unless the engine waits for EPOLLOUT.
+  // watch_mutex_ guards these and every epoll_ctl on the socket after the constructor.
   std::mutex watch_mutex_;
   int watchers_ = 0;
+  std::atomic<bool> nap_out_{false};  // stored under watch_mutex_
   bool socket_out_ = false;
   std::thread thread_;
 };

@@ -115,7 +115,8 @@ int op_poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
 }
 
 int op_req_notify_cq(ibv_cq* cq, int solicited_only) {
-  Cq::from(cq)->p->req_notify(solicited_only != 0);
+  Cq* c = Cq::from(cq);
+  c->ctx->rt->runtime().req_notify(*c->p, solicited_only != 0);
   return 0;
 }
 

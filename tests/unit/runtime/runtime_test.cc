@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -224,6 +226,150 @@ TEST(RuntimeNap, APollingThreadCostsTheEngineThreadAWakeUpPerMillisecond) {
   expect_success(wait_cqes(*a.rt, cqa, 1, false));
   b.settle();
   EXPECT_EQ(fnv1a(dst.data(), dst.size()), fnv1a(src.data(), src.size()));
+}
+
+// NAPPING: a poller reads the socket on every turn, so the engine thread that naps beside it
+// keeps the socket out of its epoll set. 2,000 round trips of 8-byte SENDs, driven by this
+// thread's polls of both hosts, wake each engine thread about once per millisecond (its nap's
+// timer), not for the 4,000 datagrams: with the socket in the set, every datagram that found
+// the thread napping woke it, a context switch on a core the poller needs.
+TEST(RuntimeNap, DatagramsForAPollingThreadDoNotWakeTheEngineThread) {
+  auto [a, b] = make_hosts();
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  RcPair p = connect_rc(a, cqa, b, cqb);
+  alignas(8) uint64_t buf_a[2] = {}, buf_b[2] = {};  // [0] is sent, [1] received
+  provider::Mr* ma = a.reg(buf_a, sizeof buf_a);
+  provider::Mr* mb = b.reg(buf_b, sizeof buf_b);
+  const auto await_recv = [&](provider::Cq* cq) {
+    const auto deadline = std::chrono::steady_clock::now() + kHangGuard;
+    ibv_wc wc[8];
+    for (;;) {
+      a.rt->try_progress();
+      b.rt->try_progress();
+      const int k = cq->poll(8, wc);
+      for (int i = 0; i < k; ++i) {
+        EXPECT_EQ(wc[i].status, IBV_WC_SUCCESS) << "wr_id " << wc[i].wr_id;
+        if (wc[i].opcode == IBV_WC_RECV) return true;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return false;
+    }
+  };
+  const auto send = [](provider::Qp& qp, uint64_t* from, const provider::Mr* mr, uint64_t id) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(from), sizeof *from, mr->lkey()};
+    ibv_send_wr wr = rdma_wr(IBV_WR_SEND, &sge, 0, 0, id);
+    ibv_send_wr* bad = nullptr;
+    return qp.post_send(&wr, &bad).ok();
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const pid_t ta = a.rt->engine_tid(), tb = b.rt->engine_tid();
+  ASSERT_NE(ta, 0);
+  ASSERT_NE(tb, 0);
+  const uint64_t switches_a = voluntary_switches(ta), switches_b = voluntary_switches(tb);
+  const uint64_t naps0 = a.rt->naps() + b.rt->naps();
+  const auto start = std::chrono::steady_clock::now();
+  constexpr uint64_t kRounds = 2000;
+  for (uint64_t r = 1; r <= kRounds; ++r) {
+    ASSERT_TRUE(post_one_recv(*p.qb, &buf_b[1], 8, mb->lkey(), r).ok());
+    ASSERT_TRUE(post_one_recv(*p.qa, &buf_a[1], 8, ma->lkey(), r).ok());
+    buf_a[0] = r;
+    ASSERT_TRUE(send(*p.qa, &buf_a[0], ma, r));
+    ASSERT_TRUE(await_recv(cqb)) << "round " << r;
+    b.settle();
+    ASSERT_EQ(buf_b[1], r);
+    buf_b[0] = ~r;
+    ASSERT_TRUE(send(*p.qb, &buf_b[0], mb, r));
+    ASSERT_TRUE(await_recv(cqa)) << "round " << r;
+    a.settle();
+    ASSERT_EQ(buf_a[1], ~r);
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  const uint64_t wakes_a = voluntary_switches(ta) - switches_a;
+  const uint64_t wakes_b = voluntary_switches(tb) - switches_b;
+  EXPECT_GT(a.rt->naps() + b.rt->naps(), naps0) << "the engine threads did not nap";
+  // A nap's timer wakes a thread once per millisecond; twice that, and 20, are slack.
+  const uint64_t bound = 2 * static_cast<uint64_t>(ms) + 20;
+  EXPECT_LE(wakes_a, bound) << kRounds << " round trips in " << ms << " ms";
+  EXPECT_LE(wakes_b, bound) << kRounds << " round trips in " << ms << " ms";
+}
+
+// Whether `fd` is a target of an epoll set of this process (an eventpoll fd's fdinfo lists
+// each target as "tfd: N").
+bool in_an_epoll_set(int fd) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(e.path(), ec).string() != "anon_inode:[eventpoll]") continue;
+    std::ifstream info("/proc/self/fdinfo/" + e.path().filename().string());
+    for (std::string line; std::getline(info, line);) {
+      std::istringstream in(line);
+      std::string key;
+      int target = -1;
+      if (in >> key >> target && key == "tfd:" && target == fd) return true;
+    }
+  }
+  return false;
+}
+
+// Until `want` is what in_an_epoll_set(fd) says, for at most 2 s; `nudge` (if any) runs before
+// each look.
+bool becomes(int fd, bool want, const std::function<void()>& nudge = {}) {
+  for (int i = 0; i < 2000; ++i) {
+    if (nudge) nudge();
+    if (in_an_epoll_set(fd) == want) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+// NAPPING: the socket is out of the napping engine thread's epoll set only while no CQ is armed
+// for an event. After ibv_req_notify_cq a thread may sleep on the channel's fd, where no poll
+// turn sees it: a datagram must wake the engine thread then, not wait for the nap's end. The
+// arming puts the socket back before it returns; the event that fires takes the arming away.
+TEST(RuntimeNap, AnArmedCqKeepsTheSocketWatchedBesideAPoller) {
+  LinkIo* io_a = nullptr;
+  auto [a, b] = make_hosts({.io_a = &io_a});
+  provider::Cq* cqa = a.make_cq();
+  provider::Cq* cqb = b.make_cq();
+  RcPair p = connect_rc(a, cqa, b, cqb);
+  const int sock = io_a->readable_fd();
+  ASSERT_TRUE(becomes(sock, true)) << "the engine thread does not sleep on the socket";
+  std::atomic<bool> stop{false};
+  std::thread poller([&] {
+    while (!stop.load(std::memory_order_relaxed)) a.rt->try_progress();
+  });
+  // Woken, the engine thread takes a turn, finds the poller, and naps from then on. (A thread
+  // that went to sleep while the poller was off its core sleeps until something wakes it.)
+  const auto wake_a = [&] { a.rt->wake(); };
+  EXPECT_TRUE(becomes(sock, false, wake_a))
+      << "the engine thread naps beside a poller with the socket in";
+  a.rt->req_notify(*cqa, false);
+  EXPECT_EQ(a.dev().armed_cqs(), 1u);
+  EXPECT_TRUE(in_an_epoll_set(sock)) << "the arming left the socket out";
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // naps come and go
+  EXPECT_TRUE(in_an_epoll_set(sock)) << "a nap took the socket out with a CQ armed";
+  // B's SEND completes A's receive: the CQ fires and is armed no more.
+  alignas(8) uint64_t word = 42, got = 0;
+  provider::Mr* mw = b.reg(&word, sizeof word);
+  provider::Mr* mg = a.reg(&got, sizeof got);
+  ASSERT_TRUE(post_one_recv(*p.qa, &got, sizeof got, mg->lkey(), 7).ok());
+  ibv_sge sge{reinterpret_cast<uintptr_t>(&word), sizeof word, mw->lkey()};
+  ibv_send_wr wr = rdma_wr(IBV_WR_SEND, &sge, 0, 0, 8);
+  ibv_send_wr* bad = nullptr;
+  ASSERT_TRUE(p.qb->post_send(&wr, &bad).ok());
+  const std::vector<ibv_wc> wcs = wait_cqes(*a.rt, cqa, 1, false);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  a.settle();
+  EXPECT_EQ(got, 42u);
+  EXPECT_EQ(a.dev().armed_cqs(), 0u);
+  EXPECT_TRUE(becomes(sock, false, wake_a)) << "the socket stayed in after the CQ fired";
+  stop.store(true);
+  poller.join();
+  // The poller stopped: the engine thread's next sleep is not a nap, and watches the socket.
+  EXPECT_TRUE(becomes(sock, true)) << "the engine thread sleeps without the socket";
+  expect_success(wait_cqes(*b.rt, cqb, 1, false));
 }
 
 // A datagram ends the busy-poll window at once: with a window of 3 s on both sides, a WRITE
