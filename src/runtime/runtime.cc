@@ -589,7 +589,8 @@ int Runtime::wait_readable(int fd, const bool& delivered) {
     ~Watch() {
       {
         std::lock_guard lock(rt->watch_mutex_);
-        if (--rt->watchers_ == 0 && rt->socket_out_ && !rt->nap_out_.load(std::memory_order_relaxed))
+        if (--rt->watchers_ == 0 && rt->socket_out_ &&
+            !rt->nap_out_.load(std::memory_order_relaxed))
           rt->socket_back();
       }
       // The engine thread, or another waiting thread, may sleep armed with its wake-up taken by
