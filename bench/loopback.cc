@@ -33,9 +33,13 @@
 //    by sendmsg with GSO), with UdpSocketIo's source-address and TTL cmsgs, from a socket set up
 //    as UdpSocketIo's — and reads as UdpSocketIo reads (recvmmsg over 32 buffers, recvmsg after
 //    a read that found at most one datagram). No engine: the kernel's cost of RC's datagrams, so
-//    that RC over it is what urdma's own code adds. The three rows run in blocks of 1,000
-//    rounds taken in turn, so that the host's slow and fast spells fall on all three; besides the
-//    ratios of the overall medians, the medians of the per-block ratios are printed.
+//    that RC over it is what urdma's own code adds. Then the same datagrams as real RC packets
+//    with RC's least work (bare_send, bare_packet: parse, ICRC checks and seals, the payload
+//    into a receive buffer, a CQE, a WQE; no engine, lock or verbs call), on sockets of their
+//    own: least work over shaped is the floor under any RC implementation's code, RC over least
+//    work what urdma's structure adds. The four rows run in blocks of 1,000 rounds taken in
+//    turn, so that the host's slow and fast spells fall on all of them; besides the ratios of
+//    the overall medians, the medians of the per-block ratios are printed.
 //  * bandwidth: raw = 4 KiB datagrams, one sendto per datagram, as fast as A can, received by B
 //    with one recv per datagram; the rate B receives. RC = RDMA WRITE 64 KiB, 16 outstanding,
 //    path MTU 4096; A's application thread posts and polls (driving inline), B's application
@@ -73,11 +77,16 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "net/icrc_flow.h"
 #include "net/shm_packet_io.h"
 #include "net/udp_socket_io.h"
 #include "runtime/runtime.h"
 #include "support/checksum.h"
 #include "support/qp_setup.h"
+#include "wire/headers.h"
+#include "wire/icrc.h"
+#include "wire/opcode.h"
+#include "wire/packet.h"
 
 namespace {
 
@@ -87,6 +96,7 @@ using test_support::fnv1a;
 
 constexpr uint16_t kRawPort = 5000;     // the raw-UDP limit's sockets (RoCEv2 uses 4791)
 constexpr uint16_t kShapedPort = 5001;  // the RC-shaped raw UDP ping-pong's sockets
+constexpr uint16_t kBarePort = 5002;    // the same for RC's least work (bare_send)
 // The UDP payloads of one RC hop: SEND Only with 8 bytes inline (BTH 12 + 8 + ICRC 4), and the
 // ACK held for it (BTH 12 + AETH 4 + ICRC 4), which leaves in the same sendmmsg.
 constexpr size_t kShapedSendBytes = 24;
@@ -132,6 +142,7 @@ uint64_t now_ns() {
 enum class Phase : uint32_t {
   kRawLat,
   kShapedLat,
+  kBareLat,
   kRcLat,
   kRingLat,
   kLineLat,
@@ -217,6 +228,7 @@ struct Host {
   provider::Mr* rate_mr = nullptr;
   int raw_fd = -1;
   int shaped_fd = -1;
+  int bare_fd = -1;  // set up as shaped_fd: a row's datagrams left queued stay its own
   // --shm: the limit row's bare rings (net/shm_ring.h), this side's to write and to read.
   std::unique_ptr<net::ShmProducer> ring_tx;
   std::unique_ptr<net::ShmConsumer> ring_rx;
@@ -266,8 +278,8 @@ int bind_udp(const net::Address& a, uint16_t port) {
 
 // The RC-shaped ping-pong's socket, set up as UdpSocketIo::adopt sets up its own: DF, the
 // destination address reported (IP_PKTINFO), 4 MiB buffers, UDP_GRO as --no-gro says.
-int open_shaped(const net::Address& addr, bool gso, bool gro) {
-  const int fd = bind_udp(addr, kShapedPort);
+int open_shaped(const net::Address& addr, uint16_t port, bool gso, bool gro) {
+  const int fd = bind_udp(addr, port);
   const int one = 1, df = IP_PMTUDISC_DO;
   const int buffer = static_cast<int>(net::kLargeSocketBufferBytes);
   require(setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &df, sizeof df) == 0 &&
@@ -370,7 +382,8 @@ void open_host(Host& h, const net::Address& addr, const net::Address& peer, bool
   h.bw_mr = reg(h, h.bw_buf);
   h.rate_mr = reg(h, h.rate_buf);
   h.raw_fd = bind_udp(addr, kRawPort);
-  h.shaped_fd = open_shaped(addr, gso, gro);
+  h.shaped_fd = open_shaped(addr, kShapedPort, gso, gro);
+  h.bare_fd = open_shaped(addr, kBarePort, gso, gro);
   h.gso = gso;
   h.gro = gro;
 }
@@ -482,11 +495,9 @@ ssize_t raw_recv_spin(int fd, void* p, size_t n) {
 // and the ACK behind it in one send — one UDP_SEGMENT message with GSO (a sendmsg, as
 // UdpSocketIo sends one message), else two messages (sendmmsg) — each with the source address
 // (IP_PKTINFO) and TTL (IP_TTL) cmsgs UdpSocketIo adds.
-void shaped_send(const Host& h, const sockaddr_in& to, uint64_t round) {
-  uint8_t send_bytes[kShapedSendBytes] = {};
-  uint8_t ack_bytes[kShapedAckBytes] = {};
-  std::memcpy(send_bytes, &round, sizeof round);
-  iovec iov[2] = {{send_bytes, sizeof send_bytes}, {ack_bytes, sizeof ack_bytes}};
+void shaped_send_bytes(const Host& h, int fd, const sockaddr_in& to, uint8_t* send_bytes,
+                       uint8_t* ack_bytes) {
+  iovec iov[2] = {{send_bytes, kShapedSendBytes}, {ack_bytes, kShapedAckBytes}};
   alignas(cmsghdr) uint8_t control[2][CMSG_SPACE(sizeof(in_pktinfo)) + CMSG_SPACE(sizeof(int)) +
                                       CMSG_SPACE(sizeof(uint16_t))] = {};
   mmsghdr msgs[2] = {};
@@ -517,9 +528,8 @@ void shaped_send(const Host& h, const sockaddr_in& to, uint64_t round) {
   }
   int sent = 0;
   while (sent < n) {
-    const int r = n - sent == 1
-                      ? (sendmsg(h.shaped_fd, &msgs[sent].msg_hdr, 0) >= 0 ? 1 : -1)
-                      : sendmmsg(h.shaped_fd, msgs + sent, static_cast<unsigned>(n - sent), 0);
+    const int r = n - sent == 1 ? (sendmsg(fd, &msgs[sent].msg_hdr, 0) >= 0 ? 1 : -1)
+                                : sendmmsg(fd, msgs + sent, static_cast<unsigned>(n - sent), 0);
     if (r > 0) {
       sent += r;
     } else if (errno != EAGAIN && errno != ENOBUFS && errno != EINTR) {
@@ -528,16 +538,149 @@ void shaped_send(const Host& h, const sockaddr_in& to, uint64_t round) {
   }
 }
 
+void shaped_send(const Host& h, const sockaddr_in& to, uint64_t round) {
+  uint8_t send_bytes[kShapedSendBytes] = {};
+  uint8_t ack_bytes[kShapedAckBytes] = {};
+  std::memcpy(send_bytes, &round, sizeof round);
+  shaped_send_bytes(h, h.shaped_fd, to, send_bytes, ack_bytes);
+}
+
+// The bare row: the shaped ping-pong's datagrams as real RC packets, with the least work an RC
+// endpoint does for them between the read and the send, and nothing else — no engine turn, no
+// lock, no verbs call, no timer. Each packet is parsed (wire::parse_packet) and its ICRC checked
+// as a socket's reader must (net::icrc_ok: the flow from the source address and IP_PKTINFO);
+// the SEND's payload goes into a receive buffer and a completion into a CQ, the ACK retires a
+// send-queue entry; the application takes the completion and writes its next WQE, from which
+// the SEND and the ACK behind it are built and sealed (net::seal_icrc; the ACK, segment 1 of the
+// send, for IPv4 ID 1 as UdpSocketIo seals it). Queues and buffers each on their own page, as a
+// device's are. What a hop costs above the shaped row here is the floor under urdma's own code.
+struct BareRc {
+  struct Wqe {
+    uint64_t wr_id;
+    uint32_t length;
+    uint32_t flags;
+    uint8_t inline_data[16];
+  };
+  struct Cqe {
+    uint64_t wr_id;
+    uint32_t byte_len;
+    uint32_t qp_num;
+    uint32_t opcode;
+    uint32_t status;
+  };
+  static constexpr uint32_t kSlots = 64;
+  static constexpr uint32_t kQpn = 0x11;  // both sides' QP number: one flow each way
+  alignas(4096) uint8_t recv_buf[4096];   // the posted receive's buffer
+  alignas(4096) Cqe cq[kSlots];
+  alignas(4096) Wqe sq[kSlots];
+  alignas(4096) uint8_t tx[2][64];  // the SEND and the ACK being built
+  uint32_t cq_head = 0, cq_tail = 0;
+  uint32_t sq_head = 0, sq_tail = 0;
+  uint32_t send_psn = 0;  // the next SEND's
+  uint32_t recv_psn = 0;  // the next expected
+  uint32_t msn = 0;       // SENDs received: the ACK's MSN
+  uint64_t errors = 0;    // a SEND out of PSN order, a completion not as posted
+};
+
+BareRc& bare_rc() {
+  static BareRc* b = new BareRc();
+  return *b;
+}
+
+// The application posts `round` (inline, 8 bytes); the requester builds the SEND from its WQE
+// and the ACK owed for the last SEND received, seals both and sends them as the shaped row does.
+void bare_send(const Host& h, const sockaddr_in& to, uint64_t round) {
+  BareRc& b = bare_rc();
+  BareRc::Wqe& w = b.sq[b.sq_head++ % BareRc::kSlots];
+  w.wr_id = round;
+  w.length = sizeof round;
+  w.flags = 0;
+  std::memcpy(w.inline_data, &round, sizeof round);
+  const net::Endpoint src{h.addr, kBarePort}, dst{h.peer, kBarePort};
+  const wire::Bth send(b.tx[0]);
+  send.set_opcode(wire::op::kRcSendOnly);
+  send.set_pkey(wire::kDefaultPkey);
+  send.set_dest_qp(BareRc::kQpn);
+  send.set_ack_req(1);
+  send.set_psn(b.send_psn);
+  b.send_psn = (b.send_psn + 1) & wire::kQpnMask;
+  std::memcpy(b.tx[0] + wire::Bth::kSize, w.inline_data, w.length);
+  require(net::seal_icrc({b.tx[0], kShapedSendBytes}, src, dst), "bare: seal SEND");
+  const wire::Bth ack(b.tx[1]);
+  ack.set_opcode(wire::op::kRcAck);
+  ack.set_pkey(wire::kDefaultPkey);
+  ack.set_dest_qp(BareRc::kQpn);
+  ack.set_psn((b.recv_psn - 1) & wire::kQpnMask);
+  const wire::Aeth aeth(b.tx[1] + wire::Bth::kSize);
+  aeth.set_syndrome(wire::aeth_syndrome(wire::AethType::kAck, wire::kAethCreditsInvalid));
+  aeth.set_msn(b.msn & wire::kQpnMask);
+  require(net::seal_icrc({b.tx[1], kShapedAckBytes}, src, dst), "bare: seal ACK");
+  if (h.gso) {
+    const std::span<uint8_t> a(b.tx[1], kShapedAckBytes);
+    wire::store_icrc(a, wire::icrc_of(a) ^ wire::ipv4_id_icrc_delta(1, kShapedAckBytes));
+  }
+  shaped_send_bytes(h, h.bare_fd, to, b.tx[0], b.tx[1]);
+}
+
+// One received packet: parsed, its ICRC checked, then the responder's (a SEND: payload and
+// completion) or the completer's (an ACK: the oldest send-queue entry retired) part. True for
+// a SEND, whose completion is then the application's to take.
+bool bare_packet(std::span<const uint8_t> bytes, const net::Endpoint& src,
+                 const net::Endpoint& dst) {
+  BareRc& b = bare_rc();
+  const wire::ParseResult parsed = wire::parse_packet(bytes);
+  // Not counted and answered later: a SEND dropped here is a round never answered.
+  require(parsed.ok() && net::icrc_ok(bytes, src, dst, wire::Ipv4DfSearch::kSetOnly),
+          "bare RC ping-pong: a packet did not parse or its ICRC did not check");
+  const wire::PacketView& pkt = *parsed;
+  if (pkt.opcode() == wire::op::kRcAck) {
+    if (b.sq_tail != b.sq_head) ++b.sq_tail;
+    return false;
+  }
+  if (pkt.opcode() != wire::op::kRcSendOnly || pkt.bth().psn() != b.recv_psn) {
+    ++b.errors;
+    return false;
+  }
+  b.recv_psn = (b.recv_psn + 1) & wire::kQpnMask;
+  ++b.msn;
+  const std::span<const uint8_t> payload = pkt.payload();
+  std::memcpy(b.recv_buf, payload.data(), payload.size());
+  BareRc::Cqe& c = b.cq[b.cq_head++ % BareRc::kSlots];
+  c.wr_id = 0;
+  c.byte_len = static_cast<uint32_t>(payload.size());
+  c.qp_num = BareRc::kQpn;
+  c.opcode = IBV_WC_RECV;
+  c.status = IBV_WC_SUCCESS;
+  return true;
+}
+
+// The application takes the SEND's completion and reads the round from the receive buffer.
+uint64_t bare_take_completion() {
+  BareRc& b = bare_rc();
+  const BareRc::Cqe& c = b.cq[b.cq_tail++ % BareRc::kSlots];
+  uint64_t round = ~uint64_t{0};
+  if (c.status != IBV_WC_SUCCESS || c.byte_len != sizeof round) {
+    ++b.errors;
+    return round;
+  }
+  std::memcpy(&round, b.recv_buf, sizeof round);
+  return round;
+}
+
 // Busy-polls recvmmsg over 32 buffers with address and cmsg space — or recvmsg into the first
 // when the last read found at most one datagram — as UdpSocketIo reads, until
 // a SEND-sized datagram (or, with GRO, a train starting with one) came; returns its round.
-// ACK-sized ones are read and dropped, as the engine reads ACKs.
-uint64_t shaped_recv_spin(const Host& h) {
+// ACK-sized ones are read and dropped, as the engine reads ACKs. With `bare`, each packet
+// goes through bare_packet (split at the UDP_GRO segment size, as UdpSocketIo reports it) and
+// the round is the completion's.
+uint64_t shaped_recv_spin(const Host& h, bool bare = false) {
   constexpr size_t kSlots = 32;
   static uint8_t bufs[kSlots][256];
   static sockaddr_storage names[kSlots];
   alignas(cmsghdr) static uint8_t control[kSlots][128];
-  static bool one = false;  // as UdpSocketIo: the last read found at most one datagram
+  static bool ones[2] = {};  // as UdpSocketIo: the last read found at most one datagram
+  bool& one = ones[bare];
+  const int fd = bare ? h.bare_fd : h.shaped_fd;
   iovec iov[kSlots];
   mmsghdr msgs[kSlots];
   for (;;) {
@@ -553,11 +696,11 @@ uint64_t shaped_recv_spin(const Host& h) {
     }
     int r;
     if (one) {
-      const ssize_t k = recvmsg(h.shaped_fd, &msgs[0].msg_hdr, MSG_DONTWAIT);
+      const ssize_t k = recvmsg(fd, &msgs[0].msg_hdr, MSG_DONTWAIT);
       if (k >= 0) msgs[0].msg_len = static_cast<unsigned>(k);
       r = k >= 0 ? 1 : -1;
     } else {
-      r = recvmmsg(h.shaped_fd, msgs, kSlots, MSG_DONTWAIT, nullptr);
+      r = recvmmsg(fd, msgs, kSlots, MSG_DONTWAIT, nullptr);
     }
     one = one ? r <= 0 : r <= 1;
     if (r < 0) {
@@ -566,6 +709,36 @@ uint64_t shaped_recv_spin(const Host& h) {
     }
     bool got = false;
     uint64_t round = 0;
+    if (bare) {
+      for (int i = 0; i < r; ++i) {
+        const msghdr& m = msgs[i].msg_hdr;
+        const net::Endpoint src = net::Endpoint::from_sockaddr(
+                                      reinterpret_cast<const sockaddr*>(&names[i]), m.msg_namelen)
+                                      .value_or(net::Endpoint{});
+        net::Endpoint dst{h.addr, kBarePort};
+        size_t segment = msgs[i].msg_len;
+        for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr;
+             c = CMSG_NXTHDR(const_cast<msghdr*>(&m), c)) {
+          if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+            in_pktinfo pi;
+            std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+            uint8_t a[4];
+            std::memcpy(a, &pi.ipi_addr, 4);
+            dst.address = net::Address::from_v4(std::span<const uint8_t, 4>(a));
+          } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+            int g = 0;
+            std::memcpy(&g, CMSG_DATA(c), sizeof g);
+            if (g > 0) segment = static_cast<size_t>(g);
+          }
+        }
+        for (size_t at = 0; at < msgs[i].msg_len; at += segment) {
+          const size_t len = std::min<size_t>(segment, msgs[i].msg_len - at);
+          got |= bare_packet({bufs[i] + at, len}, src, dst);
+        }
+      }
+      if (got) return bare_take_completion();
+      continue;
+    }
     for (int i = 0; i < r; ++i) {
       if (msgs[i].msg_len != kShapedSendBytes &&
           msgs[i].msg_len != kShapedSendBytes + kShapedAckBytes)
@@ -625,6 +798,17 @@ void run_b(Host& h, int ctl) {
           if (round != i) ++r.errors;
           shaped_send(h, to, round);
         }
+        break;
+      }
+      case Phase::kBareLat: {
+        const sockaddr_in to = sockaddr_of(h.peer, kBarePort);
+        for (uint32_t i = 0; i < m.rounds; ++i) {
+          const uint64_t round = shaped_recv_spin(h, /*bare=*/true);
+          if (round != i) ++r.errors;
+          bare_send(h, to, round);
+        }
+        r.errors += bare_rc().errors;
+        bare_rc().errors = 0;
         break;
       }
       case Phase::kRcLat:
@@ -794,6 +978,19 @@ double shaped_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& al
       all);
 }
 
+double bare_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& all) {
+  const sockaddr_in to_b = sockaddr_of(h.peer, kBarePort);
+  const double median = ping_pong(
+      ctl, Phase::kBareLat, rounds, "bare RC ping-pong: a reply was wrong",
+      [&](uint64_t i) {
+        bare_send(h, to_b, i);
+        return shaped_recv_spin(h, /*bare=*/true);
+      },
+      all);
+  require(bare_rc().errors == 0, "bare RC ping-pong: a PSN or a completion was wrong");
+  return median;
+}
+
 // The last SEND completions (ACKs) may still be on their way at the end: not needed.
 double rc_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& all) {
   return ping_pong(
@@ -837,20 +1034,22 @@ double line_latency(Host& h, int ctl, uint32_t rounds, std::vector<double>& all)
 // alike. Each ratio is also taken block by block, and its median over the blocks is printed
 // beside the ratio of the overall medians.
 struct LatencyRows {
-  Latency raw, shaped, rc, ring, line;                // ring, line: --shm only
+  Latency raw, shaped, bare, rc, ring, line;         // ring, line: --shm only
   double rc_raw = 0, shaped_raw = 0, rc_shaped = 0;  // medians of the per-block ratios
+  double bare_shaped = 0, rc_bare = 0;
   double rc_ring = 0;
   uint32_t blocks = 0;
 };
 
 LatencyRows latency_rows(Host& h, int ctl, uint32_t rounds) {
-  std::vector<double> raw, shaped, rc, ring, line;
-  std::vector<double> rc_raw, shaped_raw, rc_shaped, rc_ring;
+  std::vector<double> raw, shaped, bare, rc, ring, line;
+  std::vector<double> rc_raw, shaped_raw, rc_shaped, rc_ring, bare_shaped, rc_bare;
   LatencyRows rows;
   for (uint32_t done = 0; done < rounds; done += kLatBlock) {
     const uint32_t n = std::min(kLatBlock, rounds - done);
     const double r = raw_latency(h, ctl, n, raw);
     const double s = shaped_latency(h, ctl, n, shaped);
+    const double b = bare_latency(h, ctl, n, bare);
     const double c = rc_latency(h, ctl, n, rc);
     if (h.shm) {
       rc_ring.push_back(c / ring_latency(h, ctl, n, ring));
@@ -859,6 +1058,8 @@ LatencyRows latency_rows(Host& h, int ctl, uint32_t rounds) {
     rc_raw.push_back(c / r);
     shaped_raw.push_back(s / r);
     rc_shaped.push_back(c / s);
+    bare_shaped.push_back(b / s);
+    rc_bare.push_back(c / b);
     ++rows.blocks;
   }
   rows.raw = summarize(raw);
@@ -867,6 +1068,9 @@ LatencyRows latency_rows(Host& h, int ctl, uint32_t rounds) {
   rows.rc_raw = summarize(rc_raw).median_us;
   rows.shaped_raw = summarize(shaped_raw).median_us;
   rows.rc_shaped = summarize(rc_shaped).median_us;
+  rows.bare = summarize(bare);
+  rows.bare_shaped = summarize(bare_shaped).median_us;
+  rows.rc_bare = summarize(rc_bare).median_us;
   if (h.shm) {
     rows.ring = summarize(ring);
     rows.line = summarize(line);
@@ -1055,6 +1259,8 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
               rc.p99_us, raw.p99_us, rc.p99_us / raw.p99_us);
   std::printf("%-44s %11.2f us %11.2f us %8.2f\n", "  raw UDP shaped as RC's datagrams, median",
               shaped.median_us, raw.median_us, shaped.median_us / raw.median_us);
+  std::printf("%-44s %11.2f us %11.2f us %8.2f\n", "  the same with RC's least work, median",
+              lat.bare.median_us, raw.median_us, lat.bare.median_us / raw.median_us);
   if (h.shm) {
     std::printf("%-44s %11.2f us %11.2f us %8.2f\n", "  bare shared-memory ring 8 B, median",
                 lat.ring.median_us, raw.median_us, lat.ring.median_us / raw.median_us);
@@ -1081,9 +1287,13 @@ int run_a(Host& h, int ctl, const HostInfo& peer, uint32_t rate_rkey, double sec
       "the row above is what RC's datagrams cost the kernel)\n",
       rc.median_us / shaped.median_us);
   std::printf(
-      "latency in %u blocks of %u rounds (raw, shaped, RC in turn), median of the blocks' "
-      "ratios: RC/raw %.2f, shaped/raw %.2f, RC/shaped %.2f\n",
+      "latency in %u blocks of %u rounds (raw, shaped, least work, RC in turn), median of the "
+      "blocks' ratios: RC/raw %.2f, shaped/raw %.2f, RC/shaped %.2f\n",
       lat.blocks, kLatBlock, lat.rc_raw, lat.shaped_raw, lat.rc_shaped);
+  std::printf(
+      "RC's least work over shaped %.2f (the floor under an RC implementation's own code), "
+      "RC over it %.2f (what urdma's structure adds)\n",
+      lat.bare_shaped, lat.rc_bare);
   if (h.shm)
     std::printf("RC latency median over the bare ring ping-pong, median of the blocks' ratios: "
                 "%.2f (the engine's cost above the ring it sends through)\n",
