@@ -244,9 +244,10 @@ bool Daemon::start_group(std::string* error) {
   // receive buffer (~208 KiB: fewer than 200 MADs once skb overhead is counted) between two
   // epoll wakes. 4 MiB when the daemon may pass net.core.rmem_max, else as much as it allows.
   // Without UDP_GRO (the default): route_mads reads into MAD-sized buffers, one MAD each.
-  gsi_io_ = net::UdpSocketIo::adopt(
+  std::unique_ptr<net::UdpSocketIo> udp = net::UdpSocketIo::adopt(
       gsi_fd, error, net::UdpSocketIoOptions{.socket_buffer_bytes = net::kLargeSocketBufferBytes});
-  if (!gsi_io_) return false;
+  if (!udp) return false;
+  gsi_io_ = std::make_unique<net::CaptureTap>(std::move(udp), static_cast<uint32_t>(getpid()));
   gmp_sender_.emplace(*gsi_io_, /*first_psn=*/0);
   // Slot 0 is routed; every free slot is drained until it is leased — after a restart only once
   // the grace period is over (a survivor's socket is not ours to drain).
@@ -498,7 +499,7 @@ void Daemon::capture_received(unsigned slot, std::span<const uint8_t> datagram,
   std::optional<net::CaptureRecord> r;  // made for the first capturer
   const iovec piece{const_cast<uint8_t*>(datagram.data()), datagram.size()};
   for (const auto& [id, capturer] : clients_) {
-    if (!captures(capturer, *holder)) continue;
+    if (!captures(capturer, *holder) || captures_host(capturer)) continue;
     if (!r) {
       r = net::make_capture_record(net::CaptureDirection::kReceived, src, dst, 0, 0,
                                    static_cast<uint32_t>(holder->pid), datagram.size(), false);
@@ -1162,6 +1163,13 @@ bool Daemon::captures(const Client& capturer, const Client& holder) {
   return f == kCaptureAll || f == *holder.slot || f == static_cast<uint32_t>(holder.pid);
 }
 
+bool Daemon::captures_host(const Client& capturer) {
+  if (!capturer.capture_sink.valid()) return false;
+  if (capturer.uid != 0 && capturer.uid != geteuid()) return false;
+  const uint32_t f = capturer.capture_filter;
+  return f == kCaptureAll || f == 0 || f == static_cast<uint32_t>(getpid());
+}
+
 void Daemon::push_captures_to(Client& holder) {
   for (const auto& [id, capturer] : clients_) {
     if (!captures(capturer, holder)) continue;
@@ -1196,6 +1204,15 @@ int Daemon::capture_request(Client& c, std::span<const uint8_t> rec, std::vector
   c.capture_sink = std::move(fds[0]);
   c.capture_filter = body.filter;
   const int fd = c.capture_sink.get();
+  // The tap adopts a copy; it ends that copy when the capturer closes its end.
+  bool host = false;
+  if (captures_host(c) && gsi_io_) {
+    const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy >= 0) {
+      gsi_io_->add_sink(copy, 0);
+      host = true;
+    }
+  }
   *processes = 0;
   for (auto& [id, holder] : clients_) {
     if (captures(c, holder) &&
@@ -1205,7 +1222,7 @@ int Daemon::capture_request(Client& c, std::span<const uint8_t> rec, std::vector
   log("pid " + std::to_string(c.pid) + " captures " +
       (body.filter == kCaptureAll ? std::string("every slot")
                                   : "slot or pid " + std::to_string(body.filter)) +
-      ": " + std::to_string(*processes) + " processes now");
+      ": " + std::to_string(*processes) + " processes now" + (host ? ", and the host's QP1" : ""));
   return 0;
 }
 

@@ -38,6 +38,7 @@
 #include "daemon/steering.h"
 #include "daemon/unique_fd.h"
 #include "gsi/gmp.h"
+#include "net/capture_tap.h"
 #include "net/udp_socket_io.h"
 
 namespace urdma::daemon {
@@ -172,10 +173,15 @@ class Daemon {
                       uint32_t* processes);
   // Whether `capturer` may capture `holder`'s slot and asked for it.
   static bool captures(const Client& capturer, const Client& holder);
+  // Whether `capturer` captures the host's own QP1 datagrams (gsi_io_'s tap): asked for every
+  // slot, slot 0 or this daemon's pid, by root or by the user this daemon runs as — what the
+  // host sends and what arrives for nobody are nobody else's traffic.
+  static bool captures_host(const Client& capturer);
   // Pushes every matching capturer's socket to a holder that just leased or reattached a slot.
   void push_captures_to(Client& holder);
-  // A MAD delivered to `slot`'s process, recorded for the captures of that process: the MADs
-  // a process receives come through here, not through its engine's socket.
+  // A MAD delivered to `slot`'s process, recorded for the captures of that process that do not
+  // capture the host (those have it from gsi_io_'s tap already): the MADs a process receives
+  // come through here, not through its engine's socket.
   void capture_received(unsigned slot, std::span<const uint8_t> datagram,
                         const net::Endpoint& src, const net::Endpoint& dst);
   // kShmAccept: the slot's doorbell, made and kept; *doorbell: the fd to pass.
@@ -286,8 +292,10 @@ class Daemon {
   };
   static constexpr size_t kDepartedKept = 64;
   std::deque<Departed> departed_;
-  // Slot 0 through the engine's own UDP I/O (batches, IP_PKTINFO for the destination address).
-  std::unique_ptr<net::UdpSocketIo> gsi_io_;
+  // Slot 0 through the engine's own UDP I/O (batches, IP_PKTINFO for the destination address),
+  // under a capture tap: every QP1 datagram this daemon reads or sends is recorded for the
+  // captures of the host (captures_host).
+  std::unique_ptr<net::CaptureTap> gsi_io_;
   std::map<uint64_t, unsigned> listeners_;  // service ID -> slot
   std::map<unsigned, uint64_t> channels_;   // slot -> the client id of its MAD channel
   McastMembers mcast_;                      // each slot's multicast groups

@@ -1,5 +1,6 @@
 #include "net/capture_tap.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -57,6 +58,15 @@ void CaptureTap::add_sink(int fd, uint32_t slot) {
 void CaptureTap::take_changes() {
   std::lock_guard lock(mu_);
   changed_.store(false, std::memory_order_relaxed);
+  // Sinks whose capturer has gone, found without a write (an I/O with no traffic meanwhile
+  // would keep them, and their places, until its next datagram): their socket hangs up.
+  std::erase_if(sinks_, [this](const Sink& k) {
+    pollfd p{.fd = k.fd, .events = 0, .revents = 0};
+    if (poll(&p, 1, 0) != 1 || (p.revents & (POLLHUP | POLLERR | POLLNVAL)) == 0) return false;
+    close(k.fd);
+    ++tap_.ended;
+    return true;
+  });
   for (const Sink& k : added_) {
     if (sinks_.size() < kMaxCaptureSinks) {
       sinks_.push_back(k);

@@ -85,7 +85,8 @@ class CaptureTap final : public PacketIo {
 
   // Any thread: from the next send or receive on, records also go to `fd` (a connected
   // SOCK_SEQPACKET socket, adopted: this I/O closes it), for slot `slot`. A sink ends when its
-  // capturer closes the other end.
+  // capturer closes the other end: at its next write, or when sinks are added (a hang-up frees
+  // the place before the new sinks take theirs).
   void add_sink(int fd, uint32_t slot);
 
   uint16_t source_port(uint16_t wanted) const override { return inner_->source_port(wanted); }

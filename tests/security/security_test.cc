@@ -1059,9 +1059,11 @@ TEST(Security, TwoUsersOfTheSystemDaemonSeeOnlyTheirOwnProcesses) {
 }
 
 // uid 65534 runs `urdma capture` under the namespace's system daemon while it and uid 65533 each
-// run an ibv_rc_pingpong pair (1024-byte and 2048-byte messages, one packet each). Its capture
-// holds its own pair's datagrams and not one of the other user's; asked for the other user's
-// server by pid it gets nothing. Root's capture of the same traffic holds both.
+// run an ibv_rc_pingpong pair (1024-byte and 2048-byte messages, one packet each), and root's
+// rping asks for a port nobody listens on, which the daemon itself rejects. Its capture holds
+// its own pair's datagrams and not one of the other user's, nor a MAD (root's REQ, the host's
+// REJ); asked for the other user's server by pid it gets nothing. Root's capture of the same
+// traffic holds both pairs and the host's REJ.
 TEST(Security, ACaptureHoldsItsOwnUsersTrafficOnly) {
   attack([] {
     need_tool("ibv_rc_pingpong", "ibverbs-utils");
@@ -1102,6 +1104,12 @@ TEST(Security, ACaptureHoldsItsOwnUsersTrafficOnly) {
       const ToolRun r = finish(*p, 60000);
       EXPECT_EQ(r.exit_code, 0) << r.output;
     }
+    if (have_tool("rping")) {
+      const ToolRun rej = finish(
+          launch(env() + target().urdma + " run rping -c -a 127.0.0.1 -p 18623 -C 1"), 30000);
+      EXPECT_NE(rej.output.find("RDMA_CM_EVENT_REJECTED, error 8"), std::string::npos)
+          << rej.output;
+    }
     // Ctrl-C to each capture (the [m] keeps the pattern from matching pkill's own shell).
     for (const char* tag : {"mine", "root", "theirs"}) {
       const std::string t = tag;
@@ -1112,11 +1120,16 @@ TEST(Security, ACaptureHoldsItsOwnUsersTrafficOnly) {
       const ToolRun r = finish(*p, 10000);
       EXPECT_NE(r.output.find("packets written"), std::string::npos) << r.output;
     }
-    // SEND Only datagrams by size: BTH + payload + ICRC.
+    // SEND Only datagrams by size: BTH + payload + ICRC; MADs (UD SEND Only to QP1) apart, at
+    // size 0.
     auto sends_of = [](const std::string& pcap) {
       std::map<size_t, int> sizes;
       const std::string err = capture::for_each_udp(pcap, [&](const capture::UdpDatagram& d) {
-        if (!d.payload.empty() && d.payload[0] == 0x04) ++sizes[d.payload.size()];
+        const auto& p = d.payload;
+        if (p.size() > 8 && p[0] == 0x64 && p[5] == 0 && p[6] == 0 && p[7] == 1)
+          ++sizes[0];
+        else if (!p.empty() && p[0] == 0x04)
+          ++sizes[p.size()];
       });
       EXPECT_EQ(err, "") << pcap;
       return sizes;
@@ -1126,6 +1139,10 @@ TEST(Security, ACaptureHoldsItsOwnUsersTrafficOnly) {
     const auto t = sends_of("/tmp/theirs.pcap");
     constexpr size_t kOwn = 12 + 1024 + 4, kOther = 12 + 2048 + 4;
     EXPECT_EQ(m.count(kOther), 0u) << "the other user's messages in uid 65534's capture";
+    EXPECT_EQ(m.count(0), 0u) << "root's or the host's MADs in uid 65534's capture";
+    if (have_tool("rping")) {
+      EXPECT_GE(r.count(0) ? r.at(0) : 0, 4) << "root sees the host's MADs";
+    }
     EXPECT_GE(m.count(kOwn) ? m.at(kOwn) : 0, 4 * kIters) << "its own pair's, sent and received";
     EXPECT_TRUE(t.empty()) << "a capture of the other user's process by pid";
     EXPECT_GE(r.count(kOther) ? r.at(kOther) : 0, 4 * kIters) << "root sees every user's";

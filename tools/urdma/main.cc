@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   capture_cmd->add_option("file", capture.path, "the pcap file to write")->required();
   capture_cmd->add_option("-i,--interface", capture.filter,
                           "only the process holding this urdmad slot, or with this pid "
-                          "(`urdma status` lists both)");
+                          "(`urdma status` lists both); 0 or urdmad's pid: the host's own MADs");
   capture_cmd->add_option("-c,--count", capture.count, "stop after this many packets");
 
   urdma::tools::DecodeOptions decode;

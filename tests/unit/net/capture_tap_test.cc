@@ -252,5 +252,29 @@ TEST_F(CaptureTapTest, CapturesBeyondTheLimitAreRefused) {
   for (int r : readers) close(r);
 }
 
+// A capturer that left while no datagram passed keeps no place: when captures are added, the
+// sinks whose other end is closed are dropped first, so a full set of gone captures refuses
+// nobody.
+TEST_F(CaptureTapTest, CapturesThatLeftWithoutTrafficMakeRoomForNewOnes) {
+  std::vector<int> readers;
+  for (size_t i = 0; i < kMaxCaptureSinks; ++i) {
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+    readers.push_back(sv[0]);
+    tap_->add_sink(sv[1], 0);
+  }
+  EXPECT_EQ(send_one(pattern(64, 1)), 1u);  // all taken
+  EXPECT_EQ(tap_->sinks(), kMaxCaptureSinks);
+  for (int r : readers) close(r);  // every capturer goes before the next datagram
+  capture(9);
+  EXPECT_EQ(send_one(pattern(64, 2)), 1u);
+  EXPECT_EQ(tap_->sinks(), 1u);
+  EXPECT_EQ(tap_->tap_counters().refused, 0u);
+  const std::vector<Captured> got = drain();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].header.slot, 9u);
+  EXPECT_EQ(got[0].payload, pattern(64, 2));
+}
+
 }  // namespace
 }  // namespace urdma::net
