@@ -213,7 +213,8 @@ TEST_F(Capture, ConnectionManagementMadsAreRecordedBySenderAndReceiver) {
 // rping asks for a port nobody listens on; its REQ, recorded as rping sent it, is recorded again
 // as urdmad read it (nobody takes it), and the REJ urdmad answers with for the host (status 8,
 // after its wait for a listener) as urdmad sent it and as it read it back for rping. Each ICRC is
-// correct. `-i PID` of urdmad captures the same host MADs, not rping's own REQ.
+// correct. `-i` urdmad's pid and `-i 0` (QP1's slot) capture the same host MADs, not rping's
+// own REQ.
 TEST_F(Capture, TheHostsOwnMadsAreRecordedAsItSendsAndReadsThem) {
   if (!have_tool("rping")) GTEST_SKIP() << "no rping (rdmacm-utils)";
   in_fresh_netns(
@@ -231,10 +232,14 @@ TEST_F(Capture, TheHostsOwnMadsAreRecordedAsItSendsAndReadsThem) {
         const std::string host_pcap = scratch("host-pid.pcap");
         const Started by_pid = start_capture({"-i", daemon_pid, host_pcap});
         ASSERT_TRUE(started_capturing(by_pid)) << read_file(by_pid.out_path);
+        const std::string slot0_pcap = scratch("host-slot0.pcap");
+        const Started by_slot = start_capture({"-i", "0", slot0_pcap});
+        ASSERT_TRUE(started_capturing(by_slot)) << read_file(by_slot.out_path);
         const ToolRun r = run("rping -c -a 127.0.0.1 -p 7190 -C 1", 20000);
         EXPECT_NE(r.output.find("RDMA_CM_EVENT_REJECTED, error 8"), std::string::npos) << r.output;
         EXPECT_EQ(stop(cap).exit_code, 0);
         EXPECT_EQ(stop(by_pid).exit_code, 0);
+        EXPECT_EQ(stop(by_slot).exit_code, 0);
 
         std::map<uint16_t, int> everything, host;
         const auto all = frames(pcap);
@@ -243,6 +248,8 @@ TEST_F(Capture, TheHostsOwnMadsAreRecordedAsItSendsAndReadsThem) {
         const auto of_host = frames(host_pcap);
         for (const auto& f : of_host)
           if (const uint16_t a = cm_attribute(f)) ++host[a];
+        const auto of_slot0 = frames(slot0_pcap);
+        EXPECT_EQ(of_slot0, of_host) << "-i 0 and -i urdmad's pid capture the same";
         const int reqs = everything.count(0x10) ? everything.at(0x10) : 0;
         const int rejs = everything.count(0x12) ? everything.at(0x12) : 0;
         EXPECT_GE(reqs, 2) << "the REQ as rping sent it and as urdmad read it";
@@ -254,6 +261,7 @@ TEST_F(Capture, TheHostsOwnMadsAreRecordedAsItSendsAndReadsThem) {
         check_decodes(host_pcap, of_host.size());
         unlink(pcap.c_str());
         unlink(host_pcap.c_str());
+        unlink(slot0_pcap.c_str());
       },
       90);
 }

@@ -1150,6 +1150,34 @@ TEST(Security, ACaptureHoldsItsOwnUsersTrafficOnly) {
   });
 }
 
+// With no system daemon, uid 65534's `urdma capture` starts the user's own urdmad, and the host
+// that daemon answers for is the user's: its capture of everything holds the REJ that urdmad
+// sends for a port nobody listens on, as sent and as read back, beside the user's rping's REQ.
+TEST(Security, AUsersOwnDaemonShowsThatUserTheHostsMads) {
+  attack([] {
+    need_tool("rping", "rdmacm-utils");
+    const Started cap = launch(env() + as(kAttacker) + target().urdma + " capture /tmp/own.pcap");
+    ASSERT_TRUE(wait_output(cap, "processes now", 10000)) << finish(cap, 0).output;
+    const ToolRun rej = finish(
+        launch(env() + as(kAttacker) + target().urdma + " run rping -c -a 127.0.0.1 -p 18624 -C 1"),
+        30000);
+    EXPECT_NE(rej.output.find("RDMA_CM_EVENT_REJECTED, error 8"), std::string::npos) << rej.output;
+    sh("pkill -INT -f 'capture /tmp/[o]wn[.]pcap'");
+    const ToolRun r = finish(cap, 10000);
+    EXPECT_NE(r.output.find("packets written"), std::string::npos) << r.output;
+    std::map<uint16_t, int> by_attribute;  // GMPs (UD SEND Only to QP1) by CM attribute ID
+    const std::string err =
+        capture::for_each_udp("/tmp/own.pcap", [&](const capture::UdpDatagram& d) {
+          const auto& p = d.payload;
+          if (p.size() == 12 + 8 + 256 + 4 && p[0] == 0x64 && p[5] == 0 && p[6] == 0 && p[7] == 1)
+            ++by_attribute[static_cast<uint16_t>(p[20 + 16] << 8 | p[20 + 17])];
+        });
+    EXPECT_EQ(err, "");
+    EXPECT_GE(by_attribute[0x10], 2) << "the REQ as rping sent it and as urdmad read it";
+    EXPECT_EQ(by_attribute[0x12], 2) << "the host's REJ as urdmad sent it and read it back";
+  });
+}
+
 // uid 65534 and root each hold a slot of the namespace's system daemon and accept shared-memory
 // rings (protocol.h, kShmAccept). Neither gets a region with the other — each side maps the
 // other's pages and writes its doorbell: EPERM both ways, root included.
