@@ -11,8 +11,8 @@
 // recvmsg after a read that found at most one, and sends one message by sendmsg). Such segments
 // are grouped by the thread and by the socket the send wrote to (urdma_loopback_bench's RC
 // socket, and those of its "raw UDP shaped as RC's datagrams" and "RC's least work" rows), and
-// the median pages and instructions of each group are printed. Valgrind runs clock_gettime as a syscall, where the
-// vDSO would not enter the kernel: those do not end a segment.
+// the median pages and instructions of each group are printed. Valgrind runs clock_gettime as a
+// syscall, where the vDSO would not enter the kernel: those do not end a segment.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
