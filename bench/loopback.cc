@@ -654,6 +654,35 @@ bool bare_packet(std::span<const uint8_t> bytes, const net::Endpoint& src,
   return true;
 }
 
+// One datagram as read from the bare row's socket: its flow from the sender's address and
+// IP_PKTINFO, split at the UDP_GRO segment size (as UdpSocketIo reports them), each packet
+// through bare_packet. True when one was a SEND.
+bool bare_datagram(const Host& h, const mmsghdr& mm, const uint8_t* buf) {
+  const msghdr& m = mm.msg_hdr;
+  const net::Endpoint src =
+      net::Endpoint::from_sockaddr(static_cast<const sockaddr*>(m.msg_name), m.msg_namelen)
+          .value_or(net::Endpoint{});
+  net::Endpoint dst{h.addr, kBarePort};
+  size_t segment = mm.msg_len;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(&m), c)) {
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+      in_pktinfo pi;
+      std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
+      uint8_t a[4];
+      std::memcpy(a, &pi.ipi_addr, 4);
+      dst.address = net::Address::from_v4(std::span<const uint8_t, 4>(a));
+    } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+      int g = 0;
+      std::memcpy(&g, CMSG_DATA(c), sizeof g);
+      if (g > 0) segment = static_cast<size_t>(g);
+    }
+  }
+  bool send = false;
+  for (size_t at = 0; at < mm.msg_len; at += segment)
+    send |= bare_packet({buf + at, std::min<size_t>(segment, mm.msg_len - at)}, src, dst);
+  return send;
+}
+
 // The application takes the SEND's completion and reads the round from the receive buffer.
 uint64_t bare_take_completion() {
   BareRc& b = bare_rc();
@@ -670,9 +699,8 @@ uint64_t bare_take_completion() {
 // Busy-polls recvmmsg over 32 buffers with address and cmsg space — or recvmsg into the first
 // when the last read found at most one datagram — as UdpSocketIo reads, until
 // a SEND-sized datagram (or, with GRO, a train starting with one) came; returns its round.
-// ACK-sized ones are read and dropped, as the engine reads ACKs. With `bare`, each packet
-// goes through bare_packet (split at the UDP_GRO segment size, as UdpSocketIo reports it) and
-// the round is the completion's.
+// ACK-sized ones are read and dropped, as the engine reads ACKs. With `bare`, the bare row's
+// socket, each datagram goes through bare_datagram and the round is the completion's.
 uint64_t shaped_recv_spin(const Host& h, bool bare = false) {
   constexpr size_t kSlots = 32;
   static uint8_t bufs[kSlots][256];
@@ -710,32 +738,7 @@ uint64_t shaped_recv_spin(const Host& h, bool bare = false) {
     bool got = false;
     uint64_t round = 0;
     if (bare) {
-      for (int i = 0; i < r; ++i) {
-        const msghdr& m = msgs[i].msg_hdr;
-        const net::Endpoint src = net::Endpoint::from_sockaddr(
-                                      reinterpret_cast<const sockaddr*>(&names[i]), m.msg_namelen)
-                                      .value_or(net::Endpoint{});
-        net::Endpoint dst{h.addr, kBarePort};
-        size_t segment = msgs[i].msg_len;
-        for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr;
-             c = CMSG_NXTHDR(const_cast<msghdr*>(&m), c)) {
-          if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
-            in_pktinfo pi;
-            std::memcpy(&pi, CMSG_DATA(c), sizeof pi);
-            uint8_t a[4];
-            std::memcpy(a, &pi.ipi_addr, 4);
-            dst.address = net::Address::from_v4(std::span<const uint8_t, 4>(a));
-          } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
-            int g = 0;
-            std::memcpy(&g, CMSG_DATA(c), sizeof g);
-            if (g > 0) segment = static_cast<size_t>(g);
-          }
-        }
-        for (size_t at = 0; at < msgs[i].msg_len; at += segment) {
-          const size_t len = std::min<size_t>(segment, msgs[i].msg_len - at);
-          got |= bare_packet({bufs[i] + at, len}, src, dst);
-        }
-      }
+      for (int i = 0; i < r; ++i) got |= bare_datagram(h, msgs[i], bufs[i]);
       if (got) return bare_take_completion();
       continue;
     }
