@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev  # toolchains; clang for libFuzzer
+  # toolchains; clang for libFuzzer and the ASan+UBSan build
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   libibverbs-dev librdmacm-dev       # rdma-core 44 headers: the API urdma implements
   libisal-dev zlib1g-dev             # CRC-32 (isa-l is the measured winner, zlib the fallback oracle)
   libpcap-dev                        # urdma decode: pcap/pcapng reading

@@ -87,7 +87,7 @@ URDMA_EXPORT int rdma_destroy_id(rdma_cm_id* id) {
   c.wake();  // a DREQ or REJ it left may await an answer: the CM thread re-arms its timer
   // rdma_destroy_id(3): "will block until related events have been acknowledged" (bounded here,
   // so that an application holding one forever gets its id destroyed after 10 s anyway).
-  c.acked.wait_for(lock, std::chrono::seconds(10), [x] { return x->pending_events <= 0; });
+  c.acked.wait_for(lock, std::chrono::seconds(10), [x = x] { return x->pending_events <= 0; });
   c.live.erase(x);
   if (x->sync && x->chan) {
     for (rdma_cm_event* e : x->chan->queue) delete reinterpret_cast<Event*>(e);
@@ -338,7 +338,7 @@ URDMA_EXPORT int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
   x->sync = sync;
   // Events taken from the old channel and not acked: all of pending_events but those queued on
   // the new channel (the moved ones and any that arrive meanwhile).
-  c.acked.wait(lock, [x, to] {
+  c.acked.wait(lock, [x = x, to] {
     int queued = 0;
     for (rdma_cm_event* e : to->queue) queued += reinterpret_cast<Event*>(e)->owner == x;
     return x->pending_events <= queued;

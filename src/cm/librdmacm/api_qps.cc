@@ -101,7 +101,7 @@ URDMA_EXPORT int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp
     qp_init_attr->recv_cq = rcq;
     own_cqs = true;
   }
-  auto drop_cqs = [&] {
+  auto drop_cqs = [&, x = x] {
     if (!own_cqs) return;
     ibv_destroy_cq(qp_init_attr->send_cq);
     ibv_destroy_cq(qp_init_attr->recv_cq);

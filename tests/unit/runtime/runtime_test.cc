@@ -234,7 +234,9 @@ TEST(RuntimeNap, APollingThreadCostsTheEngineThreadAWakeUpPerMillisecond) {
 // timer), not for the 4,000 datagrams: with the socket in the set, every datagram that found
 // the thread napping woke it, a context switch on a core the poller needs.
 TEST(RuntimeNap, DatagramsForAPollingThreadDoNotWakeTheEngineThread) {
-  auto [a, b] = make_hosts();
+  auto hosts = make_hosts();
+  Host& a = hosts.first;
+  Host& b = hosts.second;
   provider::Cq* cqa = a.make_cq();
   provider::Cq* cqb = b.make_cq();
   RcPair p = connect_rc(a, cqa, b, cqb);
@@ -329,7 +331,9 @@ bool becomes(int fd, bool want, const std::function<void()>& nudge = {}) {
 // arming puts the socket back before it returns; the event that fires takes the arming away.
 TEST(RuntimeNap, AnArmedCqKeepsTheSocketWatchedBesideAPoller) {
   LinkIo* io_a = nullptr;
-  auto [a, b] = make_hosts({.io_a = &io_a});
+  auto hosts = make_hosts({.io_a = &io_a});
+  Host& a = hosts.first;
+  Host& b = hosts.second;
   provider::Cq* cqa = a.make_cq();
   provider::Cq* cqb = b.make_cq();
   RcPair p = connect_rc(a, cqa, b, cqb);
@@ -467,7 +471,9 @@ TEST(RuntimeBusyPoll, AnAdaptiveWindowOpensForAConversationAndSleepsWhenIdle) {
 // post WRITEs concurrently (half of them also driving the engine from their poll loop);
 // every byte arrives.
 TEST(RuntimeThreads, PostingFromSeveralThreads) {
-  auto [a, b] = make_hosts();
+  auto hosts = make_hosts();
+  Host& a = hosts.first;
+  Host& b = hosts.second;
   constexpr int kThreads = 4;
   constexpr size_t kSlice = 512 * 1024;
   constexpr size_t kWrite = 8 * 1024;
@@ -511,7 +517,9 @@ TEST(RuntimeThreads, PostingFromSeveralThreads) {
 
 // Without an engine thread nothing moves unless somebody polls: try_progress() is the engine.
 TEST(RuntimeProgress, PollCqDrivesTheEngineWithoutAThread) {
-  auto [a, b] = make_hosts({.engine_thread = false});
+  auto hosts = make_hosts({.engine_thread = false});
+  Host& a = hosts.first;
+  Host& b = hosts.second;
   provider::Cq* cqa = a.make_cq();
   provider::Cq* cqb = b.make_cq();
   RcPair p = connect_rc(a, cqa, b, cqb);
