@@ -138,12 +138,13 @@ uint64_t Engine::poll(bool hold_acks, bool receive) {
   // The turn's lookups share one hold of the MR table's lock (provider/mr_table.h).
   const provider::MrTable::TurnHold mr_hold(device_.mr_table());
   ++turn_;
-  run_commands();
+  bool quiet = !run_commands() && !tx_blocked();
   // Read before it is taken: an idle busy-poll turn pays no locked instruction for it. A
   // seq_cst load, as the exchange was: the runtime's doorbell store before this turn and this
   // read are the two halves of its need-wakeup handshake (runtime.h).
   if (doorbell_rung_.load(std::memory_order_seq_cst) &&
       doorbell_rung_.exchange(false, std::memory_order_acq_rel)) {
+    quiet = false;
     rung_.drain([this](uint32_t handle) {
       if (QpContext* ctx = by_handle_[handle]) {
         activate(*ctx);
@@ -157,7 +158,13 @@ uint64_t Engine::poll(bool hold_acks, bool receive) {
   // before we last looked for its ACK. Read after, a turn preempted between the two (a loaded
   // host) judged an ACK that arrived in that gap, in time, as missing and resent the window.
   const uint64_t now_ns = clock_.now_ns();
-  if (receive) receive_batch();
+  const size_t received = receive ? receive_batch() : 0;
+  // A quiet turn: a busy poller's turn between two datagrams. Nothing came since the last
+  // whole turn, which left nothing to do before quiet_until_ (what the engine thread would
+  // sleep until, next_deadline_ns): serving the active QPs, their timers and the deadline
+  // would find what that turn found. Every way work comes in between turns rings the
+  // doorbell (a post, a modify's command, an SRQ's WQEs) or is read from the socket here.
+  if (quiet && receive && received == 0 && now_ns < quiet_until_) return quiet_until_;
   sort_active();
   // Blocked on transmit: packets still in our backlog have not left, so no timer may count
   // them as lost; and nothing new is generated until the backlog drains.
@@ -174,7 +181,9 @@ uint64_t Engine::poll(bool hold_acks, bool receive) {
   else
     send_delayed_acks(/*held_too=*/true);
   flush_tx();
-  return deadline_locked();
+  const uint64_t deadline = deadline_locked();
+  quiet_until_ = tx_blocked() ? 0 : deadline;
+  return deadline;
 }
 
 // What was just posted leaves before the socket is read. A thread that posts and then polls
@@ -327,16 +336,17 @@ void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
   }
 }
 
-void Engine::run_commands() {
+bool Engine::run_commands() {
   if (!commands_pending_.load(std::memory_order_seq_cst) ||
       !commands_pending_.exchange(false, std::memory_order_acq_rel))
-    return;
+    return false;
   {
     std::lock_guard lock(commands_mutex_);
     running_commands_.swap(commands_);
   }
   for (const Command& c : running_commands_) apply_modify(*c.qp, c.from, c.to);
   running_commands_.clear();
+  return true;
 }
 
 void Engine::apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
@@ -448,7 +458,7 @@ void Engine::refresh(QpContext& ctx) {
 // ---------------------------------------------------------------------------------------------
 // Receive pipeline: the one demux point.
 
-void Engine::receive_batch() {
+size_t Engine::receive_batch() {
   for (net::RxDatagram& slot : rx_slots_) {
     slot.length = 0;
     slot.truncated = false;
@@ -477,6 +487,7 @@ void Engine::receive_batch() {
     send_pending_acks();
   else
     send_delayed_acks(/*held_too=*/false);
+  return n;
 }
 
 void Engine::handle_datagram(const net::RxDatagram& d) {
