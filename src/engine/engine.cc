@@ -138,13 +138,12 @@ uint64_t Engine::poll(bool hold_acks, bool receive) {
   // The turn's lookups share one hold of the MR table's lock (provider/mr_table.h).
   const provider::MrTable::TurnHold mr_hold(device_.mr_table());
   ++turn_;
-  bool quiet = !run_commands() && !tx_blocked();
+  run_commands();
   // Read before it is taken: an idle busy-poll turn pays no locked instruction for it. A
   // seq_cst load, as the exchange was: the runtime's doorbell store before this turn and this
   // read are the two halves of its need-wakeup handshake (runtime.h).
   if (doorbell_rung_.load(std::memory_order_seq_cst) &&
       doorbell_rung_.exchange(false, std::memory_order_acq_rel)) {
-    quiet = false;
     rung_.drain([this](uint32_t handle) {
       if (QpContext* ctx = by_handle_[handle]) {
         activate(*ctx);
@@ -158,13 +157,7 @@ uint64_t Engine::poll(bool hold_acks, bool receive) {
   // before we last looked for its ACK. Read after, a turn preempted between the two (a loaded
   // host) judged an ACK that arrived in that gap, in time, as missing and resent the window.
   const uint64_t now_ns = clock_.now_ns();
-  const size_t received = receive ? receive_batch() : 0;
-  // A quiet turn: a busy poller's turn between two datagrams. Nothing came since the last
-  // whole turn, which left nothing to do before quiet_until_ (what the engine thread would
-  // sleep until, next_deadline_ns): serving the active QPs, their timers and the deadline
-  // would find what that turn found. Every way work comes in between turns rings the
-  // doorbell (a post, a modify's command, an SRQ's WQEs) or is read from the socket here.
-  if (quiet && receive && received == 0 && now_ns < quiet_until_) return quiet_until_;
+  if (receive) receive_batch();
   sort_active();
   // Blocked on transmit: packets still in our backlog have not left, so no timer may count
   // them as lost; and nothing new is generated until the backlog drains.
@@ -181,9 +174,7 @@ uint64_t Engine::poll(bool hold_acks, bool receive) {
   else
     send_delayed_acks(/*held_too=*/true);
   flush_tx();
-  const uint64_t deadline = deadline_locked();
-  quiet_until_ = tx_blocked() ? 0 : deadline;
-  return deadline;
+  return deadline_locked();
 }
 
 // What was just posted leaves before the socket is read. A thread that posts and then polls
@@ -336,17 +327,16 @@ void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
   }
 }
 
-bool Engine::run_commands() {
+void Engine::run_commands() {
   if (!commands_pending_.load(std::memory_order_seq_cst) ||
       !commands_pending_.exchange(false, std::memory_order_acq_rel))
-    return false;
+    return;
   {
     std::lock_guard lock(commands_mutex_);
     running_commands_.swap(commands_);
   }
   for (const Command& c : running_commands_) apply_modify(*c.qp, c.from, c.to);
   running_commands_.clear();
-  return true;
 }
 
 void Engine::apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
@@ -458,7 +448,7 @@ void Engine::refresh(QpContext& ctx) {
 // ---------------------------------------------------------------------------------------------
 // Receive pipeline: the one demux point.
 
-size_t Engine::receive_batch() {
+void Engine::receive_batch() {
   for (net::RxDatagram& slot : rx_slots_) {
     slot.length = 0;
     slot.truncated = false;
@@ -487,7 +477,6 @@ size_t Engine::receive_batch() {
     send_pending_acks();
   else
     send_delayed_acks(/*held_too=*/false);
-  return n;
 }
 
 void Engine::handle_datagram(const net::RxDatagram& d) {

@@ -250,12 +250,12 @@ class Engine final : public provider::Doorbell {
   static constexpr int kMaxPacketsPerTurn = 256;
 
   // ---- engine.cc: control commands ----
-  bool run_commands();  // whether any ran
+  void run_commands();
   void apply_modify(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to);
 
   // ---- engine.cc: pipeline, transmission, completions ----
   void send_posted_first(bool receive);
-  size_t receive_batch();  // the datagrams read
+  void receive_batch();
   void sort_active();
   void handle_datagram(const net::RxDatagram& d);
   // DestQP 0xFFFFFF: a copy to every attached QP (provider::McastTable) that can receive it.
@@ -427,10 +427,6 @@ class Engine final : public provider::Doorbell {
   std::vector<QpContext*> rung_now_;  // QPs whose doorbell this turn drained (send_posted_first)
   std::vector<QpContext*> acks_pending_;  // QPs with Responder::ack_pending (defer_ack)
   uint64_t turn_ = 0;                     // poll() turns so far (delayed ACKs)
-  // The deadline the last whole turn left (deadline_locked; 0 when it left work): until then,
-  // a turn that finds nothing rung, commanded, backlogged or received ends as it read the
-  // socket (poll()).
-  uint64_t quiet_until_ = 0;
   bool hold_acks_ = true;                 // this turn's poll(hold_acks)
 
   // Transmit: packets are built one at a time, each in its own TxSlot, and queued; the queue
