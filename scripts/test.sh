@@ -9,7 +9,7 @@
 #      tests, the simulation's unit tests, a tenth of each seed sweep (sim_subset), the
 #      cross-checks and the fuzz seed replays;
 #   3. TSan build (-O1 -g1): the provider, engine and runtime unit tests again;
-#   4. libFuzzer build (clang): every target labelled fuzz for URDMA_FUZZ_SECONDS (default 40)
+#   4. libFuzzer build (clang): every target labelled fuzz for URDMA_FUZZ_SECONDS (default 30)
 #      each;
 #   5. as root: the live interop suite against Linux rxe in a qemu guest on the plain build
 #      (scripts/interop.sh; URDMA_INTEROP=0 skips it). Its host tools and guest image are made
@@ -21,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 jobs=$(nproc)
-fuzz_seconds=${URDMA_FUZZ_SECONDS:-40}
+fuzz_seconds=${URDMA_FUZZ_SECONDS:-30}
 passed=0
 failed=0
 stage_name=""
