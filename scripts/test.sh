@@ -5,8 +5,8 @@
 #   1. plain build (RelWithDebInfo, line tables only: -g1; -Werror): the process tests (label
 #      process), the full simulation seed sweeps and the replay check (sim) and the benchmark
 #      smoke tests (bench);
-#   2. ASan+UBSan build (clang, -O1 -g1, assertions on; no process tests): every other test — the unit
-#      tests, the simulation's unit tests, a tenth of each seed sweep (sim_subset), the
+#   2. ASan+UBSan build (clang, -O1 -g1, assertions on; no process tests): every other test —
+#      the unit tests, the simulation's unit tests, a tenth of each seed sweep (sim_subset), the
 #      cross-checks and the fuzz seed replays;
 #   3. TSan build (-O1 -g1): the provider, engine and runtime unit tests again;
 #   4. libFuzzer build (clang): every target labelled fuzz for URDMA_FUZZ_SECONDS (default 30)
@@ -149,9 +149,9 @@ sanitize_flags=(-DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_C_FLAGS_SANITIZE="-O1 -g1"
                 -DCMAKE_CXX_FLAGS_SANITIZE="-O1 -g1" -DURDMA_TEST_OPT=-O0 -DURDMA_BENCH=OFF)
 
 # ASan+UBSan: every test the plain stage does not run. Compiled by clang, which builds it in
-# three quarters of gcc's time (the test files at -O0 in half). The TSan build stays with gcc:
-# clang builds it no faster, and under clang's TSan one runtime test's count of the engine
-# thread's naps fell short of its bound in one run of four.
+# three quarters of gcc's time (a unit-test file at -O0 in about half). The TSan build stays
+# with gcc: clang builds it no faster, and under clang's TSan one runtime test's count of the
+# engine thread's naps fell short of its bound in one run of four.
 stage "ASan+UBSan build"
 CC=clang CXX=clang++ build build-asan "${sanitize_flags[@]}" -DURDMA_SANITIZE=address,undefined \
   -DURDMA_PROCESS_TESTS=OFF
