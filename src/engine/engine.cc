@@ -304,8 +304,11 @@ void Engine::srq_ops_posted(provider::Srq& srq) {
 // Control operations are commands the engine executes: a modify is queued and runs inline only
 // when no turn is running (always so with one thread, so the simulation and the engine tests
 // see every modify at the point of the call); otherwise the turn holder runs it before it next
-// serves a doorbell or a received batch. Only RESET and destroy wait, because the provider
-// empties the QP's queues (or frees them) as soon as they return (provider/doorbell.h).
+// serves a doorbell or a received batch. RESET and destroy wait, because the provider empties
+// the QP's queues (or frees them) as soon as they return (provider/doorbell.h); so does ERR,
+// whose flush sends the ACK the QP still owes (flush): rdma_disconnect sends its DREQ as soon
+// as the modify returns, and a DREQ that overtook that ACK would have the peer disconnect with
+// the SEND it acknowledges unanswered — flushed, though it was delivered.
 void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
   if (to == IBV_QPS_RESET) {
     std::lock_guard lock(mutex_);  // waits for the running turn
@@ -320,7 +323,11 @@ void Engine::qp_modified(provider::Qp& qp, ibv_qp_state from, ibv_qp_state to) {
   }
   commands_pending_.store(true, std::memory_order_release);
   doorbell_rung_.store(true, std::memory_order_release);  // next_deadline_ns(): poll now
-  std::unique_lock lock(mutex_, std::try_to_lock);
+  std::unique_lock lock(mutex_, std::defer_lock);
+  if (to == IBV_QPS_ERR)
+    lock.lock();  // waits for the running turn
+  else
+    (void)lock.try_lock();
   if (lock.owns_lock()) {
     const provider::EngineTurnMark turn;
     run_commands();

@@ -32,7 +32,8 @@ class Doorbell {
   // Called after the new attributes are visible and outside the QP's locks. When `to` is
   // IBV_QPS_RESET or the QP is about to be destroyed (qp_destroyed), the call must not return
   // before the engine has stopped touching the QP's queues; the provider empties them after.
-  // Entering IBV_QPS_ERR is the engine's cue to flush every posted WR with IBV_WC_WR_FLUSH_ERR.
+  // Entering IBV_QPS_ERR is the engine's cue to flush every posted WR with IBV_WC_WR_FLUSH_ERR;
+  // the ACK the QP owes leaves before the call returns (a DREQ follows it in rdma_disconnect).
   virtual void qp_modified(Qp& /*qp*/, ibv_qp_state /*from*/, ibv_qp_state /*to*/) {}
   virtual void qp_destroyed(Qp& /*qp*/) {}
   // An XRC SRQ is about to be destroyed (it is marked dying, so no new lookup finds it): the

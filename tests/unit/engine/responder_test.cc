@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "protocol_test_util.h"
@@ -249,8 +253,9 @@ TEST_F(DelayedAckTest, ARetransmittedRequestIsAcknowledgedAtOnce) {
 
 // An ACK still owed when the QP goes — to ERR (rdma_disconnect), or destroyed (a program that
 // exits right after its last receive completion: ibv_rc_pingpong's end) — acknowledges a SEND
-// this side completed: it leaves then, not never (the peer would retry into nothing and fail
-// with RETRY_EXC_ERR).
+// this side completed: it leaves before the call returns, not never (the peer would retry into
+// nothing and fail with RETRY_EXC_ERR) nor at the next turn (rdma_disconnect's DREQ, sent as
+// the modify returns, would overtake it, and the peer's disconnect flush that SEND).
 TEST_F(DelayedAckTest, AnAckOwedWhenTheQpGoesStillLeaves) {
   start_conversation();
   peer_sends(1);
@@ -258,7 +263,6 @@ TEST_F(DelayedAckTest, AnAckOwedWhenTheQpGoesStillLeaves) {
   ibv_qp_attr a = {};
   a.qp_state = IBV_QPS_ERR;
   ASSERT_EQ(qp_->modify(a, IBV_QP_STATE).error(), 0);
-  engine_.poll();
   ASSERT_EQ(sent_count(), 1u);
   expect_ack(0, 1);
 
@@ -271,6 +275,45 @@ TEST_F(DelayedAckTest, AnAckOwedWhenTheQpGoesStillLeaves) {
   qp_ = nullptr;
   ASSERT_EQ(sent_count(), 1u);
   expect_ack(0, 1);
+}
+
+// The same when another thread's turn runs as the modify comes: ibv_modify_qp waits for that
+// turn, and returns with the owed ACK sent. Here this thread's turn sends a second QP's SEND,
+// and while that turn runs, another thread moves the first QP (which owes an ACK) to ERR.
+TEST_F(DelayedAckTest, AModifyToErrDuringAnotherThreadsTurnReturnsWithTheOwedAckSent) {
+  start_conversation();
+  peer_sends(1);
+  ASSERT_EQ(sent_count(), 0u);  // owed
+  provider::Qp* owing = qp_;
+  make_qp();
+  std::atomic<bool> started{false};
+  std::atomic<bool> returned{false};
+  std::optional<std::thread> modifier;
+  size_t sent_when_it_returned = 0;
+  io_.on_send = [&](const net::TxDatagram&, std::span<const uint8_t>) {
+    if (started.exchange(true)) return;  // the modifier's own sends
+    modifier.emplace([&] {
+      ibv_qp_attr a = {};
+      a.qp_state = IBV_QPS_ERR;
+      EXPECT_EQ(owing->modify(a, IBV_QP_STATE).error(), 0);
+      sent_when_it_returned = io_.sent.size();
+      returned.store(true);
+    });
+    // Time for a modify that does not wait to return while this turn still runs.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (!returned.load() && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  ibv_sge s = sge(buf_.data() + 32, 8, mr_);
+  ASSERT_EQ(post_send(qp_, send_wr(7, IBV_WR_SEND, &s)), 0);
+  engine_.poll();
+  ASSERT_TRUE(modifier.has_value());
+  modifier->join();
+  io_.on_send = nullptr;
+  ASSERT_EQ(sent_when_it_returned, 2u);  // the second QP's SEND, then the owed ACK
+  EXPECT_EQ(sent(0).opcode(), op::kRcSendOnly);
+  EXPECT_EQ(sent(0).bth().dest_qp(), kPeerQpn);
+  expect_ack(1, 1);
 }
 
 // IBA 9.7.5.2.2: a duplicate SEND is acknowledged again and not delivered twice.
