@@ -429,9 +429,9 @@ class Checker {
     }
     size_t best = 0;
     bool early = false;  // a PSN with the tries, but they came too fast
-    for (auto& entry : sent) {
+    for (const auto& entry : sent) {
       const uint32_t psn = entry.first;
-      std::vector<uint64_t>& times = entry.second;
+      const std::vector<uint64_t>& times = entry.second;
       // Responses for this PSN reaching q, by kind.
       std::vector<uint64_t> acks, rnrs;
       size_t dup_naks = 0;
