@@ -9,9 +9,15 @@
 // The client is the active side: it posts RC SENDs, RDMA WRITEs, RDMA READs, atomics
 // (FETCH_ADD and CMP_SWP, successful and failing) and UD SENDs over `--qps` RC QPs (message i
 // on QP i % qps) and one UD QP. With --mw, each side binds a type 2 memory window over its region
-// on each RC QP, and the WRITEs and READs of QP q name the peer's window of QP q. The server receives, exposes its memory and checks. The two
-// exchange QP information (QPN, PSN, GID, rkey, address) and phase markers over one TCP
-// connection; the data path is RDMA only.
+// on each RC QP, and the WRITEs and READs of QP q name the peer's window of QP q. The server
+// receives, exposes its memory and checks. The two exchange QP information (QPN, PSN, GID, rkey,
+// address) and phase markers over one TCP connection; the data path is RDMA only.
+//
+// With --srq, the server's RC QPs have no receive queue of their own: their SENDs land in the
+// WQEs of one SRQ (qps x recv-depth of them), which the server reposts as they complete. urdma's
+// SRQ, a queue as rxe's is, gives out its WQEs in the order they were posted, each to one
+// message: every WQE carries its posting number, and when the SENDs are in, the numbers completed
+// must be exactly 0 .. completions-1 (srq_gaps counts those skipped: a WQE taken, never completed).
 //
 // The oracle: message i of an operation is a stream of bytes from a seeded counter-based PRNG
 // (splitmix64 of seed, operation, i and the word index) — nothing of the engine. Whoever sends
@@ -159,6 +165,7 @@ struct Options {
   bool stream = false;   // WRITE without per-round checks, until done or an error (kill test)
   bool hold = false;     // after the result line, wait for EOF on stdin
   bool mw = false;       // WRITE and READ through type 2 memory windows, one per RC QP
+  bool srq = false;      // server: the RC QPs receive from one SRQ
   uint32_t idle_ms = 0;  // client: idle this long with the QPs open before finishing
   uint32_t phase_timeout_s = 120;
 };
@@ -190,6 +197,10 @@ Options parse(int argc, char** argv) {
     }
     if (k == "--hold") {
       o.hold = true;
+      continue;
+    }
+    if (k == "--srq") {
+      o.srq = true;
       continue;
     }
     if (i + 1 >= argc) usage("an option lacks its value");
@@ -415,6 +426,8 @@ class Peer {
   int open_device();
   Buffer make_buffer(size_t n);
   provider::Qp* make_qp(ibv_qp_type type);
+  // A receive for RC QP q: on its own queue, or with --srq on the server's SRQ.
+  bool post_rc_recv(uint32_t q, ibv_recv_wr& wr);
   int exchange_and_connect();
   // --mw: binds a type 2 window over the region on each RC QP and trades the rkeys.
   int exchange_windows();
@@ -473,6 +486,10 @@ class Peer {
   provider::Cq* scq_ = nullptr;
   provider::Cq* rcq_ = nullptr;
   std::vector<provider::Qp*> qps_;
+  provider::Srq* srq_ = nullptr;  // --srq on the server: the RC QPs' receive WQEs
+  uint64_t srq_posts_ = 0;        // WQEs posted to srq_: the next one's posting number
+  std::vector<bool> srq_done_;    // by posting number: completed
+  uint64_t srq_gaps_ = 0;
   std::unordered_map<uint32_t, uint32_t> qp_index_;  // qp_num -> q
   std::vector<uint32_t> outstanding_;                // send WRs per RC QP
   uint64_t outstanding_total_ = 0;
@@ -555,6 +572,10 @@ provider::Qp* Peer::make_qp(ibv_qp_type type) {
   init.recv_cq = rcq_;
   init.cap.max_send_wr = type == IBV_QPT_UD ? 64 : o_.sq_depth;
   init.cap.max_recv_wr = type == IBV_QPT_UD ? 64 : o_.recv_depth;
+  if (type == IBV_QPT_RC && srq_ != nullptr) {
+    init.srq = srq_;
+    init.cap.max_recv_wr = 0;
+  }
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   auto q = rt_->device().create_qp(init);
@@ -564,6 +585,20 @@ provider::Qp* Peer::make_qp(ibv_qp_type type) {
     return nullptr;
   }
   return q.value();
+}
+
+// A receive's wr_id: its buffer slot in the low kSlotBits, and on the SRQ its posting number
+// above them.
+constexpr int kSlotBits = 20;
+constexpr uint64_t kSlotMask = (uint64_t{1} << kSlotBits) - 1;
+
+bool Peer::post_rc_recv(uint32_t q, ibv_recv_wr& wr) {
+  ibv_recv_wr* bad = nullptr;
+  if (srq_ == nullptr) return qps_[q]->post_recv(&wr, &bad).ok();
+  wr.wr_id = (srq_posts_ << kSlotBits) | (wr.wr_id & kSlotMask);
+  if (!srq_->post_recv(&wr, &bad).ok()) return false;
+  ++srq_posts_;
+  return true;
 }
 
 uint32_t psn_of(uint64_t seed, uint32_t qpn) {
@@ -1026,7 +1061,13 @@ int Peer::server_send(uint64_t messages) {
       }
       const uint32_t q = qp_index_.at(wc[e].qp_num);
       const uint64_t i = q + seen[q]++ * o_.qps;  // RC delivers in order per QP
-      const uint8_t* p = recvs_.data() + wc[e].wr_id * o_.send_max;
+      const uint64_t slot = wc[e].wr_id & kSlotMask;
+      if (srq_ != nullptr) {
+        const uint64_t number = wc[e].wr_id >> kSlotBits;
+        if (number >= srq_done_.size()) srq_done_.resize(number + 1);
+        srq_done_[number] = true;
+      }
+      const uint8_t* p = recvs_.data() + slot * o_.send_max;
       const uint32_t size = send_sizes_[i % send_sizes_.size()];
       if (wc[e].byte_len != size || !matches(key, i, p, size)) ++send_.bad;
       send_.sum += hash(i, p, wc[e].byte_len);
@@ -1035,14 +1076,14 @@ int Peer::server_send(uint64_t messages) {
       ibv_sge sge{reinterpret_cast<uintptr_t>(p), static_cast<uint32_t>(o_.send_max),
                   recvs_.mr->lkey()};
       ibv_recv_wr wr{};
-      wr.wr_id = wc[e].wr_id;
+      wr.wr_id = slot;
       wr.sg_list = &sge;
       wr.num_sge = 1;
-      ibv_recv_wr* bad = nullptr;
-      if (!qps_[q]->post_recv(&wr, &bad).ok()) return fail(3, "post_recv failed");
+      if (!post_rc_recv(q, wr)) return fail(3, "post_recv failed");
     }
   }
   send_.msgs = got;
+  srq_gaps_ = static_cast<uint64_t>(std::count(srq_done_.begin(), srq_done_.end(), false));
   send_qps_ = static_cast<uint32_t>(
       std::count_if(seen.begin(), seen.end(), [](uint64_t n) { return n > 0; }));
   return 0;
@@ -1174,7 +1215,8 @@ void Peer::print_result(double seconds) {
   print_op("read", read_);
   print_op("atomic", atomic_);
   print_op("ud", ud_);
-  std::printf(" ud_lost=%" PRIu64 " send_qps=%u seconds=%.3f", ud_lost_, send_qps_, seconds);
+  std::printf(" ud_lost=%" PRIu64 " send_qps=%u srq=%d srq_gaps=%" PRIu64 " seconds=%.3f", ud_lost_,
+              send_qps_, srq_ != nullptr, srq_gaps_, seconds);
   if (rt_) {
     const engine::EngineCounters k = rt_->counters();
     std::printf(" sent_pkts=%" PRIu64 " rcvd_pkts=%" PRIu64 " retries=%" PRIu64 " seq_naks=%" PRIu64
@@ -1209,6 +1251,14 @@ int Peer::run() {
     if (exit_code_) return exit_code_;
     auto* counters = reinterpret_cast<uint64_t*>(counters_.data());
     for (uint32_t j = 0; j < kCounters; ++j) counters[j] = counter_init(o_.seed, j);
+    if (o_.srq && o_.server) {
+      ibv_srq_attr attr{};
+      attr.max_wr = o_.qps * o_.recv_depth;
+      attr.max_sge = 1;
+      auto srq = rt_->device().create_srq(pd_, attr);
+      if (!srq.ok()) return fail(2, "create_srq failed");
+      srq_ = srq.value();
+    }
     for (uint32_t q = 0; q < o_.qps; ++q) {
       provider::Qp* qp = make_qp(IBV_QPT_RC);
       if (qp == nullptr) return exit_code_;
@@ -1233,8 +1283,7 @@ int Peer::run() {
           wr.wr_id = slot;
           wr.sg_list = &sge;
           wr.num_sge = 1;
-          ibv_recv_wr* bad = nullptr;
-          if (!qps_[q]->post_recv(&wr, &bad).ok()) return fail(2, "post_recv failed");
+          if (!post_rc_recv(q, wr)) return fail(2, "post_recv failed");
         }
       }
       for (uint32_t d = 0; d < 32; ++d) {

@@ -10,7 +10,8 @@
 //
 //   * one host (loopback GIDs) and two namespaces joined by a veth pair, a urdmad in each: RC
 //     SEND, WRITE, READ, FETCH_ADD and CMP_SWP with checked results, UD SEND, 1 B .. 4 MiB;
-//   * RC WRITE under URDMA_FAULTS (1% loss, 1% reordering, 0.1% duplication, both directions);
+//   * RC WRITE, SEND (into one SRQ of the server's four QPs), READ and atomics under
+//     URDMA_FAULTS (1% loss, 1% reordering, 0.1% duplication, both directions);
 //   * kill -9 of one process mid-transfer: the peer's work completes with RETRY_EXC_ERR, urdmad
 //     reclaims the dead process's slot (its status, and a slot table of two client slots that a
 //     new process can lease again), and a new pair transfers on it;
@@ -394,12 +395,23 @@ TEST_F(RuntimeProcess, RcUnderLossReorderingAndDuplicationArrivesBitExact) {
               << "the transfer went by UDP, not shared memory";
         }
         {
+          // The server's four QPs take their SENDs from one SRQ: a resent or duplicated SEND
+          // must be answered without taking another of its WQEs (IBA 9.7.5.1.2). Each WQE
+          // carries its posting number, and the numbers completed must have no gap.
           setenv("URDMA_FAULTS", "seed=303,loss=10000,reorder=10000,dup=1000", 1);
-          PeerProcess server(args(server_args("127.0.0.1", 7004), "send,read,atomic", "16777216"));
+          std::vector<std::string> srv =
+              args(server_args("127.0.0.1", 7004), "send,read,atomic", "16777216");
+          srv.push_back("--srq");
+          PeerProcess server(srv);
           setenv("URDMA_FAULTS", "seed=404,loss=10000,reorder=10000,dup=1000", 1);
           PeerProcess client(
               args(client_args("127.0.0.1", "127.0.0.1", 7004), "send,read,atomic", "16777216"));
           expect_transfer(server, client, {"send", "read", "atomic"}, 60000);
+          const Fields s = server.result();
+          EXPECT_EQ(num(s, "srq"), 1u);
+          EXPECT_EQ(num(s, "srq_gaps"), 0u) << "an SRQ WQE was taken and never completed";
+          EXPECT_EQ(num(s, "send_qps"), 4u);
+          EXPECT_GT(num(s, "dup_requests") + num(s, "out_of_seq"), 0u);
         }
         std::printf("faults: %s of WRITEs and 16 MiB of SEND and READ in %.1f s\n",
                     kSanitized ? "256 MiB" : "2 GiB", ms_since(start) / 1000.0);
