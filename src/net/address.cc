@@ -28,11 +28,6 @@ uint32_t Address::v4() const {
          bytes_[15];
 }
 
-std::span<const uint8_t, 4> Address::v4_bytes() const {
-  base::check(is_v4(), "v4_bytes() of an IPv6 address");
-  return std::span<const uint8_t, 4>(bytes_.data() + 12, 4);
-}
-
 std::string Address::to_string() const {
   char buf[INET6_ADDRSTRLEN] = {};
   const char* s = is_v4() ? inet_ntop(AF_INET, bytes_.data() + 12, buf, sizeof buf)

@@ -19,6 +19,8 @@
 #include <string>
 #include <string_view>
 
+#include "base/check.h"
+
 namespace urdma::net {
 
 class Address {
@@ -55,10 +57,12 @@ class Address {
   static std::optional<Address> parse(std::string_view text);
 
   // IPv4 and IPv4-mapped IPv6 are the same thing here.
+  // Three word compares: every packet's ICRC asks it of both its addresses.
   constexpr bool is_v4() const {
-    for (size_t i = 0; i < 10; ++i)
-      if (bytes_[i] != 0) return false;
-    return bytes_[10] == 0xff && bytes_[11] == 0xff;
+    using Words = std::array<uint32_t, 4>;
+    constexpr Words mapped = std::bit_cast<Words>(Bytes{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff});
+    const Words w = std::bit_cast<Words>(bytes_);
+    return w[0] == mapped[0] && w[1] == mapped[1] && w[2] == mapped[2];
   }
   // The IPv4 address in host order; only for is_v4().
   uint32_t v4() const;
@@ -78,7 +82,10 @@ class Address {
 
   constexpr const Bytes& bytes() const { return bytes_; }
   // The 4 address bytes of an IPv4 address (network order); only for is_v4().
-  std::span<const uint8_t, 4> v4_bytes() const;
+  std::span<const uint8_t, 4> v4_bytes() const {
+    base::check(is_v4(), "v4_bytes() of an IPv6 address");
+    return std::span<const uint8_t, 4>(bytes_.data() + 12, 4);
+  }
 
   // IPv4 dotted quad for is_v4(), otherwise RFC 5952 text ("fe80::1").
   std::string to_string() const;
