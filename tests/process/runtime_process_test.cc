@@ -396,7 +396,7 @@ TEST_F(RuntimeProcess, RcUnderLossReorderingAndDuplicationArrivesBitExact) {
         }
         {
           // The server's four QPs take their SENDs from one SRQ: a resent or duplicated SEND
-          // must be answered without taking another of its WQEs (IBA 9.7.5.1.2). Each WQE
+          // must be answered without taking another of its WQEs (IBA 9.7.5.2.2). Each WQE
           // carries its posting number, and the numbers completed must have no gap.
           setenv("URDMA_FAULTS", "seed=303,loss=10000,reorder=10000,dup=1000", 1);
           std::vector<std::string> srv =
