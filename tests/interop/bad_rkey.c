@@ -3,7 +3,8 @@
 //   client: bad_rkey -d DEV -g GID SERVER_IP  (writes to it with the rkey's key byte flipped)
 // The client exits 0 when its completion is IBV_WC_REM_ACCESS_ERR (the responder's NAK: remote
 // access error); the server exits 0 when its buffer is untouched after the client is done. The two
-// exchange QPN, PSN, GID, address and rkey over TCP (port 18516), as ibv_rc_pingpong does.
+// exchange QPN, PSN, GID, address and rkey over TCP (port 18516), as ibv_rc_pingpong does, and
+// the client writes only once both QPs are in RTS.
 // Built against Debian's libibverbs: on the host it runs under `urdma run`, in the guest on rxe0.
 #include "rc_pair.h"
 
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   exchange(sock, &e.mine, &theirs);
   connect_qp(e.qp, gid_index, &e.mine, &theirs,
              (struct rc_rts){.timeout = 14, .retry_cnt = 3, .rnr_retry = 3});
+  rts_barrier(sock);  // the client's WRITE must not reach a server still in RTR
   char done = 'd';
   if (server_ip) {  // client
     const int status = write_with_bad_rkey(e.qp, e.cq, e.mr, &theirs);

@@ -131,6 +131,15 @@ static void connect_qp(struct ibv_qp* qp, int gid_index, const struct peer* mine
     die("modify RTS");
 }
 
+// Waits until the peer's QP is in RTS as this one is: each side writes one byte and reads the
+// other's. A QP in RTR already answers requests as a responder, and rxe moves an RC responder's
+// QP to the error state on a bad rkey, after which its own move to RTS fails (EINVAL).
+static void rts_barrier(int sock) {
+  char c = 'r';
+  if (write(sock, &c, 1) != 1) die("write");
+  if (recv(sock, &c, 1, MSG_WAITALL) != 1) die("read");
+}
+
 // Posts one signaled RDMA WRITE of the first `len` bytes of `mr` to the peer's buffer, with
 // `rkey` (the peer's, or a wrong one on purpose).
 static void post_write(struct ibv_qp* qp, struct ibv_mr* mr, uint32_t len,
