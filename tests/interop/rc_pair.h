@@ -132,8 +132,9 @@ static void connect_qp(struct ibv_qp* qp, int gid_index, const struct peer* mine
 }
 
 // Waits until the peer's QP is in RTS as this one is: each side writes one byte and reads the
-// other's. A QP in RTR already answers requests as a responder, and rxe moves an RC responder's
-// QP to the error state on a bad rkey, after which its own move to RTS fails (EINVAL).
+// other's. Without it the first request can reach a peer still in INIT, which drops it (a retry
+// a timeout later, and a slow guest can exhaust them), or in RTR, which answers it: rxe moves an
+// RC responder's QP to the error state on a bad rkey, and its own move to RTS then fails (EINVAL).
 static void rts_barrier(int sock) {
   char c = 'r';
   if (write(sock, &c, 1) != 1) die("write");

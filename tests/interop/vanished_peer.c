@@ -5,14 +5,15 @@
 // IBV_WC_WR_FLUSH_ERR (ibv_poll_cq(3)).
 //   responder: vanished_peer -d DEV -g GID                     (exports a buffer, waits to be killed)
 //   requester: vanished_peer -d DEV -g GID -w CUE_FILE SERVER_IP (writes, waits, writes again)
-// The two exchange QPN, PSN, GID, address and rkey over TCP (port 18517). After its first WRITE
-// the requester prints "waiting for the responder to die" and waits for that TCP connection to end
-// and then for CUE_FILE to exist: the suite creates it once the killed responder was reaped. The
-// TCP end alone is too early: the kernel may close a dying process's socket before its uverbs
-// file, and rxe ACKed WRITEs to the QP in between. Exit 0 when every completion is as above
-// (the responder never exits by itself: 1 if the requester went first). The requester prints the
-// second WRITE's destination QP and PSN, so the suite can count its transmissions on the wire
-// (retry_cnt + 1). Timeout 14 (~67 ms) and retry_cnt 2 keep the exhaustion under a second.
+// The two exchange QPN, PSN, GID, address and rkey over TCP (port 18517) and wait for each other's
+// RTS (rc_pair.h's rts_barrier). After its first WRITE the requester prints "waiting for the
+// responder to die" and waits for that TCP connection to end and then for CUE_FILE to exist: the
+// suite creates it once the killed responder was reaped. The TCP end alone is too early: the kernel
+// may close a dying process's socket before its uverbs file, and rxe ACKed WRITEs to the QP in
+// between. Exit 0 when every completion is as above (the responder never exits by itself: 1 if the
+// requester went first). The requester prints the second WRITE's destination QP and PSN, so the
+// suite can count its transmissions on the wire (retry_cnt + 1). Timeout 14 (~67 ms) and retry_cnt
+// 2 keep the exhaustion under a second.
 // Built against Debian's libibverbs: on the host it runs under `urdma run`, in the guest on rxe0.
 #include <sys/stat.h>
 
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
   exchange(sock, &e.mine, &theirs);
   connect_qp(e.qp, gid_index, &e.mine, &theirs,
              (struct rc_rts){.timeout = kTimeout, .retry_cnt = kRetryCnt, .rnr_retry = 0});
+  rts_barrier(sock);
   if (server_ip) return requester(sock, cue_file, e.qp, e.cq, e.mr, &e.mine, &theirs);
   printf("responder qpn 0x%06x: waiting to be killed\n", e.mine.qpn);
   char c;
