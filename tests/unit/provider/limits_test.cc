@@ -46,8 +46,8 @@ TEST_F(LimitsTest, DeviceReportsRxesLimitsExceptMaxQpAndMaxCqe) {
   EXPECT_EQ(dev_.query_gid(1, 1024, &gid).error(), EINVAL);
 }
 
-TEST_F(LimitsTest, MoreObjectsThanTheOldTablesHeldAllWork) {
-  // The old bounds: 4096 PDs and AHs, 16384 MRs. One past each, all live at once.
+TEST_F(LimitsTest, MorePdsAhsAndMrsThanAFixedTableWouldHoldAllWork) {
+  // One past 4096 PDs and AHs and 16384 MRs, the sizes of fixed tables, all live at once.
   std::vector<Pd*> pds;
   for (int i = 0; i < 4097; ++i) {
     Result<Pd*> pd = dev_.alloc_pd();
