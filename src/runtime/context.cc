@@ -116,14 +116,29 @@ provider::Result<provider::Qp*> Context::create_qp(const provider::QpInitAttr& i
   return qp;
 }
 
+// A device works on its own: by the time a verb changes a QP, a NIC has sent what was posted
+// and processed what had arrived. Here that takes an engine turn, which a busy host's engine
+// thread may not have run yet, so the verbs that end a QP's traffic run one first:
+// * an unreliable QP's posted sends leave, as they do on rxe, whose ibv_post_send transmits
+//   before it returns (mckey's sender posts its datagrams, leaves its group and exits);
+// * the ACKs already in the socket's queue complete their sends. A peer that got its last
+//   message disconnects at once, and the application here tears down on the DISCONNECTED
+//   event: left unread, the ACK that went out ahead of that DREQ is lost with the QP, or comes
+//   after the flush, and a delivered send completes as flushed (libfabric's ofi_rxm then
+//   reports WR_FLUSH_ERR, or worse, for the last message of a run).
+void Context::take_in_before_the_qp_stops() {
+  runtime_.progress_now();
+}
+
+Status Context::modify_qp(provider::Qp* qp, const ibv_qp_attr& attr, int mask) {
+  if ((mask & IBV_QP_STATE) && attr.qp_state == IBV_QPS_ERR) take_in_before_the_qp_stops();
+  return qp->modify(attr, mask);
+}
+
 Status Context::destroy_qp(provider::Qp* qp) {
   std::lock_guard lock(mutex_);
   if (!qps_.contains(qp)) return Status(EINVAL);
-  // An unreliable QP's posted sends leave before it goes, as they do on rxe, whose
-  // ibv_post_send transmits before it returns: a program may post datagrams and destroy the QP
-  // at once (mckey's sender leaves its group and exits), and without a turn here a busy host's
-  // engine thread had not run yet.
-  if (qp->type() == IBV_QPT_UD || qp->type() == IBV_QPT_UC) runtime_.progress_now();
+  take_in_before_the_qp_stops();
   Status s = dev().destroy_qp(qp);
   if (s.ok()) qps_.erase(qp);
   return s;

@@ -35,6 +35,10 @@ class Context {
   provider::Result<provider::Cq*> create_cq(int cqe, provider::CqOptions options = {});
   provider::Status destroy_cq(provider::Cq* cq);
   provider::Result<provider::Qp*> create_qp(const provider::QpInitAttr& init);
+  // ibv_modify_qp. A move to ERR first takes in what has arrived (as destroy_qp does).
+  provider::Status modify_qp(provider::Qp* qp, const ibv_qp_attr& attr, int mask);
+  // ibv_destroy_qp: after one engine turn on this thread, so the QP's posted sends have left
+  // and the packets that arrived for it (the ACK of its last send) are taken in.
   provider::Status destroy_qp(provider::Qp* qp);
   // ibv_attach_mcast / ibv_detach_mcast: the Device's table (provider/mcast_table.h), and
   // urdmad's membership of the group on the process's slot socket (daemon/mcast_members.h).
@@ -70,6 +74,7 @@ class Context {
 
  private:
   provider::Device& dev() { return runtime_.device(); }
+  void take_in_before_the_qp_stops();
 
   Runtime& runtime_;
   mutable std::mutex mutex_;

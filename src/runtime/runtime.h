@@ -159,11 +159,12 @@ class Runtime final : public engine::Waker, public EventWaiter {
   // Any thread (ibv_req_notify_cq): arms `cq`, and puts the socket back in the engine thread's
   // epoll set if a nap took it out: the caller may now sleep on the channel's fd (NAPPING).
   void req_notify(provider::Cq& cq, bool solicited_only);
-  // Any thread (ibv_resize_cq): runs one engine turn on this thread, waiting for the token
-  // while another thread's turn runs, so whatever was posted before the call has executed as
-  // far as the device can take it alone (a UD send has left and completed), as a kernel
-  // device executes a post before it returns. False if the token stayed taken for
-  // kProgressWaitNs (a thread driving the engine without pause).
+  // Any thread (ibv_resize_cq; a QP's move to ERR and its destroy, context.h): runs one engine
+  // turn on this thread, waiting for the token while another thread's turn runs, so whatever
+  // was posted before the call has executed as far as the device can take it alone (a UD send
+  // has left and completed) and what arrived before it is taken in, as a kernel device does.
+  // False if the token stayed taken for kProgressWaitNs (a thread driving the engine without
+  // pause).
   bool progress_now();
   static constexpr uint64_t kProgressWaitNs = 100'000'000;
 

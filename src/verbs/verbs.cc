@@ -865,7 +865,8 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 
 int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   if (!qp || !attr) return EINVAL;
-  provider::Status s = verbs::Qp::from(qp)->p->modify(*attr, mask);
+  verbs::Qp* w = verbs::Qp::from(qp);
+  provider::Status s = w->ctx->rt->modify_qp(w->p, *attr, mask);
   // rdma-core returns the errno of the failed command, which also left it in errno; callers
   // print either (UCX: "%m").
   if (!s.ok()) return errno = s.error();

@@ -214,9 +214,9 @@ TEST(RuntimeNap, APollingThreadCostsTheEngineThreadAWakeUpPerMillisecond) {
   const uint64_t wakes = voluntary_switches(tid) - switches0;
   const uint64_t naps = a.rt->naps() - naps0;
   EXPECT_GT(a.rt->inline_turns() - turns0, 1000u) << "the application thread did not poll";
-  // At least two: the thread napped and napped again. Idle, it naps ~1,000 times; beside a
-  // compile on both cores it has been seen to get its core only 8 times in the second.
-  EXPECT_GE(naps, 2u) << "the engine thread did not nap beside the poller";
+  // At least one. Idle, it naps ~1,000 times; with both cores taken by other work (a compile,
+  // a sanitizer test run) it may get its core only a few times in the second, once at worst.
+  EXPECT_GE(naps, 1u) << "the engine thread did not nap beside the poller";
   EXPECT_LE(naps, 1500u);
   EXPECT_LE(wakes, 1500u);
   // The connection still works once the poller stops: the engine threads take it over.
