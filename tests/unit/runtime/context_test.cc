@@ -13,6 +13,19 @@
 namespace urdma::runtime::testing {
 namespace {
 
+// An RC QP of 4 send and 4 receive WRs of one SGE each, both queues on `cq`.
+provider::QpInitAttr small_rc(provider::Pd* pd, provider::Cq* cq) {
+  provider::QpInitAttr init;
+  init.pd = pd;
+  init.send_cq = cq;
+  init.recv_cq = cq;
+  init.cap.max_send_wr = 4;
+  init.cap.max_recv_wr = 4;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  return init;
+}
+
 TEST(RuntimeContext, TwoContextsShareOneQpnRangeAndKeySpace) {
   std::vector<uint8_t> mem(64 * 4096);
   auto [a, b] = make_hosts();
@@ -24,15 +37,7 @@ TEST(RuntimeContext, TwoContextsShareOneQpnRangeAndKeySpace) {
     provider::Pd* pd = c->alloc_pd().value();
     provider::Cq* cq = c->create_cq(16).value();
     for (int i = 0; i < 16; ++i) {
-      provider::QpInitAttr init;
-      init.pd = pd;
-      init.send_cq = cq;
-      init.recv_cq = cq;
-      init.cap.max_send_wr = 4;
-      init.cap.max_recv_wr = 4;
-      init.cap.max_send_sge = 1;
-      init.cap.max_recv_sge = 1;
-      auto qp = c->create_qp(init);
+      auto qp = c->create_qp(small_rc(pd, cq));
       ASSERT_TRUE(qp.ok());
       EXPECT_TRUE(qpns.insert(qp.value()->qp_num()).second) << "QPN handed out twice";
       auto mr = c->reg_mr(pd, mem.data() + i * 4096, 4096, 0, IBV_ACCESS_LOCAL_WRITE);
@@ -67,20 +72,9 @@ void the_last_sends_ack_completes_it(Ending ending) {
   Context ctx(*a.rt);
   provider::Pd* pd = ctx.alloc_pd().value();
   provider::Cq* cqa = ctx.create_cq(16).value();
-  provider::QpInitAttr init;
-  init.pd = pd;
-  init.send_cq = cqa;
-  init.recv_cq = cqa;
-  init.cap.max_send_wr = 4;
-  init.cap.max_recv_wr = 4;
-  init.cap.max_send_sge = 1;
-  init.cap.max_recv_sge = 1;
-  provider::Qp* qa = ctx.create_qp(init).value();
+  provider::Qp* qa = ctx.create_qp(small_rc(pd, cqa)).value();
   provider::Cq* cqb = b.make_cq();
-  init.pd = b.pd;
-  init.send_cq = cqb;
-  init.recv_cq = cqb;
-  provider::Qp* qb = b.dev().create_qp(init).value();
+  provider::Qp* qb = b.dev().create_qp(small_rc(b.pd, cqb)).value();
   test::QpParams p;
   p.timeout = 16;
   test::QpParams pb = p;
